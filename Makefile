@@ -1,0 +1,30 @@
+# The two commands: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench chaos clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m examples.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check ledger tasks workers console examples bench tests
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/steps.py
+
+clean:
+	-$(BIN)/onward embedded down
+	rm -rf $(VENV) .onward

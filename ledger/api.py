@@ -1,0 +1,113 @@
+"""``Ledger``: the one object application code and operators use to talk to onward.
+
+No Celery here: starting a run writes the run, checkpoint 0 and an outbox row in one
+transaction; the dispatcher publishes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection, Engine
+
+from ledger import runs as run_ops
+from ledger.checkpoints import CheckpointKeys
+from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
+from ledger.schema import RunStatus
+from ledger.settings import OnwardSettings
+from ledger.stats import BatchStats, batch_stats
+
+
+class Ledger:
+    """Transactional operations on the onward ledger (DESIGN.md section 3)."""
+
+    def __init__(self, engine: Engine, settings: OnwardSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.keys = CheckpointKeys.from_settings(settings)
+
+    @classmethod
+    def from_env(cls, settings: OnwardSettings | None = None) -> Ledger:
+        """Connect with ``ONWARD_*`` settings (the embedded PostgreSQL when none is set)."""
+        settings = settings or OnwardSettings()
+        return cls(create_engine(settings), settings)
+
+    @property
+    def url(self) -> str:
+        return database_url(self.settings)
+
+    def require_current_schema(self) -> None:
+        require_current_schema(self.engine)
+
+    # -- starting runs ---------------------------------------------------------------------
+    def start_run(
+        self,
+        workflow: str,
+        input: dict[str, Any],
+        *,
+        conversation_id: str | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> UUID:
+        """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run."""
+        with wrap_driver_errors("starting a run"), self.engine.begin() as conn:
+            return self.start_run_txn(
+                conn,
+                workflow,
+                input,
+                conversation_id=conversation_id,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+            )
+
+    def start_run_txn(
+        self,
+        conn: Connection,
+        workflow: str,
+        input: dict[str, Any],
+        *,
+        conversation_id: str | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> UUID:
+        """Start a run inside the caller's own transaction (atomic with their business write)."""
+        run_ops.validate_input(input, self.settings.max_state_bytes)
+        if not workflow or not isinstance(workflow, str):
+            raise run_ops.InvalidInput("workflow must be a non-empty name")
+        request = run_ops.StartRequest(
+            workflow=workflow,
+            input=input,
+            tenant_id=self.settings.tenant_id,
+            conversation_id=conversation_id,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts or self.settings.step_max_attempts,
+        )
+        return run_ops.start_run_txn(conn, self.keys, request)
+
+    # -- reads -----------------------------------------------------------------------------
+    def get_run(self, run_id: UUID) -> run_ops.Run | None:
+        with wrap_driver_errors("reading a run"), self.engine.connect() as conn:
+            return run_ops.get_run(conn, run_id)
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        conversation_id: str | None = None,
+        limit: int = 50,
+    ) -> list[run_ops.Run]:
+        with wrap_driver_errors("listing runs"), self.engine.connect() as conn:
+            return run_ops.list_runs(
+                conn, status=status, workflow=workflow, conversation_id=conversation_id,
+                limit=limit,
+            )
+
+    def timeline(self, run_id: UUID) -> list[run_ops.TimelineEntry]:
+        with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
+            return run_ops.timeline(conn, run_id)
+
+    def batch_stats(self, run_ids: list[UUID]) -> BatchStats:
+        with wrap_driver_errors("counting runs"), self.engine.connect() as conn:
+            return batch_stats(conn, run_ids)

@@ -1,0 +1,117 @@
+"""Checkpoint envelopes: canonical bytes, keyed MACs chained to the parent, verification.
+
+A checkpoint's ``hash`` is HMAC-SHA256 over the RFC 8785 canonical JSON of its identity
+(run id, seq, parent hash, versions) and content. The key never lives in the database, so
+an edit made at the database level cannot recompute a valid MAC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import rfc8785
+
+from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.settings import OnwardSettings
+
+ENVELOPE_VERSION = 1
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 canonical JSON; raises InvalidInput for anything that is not plain JSON."""
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"value is not plain JSON: {exc}") from exc
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointKeys:
+    """The MAC keys by id; new checkpoints use ``current``; old ids still verify."""
+
+    current: str
+    keys: dict[str, bytes]
+
+    @classmethod
+    def from_settings(cls, settings: OnwardSettings) -> CheckpointKeys:
+        if settings.checkpoint_key:
+            secret = settings.checkpoint_key.encode()
+        else:
+            secret = _local_key(settings.home_dir / "checkpoint.key")
+        return cls(current=settings.checkpoint_key_id, keys={settings.checkpoint_key_id: secret})
+
+    def mac(self, body: dict[str, Any], key_id: str | None = None) -> str:
+        key_id = key_id or self.current
+        key = self.keys.get(key_id)
+        if key is None:
+            raise IntegrityViolation(f"checkpoint MAC key id {key_id!r} is not configured")
+        return hmac.new(key, canonical_json(body), hashlib.sha256).hexdigest()
+
+
+def _local_key(path: Path) -> bytes:
+    """A development key kept beside the embedded servers (set ONWARD_CHECKPOINT_KEY in prod)."""
+    if not path.exists():
+        tmp = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        tmp.write_text(secrets.token_hex(32))
+        tmp.chmod(0o600)
+        try:
+            os.link(tmp, path)  # atomic: exactly one process creates the key
+        except FileExistsError:
+            pass  # another process won the race; use its key
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip().encode()
+
+
+@dataclass(frozen=True)
+class CheckpointBody:
+    """Everything a checkpoint's MAC covers."""
+
+    run_id: UUID
+    seq: int
+    parent_hash: str | None
+    step: str | None
+    next_step: str | None
+    outcome: str
+    state: dict[str, Any]
+    workflow_version: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "envelope_version": ENVELOPE_VERSION,
+            "run_id": str(self.run_id),
+            "seq": self.seq,
+            "parent_hash": self.parent_hash,
+            "step": self.step,
+            "next_step": self.next_step,
+            "outcome": self.outcome,
+            "state": self.state,
+            "workflow_version": self.workflow_version,
+        }
+
+
+def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id: str,
+           head_hash: str) -> None:
+    """Check a restored checkpoint against its MAC and against the run's recorded head."""
+    if stored_hash != head_hash:
+        raise IntegrityViolation(
+            f"run {body.run_id}: checkpoint {body.seq} hash {stored_hash[:12]}… is not the "
+            f"run's recorded head {head_hash[:12]}… (history was rewritten or truncated)"
+        )
+    expected = keys.mac(body.as_dict(), key_id)
+    if not hmac.compare_digest(expected, stored_hash):
+        raise IntegrityViolation(
+            f"run {body.run_id}: checkpoint {body.seq} does not match its MAC "
+            "(a field was edited outside onward)"
+        )

@@ -1,0 +1,92 @@
+"""Engines, connections and the schema-revision check. Driver errors are wrapped here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from ledger.exceptions import LedgerUnavailable, SchemaMismatch
+from ledger.schema import SCHEMA, VERSION_TABLE
+from ledger.settings import OnwardSettings
+
+HEAD_REVISION = "0001"
+"""The Alembic revision this code expects; bump with every migration."""
+
+
+def database_url(settings: OnwardSettings) -> str:
+    """The SQLAlchemy URL of the ledger database; starts the embedded server when unset."""
+    if settings.database_url:
+        return normalize_url(settings.database_url)
+    from ledger.embedded import postgres_url
+
+    return postgres_url(settings.home_dir)
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgres://``, ``postgresql://`` or ``postgresql+psycopg://``; use psycopg 3."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
+    if parsed.drivername in ("postgresql", "postgresql+psycopg2", "postgresql+psycopg"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def libpq_conninfo(sqlalchemy_url: str) -> str:
+    """The same URL in the form psycopg.connect() takes (for the hot path and LISTEN)."""
+    parsed = make_url(sqlalchemy_url)
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@lru_cache(maxsize=8)
+def _engine_for(url: str, pool_size: int) -> Engine:
+    return sa.create_engine(url, pool_size=pool_size, max_overflow=4, pool_pre_ping=True)
+
+
+def create_engine(settings: OnwardSettings, *, pool_size: int = 5) -> Engine:
+    """A pooled engine for the ledger database (one per URL per process)."""
+    return _engine_for(database_url(settings), pool_size)
+
+
+def connect_raw(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A plain psycopg connection, for the step hot path and LISTEN/NOTIFY."""
+    try:
+        return psycopg.connect(libpq_conninfo(url), autocommit=autocommit)
+    except psycopg.Error as exc:
+        raise LedgerUnavailable(f"cannot connect to the ledger database: {exc}") from exc
+
+
+@contextmanager
+def wrap_driver_errors(action: str) -> Iterator[None]:
+    """Turn psycopg/SQLAlchemy errors into LedgerUnavailable, once, at the ledger edge."""
+    try:
+        yield
+    except (psycopg.OperationalError, sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        raise LedgerUnavailable(f"{action}: the ledger database failed: {exc}") from exc
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The Alembic revision stored in the database, or None when never migrated."""
+    with wrap_driver_errors("reading the schema revision"), engine.connect() as conn:
+        exists = conn.execute(
+            sa.text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.{VERSION_TABLE}"}
+        ).scalar()
+        if exists is None:
+            return None
+        value = conn.execute(sa.text(f"SELECT version_num FROM {SCHEMA}.{VERSION_TABLE}")).scalar()
+        return str(value) if value is not None else None
+
+
+def require_current_schema(engine: Engine) -> None:
+    """Refuse to start a worker, dispatcher or reaper on a database at another revision."""
+    found = current_revision(engine)
+    if found != HEAD_REVISION:
+        state = "has no onward schema" if found is None else f"is at revision {found}"
+        raise SchemaMismatch(
+            f"the ledger database {state}, this code needs {HEAD_REVISION}: "
+            "run `onward db upgrade` first"
+        )

@@ -1,0 +1,52 @@
+"""The embedded PostgreSQL: a real server from ``pgserver``, kept under ``ONWARD_HOME``.
+
+Started once and left running for every process of the project (workers, dispatcher,
+reaper, CLI, tests); ``onward embedded down`` stops it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DATABASE = "postgres"
+
+
+@contextmanager
+def home_lock(home: Path) -> Iterator[None]:
+    """Serialize embedded-server start-up between processes that start at once."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "embedded.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def postgres_url(home: Path) -> str:
+    """Start the embedded PostgreSQL if it is not running and return its SQLAlchemy URL."""
+    import pgserver  # imported lazily: only the embedded default needs it
+
+    pgdata = home / "pg"
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(home))  # silence platformdirs on headless hosts
+    with home_lock(home):
+        server = pgserver.get_server(pgdata, cleanup_mode=None)
+    # pgserver listens on a Unix socket; its URI names the socket directory.
+    uri: str = server.get_uri(DATABASE)
+    return uri.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def stop_postgres(home: Path) -> bool:
+    """Stop the embedded PostgreSQL if it runs; return whether it was running."""
+    import pgserver
+
+    pgdata = home / "pg"
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    with home_lock(home):
+        pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()
+    return True

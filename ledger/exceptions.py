@@ -1,0 +1,27 @@
+"""Errors raised by the ledger. One base class; each message says what to do."""
+
+from __future__ import annotations
+
+
+class OnwardError(Exception):
+    """Base of every onward error."""
+
+
+class LedgerUnavailable(OnwardError):
+    """The database could not be reached or failed; the driver error is chained."""
+
+
+class SchemaMismatch(OnwardError):
+    """The database schema is not the revision this code expects."""
+
+
+class UnknownRun(OnwardError):
+    """No run with this id exists."""
+
+
+class InvalidInput(OnwardError):
+    """Input to a ledger operation is malformed, too large or not JSON."""
+
+
+class IntegrityViolation(OnwardError):
+    """Stored history does not verify against its hashes and MACs."""

@@ -1,0 +1,129 @@
+"""The outbox as the dispatcher sees it: due rows, taken with FOR UPDATE SKIP LOCKED.
+
+Rows a worker publishes itself after commit (``worker_publishes``) are left alone for a
+grace period; the claim of the step deletes its row, so only rows whose message was lost
+or never sent are still there afterwards. Every other row (new runs, retries, timers,
+reaper re-sends) is published as soon as it is due; a trigger NOTIFYs the dispatcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ledger.db import connect_raw
+from ledger.exceptions import LedgerUnavailable
+
+CHANNEL = "onward_outbox"
+
+_DUE = """
+SELECT id, run_id, seq FROM onward.outbox
+ WHERE due_at <= now()
+   AND ((published_at IS NULL
+         AND (NOT worker_publishes OR created_at < now() - %(grace)s * interval '1 second'))
+        OR published_at < now() - %(republish)s * interval '1 second')
+ ORDER BY due_at
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+_MARK = """
+UPDATE onward.outbox SET published_at = now(), publish_count = publish_count + 1
+ WHERE id = ANY(%(ids)s)
+"""
+
+_NEXT_DUE = """
+SELECT extract(epoch FROM min(due_at)) AS next_due FROM onward.outbox
+ WHERE published_at IS NULL AND NOT worker_publishes AND due_at > now()
+"""
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    id: int
+    run_id: UUID
+    seq: int
+
+
+class OutboxStore:
+    """Outbox sweeps for one dispatcher process, on its own connection."""
+
+    def __init__(self, url: str, *, grace_s: float, republish_s: float) -> None:
+        self._url = url
+        self._grace = grace_s
+        self._republish = republish_s
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
+        if self._conn is None or self._conn.closed:
+            conn = connect_raw(self._url, autocommit=False)
+            conn.row_factory = dict_row  # type: ignore[assignment]
+            self._conn = conn  # type: ignore[assignment]
+        assert self._conn is not None
+        return self._conn
+
+    def sweep(
+        self,
+        publish: Callable[[OutboxMessage], None],
+        *,
+        limit: int = 500,
+        after_publish: Callable[[], None] | None = None,
+    ) -> int:
+        """Publish every due row once, then mark it, in one transaction; return the count.
+
+        A crash after publishing and before the mark commits leaves the rows unmarked: they
+        are published again, and the duplicate delivery is a no-op at the claim.
+        """
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                rows = conn.execute(
+                    _DUE, {"grace": self._grace, "republish": self._republish, "limit": limit}
+                ).fetchall()
+                messages = [OutboxMessage(r["id"], r["run_id"], r["seq"]) for r in rows]
+                for message in messages:
+                    publish(message)
+                if messages and after_publish is not None:
+                    after_publish()
+                if messages:
+                    conn.execute(_MARK, {"ids": [m.id for m in messages]})
+            return len(messages)
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise LedgerUnavailable(f"outbox sweep failed: {exc}") from exc
+
+    def seconds_to_next_due(self) -> float | None:
+        conn = self._connection()
+        with conn.transaction():
+            row = conn.execute(_NEXT_DUE).fetchone()
+        if row is None or row["next_due"] is None:
+            return None
+        return max(0.0, float(row["next_due"]) - time.time())
+
+    def wait(self, timeout_s: float) -> int:
+        """Block until a NOTIFY on the outbox channel or the timeout; return notifications."""
+        if self._listener is None or self._listener.closed:
+            self._listener = connect_raw(self._url, autocommit=True)
+            self._listener.execute(f"LISTEN {CHANNEL}")
+        count = 0
+        try:
+            for _ in self._listener.notifies(timeout=timeout_s, stop_after=1):
+                count += 1
+        except psycopg.OperationalError as exc:
+            self._listener.close()
+            raise LedgerUnavailable(f"LISTEN connection failed: {exc}") from exc
+        return count
+
+    def close(self) -> None:
+        for conn in (self._conn, self._listener):
+            if conn is not None and not conn.closed:
+                conn.close()
+        self._conn = None
+        self._listener = None

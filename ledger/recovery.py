@@ -1,0 +1,111 @@
+"""What the reaper does: expired leases, stalled runs, crash loops (DESIGN.md section 7).
+
+Every statement takes its runs with FOR UPDATE SKIP LOCKED, so several reapers can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from ledger.db import wrap_driver_errors
+
+# Lease expired and attempts remain: give the step back to the fleet (a restore).
+_REQUEUE_EXPIRED = sa.text("""
+WITH expired AS (
+    SELECT id FROM onward.runs
+     WHERE status = 'running' AND lease_expires_at < now() AND attempt < max_attempts
+     LIMIT :limit FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE onward.runs r
+       SET lease_owner = NULL, lease_expires_at = NULL, restore_count = restore_count + 1,
+           last_error = jsonb_build_object(
+               'type', 'WorkerLost',
+               'message', format('worker %s lost the lease of step %s at seq %s (attempt %s)',
+                                 r.lease_owner, coalesce(r.step, '(start)'), r.seq, r.attempt)),
+           updated_at = now()
+      FROM expired WHERE r.id = expired.id
+ RETURNING r.id, r.seq, r.lease_epoch
+), lost AS (
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+      FROM requeued q WHERE a.run_id = q.id AND a.lease_epoch = q.lease_epoch
+       AND a.outcome IS NULL
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq) SELECT id, seq FROM requeued
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET published_at = NULL, worker_publishes = false, due_at = now()
+)
+SELECT count(*) FROM requeued
+""")
+
+# Lease expired and the attempt budget is spent: a step that keeps killing its worker.
+_PARK_EXHAUSTED = sa.text("""
+WITH exhausted AS (
+    SELECT id FROM onward.runs
+     WHERE status = 'running' AND lease_expires_at < now() AND attempt >= max_attempts
+     LIMIT :limit FOR UPDATE SKIP LOCKED
+), parked AS (
+    UPDATE onward.runs r
+       SET status = 'needs_review', parked_reason = 'attempts_exhausted',
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+           last_error = jsonb_build_object(
+               'type', 'WorkerLost',
+               'message', format('step %s at seq %s lost its worker on all %s attempts; '
+                                 'the last holder was %s',
+                                 coalesce(r.step, '(start)'), r.seq, r.attempt, r.lease_owner),
+               'previous', r.last_error)
+      FROM exhausted WHERE r.id = exhausted.id
+ RETURNING r.id, r.lease_epoch
+), lost AS (
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+      FROM parked p WHERE a.run_id = p.id AND a.lease_epoch = p.lease_epoch
+       AND a.outcome IS NULL
+)
+SELECT count(*) FROM parked
+""")
+
+# Runnable, no lease, no message in the outbox, no progress: the message was lost somewhere.
+_RESEND_STALLED = sa.text("""
+WITH stalled AS (
+    SELECT r.id, r.seq FROM onward.runs r
+     WHERE r.status = 'running' AND r.lease_expires_at IS NULL
+       AND r.updated_at < now() - :stall_s * interval '1 second'
+       AND NOT EXISTS (SELECT 1 FROM onward.outbox o WHERE o.run_id = r.id AND o.seq = r.seq)
+     LIMIT :limit FOR UPDATE OF r SKIP LOCKED
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq) SELECT id, seq FROM stalled
+    ON CONFLICT (run_id, seq) DO NOTHING
+    RETURNING run_id
+)
+UPDATE onward.runs r SET restore_count = restore_count + 1, updated_at = now()
+  FROM resend WHERE r.id = resend.run_id
+""")
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    requeued: int
+    parked: int
+    stalled_resent: int
+
+    @property
+    def total(self) -> int:
+        return self.requeued + self.parked + self.stalled_resent
+
+
+class RecoveryStore:
+    """The reaper's ledger operations."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def sweep(self, *, stall_after_s: float, limit: int = 500) -> SweepReport:
+        with wrap_driver_errors("reaper sweep"), self._engine.begin() as conn:
+            parked = conn.execute(_PARK_EXHAUSTED, {"limit": limit}).scalar_one()
+            requeued = conn.execute(_REQUEUE_EXPIRED, {"limit": limit}).scalar_one()
+            stalled = conn.execute(
+                _RESEND_STALLED, {"stall_s": stall_after_s, "limit": limit}
+            ).rowcount
+        return SweepReport(requeued=requeued, parked=parked, stalled_resent=stalled)

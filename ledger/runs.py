@@ -1,0 +1,222 @@
+"""Starting runs and reading them back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection, RowMapping
+from uuid6 import uuid7
+
+from ledger.checkpoints import (
+    ENVELOPE_VERSION,
+    CheckpointBody,
+    CheckpointKeys,
+    canonical_json,
+)
+from ledger.exceptions import InvalidInput, OnwardError
+from ledger.schema import OutcomeKind, RunStatus, checkpoints, outbox, runs, step_attempts
+
+
+class IdempotencyConflict(OnwardError):
+    """The idempotency key was first used to start a different run."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of ``onward.runs``."""
+
+    id: UUID
+    tenant_id: str
+    workflow: str
+    workflow_version: int | None
+    conversation_id: str | None
+    idempotency_key: str | None
+    status: RunStatus
+    seq: int
+    step: str | None
+    attempt: int
+    max_attempts: int
+    attempts_total: int
+    lease_owner: str | None
+    lease_epoch: int
+    lease_expires_at: datetime | None
+    restore_count: int
+    stale_deliveries: int
+    last_error: dict[str, Any] | None
+    parked_reason: str | None
+    result: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Run:
+        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        fields["status"] = RunStatus(row["status"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    workflow: str
+    input: dict[str, Any]
+    tenant_id: str
+    conversation_id: str | None
+    idempotency_key: str | None
+    max_attempts: int
+
+
+def validate_input(value: Any, max_bytes: int) -> bytes:
+    if not isinstance(value, dict):
+        raise InvalidInput(f"run input must be a JSON object, got {type(value).__name__}")
+    encoded = canonical_json(value)
+    if len(encoded) > max_bytes:
+        raise InvalidInput(
+            f"run input is {len(encoded)} bytes, over the limit of {max_bytes} "
+            "(ONWARD_MAX_STATE_BYTES); store large documents as artifacts and pass references"
+        )
+    return encoded
+
+
+def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest) -> UUID:
+    """Insert the run, checkpoint 0 and its outbox row inside the caller's transaction.
+
+    With an idempotency key already used by this tenant, returns that run instead (and
+    refuses if it was started for another workflow or input).
+    """
+    run_id = uuid7()
+    body = CheckpointBody(
+        run_id=run_id,
+        seq=0,
+        parent_hash=None,
+        step=None,
+        next_step=None,
+        outcome=OutcomeKind.START.value,
+        state=request.input,
+        workflow_version=None,
+    )
+    digest = keys.mac(body.as_dict())
+    inserted = conn.execute(
+        pg_insert(runs)
+        .values(
+            id=run_id,
+            tenant_id=request.tenant_id,
+            workflow=request.workflow,
+            conversation_id=request.conversation_id,
+            idempotency_key=request.idempotency_key,
+            status=RunStatus.RUNNING.value,
+            max_attempts=request.max_attempts,
+            head_hash=digest,
+        )
+        .on_conflict_do_nothing(
+            index_elements=["tenant_id", "idempotency_key"],
+            index_where=sa.text("idempotency_key IS NOT NULL"),
+        )
+        .returning(runs.c.id)
+    ).scalar()
+    if inserted is None:
+        return _existing_run(conn, request)
+    conn.execute(
+        checkpoints.insert().values(
+            run_id=run_id,
+            seq=0,
+            parent_hash=None,
+            hash=digest,
+            key_id=keys.current,
+            envelope_version=ENVELOPE_VERSION,
+            step=None,
+            next_step=None,
+            outcome=OutcomeKind.START.value,
+            state=request.input,
+            workflow_version=None,
+            lease_epoch=0,
+        )
+    )
+    conn.execute(outbox.insert().values(run_id=run_id, seq=0))
+    return run_id
+
+
+def _existing_run(conn: Connection, request: StartRequest) -> UUID:
+    row = conn.execute(
+        sa.select(runs.c.id, runs.c.workflow, checkpoints.c.state)
+        .join(checkpoints, sa.and_(checkpoints.c.run_id == runs.c.id, checkpoints.c.seq == 0))
+        .where(runs.c.tenant_id == request.tenant_id)
+        .where(runs.c.idempotency_key == request.idempotency_key)
+    ).one()
+    if row.workflow != request.workflow or row.state != request.input:
+        raise IdempotencyConflict(
+            f"idempotency key {request.idempotency_key!r} already started run {row.id} "
+            f"of workflow {row.workflow!r} with other input; a key must not change its request"
+        )
+    return UUID(str(row.id))
+
+
+def get_run(conn: Connection, run_id: UUID) -> Run | None:
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+    return Run.from_row(row) if row else None
+
+
+def list_runs(
+    conn: Connection,
+    *,
+    status: RunStatus | None = None,
+    workflow: str | None = None,
+    conversation_id: str | None = None,
+    limit: int = 50,
+) -> list[Run]:
+    query = sa.select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(runs.c.status == status.value)
+    if workflow is not None:
+        query = query.where(runs.c.workflow == workflow)
+    if conversation_id is not None:
+        query = query.where(runs.c.conversation_id == conversation_id)
+    return [Run.from_row(row) for row in conn.execute(query).mappings()]
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One claimed execution of a step, and the checkpoint it committed (if any)."""
+
+    seq: int
+    step: str | None
+    attempt: int
+    worker: str
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    error_type: str | None
+    error_message: str | None
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds() * 1000.0
+
+
+def timeline(conn: Connection, run_id: UUID) -> list[TimelineEntry]:
+    query = (
+        sa.select(step_attempts)
+        .where(step_attempts.c.run_id == run_id)
+        .order_by(step_attempts.c.lease_epoch)
+    )
+    return [
+        TimelineEntry(
+            seq=row["seq"],
+            step=row["step"],
+            attempt=row["attempt"],
+            worker=row["worker"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            outcome=row["outcome"],
+            error_type=row["error_type"],
+            error_message=row["error_message"],
+        )
+        for row in conn.execute(query).mappings()
+    ]

@@ -1,0 +1,178 @@
+"""All ledger tables, on one MetaData in the PostgreSQL schema ``onward``.
+
+Alembic migrations in ``ledger/migrations`` must produce exactly this catalog;
+``tests/integration/test_migrations.py`` checks it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+SCHEMA = "onward"
+VERSION_TABLE = "onward_alembic_version"
+
+metadata = MetaData(
+    schema=SCHEMA,
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    },
+)
+
+
+class RunStatus(StrEnum):
+    """Where a run stands. Values are what PostgreSQL stores."""
+
+    RUNNING = "running"  # runnable: queued, leased, or waiting for a delayed retry
+    COMPLETED = "completed"
+    FAILED = "failed"
+    NEEDS_REVIEW = "needs_review"  # parked: a person must look before anything runs
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class OutcomeKind(StrEnum):
+    """What produced a checkpoint."""
+
+    START = "start"
+    GOTO = "goto"
+    FINISH = "finish"
+    FAIL = "fail"
+
+
+class AttemptOutcome(StrEnum):
+    """How one claimed execution of a step ended (NULL while running or if the worker died)."""
+
+    COMMITTED = "committed"
+    FAILED = "failed"  # the step raised; the error is recorded
+    LEASE_LOST = "lease_lost"  # another worker took over; the result was discarded
+    RELEASED = "released"  # the worker gave the lease back without running (e.g. unknown workflow)
+    PARKED = "parked"  # the executor parked the run instead of running the step
+    WORKER_LOST = "worker_lost"  # the lease expired with no result: the worker died or hung
+
+
+def _in(column: str, enum: type[StrEnum]) -> str:
+    values = ", ".join(f"'{member.value}'" for member in enum)
+    return f"{column} IN ({values})"
+
+
+TS = DateTime(timezone=True)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("workflow", Text, nullable=False),
+    Column("workflow_version", Integer, nullable=True),
+    Column("conversation_id", Text, nullable=True),
+    Column("idempotency_key", Text, nullable=True),
+    Column("status", Text, nullable=False),
+    Column("seq", Integer, nullable=False, server_default=text("0")),
+    Column("step", Text, nullable=True),  # next step to execute; NULL means the start step
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("attempts_total", Integer, nullable=False, server_default=text("0")),
+    Column("lease_owner", Text, nullable=True),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_expires_at", TS, nullable=True),
+    Column("head_hash", Text, nullable=False),
+    Column("restore_count", Integer, nullable=False, server_default=text("0")),
+    Column("stale_deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", JSONB, nullable=True),
+    Column("parked_reason", Text, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Column("finished_at", TS, nullable=True),
+    CheckConstraint(_in("status", RunStatus), name="status"),
+    CheckConstraint("seq >= 0", name="seq_nonnegative"),
+    Index(
+        "ix_runs_tenant_idempotency",
+        "tenant_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+    Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    Index("ix_runs_conversation", "conversation_id"),
+    Index("ix_runs_workflow_status", "workflow", "status"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("parent_hash", Text, nullable=True),
+    Column("hash", Text, nullable=False),
+    Column("key_id", Text, nullable=False),
+    Column("envelope_version", Integer, nullable=False),
+    Column("step", Text, nullable=True),  # the step that produced it; NULL for seq 0
+    Column("next_step", Text, nullable=True),
+    Column("outcome", Text, nullable=False),
+    Column("state", JSONB, nullable=False),
+    Column("workflow_version", Integer, nullable=True),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "seq"),
+    CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
+)
+
+step_attempts = Table(
+    "step_attempts",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("step", Text, nullable=True),
+    Column("worker", Text, nullable=False),
+    Column("started_at", TS, nullable=False, server_default=func.now()),
+    Column("ended_at", TS, nullable=True),
+    Column("outcome", Text, nullable=True),
+    Column("error_type", Text, nullable=True),
+    Column("error_message", Text, nullable=True),
+    PrimaryKeyConstraint("run_id", "lease_epoch"),
+    CheckConstraint(f"outcome IS NULL OR {_in('outcome', AttemptOutcome)}", name="outcome"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("due_at", TS, nullable=False, server_default=func.now()),
+    Column("worker_publishes", Boolean, nullable=False, server_default=text("false")),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("published_at", TS, nullable=True),
+    Column("publish_count", Integer, nullable=False, server_default=text("0")),
+    UniqueConstraint("run_id", "seq"),
+    Index("ix_outbox_due_at", "due_at"),
+)

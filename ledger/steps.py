@@ -1,0 +1,401 @@
+"""The step hot path: claim, commit, fail, park, release. One statement per transaction.
+
+Each operation is a single prepared SQL statement built from data-modifying CTEs on an
+autocommit connection: one round trip, one transaction. DESIGN.md section 4 budgets two
+transactions per step (claim and commit); this module is where that budget is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
+from ledger.db import connect_raw
+from ledger.exceptions import LedgerUnavailable
+from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
+
+
+class StaleReason(StrEnum):
+    """Why a delivery did not get the lease."""
+
+    UNKNOWN_RUN = "unknown_run"
+    SEQ_MOVED = "seq_moved"  # duplicate or stale message: the run is past this seq
+    LEASED = "leased"  # another worker holds a live lease
+    NOT_RUNNABLE = "not_runnable"  # finished, failed, parked or cancelled
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # the reaper will park it
+
+
+@dataclass(frozen=True)
+class Stale:
+    run_id: UUID
+    seq: int
+    reason: StaleReason
+    current_seq: int | None = None
+    status: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A held lease on one step of one run, with the checkpoint it starts from."""
+
+    run_id: UUID
+    tenant_id: str
+    workflow: str
+    workflow_version: int | None
+    seq: int
+    step: str | None
+    epoch: int
+    attempt: int
+    max_attempts: int
+    head_hash: str
+    checkpoint: CheckpointBody | None
+    checkpoint_hash: str | None
+    checkpoint_key_id: str | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Claim:
+        checkpoint = None
+        if row["cp_hash"] is not None:
+            checkpoint = CheckpointBody(
+                run_id=row["id"],
+                seq=row["seq"],
+                parent_hash=row["cp_parent_hash"],
+                step=row["cp_step"],
+                next_step=row["cp_next_step"],
+                outcome=row["cp_outcome"],
+                state=row["cp_state"],
+                workflow_version=row["cp_workflow_version"],
+            )
+        return cls(
+            run_id=row["id"],
+            tenant_id=row["tenant_id"],
+            workflow=row["workflow"],
+            workflow_version=row["workflow_version"],
+            seq=row["seq"],
+            step=row["step"],
+            epoch=row["lease_epoch"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            head_hash=row["head_hash"],
+            checkpoint=checkpoint,
+            checkpoint_hash=row["cp_hash"],
+            checkpoint_key_id=row["cp_key_id"],
+        )
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What a step produced: the next checkpoint's content."""
+
+    step: str  # the step that ran
+    outcome: OutcomeKind
+    next_step: str | None
+    state: dict[str, Any]
+    workflow_version: int
+    next_max_attempts: int
+    result: dict[str, Any] | None = None
+
+    @property
+    def status(self) -> RunStatus:
+        if self.outcome is OutcomeKind.FINISH:
+            return RunStatus.COMPLETED
+        if self.outcome is OutcomeKind.FAIL:
+            return RunStatus.FAILED
+        return RunStatus.RUNNING
+
+
+_CLAIM = """
+WITH claimed AS (
+    UPDATE onward.runs
+       SET lease_owner = %(owner)s,
+           lease_epoch = lease_epoch + 1,
+           lease_expires_at = now() + %(ttl)s * interval '1 second',
+           attempt = attempt + 1,
+           attempts_total = attempts_total + 1,
+           updated_at = now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
+       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+       AND attempt < max_attempts
+ RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
+           max_attempts, head_hash
+), consumed AS (
+    DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
+), recorded AS (
+    INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker)
+    SELECT id, lease_epoch, seq, attempt, step, %(owner)s FROM claimed
+)
+SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
+       cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
+       cp.state AS cp_state, cp.workflow_version AS cp_workflow_version
+  FROM claimed c
+  LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
+"""
+
+_COUNT_STALE = """
+UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
+ WHERE id = %(run_id)s
+RETURNING seq, status, attempt, max_attempts,
+          (lease_expires_at IS NOT NULL AND lease_expires_at >= now()) AS leased
+"""
+
+_COMMIT = """
+WITH advanced AS (
+    UPDATE onward.runs
+       SET seq = seq + 1, step = %(next_step)s, status = %(status)s, attempt = 0,
+           max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
+           lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
+           result = %(result)s, last_error = NULL, updated_at = now(),
+           finished_at = CASE WHEN %(status)s = 'running' THEN NULL ELSE now() END
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), checkpoint AS (
+    INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
+                                    step, next_step, outcome, state, workflow_version,
+                                    lease_epoch)
+    SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
+           %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s
+      FROM advanced
+), next_message AS (
+    INSERT INTO onward.outbox (run_id, seq, worker_publishes)
+    SELECT id, %(seq)s + 1, true FROM advanced WHERE %(status)s = 'running'
+), attempt AS (
+    UPDATE onward.step_attempts SET ended_at = now(), outcome = 'committed', step = %(step)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)
+)
+SELECT count(*) AS advanced FROM advanced
+"""
+
+_FAIL = """
+WITH failed AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
+           status = CASE WHEN %(retry)s THEN 'running' ELSE 'failed' END,
+           finished_at = CASE WHEN %(retry)s THEN NULL ELSE now() END, updated_at = now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), retry AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, %(seq)s, now() + %(delay)s * interval '1 second' FROM failed WHERE %(retry)s
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = now(), outcome = 'failed', step = %(step)s,
+           error_type = %(error_type)s, error_message = %(error_message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+)
+SELECT count(*) AS failed FROM failed
+"""
+
+_PARK = """
+WITH parked AS (
+    UPDATE onward.runs
+       SET status = 'needs_review', parked_reason = %(reason)s, last_error = %(error)s,
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = now(), outcome = 'parked', step = %(step)s,
+           error_type = %(error_type)s, error_message = %(error_message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+)
+SELECT count(*) AS parked FROM parked
+"""
+
+_RELEASE = """
+WITH released AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           last_error = %(error)s, updated_at = now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = now(), outcome = 'released', error_type = %(error_type)s,
+           error_message = %(error_message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+)
+SELECT count(*) AS released FROM released
+"""
+
+_LEASE_LOST = """
+UPDATE onward.step_attempts SET ended_at = now(), outcome = 'lease_lost'
+ WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND outcome IS NULL
+"""
+
+_HEARTBEAT = """
+UPDATE onward.runs SET lease_expires_at = now() + %(ttl)s * interval '1 second'
+ WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+RETURNING lease_expires_at
+"""
+
+
+def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": error_type, "message": message[:4000], **extra}
+
+
+class StepStore:
+    """The ledger operations a worker runs for each step, on one dedicated connection."""
+
+    def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float) -> None:
+        self._url = url
+        self._keys = keys
+        self._ttl = lease_ttl_s
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+
+    # -- connection ---------------------------------------------------------------------
+    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
+        if self._conn is None or self._conn.closed:
+            conn = connect_raw(self._url, autocommit=True)
+            conn.row_factory = dict_row  # type: ignore[assignment]
+            self._conn = conn  # type: ignore[assignment]
+        assert self._conn is not None
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            cur = self._connection().execute(sql, params, prepare=True)
+            return cur.fetchone()
+        except psycopg.OperationalError as exc:
+            self.close()  # reconnect on next use; the statement's outcome is unknown
+            raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
+
+    # -- the hot path -------------------------------------------------------------------
+    def claim(self, run_id: UUID, seq: int, owner: str) -> Claim | Stale:
+        """Take the lease of ``run_id`` at ``seq`` (DESIGN.md 4.1) or say why not."""
+        row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl})
+        if row is not None:
+            return Claim.from_row(row)
+        return self._count_stale(run_id, seq)
+
+    def _count_stale(self, run_id: UUID, seq: int) -> Stale:
+        row = self._one(_COUNT_STALE, {"run_id": run_id})
+        if row is None:
+            return Stale(run_id, seq, StaleReason.UNKNOWN_RUN)
+        if row["seq"] != seq:
+            reason = StaleReason.SEQ_MOVED
+        elif row["status"] != RunStatus.RUNNING:
+            reason = StaleReason.NOT_RUNNABLE
+        elif row["leased"]:
+            reason = StaleReason.LEASED
+        else:
+            reason = StaleReason.ATTEMPTS_EXHAUSTED
+        return Stale(run_id, seq, reason, current_seq=row["seq"], status=row["status"])
+
+    def commit(self, claim: Claim, advance: Advance) -> bool:
+        """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""
+        body = CheckpointBody(
+            run_id=claim.run_id,
+            seq=claim.seq + 1,
+            parent_hash=claim.head_hash,
+            step=advance.step,
+            next_step=advance.next_step,
+            outcome=advance.outcome.value,
+            state=advance.state,
+            workflow_version=advance.workflow_version,
+        )
+        digest = self._keys.mac(body.as_dict())
+        row = self._one(
+            _COMMIT,
+            {
+                "run_id": claim.run_id,
+                "seq": claim.seq,
+                "epoch": claim.epoch,
+                "next_step": advance.next_step,
+                "status": advance.status.value,
+                "next_max_attempts": advance.next_max_attempts,
+                "workflow_version": advance.workflow_version,
+                "hash": digest,
+                "parent_hash": claim.head_hash,
+                "key_id": self._keys.current,
+                "envelope_version": ENVELOPE_VERSION,
+                "step": advance.step,
+                "outcome": advance.outcome.value,
+                "state": Jsonb(advance.state),
+                "result": Jsonb(advance.result) if advance.result is not None else None,
+            },
+        )
+        if row is not None and row["advanced"] == 1:
+            return True
+        self._one(_LEASE_LOST + " RETURNING run_id", {"run_id": claim.run_id, "epoch": claim.epoch})
+        return False
+
+    def fail(self, claim: Claim, step: str, error: dict[str, Any], *,
+             retry_in_s: float | None) -> bool:
+        """Record a step error; retry after ``retry_in_s`` through a delayed outbox row, or
+        fail the run when ``retry_in_s`` is None. False means the lease was lost."""
+        row = self._one(
+            _FAIL,
+            {
+                "run_id": claim.run_id,
+                "seq": claim.seq,
+                "epoch": claim.epoch,
+                "step": step,
+                "error": Jsonb(error),
+                "retry": retry_in_s is not None,
+                "delay": retry_in_s or 0.0,
+                "error_type": error.get("type"),
+                "error_message": error.get("message"),
+            },
+        )
+        return row is not None and row["failed"] == 1
+
+    def park(self, claim: Claim, step: str | None, reason: str, error: dict[str, Any]) -> bool:
+        """Stop the run as ``needs_review``: a person must look before anything runs."""
+        row = self._one(
+            _PARK,
+            {
+                "run_id": claim.run_id,
+                "epoch": claim.epoch,
+                "step": step,
+                "reason": reason,
+                "error": Jsonb(error),
+                "error_type": error.get("type"),
+                "error_message": error.get("message"),
+            },
+        )
+        return row is not None and row["parked"] == 1
+
+    def release(self, claim: Claim, error: dict[str, Any]) -> bool:
+        """Give the lease back without running (and without using up an attempt)."""
+        row = self._one(
+            _RELEASE,
+            {
+                "run_id": claim.run_id,
+                "epoch": claim.epoch,
+                "error": Jsonb(error),
+                "error_type": error.get("type"),
+                "error_message": error.get("message"),
+            },
+        )
+        return row is not None and row["released"] == 1
+
+    def heartbeat(self, claim: Claim) -> bool:
+        """Extend the lease; False means it was lost (stop and discard the work)."""
+        row = self._one(_HEARTBEAT, {"run_id": claim.run_id, "epoch": claim.epoch,
+                                     "ttl": self._ttl})
+        return row is not None
+
+
+__all__ = [
+    "Advance",
+    "AttemptOutcome",
+    "Claim",
+    "Stale",
+    "StaleReason",
+    "StepStore",
+    "error_record",
+]

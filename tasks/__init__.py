@@ -1,0 +1,28 @@
+"""What runs inside a worker: the authoring API and the step executor."""
+
+from __future__ import annotations
+
+from tasks.context import StepContext
+from tasks.exceptions import LeaseLost, OutcomeError, StepError, WorkflowDefinitionError
+from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.outcomes import Fail, Finish, Goto, Outcome
+from tasks.workflow import Registry, Step, Workflow
+
+__all__ = [
+    "ExecutorConfig",
+    "Fail",
+    "Finish",
+    "Goto",
+    "LeaseLost",
+    "Outcome",
+    "OutcomeError",
+    "Registry",
+    "Step",
+    "StepContext",
+    "StepError",
+    "StepMessage",
+    "StepReport",
+    "Workflow",
+    "WorkflowDefinitionError",
+    "execute_step",
+]

@@ -1,0 +1,254 @@
+"""Execute one step: claim, restore, run, commit, publish (DESIGN.md sections 4 and 7).
+
+``execute_step`` is plain Python; the Celery task in ``workers/`` is a thin shell around it
+and tests call it directly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from ledger.checkpoints import CheckpointKeys, canonical_json, verify
+from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.schema import OutcomeKind
+from ledger.steps import Advance, Claim, Stale, StepStore, error_record
+from tasks import faults
+from tasks.context import StepContext
+from tasks.exceptions import LeaseLost, OutcomeError, StepError
+from tasks.outcomes import Fail, Finish, Goto
+from tasks.workflow import Registry, Step, Workflow
+
+log = structlog.get_logger("onward.executor")
+
+
+class StepMessage(BaseModel):
+    """The whole Celery message: "execute the step that follows checkpoint ``seq``"."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    run_id: UUID
+    seq: int
+
+
+class ReportKind(StrEnum):
+    STALE = "stale"
+    COMMITTED = "committed"
+    RETRY = "retry"
+    FAILED = "failed"
+    PARKED = "parked"
+    RELEASED = "released"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True)
+class StepReport:
+    kind: ReportKind
+    run_id: UUID
+    seq: int
+    next_seq: int | None = None  # set when a message for the next step must be published
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    keys: CheckpointKeys
+    max_state_bytes: int
+    retry_base_s: float
+    retry_max_s: float
+
+
+def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with jitter: base * 2^(attempt-1), capped, in [50%, 100%]."""
+    ceiling = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    return ceiling * (0.5 + random.random() / 2)
+
+
+def execute_step(
+    store: StepStore,
+    registry: Registry,
+    config: ExecutorConfig,
+    message: StepMessage,
+    *,
+    worker: str,
+    publish: Callable[[UUID, int], None],
+) -> StepReport:
+    """Run the step after checkpoint ``message.seq`` of ``message.run_id`` at most to one commit."""
+    claimed = store.claim(message.run_id, message.seq, worker)
+    if isinstance(claimed, Stale):
+        log.info("stale delivery", run_id=str(claimed.run_id), seq=claimed.seq,
+                 reason=claimed.reason.value, current_seq=claimed.current_seq)
+        return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
+    faults.point("after_claim", claimed.step)
+    report = _run_claimed(store, registry, config, claimed, worker)
+    if report.next_seq is not None:
+        faults.point("after_commit_before_publish", claimed.step)
+        publish(report.run_id, report.next_seq)
+    return report
+
+
+def _run_claimed(
+    store: StepStore, registry: Registry, config: ExecutorConfig, claim: Claim, worker: str
+) -> StepReport:
+    bound = log.bind(run_id=str(claim.run_id), seq=claim.seq, attempt=claim.attempt)
+    workflow = registry.get(claim.workflow)
+    if workflow is None:
+        detail = (f"no workflow {claim.workflow!r} is registered in this worker "
+                  f"(known: {registry.names()}); check ONWARD_WORKFLOWS")
+        bound.error("unknown workflow: message rejected, run left unchanged", detail=detail)
+        store.release(claim, error_record("UnknownWorkflow", detail))
+        return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq, detail=detail)
+
+    restored = _restore(config, claim, workflow)
+    if isinstance(restored, _Park):
+        bound.error("run parked for review", reason=restored.reason, detail=restored.message)
+        store.park(claim, claim.step, restored.reason,
+                   error_record(restored.error_type, restored.message))
+        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
+    step, state = restored
+
+    ctx = StepContext(
+        run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
+        workflow=workflow, worker=worker, tenant_id=claim.tenant_id,
+        _heartbeat=lambda: store.heartbeat(claim),
+    )
+    started = time.perf_counter()
+    try:
+        faults.point("in_step", step.name)
+        outcome = step(ctx, state)
+        advance = _advance(config, workflow, step, state, outcome)
+    except LeaseLost as exc:
+        bound.warning("lease lost during step; result discarded", error=str(exc))
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    except Exception as exc:  # noqa: BLE001 - every step error is recorded, none escapes
+        return _record_failure(store, config, claim, step, exc, bound)
+
+    faults.point("before_checkpoint_commit", step.name)
+    if not store.commit(claim, advance):
+        bound.warning("lease lost before commit; result discarded", step=step.name)
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    bound.debug("step committed", step=step.name, next_step=advance.next_step,
+                ms=round((time.perf_counter() - started) * 1000, 2))
+    next_seq = claim.seq + 1 if advance.next_step is not None else None
+    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq)
+
+
+@dataclass(frozen=True)
+class _Park:
+    reason: str
+    error_type: str
+    message: str
+
+
+def _restore(config: ExecutorConfig, claim: Claim,
+             workflow: Workflow[Any]) -> tuple[Step, BaseModel] | _Park:
+    """Validate the checkpoint and the code before running anything (DESIGN.md section 7)."""
+    checkpoint = claim.checkpoint
+    if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
+        return _Park("integrity", "IntegrityViolation",
+                     f"run {claim.run_id}: checkpoint {claim.seq} is missing")
+    try:
+        verify(config.keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
+               claim.head_hash)
+    except IntegrityViolation as exc:
+        return _Park("integrity", "IntegrityViolation", str(exc))
+    if claim.workflow_version is not None and claim.workflow_version != workflow.version:
+        return _Park("incompatible_version", "IncompatibleVersion",
+                     f"run is at {workflow.name} v{claim.workflow_version}, this worker has "
+                     f"v{workflow.version} and no migration path")
+    step = workflow.resolve(claim.step)
+    if step is None:
+        return _Park("unknown_step", "UnknownStep",
+                     f"checkpoint {claim.seq} names step {claim.step!r}, which "
+                     f"{workflow.name} v{workflow.version} does not define")
+    try:
+        state = workflow.state.model_validate(checkpoint.state)
+    except ValidationError as exc:
+        return _Park("invalid_state", "InvalidState",
+                     f"checkpoint {claim.seq} does not validate as "
+                     f"{workflow.state.__name__}: {exc}")
+    return step, state
+
+
+def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
+             outcome: object) -> Advance:
+    """Turn a step's outcome into the next checkpoint, or raise OutcomeError."""
+    if isinstance(outcome, Goto):
+        target = workflow.resolve(outcome.step)
+        if target is None or outcome.step is None:
+            raise OutcomeError(f"step {step.name} went to unknown step {outcome.step!r} "
+                               f"(steps: {list(workflow.steps)})")
+        new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
+        return Advance(step.name, OutcomeKind.GOTO, target.name, new_state, workflow.version,
+                       workflow.attempts_for(target))
+    state_json = _as_json(state, config.max_state_bytes)
+    if isinstance(outcome, Finish):
+        _check_json(outcome.result, "finish result", config.max_state_bytes)
+        return Advance(step.name, OutcomeKind.FINISH, None, state_json, workflow.version, 1,
+                       result=outcome.result)
+    if isinstance(outcome, Fail):
+        result = {"reason": outcome.reason, **outcome.details}
+        _check_json(result, "fail details", config.max_state_bytes)
+        return Advance(step.name, OutcomeKind.FAIL, None, state_json, workflow.version, 1,
+                       result={"failed": result})
+    raise OutcomeError(f"step {step.name} returned {type(outcome).__name__}; return "
+                       "ctx.goto(...), ctx.finish(...) or ctx.fail(...)")
+
+
+def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],
+           max_bytes: int) -> dict[str, Any]:
+    unknown = set(update) - set(type(state).model_fields)
+    if unknown:
+        raise OutcomeError(f"state update names fields {sorted(unknown)} that "
+                           f"{type(state).__name__} does not have")
+    try:
+        merged = workflow.state.model_validate({**state.model_dump(), **update})
+    except ValidationError as exc:
+        raise OutcomeError(f"state update is invalid for {type(state).__name__}: {exc}") from exc
+    return _as_json(merged, max_bytes)
+
+
+def _as_json(state: BaseModel, max_bytes: int) -> dict[str, Any]:
+    try:
+        data = state.model_dump(mode="json")
+    except Exception as exc:  # noqa: BLE001 - pydantic raises several types here
+        raise OutcomeError(f"state is not JSON-serializable: {exc}") from exc
+    _check_json(data, "state", max_bytes)
+    return data
+
+
+def _check_json(value: Any, what: str, max_bytes: int) -> None:
+    try:
+        size = len(canonical_json(value))
+    except InvalidInput as exc:
+        raise OutcomeError(f"{what} is not JSON: {exc}") from exc
+    if size > max_bytes:
+        raise OutcomeError(f"{what} is {size} bytes, over the limit of {max_bytes}; "
+                           "keep large values out of the state")
+
+
+def _record_failure(store: StepStore, config: ExecutorConfig, claim: Claim, step: Step,
+                    exc: Exception, bound: Any) -> StepReport:
+    non_retryable = isinstance(exc, StepError) and exc.non_retryable
+    exhausted = claim.attempt >= claim.max_attempts
+    retry_in = None if (non_retryable or exhausted) else retry_delay(
+        claim.attempt, config.retry_base_s, config.retry_max_s)
+    error = error_record(type(exc).__name__, str(exc), step=step.name, attempt=claim.attempt,
+                         max_attempts=claim.max_attempts)
+    if not store.fail(claim, step.name, error, retry_in_s=retry_in):
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    if retry_in is None:
+        bound.error("step failed; run failed", step=step.name, error=str(exc),
+                    non_retryable=non_retryable)
+        return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=str(exc))
+    bound.warning("step failed; retrying", step=step.name, error=str(exc),
+                  retry_in_s=round(retry_in, 3))
+    return StepReport(ReportKind.RETRY, claim.run_id, claim.seq, detail=str(exc))

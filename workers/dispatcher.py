@@ -1,0 +1,103 @@
+"""The outbox dispatcher: publishes rows the fast path did not (or could not) publish.
+
+Woken by LISTEN/NOTIFY, with a polling fallback; several can run (SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import structlog
+from celery import Celery
+
+from ledger.db import create_engine, database_url, require_current_schema
+from ledger.exceptions import LedgerUnavailable
+from ledger.outbox import OutboxMessage, OutboxStore
+from ledger.settings import OnwardSettings
+from tasks import faults
+from workers.runtime import STEP_TASK
+
+log = structlog.get_logger("onward.dispatcher")
+
+
+class Dispatcher:
+    def __init__(self, app: Celery, settings: OnwardSettings) -> None:
+        self.app = app
+        self.settings = settings
+        self.store = OutboxStore(
+            database_url(settings),
+            grace_s=settings.outbox_grace_s,
+            republish_s=settings.outbox_republish_s,
+        )
+        self.stopping = threading.Event()
+        self.published = 0
+        self._producer: Any = None
+
+    def publish(self, message: OutboxMessage) -> None:
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        self.app.send_task(
+            STEP_TASK,
+            kwargs={"run_id": str(message.run_id), "seq": message.seq},
+            queue=self.settings.queue,
+            producer=self._producer,
+            argsrepr="",
+            kwargsrepr=f"{message.run_id}@{message.seq}",
+        )
+
+    def sweep_once(self) -> int:
+        sent = self.store.sweep(
+            self.publish,
+            after_publish=lambda: faults.point("dispatcher_after_publish_before_mark"),
+        )
+        self.published += sent
+        if sent:
+            log.info("published outbox rows", count=sent)
+        return sent
+
+    def run(self) -> None:
+        log.info("dispatcher started", queue=self.settings.queue)
+        while not self.stopping.is_set():
+            try:
+                if self.sweep_once() >= 500:
+                    continue  # a full batch: more may be due right now
+                next_due = self.store.seconds_to_next_due()
+                timeout = self.settings.dispatcher_poll_s
+                if next_due is not None:
+                    timeout = min(timeout, next_due)
+                self.store.wait(timeout)
+            except LedgerUnavailable as exc:
+                log.error("ledger unavailable; retrying", error=str(exc))
+                self.stopping.wait(1.0)
+            except Exception as exc:  # noqa: BLE001 - broker hiccups must not kill the loop
+                log.error("dispatch failed; retrying", error=repr(exc))
+                self._producer = None
+                self.stopping.wait(1.0)
+        self.store.close()
+        log.info("dispatcher stopped", published=self.published)
+
+
+def install_stop_signals(stopping: threading.Event) -> None:
+    def stop(signum: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def run_dispatcher(settings: OnwardSettings) -> None:
+    from workers.app import create_app
+
+    require_current_schema(create_engine(settings))
+    app = create_app(settings, registry=_no_workflows())
+    dispatcher = Dispatcher(app, settings)
+    install_stop_signals(dispatcher.stopping)
+    dispatcher.run()
+
+
+def _no_workflows() -> Any:
+    from tasks.workflow import Registry
+
+    return Registry()  # the dispatcher publishes ids; it never runs workflow code

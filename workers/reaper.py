@@ -1,0 +1,47 @@
+"""The reaper: restores runs whose worker is gone and parks crash loops (DESIGN.md 7)."""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+
+from ledger.db import create_engine, require_current_schema
+from ledger.exceptions import LedgerUnavailable
+from ledger.recovery import RecoveryStore, SweepReport
+from ledger.settings import OnwardSettings
+from workers.dispatcher import install_stop_signals
+
+log = structlog.get_logger("onward.reaper")
+
+
+class Reaper:
+    def __init__(self, settings: OnwardSettings) -> None:
+        self.settings = settings
+        self.store = RecoveryStore(create_engine(settings, pool_size=1))
+        self.stopping = threading.Event()
+
+    def sweep_once(self) -> SweepReport:
+        report = self.store.sweep(stall_after_s=self.settings.stall_after_s)
+        if report.total:
+            log.warning("restored runs", requeued=report.requeued, parked=report.parked,
+                        stalled_resent=report.stalled_resent)
+        return report
+
+    def run(self) -> None:
+        log.info("reaper started", interval_s=self.settings.reaper_interval_s,
+                 lease_ttl_s=self.settings.lease_ttl_s)
+        while not self.stopping.is_set():
+            try:
+                self.sweep_once()
+            except LedgerUnavailable as exc:
+                log.error("ledger unavailable; retrying", error=str(exc))
+            self.stopping.wait(self.settings.reaper_interval_s)
+        log.info("reaper stopped")
+
+
+def run_reaper(settings: OnwardSettings) -> None:
+    require_current_schema(create_engine(settings))
+    reaper = Reaper(settings)
+    install_stop_signals(reaper.stopping)
+    reaper.run()

@@ -1,0 +1,78 @@
+"""Per-process worker state: the step store connection, the registry, the publisher.
+
+Built lazily in each prefork child (connections must not cross ``fork``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from celery import Celery
+
+from ledger.checkpoints import CheckpointKeys
+from ledger.db import database_url
+from ledger.settings import OnwardSettings
+from ledger.steps import StepStore
+from tasks import faults
+from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.workflow import Registry
+
+STEP_TASK = "onward.step"
+
+
+@dataclass
+class WorkerRuntime:
+    """Everything one worker process needs to execute steps."""
+
+    app: Celery
+    settings: OnwardSettings
+    registry: Registry
+    _pid: int = field(default=0, init=False)
+    _store: StepStore | None = field(default=None, init=False)
+    _producer: Any = field(default=None, init=False)
+    _config: ExecutorConfig | None = field(default=None, init=False)
+
+    def _ensure_process_state(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid and self._store is not None:
+            return
+        self._pid = pid
+        keys = CheckpointKeys.from_settings(self.settings)
+        self._store = StepStore(database_url(self.settings), keys,
+                                lease_ttl_s=self.settings.lease_ttl_s)
+        self._config = ExecutorConfig(
+            keys=keys,
+            max_state_bytes=self.settings.max_state_bytes,
+            retry_base_s=self.settings.retry_base_s,
+            retry_max_s=self.settings.retry_max_s,
+        )
+        self._producer = None
+        faults.arm_from_env()
+
+    @property
+    def worker_id(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def publish(self, run_id: UUID, seq: int) -> None:
+        """Send the step message for ``(run_id, seq)`` (fast path, right after commit)."""
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        self.app.send_task(
+            STEP_TASK,
+            kwargs={"run_id": str(run_id), "seq": seq},
+            queue=self.settings.queue,
+            producer=self._producer,
+            argsrepr="",
+            kwargsrepr=f"{run_id}@{seq}",
+        )
+
+    def handle(self, kwargs: dict[str, Any]) -> StepReport:
+        self._ensure_process_state()
+        assert self._store is not None and self._config is not None
+        message = StepMessage.model_validate(kwargs)
+        return execute_step(self._store, self.registry, self._config, message,
+                            worker=self.worker_id, publish=self.publish)
