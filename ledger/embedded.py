@@ -7,7 +7,7 @@ reaper, CLI, tests); ``onward embedded down`` stops it.
 from __future__ import annotations
 
 import fcntl
-import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,13 +27,20 @@ def home_lock(home: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextmanager
+def _quiet_platformdirs() -> Iterator[None]:
+    """pgserver asks platformdirs for a runtime dir, which warns on hosts without one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        yield
+
+
 def postgres_url(home: Path) -> str:
     """Start the embedded PostgreSQL if it is not running and return its SQLAlchemy URL."""
-    import pgserver  # imported lazily: only the embedded default needs it
-
     pgdata = home / "pg"
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(home))  # silence platformdirs on headless hosts
-    with home_lock(home):
+    with home_lock(home), _quiet_platformdirs():
+        import pgserver  # imported lazily: only the embedded default needs it
+
         server = pgserver.get_server(pgdata, cleanup_mode=None)
     # pgserver listens on a Unix socket; its URI names the socket directory.
     uri: str = server.get_uri(DATABASE)
@@ -42,11 +49,11 @@ def postgres_url(home: Path) -> str:
 
 def stop_postgres(home: Path) -> bool:
     """Stop the embedded PostgreSQL if it runs; return whether it was running."""
-    import pgserver
-
     pgdata = home / "pg"
     if not (pgdata / "postmaster.pid").exists():
         return False
-    with home_lock(home):
+    with home_lock(home), _quiet_platformdirs():
+        import pgserver
+
         pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()
     return True

@@ -5,8 +5,10 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class OnwardSettings(BaseSettings):
@@ -28,9 +30,9 @@ class OnwardSettings(BaseSettings):
     home: Path = Field(default=Path(".onward"), description="Where embedded servers keep data.")
     tenant_id: str = Field(default="default", description="Tenant written on every new run.")
     queue: str = Field(default="onward.steps", description="Broker queue for step messages.")
-    workflows: list[str] = Field(
+    workflows: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Modules a worker imports to register workflows, e.g. examples.research.",
+        description="Comma-separated modules a worker imports to register workflows.",
     )
 
     lease_ttl_s: float = Field(default=30.0, gt=0, description="Lease length of a claimed step.")
@@ -70,6 +72,13 @@ class OnwardSettings(BaseSettings):
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
     )
+
+    @field_validator("workflows", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @cached_property
     def home_dir(self) -> Path:

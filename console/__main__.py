@@ -1,0 +1,3 @@
+from console.cli import app
+
+app(prog_name="onward")

@@ -1,0 +1,114 @@
+"""Shared fixtures: a fresh, migrated PostgreSQL database for the session, a real Redis,
+a unique broker queue per test, and real onward processes (``cluster``).
+
+With ONWARD_DATABASE_URL / ONWARD_BROKER_URL set, those servers are used; otherwise the
+embedded PostgreSQL and Redis under .onward/. Nothing is skipped when a service is missing:
+the fixture fails, loudly.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from ledger import Ledger, OnwardSettings
+from ledger.db import database_url
+from ledger.migrate import upgrade
+from tests.support.cluster import ROOT, Cluster
+from workers.broker import broker_url
+
+TEST_WORKFLOWS = "examples.research,tests.workflows"
+
+
+def _admin_settings() -> OnwardSettings:
+    home = Path(os.environ.get("ONWARD_HOME", ROOT / ".onward"))
+    return OnwardSettings(home=home)
+
+
+@pytest.fixture(scope="session")
+def server_urls() -> dict[str, str]:
+    settings = _admin_settings()
+    return {"database": database_url(settings), "broker": broker_url(settings),
+            "home": str(settings.home_dir)}
+
+
+@pytest.fixture(scope="session")
+def database(server_urls: dict[str, str]) -> Iterator[str]:
+    """A new database with the onward schema, dropped at the end of the session."""
+    admin_url = make_url(server_urls["database"])
+    name = f"onward_test_{secrets.token_hex(4)}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.set(database=name).render_as_string(hide_password=False)
+    engine = sa.create_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            {"n": name})
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture()
+def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The environment every process of one test shares (fast timings for tests)."""
+    return {
+        "ONWARD_DATABASE_URL": database,
+        "ONWARD_BROKER_URL": server_urls["broker"],
+        "ONWARD_HOME": server_urls["home"],
+        "ONWARD_QUEUE": f"test.{secrets.token_hex(6)}",
+        "ONWARD_WORKFLOWS": TEST_WORKFLOWS,
+        "ONWARD_CHECKPOINT_KEY": "test-checkpoint-key",
+        "ONWARD_LEASE_TTL_S": "3",
+        "ONWARD_REAPER_INTERVAL_S": "0.5",
+        "ONWARD_OUTBOX_GRACE_S": "1",
+        "ONWARD_OUTBOX_REPUBLISH_S": "5",
+        "ONWARD_STALL_AFTER_S": "5",
+        "ONWARD_DISPATCHER_POLL_S": "0.5",
+        "ONWARD_RETRY_BASE_S": "0.1",
+        "ONWARD_RETRY_MAX_S": "1",
+        "ONWARD_FAULTS_DIR": str(tmp_path / "faults"),
+        "ONWARD_EXAMPLE_STEP_MS": "5",
+    }
+
+
+@pytest.fixture()
+def settings(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OnwardSettings:
+    for key, value in settings_env.items():
+        monkeypatch.setenv(key, value)
+    return OnwardSettings()
+
+
+@pytest.fixture()
+def ledger(settings: OnwardSettings) -> Ledger:
+    return Ledger.from_env(settings)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture()
+def cluster(settings_env: dict[str, str], tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Real onward processes; their logs are printed when the test fails."""
+    running = Cluster(env=settings_env, log_dir=tmp_path)
+    yield running
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print(running.logs())
+    running.stop_all()

@@ -1,0 +1,81 @@
+"""Workflows the test suite runs in real worker processes (imported via ONWARD_WORKFLOWS)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks import StepContext, StepError, Workflow
+
+
+class Counter(BaseModel):
+    steps: int = 10  # how many times `tick` runs before the run finishes
+    done: int = 0
+    sleep_ms: int = 0  # per tick: keeps a step in flight long enough to kill its worker
+
+
+chain = Workflow("test_chain", version=1, state=Counter, max_attempts=3)
+
+
+@chain.step(start=True)
+def tick(ctx: StepContext, state: Counter) -> Any:
+    if state.sleep_ms:
+        time.sleep(state.sleep_ms / 1000)
+    done = state.done + 1
+    if done >= state.steps:
+        return ctx.finish(done=done)
+    return ctx.goto(tick, done=done)
+
+
+class Nothing(BaseModel):
+    pass
+
+
+poison = Workflow("test_poison", version=1, state=Nothing, max_attempts=3)
+
+
+@poison.step(start=True)
+def die(ctx: StepContext, state: Nothing) -> Any:
+    """Kills the worker process that runs it, every time: a crash loop."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+class Flaky(BaseModel):
+    fail_times: int = 1  # raise on the first N attempts of the step
+    non_retryable: bool = False
+
+
+flaky = Workflow("test_flaky", version=1, state=Flaky, max_attempts=3)
+
+
+@flaky.step(start=True)
+def wobble(ctx: StepContext, state: Flaky) -> Any:
+    if ctx.attempt <= state.fail_times:
+        raise StepError(f"failure on attempt {ctx.attempt}", non_retryable=state.non_retryable)
+    return ctx.finish(attempt=ctx.attempt)
+
+
+class Bad(BaseModel):
+    mode: str = "unknown_step"
+    count: int = 0
+
+
+broken = Workflow("test_broken", version=1, state=Bad, max_attempts=3)
+
+
+@broken.step(start=True)
+def misbehave(ctx: StepContext, state: Bad) -> Any:
+    if state.mode == "unknown_step":
+        return ctx.goto("no_such_step")
+    if state.mode == "bad_state":
+        return ctx.goto(misbehave, count="not a number")
+    if state.mode == "unknown_field":
+        return ctx.goto(misbehave, nonexistent=1)
+    if state.mode == "not_json":
+        return ctx.finish(value=object())
+    return "not an outcome"
