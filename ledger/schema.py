@@ -15,9 +15,12 @@ from sqlalchemy import (
     Column,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    Numeric,
     PrimaryKeyConstraint,
     Table,
     Text,
@@ -74,6 +77,36 @@ class AttemptOutcome(StrEnum):
     RELEASED = "released"  # the worker gave the lease back without running (e.g. unknown workflow)
     PARKED = "parked"  # the executor parked the run instead of running the step
     WORKER_LOST = "worker_lost"  # the lease expired with no result: the worker died or hung
+    WAITING = "waiting"  # the step paused (e.g. an accepted effect) and gave the lease back
+
+
+class EffectStatus(StrEnum):
+    """Where one external effect stands (DESIGN.md section 5)."""
+
+    PENDING = "pending"  # intent recorded; the outcome of any call is unknown
+    ACCEPTED = "accepted"  # the provider took the job; poll its status
+    COMPLETED = "completed"
+    FAILED = "failed"  # the provider refused definitively
+
+
+class ToolClass(StrEnum):
+    """How a tool may be retried."""
+
+    READ = "read"  # repeat freely
+    IDEMPOTENT_WRITE = "idempotent_write"  # repeat with the same key
+    IRREVERSIBLE = "irreversible"  # never repeated blindly: reconcile first
+
+
+class EffectAttemptKind(StrEnum):
+    CALL = "call"
+    LOOKUP = "lookup"
+    STATUS = "status"
+    REPEAT = "repeat"  # an operator's privileged re-send
+
+
+class EvidenceKind(StrEnum):
+    LLM = "llm"
+    READ = "read"
 
 
 def _in(column: str, enum: type[StrEnum]) -> str:
@@ -107,6 +140,7 @@ runs = Table(
     Column("last_error", JSONB, nullable=True),
     Column("parked_reason", Text, nullable=True),
     Column("result", JSONB, nullable=True),
+    Column("waiting_on", Text, nullable=True),  # e.g. "effect:<effect_id>" while paused
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
     Column("finished_at", TS, nullable=True),
@@ -175,4 +209,91 @@ outbox = Table(
     Column("publish_count", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("run_id", "seq"),
     Index("ix_outbox_due_at", "due_at"),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("effect_id", Text, nullable=False),  # sha256(run_id : effect type : command_id)
+    Column("effect_type", Text, nullable=False),  # the tool name
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("seq", Integer, nullable=False),  # the checkpoint the step started from
+    Column("step", Text, nullable=False),
+    Column("command_id", Text, nullable=False),
+    Column("tool_class", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("recipient", Text, nullable=True),
+    Column("payload", JSONB, nullable=True),  # NULL when the tool's policy keeps payloads out
+    Column("status", Text, nullable=False),
+    Column("provider_ref", Text, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("reconciled", Boolean, nullable=False, server_default=text("false")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("polls", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Column("completed_at", TS, nullable=True),
+    PrimaryKeyConstraint("effect_type", "effect_id"),
+    CheckConstraint(_in("status", EffectStatus), name="status"),
+    CheckConstraint(_in("tool_class", ToolClass), name="tool_class"),
+    Index("ix_effects_run", "run_id", "seq"),
+    Index("ix_effects_status_updated", "status", "updated_at"),
+)
+
+effect_attempts = Table(
+    "effect_attempts",
+    metadata,
+    Column("effect_type", Text, nullable=False),
+    Column("effect_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("worker", Text, nullable=False),
+    Column("lease_epoch", BigInteger, nullable=True),
+    Column("idempotency_key", Text, nullable=False),
+    Column("started_at", TS, nullable=False, server_default=func.now()),
+    Column("ended_at", TS, nullable=True),
+    Column("outcome", Text, nullable=True),  # completed, accepted, failed, found, missing, unknown
+    Column("provider_ref", Text, nullable=True),
+    Column("error", JSONB, nullable=True),
+    PrimaryKeyConstraint("effect_type", "effect_id", "attempt"),
+    ForeignKeyConstraint(
+        ["effect_type", "effect_id"], ["effects.effect_type", "effects.effect_id"],
+        ondelete="CASCADE",
+    ),
+    CheckConstraint(_in("kind", EffectAttemptKind), name="kind"),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("sha256", Text, primary_key=True),
+    Column("size", Integer, nullable=False),
+    Column("media_type", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+)
+
+evidence = Table(
+    "evidence",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("command_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("step", Text, nullable=False),
+    Column("source", Text, nullable=False),  # model name or tool name
+    Column("source_version", Text, nullable=True),
+    Column("request_hash", Text, nullable=False),
+    Column("response", JSONB, nullable=True),  # inline when small
+    Column("artifact_sha256", Text, ForeignKey("artifacts.sha256"), nullable=True),
+    Column("input_tokens", Integer, nullable=False, server_default=text("0")),
+    Column("output_tokens", Integer, nullable=False, server_default=text("0")),
+    Column("cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "command_id"),
+    CheckConstraint(_in("kind", EvidenceKind), name="kind"),
+    CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),
 )

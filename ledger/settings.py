@@ -68,6 +68,9 @@ class OnwardSettings(BaseSettings):
     max_state_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
     )
+    max_artifact_bytes: int = Field(
+        default=10_000_000, gt=0, description="Largest recorded model/read response, in bytes."
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",

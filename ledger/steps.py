@@ -12,13 +12,10 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
-from ledger.db import connect_raw
-from ledger.exceptions import LedgerUnavailable
+from ledger.hot import HotConnection
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 
 
@@ -151,7 +148,7 @@ WITH advanced AS (
        SET seq = seq + 1, step = %(next_step)s, status = %(status)s, attempt = 0,
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
-           result = %(result)s, last_error = NULL, updated_at = now(),
+           result = %(result)s, last_error = NULL, waiting_on = NULL, updated_at = now(),
            finished_at = CASE WHEN %(status)s = 'running' THEN NULL ELSE now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
@@ -176,6 +173,7 @@ _FAIL = """
 WITH failed AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
+           waiting_on = NULL,
            status = CASE WHEN %(retry)s THEN 'running' ELSE 'failed' END,
            finished_at = CASE WHEN %(retry)s THEN NULL ELSE now() END, updated_at = now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
@@ -226,6 +224,26 @@ WITH released AS (
 SELECT count(*) AS released FROM released
 """
 
+_DEFER = """
+WITH deferred AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           waiting_on = %(waiting_on)s, updated_at = now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), wake AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, %(seq)s, now() + %(delay)s * interval '1 second' FROM deferred
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = now(), outcome = 'waiting', step = %(step)s, error_message = %(detail)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+)
+SELECT count(*) AS deferred FROM deferred
+"""
+
 _LEASE_LOST = """
 UPDATE onward.step_attempts SET ended_at = now(), outcome = 'lease_lost'
  WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND outcome IS NULL
@@ -246,32 +264,15 @@ class StepStore:
     """The ledger operations a worker runs for each step, on one dedicated connection."""
 
     def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float) -> None:
-        self._url = url
+        self.conn = HotConnection(url)
         self._keys = keys
         self._ttl = lease_ttl_s
-        self._conn: psycopg.Connection[dict[str, Any]] | None = None
-
-    # -- connection ---------------------------------------------------------------------
-    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
-        if self._conn is None or self._conn.closed:
-            conn = connect_raw(self._url, autocommit=True)
-            conn.row_factory = dict_row  # type: ignore[assignment]
-            self._conn = conn  # type: ignore[assignment]
-        assert self._conn is not None
-        return self._conn
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.conn.close()
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            cur = self._connection().execute(sql, params, prepare=True)
-            return cur.fetchone()
-        except psycopg.OperationalError as exc:
-            self.close()  # reconnect on next use; the statement's outcome is unknown
-            raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
+        return self.conn.one(sql, params)
 
     # -- the hot path -------------------------------------------------------------------
     def claim(self, run_id: UUID, seq: int, owner: str) -> Claim | Stale:
@@ -382,6 +383,24 @@ class StepStore:
             },
         )
         return row is not None and row["released"] == 1
+
+    def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,
+              detail: str) -> bool:
+        """Pause the run without a worker: give the lease back (the attempt is not spent)
+        and wake the same step after ``delay_s`` through a delayed outbox row."""
+        row = self._one(
+            _DEFER,
+            {
+                "run_id": claim.run_id,
+                "seq": claim.seq,
+                "epoch": claim.epoch,
+                "step": step,
+                "delay": delay_s,
+                "waiting_on": waiting_on,
+                "detail": detail,
+            },
+        )
+        return row is not None and row["deferred"] == 1
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease; False means it was lost (stop and discard the work)."""

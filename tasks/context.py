@@ -8,7 +8,10 @@ from typing import Any
 from uuid import UUID
 
 from tasks.exceptions import LeaseLost
+from tasks.llm import LLMResponse
 from tasks.outcomes import Fail, Finish, Goto
+from tasks.services import StepServices
+from tasks.tools import Tool
 from tasks.workflow import Step, Workflow
 
 
@@ -26,7 +29,26 @@ class StepContext:
     workflow: Workflow[Any]
     worker: str
     tenant_id: str
+    services: StepServices = field(repr=False)
     _heartbeat: Callable[[], bool] = field(repr=False, default=lambda: True)
+
+    def effect(self, tool: Tool, /, key: str | None = None, **payload: Any) -> dict[str, Any]:
+        """Change the outside world once: intent recorded before the call, keyed for the
+        action (not the attempt), reconciled when an earlier outcome is unknown.
+
+        ``key`` names the call's intent explicitly; by default it is the call's ordinal
+        within the step.
+        """
+        return self.services.effect(tool, key, payload)
+
+    def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
+            **params: Any) -> LLMResponse:
+        """Call the workflow's model client; a re-executed step gets the recorded answer."""
+        return self.services.llm(model=model, messages=messages, key=key, params=params)
+
+    def read(self, tool: Tool, /, key: str | None = None, **params: Any) -> dict[str, Any]:
+        """Read from a ``read`` tool; recorded with its source version and time."""
+        return self.services.read(tool, key, params)
 
     def goto(self, step: Step | str, /, **update: Any) -> Goto:
         """Continue with ``step`` after merging ``update`` into the state."""

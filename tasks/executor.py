@@ -18,6 +18,8 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from ledger.checkpoints import CheckpointKeys, canonical_json, verify
+from ledger.effects import EffectStore
+from ledger.evidence import EvidenceStore
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.schema import OutcomeKind
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
@@ -25,6 +27,7 @@ from tasks import faults
 from tasks.context import StepContext
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
 from tasks.outcomes import Fail, Finish, Goto
+from tasks.services import ParkFor, StepServices, Suspend, WaitFor
 from tasks.workflow import Registry, Step, Workflow
 
 log = structlog.get_logger("onward.executor")
@@ -45,6 +48,7 @@ class ReportKind(StrEnum):
     RETRY = "retry"
     FAILED = "failed"
     PARKED = "parked"
+    WAITING = "waiting"
     RELEASED = "released"
     LEASE_LOST = "lease_lost"
 
@@ -64,6 +68,7 @@ class ExecutorConfig:
     max_state_bytes: int
     retry_base_s: float
     retry_max_s: float
+    max_artifact_bytes: int = 10_000_000
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -80,15 +85,19 @@ def execute_step(
     *,
     worker: str,
     publish: Callable[[UUID, int], None],
+    effects: EffectStore | None = None,
+    evidence: EvidenceStore | None = None,
 ) -> StepReport:
     """Run the step after checkpoint ``message.seq`` of ``message.run_id`` at most to one commit."""
+    effects = effects or EffectStore(store.conn)
+    evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes)
     claimed = store.claim(message.run_id, message.seq, worker)
     if isinstance(claimed, Stale):
         log.info("stale delivery", run_id=str(claimed.run_id), seq=claimed.seq,
                  reason=claimed.reason.value, current_seq=claimed.current_seq)
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
     faults.point("after_claim", claimed.step)
-    report = _run_claimed(store, registry, config, claimed, worker)
+    report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
     if report.next_seq is not None:
         faults.point("after_commit_before_publish", claimed.step)
         publish(report.run_id, report.next_seq)
@@ -96,7 +105,8 @@ def execute_step(
 
 
 def _run_claimed(
-    store: StepStore, registry: Registry, config: ExecutorConfig, claim: Claim, worker: str
+    store: StepStore, registry: Registry, config: ExecutorConfig, claim: Claim, worker: str,
+    effects: EffectStore, evidence: EvidenceStore,
 ) -> StepReport:
     bound = log.bind(run_id=str(claim.run_id), seq=claim.seq, attempt=claim.attempt)
     workflow = registry.get(claim.workflow)
@@ -115,21 +125,48 @@ def _run_claimed(
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
     step, state = restored
 
+    services = StepServices(
+        effects=effects, evidence=evidence, run_id=claim.run_id, tenant_id=claim.tenant_id,
+        seq=claim.seq, step=step.name, epoch=claim.epoch, worker=worker,
+        llm_client=workflow.llm,
+    )
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
-        workflow=workflow, worker=worker, tenant_id=claim.tenant_id,
+        workflow=workflow, worker=worker, tenant_id=claim.tenant_id, services=services,
         _heartbeat=lambda: store.heartbeat(claim),
     )
     started = time.perf_counter()
+    outcome: object = None
+    error: Exception | None = None
     try:
         faults.point("in_step", step.name)
         outcome = step(ctx, state)
-        advance = _advance(config, workflow, step, state, outcome)
+    except Suspend:
+        pass  # the decision is on services.control
     except LeaseLost as exc:
         bound.warning("lease lost during step; result discarded", error=str(exc))
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     except Exception as exc:  # noqa: BLE001 - every step error is recorded, none escapes
-        return _record_failure(store, config, claim, step, exc, bound)
+        error = exc
+    # A wait or a park decided inside the step stands, whatever the body caught or returned.
+    decision = services.control.decision
+    if isinstance(decision, ParkFor):
+        bound.error("run parked for review", reason=decision.reason, detail=decision.message)
+        store.park(claim, step.name, decision.reason,
+                   error_record(decision.error_type, decision.message))
+        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=decision.message)
+    if isinstance(decision, WaitFor):
+        if not store.defer(claim, step.name, delay_s=decision.delay_s,
+                           waiting_on=decision.waiting_on, detail=decision.detail):
+            return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+        bound.info("step waiting", waiting_on=decision.waiting_on, delay_s=decision.delay_s)
+        return StepReport(ReportKind.WAITING, claim.run_id, claim.seq, detail=decision.detail)
+    if error is not None:
+        return _record_failure(store, effects, config, claim, step, error, bound)
+    try:
+        advance = _advance(config, workflow, step, state, outcome)
+    except OutcomeError as exc:
+        return _record_failure(store, effects, config, claim, step, exc, bound)
 
     faults.point("before_checkpoint_commit", step.name)
     if not store.commit(claim, advance):
@@ -235,17 +272,30 @@ def _check_json(value: Any, what: str, max_bytes: int) -> None:
                            "keep large values out of the state")
 
 
-def _record_failure(store: StepStore, config: ExecutorConfig, claim: Claim, step: Step,
-                    exc: Exception, bound: Any) -> StepReport:
+def _record_failure(store: StepStore, effects: EffectStore, config: ExecutorConfig, claim: Claim,
+                    step: Step, exc: Exception, bound: Any) -> StepReport:
     non_retryable = isinstance(exc, StepError) and exc.non_retryable
     exhausted = claim.attempt >= claim.max_attempts
     retry_in = None if (non_retryable or exhausted) else retry_delay(
         claim.attempt, config.retry_base_s, config.retry_max_s)
     error = error_record(type(exc).__name__, str(exc), step=step.name, attempt=claim.attempt,
                          max_attempts=claim.max_attempts)
+    if retry_in is None:
+        unknown = [e for e, last in effects.unresolved_at(claim.run_id, claim.seq)
+                   if last in (None, "unknown") or e.status.value == "accepted"]
+        if unknown:
+            # Failing now would abandon a write whose outcome nobody knows: a person decides.
+            message = (f"step {step.name} gave up ({exc}) while effect "
+                       f"{unknown[0].effect_type} {unknown[0].effect_id[:16]}… has an unknown "
+                       "outcome at the provider")
+            store.park(claim, step.name, "effect_outcome_unknown",
+                       error_record(type(exc).__name__, message))
+            bound.error("run parked for review", reason="effect_outcome_unknown")
+            return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
     if not store.fail(claim, step.name, error, retry_in_s=retry_in):
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     if retry_in is None:
+        effects.close_pending_at(claim.run_id, claim.seq)
         bound.error("step failed; run failed", step=step.name, error=str(exc),
                     non_retryable=non_retryable)
         return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=str(exc))

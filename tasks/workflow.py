@@ -23,6 +23,7 @@ from tasks.exceptions import WorkflowDefinitionError
 
 if TYPE_CHECKING:
     from tasks.context import StepContext
+    from tasks.llm import LLMClient
     from tasks.outcomes import Outcome
 
 S = TypeVar("S", bound=BaseModel)
@@ -55,6 +56,7 @@ class Workflow(Generic[S]):
         state: type[S],
         max_attempts: int = 3,
         description: str = "",
+        llm: LLMClient | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
@@ -71,6 +73,7 @@ class Workflow(Generic[S]):
         self.state = state
         self.max_attempts = max_attempts
         self.description = description
+        self.llm = llm
         self.steps: dict[str, Step] = {}
         self.start: Step | None = None
 

@@ -49,6 +49,7 @@ class WorkerRuntime:
             max_state_bytes=self.settings.max_state_bytes,
             retry_base_s=self.settings.retry_base_s,
             retry_max_s=self.settings.retry_max_s,
+            max_artifact_bytes=self.settings.max_artifact_bytes,
         )
         self._producer = None
         faults.arm_from_env()

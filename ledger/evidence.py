@@ -1,0 +1,126 @@
+"""Evidence: recorded model calls and reads, and the content-addressed artifacts that hold
+large bodies. A re-executed step gets the recorded response for the same ``command_id``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.exceptions import InvalidInput, OnwardError
+from ledger.hot import HotConnection
+
+INLINE_LIMIT = 8 * 1024
+"""Responses larger than this (canonical JSON bytes) go to an artifact."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    run_id: UUID
+    command_id: str
+    kind: str
+    seq: int
+    step: str
+    source: str
+    source_version: str | None
+    request_hash: str
+    response: Any
+    artifact_sha256: str | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class EvidenceRecord:
+    run_id: UUID
+    command_id: str
+    kind: str
+    seq: int
+    step: str
+    source: str
+    source_version: str | None
+    request_hash: str
+    response: Any
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    lease_epoch: int = 0
+
+
+_FIND = """
+SELECT e.*, a.body AS artifact_body FROM onward.evidence e
+  LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
+ WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
+"""
+
+_RECORD = """
+WITH artifact AS (
+    INSERT INTO onward.artifacts (sha256, size, media_type, body)
+    SELECT %(sha)s, %(size)s, 'application/json', %(body)s WHERE %(sha)s::text IS NOT NULL
+    ON CONFLICT (sha256) DO NOTHING
+)
+INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
+                             request_hash, response, artifact_sha256, input_tokens,
+                             output_tokens, cost_usd, lease_epoch)
+VALUES (%(run_id)s, %(command_id)s, %(kind)s, %(seq)s, %(step)s, %(source)s,
+        %(source_version)s, %(request_hash)s, %(response)s, %(sha)s, %(input_tokens)s,
+        %(output_tokens)s, %(cost_usd)s, %(epoch)s)
+ON CONFLICT (run_id, command_id) DO NOTHING
+RETURNING run_id
+"""
+
+
+class EvidenceStore:
+    def __init__(self, conn: HotConnection, *, max_artifact_bytes: int) -> None:
+        self.conn = conn
+        self.max_artifact_bytes = max_artifact_bytes
+
+    def find(self, run_id: UUID, command_id: str) -> Evidence | None:
+        row = self.conn.one(_FIND, {"run_id": run_id, "command_id": command_id})
+        if row is None:
+            return None
+        response = row["response"]
+        if row["artifact_sha256"] is not None:
+            body = bytes(row["artifact_body"])
+            if sha256_hex(body) != row["artifact_sha256"]:
+                raise OnwardError(f"artifact {row['artifact_sha256']} does not match its hash")
+            response = json.loads(body)
+        return Evidence(
+            run_id=row["run_id"], command_id=row["command_id"], kind=row["kind"],
+            seq=row["seq"], step=row["step"], source=row["source"],
+            source_version=row["source_version"], request_hash=row["request_hash"],
+            response=response, artifact_sha256=row["artifact_sha256"],
+            input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+            cost_usd=row["cost_usd"], created_at=row["created_at"],
+        )
+
+    def record(self, record: EvidenceRecord) -> Evidence:
+        """Record evidence; if another attempt recorded this command first, return theirs."""
+        body = canonical_json(record.response)
+        if len(body) > self.max_artifact_bytes:
+            raise InvalidInput(f"{record.kind} response of {len(body)} bytes exceeds the artifact "
+                               f"limit of {self.max_artifact_bytes} bytes")
+        big = len(body) > INLINE_LIMIT
+        self.conn.one(_RECORD, {
+            "run_id": record.run_id, "command_id": record.command_id, "kind": record.kind,
+            "seq": record.seq, "step": record.step, "source": record.source,
+            "source_version": record.source_version, "request_hash": record.request_hash,
+            "response": None if big else Jsonb(record.response),
+            "sha": sha256_hex(body) if big else None,
+            "size": len(body), "body": body if big else None,
+            "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
+            "cost_usd": record.cost_usd, "epoch": record.lease_epoch,
+        })
+        found = self.find(record.run_id, record.command_id)
+        if found is None:
+            raise OnwardError(f"evidence {record.command_id} could not be recorded")
+        return found

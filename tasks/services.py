@@ -1,0 +1,314 @@
+"""What ``ctx.effect``, ``ctx.llm`` and ``ctx.read`` do: DESIGN.md section 5, step by step.
+
+Control flow that the step body must not be able to swallow (wait for an accepted effect,
+park the run for review) is recorded on ``Control`` before anything is raised; the executor
+reads it after the body returns or raises, whatever the body caught.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.effects import Effect, EffectConflict, EffectStore, Intent
+from ledger.evidence import EvidenceRecord, EvidenceStore
+from ledger.exceptions import InvalidInput
+from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
+from tasks import faults
+from tasks.exceptions import OutcomeError, StepError
+from tasks.llm import LLMClient, LLMResponse
+from tasks.tools import Tool, ToolError, ToolResult
+
+
+class Suspend(BaseException):
+    """Unwinds a step that must wait or be parked. Not an Exception, so ``except Exception``
+    in step code does not catch it; even if something does, ``Control`` still holds the
+    decision."""
+
+
+class EffectFailed(StepError):
+    """The provider refused the effect definitively; it will not be sent again."""
+
+    def __init__(self, message: str, effect: Effect | None = None) -> None:
+        super().__init__(message, non_retryable=True)
+        self.effect = effect
+
+
+class EffectOutcomeUnknown(StepError):
+    """The call may or may not have reached the provider; the next attempt reconciles."""
+
+
+@dataclass(frozen=True)
+class WaitFor:
+    delay_s: float
+    waiting_on: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ParkFor:
+    reason: str
+    error_type: str
+    message: str
+
+
+@dataclass
+class Control:
+    decision: WaitFor | ParkFor | None = None
+
+    def park(self, reason: str, error: Exception) -> None:
+        if not isinstance(self.decision, ParkFor):
+            self.decision = ParkFor(reason, type(error).__name__, str(error))
+
+    def wait(self, wait: WaitFor) -> None:
+        if self.decision is None:
+            self.decision = wait
+
+
+def effect_id_for(run_id: UUID, effect_type: str, command_id: str) -> str:
+    """``sha256(run_id : effect type : command_id)``: the provider's idempotency key."""
+    return hashlib.sha256(f"{run_id}:{effect_type}:{command_id}".encode()).hexdigest()
+
+
+def request_hash_of(payload: Any) -> str:
+    try:
+        return sha256_hex(canonical_json(payload))
+    except InvalidInput as exc:
+        raise OutcomeError(f"effect payload is not plain JSON: {exc}") from exc
+
+
+def poll_delay(polls: int) -> float:
+    return min(30.0, 0.25 * (2 ** min(polls, 10)))
+
+
+class StepServices:
+    """Effects and evidence for one execution of one step."""
+
+    def __init__(self, *, effects: EffectStore, evidence: EvidenceStore, run_id: UUID,
+                 tenant_id: str, seq: int, step: str, epoch: int, worker: str,
+                 llm_client: LLMClient | None) -> None:
+        self.effects = effects
+        self.evidence = evidence
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.seq = seq
+        self.step = step
+        self.epoch = epoch
+        self.worker = worker
+        self.llm_client = llm_client
+        self.control = Control()
+        self._ordinal = 0
+        self.usage_tokens = 0
+        self.usage_cost_usd = 0.0
+
+    def command_id(self, key: str | None) -> str:
+        """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
+        if key is not None:
+            return f"{self.step}@{self.seq}:{key}"
+        self._ordinal += 1
+        return f"{self.step}@{self.seq}#{self._ordinal}"
+
+    # -- effects ---------------------------------------------------------------------------
+    def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+        if tool.tool_class is ToolClass.READ:
+            raise OutcomeError(f"tool {tool.name} is a read: use ctx.read, not ctx.effect")
+        command_id = self.command_id(key)
+        request_hash = request_hash_of(payload)
+        effect, created = self.effects.intend(Intent(
+            effect_id=effect_id_for(self.run_id, tool.name, command_id),
+            effect_type=tool.name, run_id=self.run_id, tenant_id=self.tenant_id, seq=self.seq,
+            step=self.step, command_id=command_id, tool_class=tool.tool_class.value,
+            request_hash=request_hash,
+            recipient=tool.recipient(payload) if tool.recipient else None,
+            payload=payload if tool.store_payload else None,
+        ))
+        if effect.request_hash != request_hash:
+            conflict = EffectConflict(
+                f"effect {effect.effect_id[:16]}… ({tool.name}, {command_id}) was first "
+                f"requested with a different payload (hash {effect.request_hash[:12]}…, now "
+                f"{request_hash[:12]}…); a key must not change its request")
+            self.control.park("effect_conflict", conflict)
+            raise conflict
+        if effect.status is EffectStatus.COMPLETED:
+            return effect.result or {}
+        if effect.status is EffectStatus.FAILED:
+            raise EffectFailed(f"effect {tool.name} ({command_id}) failed earlier: "
+                               f"{effect.error}", effect)
+        if created:
+            faults.point("after_effect_pending", self.step)
+            return self._send(tool, effect, payload)
+        if effect.status is EffectStatus.ACCEPTED:
+            return self._poll(tool, effect)
+        return self._reconcile(tool, effect, payload)
+
+    def _reconcile(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
+        """An earlier attempt left the outcome unknown: ask before sending again."""
+        if tool.lookup is None:
+            if tool.can_resend_blind:
+                return self._send(tool, effect, payload)
+            unknown = EffectOutcomeUnknown(
+                f"effect {effect.effect_id[:16]}… ({tool.name}) may have reached the provider, "
+                "and the tool has neither a lookup nor provider-side idempotency: a person must "
+                "check the provider before anything is sent again")
+            self.control.park("effect_outcome_unknown", unknown)
+            raise unknown
+        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.LOOKUP,
+                                             worker=self.worker, epoch=self.epoch)
+        try:
+            found = tool.lookup(effect.effect_id)
+        except Exception as exc:  # noqa: BLE001 - the outcome is still unknown; retry later
+            self.effects.record(effect, attempt, outcome="unknown", status=effect.status,
+                                error=_error(exc))
+            raise EffectOutcomeUnknown(f"lookup of {tool.name} failed: {exc}") from exc
+        if found is None:
+            self.effects.record(effect, attempt, outcome="missing", status=EffectStatus.PENDING)
+            return self._send(tool, effect, payload)
+        return self._apply(tool, effect, attempt, ToolResult.coerce(found), reconciled=True)
+
+    def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
+        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.CALL,
+                                             worker=self.worker, epoch=self.epoch)
+        try:
+            raw = tool.call(payload, effect.effect_id)
+        except ToolError as exc:
+            if exc.retryable:
+                self.effects.record(effect, attempt, outcome="failed",
+                                    status=EffectStatus.PENDING, error=_error(exc))
+                raise EffectOutcomeUnknown(f"{tool.name} refused for now: {exc}") from exc
+            failed = self.effects.record(effect, attempt, outcome="failed",
+                                         status=EffectStatus.FAILED, error=_error(exc))
+            raise EffectFailed(f"{tool.name} refused: {exc}", failed) from exc
+        except Exception as exc:  # noqa: BLE001 - timeouts, dropped connections: unknown
+            self.effects.record(effect, attempt, outcome="unknown", status=EffectStatus.PENDING,
+                                error=_error(exc))
+            raise EffectOutcomeUnknown(
+                f"{tool.name} call ended without an answer ({type(exc).__name__}: {exc}); "
+                "the next attempt reconciles before sending again") from exc
+        faults.point("after_provider_response", self.step)
+        return self._apply(tool, effect, attempt, ToolResult.coerce(raw), reconciled=False)
+
+    def _apply(self, tool: Tool, effect: Effect, attempt: int, answer: ToolResult, *,
+               reconciled: bool, poll: bool = False) -> dict[str, Any]:
+        """Record what the provider said and act on it."""
+        outcome = "found" if reconciled else answer.status
+        if answer.status == "completed":
+            done = self.effects.record(effect, attempt, outcome=outcome,
+                                       status=EffectStatus.COMPLETED,
+                                       provider_ref=answer.provider_ref, result=answer.result,
+                                       reconciled=reconciled, poll=poll)
+            faults.point("after_effect_recorded", self.step)
+            if done.status is EffectStatus.FAILED:
+                raise EffectFailed(f"effect {tool.name} failed: {done.error}", done)
+            return done.result or {}
+        if answer.status == "accepted":
+            accepted = self.effects.record(effect, attempt, outcome=outcome,
+                                           status=EffectStatus.ACCEPTED,
+                                           provider_ref=answer.provider_ref,
+                                           reconciled=reconciled, poll=poll)
+            faults.point("after_effect_recorded", self.step)
+            if accepted.status is EffectStatus.COMPLETED:
+                return accepted.result or {}
+            return self._wait(tool, accepted)
+        failed = self.effects.record(effect, attempt, outcome=outcome, status=EffectStatus.FAILED,
+                                     provider_ref=answer.provider_ref,
+                                     error={"provider": answer.result}, reconciled=reconciled,
+                                     poll=poll)
+        raise EffectFailed(f"{tool.name} reported failure: {answer.result}", failed)
+
+    def _poll(self, tool: Tool, effect: Effect) -> dict[str, Any]:
+        """The provider accepted the job earlier: ask whether it is done."""
+        if tool.status is None or effect.provider_ref is None:
+            stuck = EffectOutcomeUnknown(
+                f"effect {effect.effect_id[:16]}… ({tool.name}) was accepted but the tool has "
+                "no status call (or the provider gave no reference) to learn its outcome")
+            self.control.park("effect_unpollable", stuck)
+            raise stuck
+        age = (datetime.now(UTC) - effect.created_at).total_seconds()
+        if age > tool.status_timeout_s:
+            stalled = EffectOutcomeUnknown(
+                f"effect {effect.effect_id[:16]}… ({tool.name}) is still accepted after "
+                f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s)")
+            self.control.park("effect_stalled", stalled)
+            raise stalled
+        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.STATUS,
+                                             worker=self.worker, epoch=self.epoch)
+        try:
+            answer = ToolResult.coerce(tool.status(effect.provider_ref))
+        except Exception as exc:  # noqa: BLE001 - unknown for now; poll again later
+            polled = self.effects.record(effect, attempt, outcome="unknown",
+                                         status=EffectStatus.ACCEPTED, error=_error(exc),
+                                         poll=True)
+            return self._wait(tool, polled)
+        return self._apply(tool, effect, attempt, answer, reconciled=False, poll=True)
+
+    def _wait(self, tool: Tool, effect: Effect) -> dict[str, Any]:
+        delay = poll_delay(effect.polls)
+        self.control.wait(WaitFor(delay, f"effect:{effect.effect_id}",
+                                  f"{tool.name} accepted; polling status in {delay:.2f}s"))
+        raise Suspend()
+
+    # -- evidence --------------------------------------------------------------------------
+    def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None,
+            params: dict[str, Any]) -> LLMResponse:
+        command_id = self.command_id(key)
+        request_hash = request_hash_of({"model": model, "messages": messages, "params": params})
+        recorded = self._recorded(command_id, request_hash)
+        if recorded is not None:
+            return LLMResponse.from_record(recorded)
+        if self.llm_client is None:
+            raise StepError("no model client: pass Workflow(..., llm=client)", non_retryable=True)
+        response = self.llm_client.complete(model=model, messages=messages, **params)
+        kept = self.evidence.record(EvidenceRecord(
+            run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
+            seq=self.seq, step=self.step, source=model, source_version=response.model,
+            request_hash=request_hash, response=response.as_record(),
+            input_tokens=response.input_tokens, output_tokens=response.output_tokens,
+            cost_usd=response.cost_usd, lease_epoch=self.epoch,
+        ))
+        self.usage_tokens += response.input_tokens + response.output_tokens
+        self.usage_cost_usd += response.cost_usd
+        return LLMResponse.from_record(kept.response)
+
+    def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        if tool.tool_class is not ToolClass.READ:
+            raise OutcomeError(f"tool {tool.name} is {tool.tool_class.value}: use ctx.effect")
+        command_id = self.command_id(key)
+        request_hash = request_hash_of(params)
+        recorded = self._recorded(command_id, request_hash)
+        if recorded is not None:
+            return dict(recorded["result"])
+        answer = ToolResult.coerce(tool.call(params, command_id))
+        kept = self.evidence.record(EvidenceRecord(
+            run_id=self.run_id, command_id=command_id, kind=EvidenceKind.READ.value,
+            seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
+            request_hash=request_hash,
+            response={"result": answer.result, "version": answer.version,
+                      "read_at": datetime.now(UTC).isoformat()},
+            lease_epoch=self.epoch,
+        ))
+        return dict(kept.response["result"])
+
+    def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:
+        found = self.evidence.find(self.run_id, command_id)
+        if found is None:
+            return None
+        if found.request_hash != request_hash:
+            conflict = EffectConflict(
+                f"{command_id} was recorded for a different request (hash "
+                f"{found.request_hash[:12]}…, now {request_hash[:12]}…): the step is not "
+                "deterministic up to this call")
+            self.control.park("evidence_conflict", conflict)
+            raise conflict
+        return dict(found.response)
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    status_code = getattr(exc, "status_code", None)
+    if status_code is not None:
+        error["status_code"] = status_code
+    return error

@@ -1,0 +1,84 @@
+"""Tools: how an agent reaches the outside world, and the contract an integrator fulfils.
+
+    create_offer = Tool("crm.create_offer", ToolClass.IRREVERSIBLE,
+                        call=crm.create, lookup=crm.find_by_key, status=crm.status)
+
+``call(payload, idempotency_key)`` performs the request, sending ``idempotency_key`` to the
+provider; ``lookup(idempotency_key)`` asks whether that key already produced something;
+``status(provider_ref)`` polls a job the provider only accepted; ``simulate(payload, key)``
+is a sandbox implementation for replays. Each returns a ToolResult (or a dict, read as a
+completed result) and raises ToolError for a refusal the provider stated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ledger.schema import ToolClass
+from tasks.exceptions import WorkflowDefinitionError
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the provider said. ``accepted`` means the job is queued, not done."""
+
+    status: Literal["completed", "accepted", "failed"] = "completed"
+    provider_ref: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None  # for reads: the source version of what was read
+
+    @classmethod
+    def coerce(cls, value: ToolResult | dict[str, Any]) -> ToolResult:
+        if isinstance(value, ToolResult):
+            return value
+        if isinstance(value, dict):
+            ref = value.get("id")
+            return cls("completed", str(ref) if ref is not None else None, value)
+        raise TypeError(f"a tool must return ToolResult or dict, not {type(value).__name__}")
+
+
+class ToolError(Exception):
+    """The provider answered and refused. ``retryable`` says whether trying again can help
+    (HTTP 5xx, 429) or not (4xx, a conflict)."""
+
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+
+
+Call = Callable[[dict[str, Any], str], "ToolResult | dict[str, Any]"]
+Lookup = Callable[[str], "ToolResult | dict[str, Any] | None"]
+Status = Callable[[str], "ToolResult | dict[str, Any]"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A declared external capability with its retry class."""
+
+    name: str
+    tool_class: ToolClass
+    call: Call
+    lookup: Lookup | None = None
+    status: Status | None = None
+    simulate: Call | None = None
+    honours_key: bool | None = None  # provider dedupes by Idempotency-Key; default by class
+    recipient: Callable[[dict[str, Any]], str | None] | None = None
+    store_payload: bool = True  # keep the full payload in the effect record
+    status_timeout_s: float = 3600.0  # give up polling an accepted job after this long
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise WorkflowDefinitionError("a tool needs a name")
+        if not isinstance(self.tool_class, ToolClass):
+            object.__setattr__(self, "tool_class", ToolClass(self.tool_class))
+        if self.honours_key is None:
+            object.__setattr__(self, "honours_key",
+                               self.tool_class is ToolClass.IDEMPOTENT_WRITE)
+
+    @property
+    def can_resend_blind(self) -> bool:
+        """Whether a send with unknown outcome may be repeated without a lookup."""
+        return bool(self.honours_key) or self.tool_class is ToolClass.READ
