@@ -16,15 +16,22 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import make_url
 
 from ledger import Ledger, OnwardSettings
 from ledger.db import database_url
 from ledger.migrate import upgrade
 from tests.support.cluster import ROOT, Cluster
+from tests.support.messages import Publisher
 from workers.broker import broker_url
 
 TEST_WORKFLOWS = "examples.research,tests.workflows"
+
+# The machine running the suite may be busy (benchmarks, other suites): no per-example
+# deadline, fewer examples; properties here are cheap to state, not to search.
+hypothesis_settings.register_profile("onward", deadline=None, max_examples=60)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "onward"))
 
 
 def _admin_settings() -> OnwardSettings:
@@ -60,8 +67,8 @@ def database(server_urls: dict[str, str]) -> Iterator[str]:
     admin.dispose()
 
 
-@pytest.fixture()
-def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> dict[str, str]:
+def make_settings_env(database: str, server_urls: dict[str, str],
+                      faults_dir: Path) -> dict[str, str]:
     """The environment every process of one test shares (fast timings for tests)."""
     return {
         "ONWARD_DATABASE_URL": database,
@@ -78,9 +85,15 @@ def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> 
         "ONWARD_DISPATCHER_POLL_S": "0.5",
         "ONWARD_RETRY_BASE_S": "0.1",
         "ONWARD_RETRY_MAX_S": "1",
-        "ONWARD_FAULTS_DIR": str(tmp_path / "faults"),
+        "ONWARD_FAULTS_DIR": str(faults_dir),
         "ONWARD_EXAMPLE_STEP_MS": "5",
     }
+
+
+@pytest.fixture()
+def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The environment every process of one test shares (fast timings for tests)."""
+    return make_settings_env(database, server_urls, tmp_path / "faults")
 
 
 @pytest.fixture()
@@ -112,3 +125,56 @@ def cluster(settings_env: dict[str, str], tmp_path: Path,
     if failed is not None and failed.failed:
         print(running.logs())
     running.stop_all()
+
+
+# -- processes shared by the tests of one module ----------------------------------------
+# Starting a celery worker costs seconds; tests that need no fault armed and no special
+# environment share one set of processes per module. Such a module overrides
+# ``settings_env`` with ``module_env`` and uses ``shared_cluster``; each test asserts on
+# its own runs only.
+@pytest.fixture(scope="module")
+def module_env(database: str, server_urls: dict[str, str],
+               tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_settings_env(database, server_urls, tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def module_cluster(module_env: dict[str, str],
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(env=module_env, log_dir=tmp_path_factory.mktemp("logs"))
+    yield running
+    running.stop_all()
+
+
+@pytest.fixture()
+def shared_cluster(module_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The module's processes; their logs are printed when the test fails."""
+    yield module_cluster
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print(module_cluster.logs())
+
+
+@pytest.fixture()
+def publisher(settings: OnwardSettings) -> Iterator[Publisher]:
+    """Publishes step messages (and hostile ones) to the test's queue."""
+    sender = Publisher(settings)
+    yield sender
+    sender.close()
+
+
+@pytest.fixture()
+def empty_database(server_urls: dict[str, str]) -> Iterator[str]:
+    """A new database with no onward schema at all, dropped after the test."""
+    admin_url = make_url(server_urls["database"])
+    name = f"onward_empty_{secrets.token_hex(4)}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield admin_url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            {"n": name})
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()

@@ -1,0 +1,90 @@
+"""Read-only views of the ledger for assertions: what the outside world can count.
+
+Tests assert on rows, not on return values of the code under test, so these helpers read
+the tables directly with plain SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Counts over the whole ledger: equal before and after means nothing changed."""
+
+    runs: int
+    seq_sum: int
+    attempts_total: int
+    stale_deliveries: int
+    restores: int
+    lease_epochs: int
+    checkpoints: int
+    step_attempts: int
+    outbox: int
+
+
+def fingerprint(engine: Engine) -> Fingerprint:
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("""
+            SELECT (SELECT count(*) FROM onward.runs) AS runs,
+                   (SELECT coalesce(sum(seq), 0) FROM onward.runs) AS seq_sum,
+                   (SELECT coalesce(sum(attempts_total), 0) FROM onward.runs) AS attempts_total,
+                   (SELECT coalesce(sum(stale_deliveries), 0) FROM onward.runs)
+                       AS stale_deliveries,
+                   (SELECT coalesce(sum(restore_count), 0) FROM onward.runs) AS restores,
+                   (SELECT coalesce(sum(lease_epoch), 0) FROM onward.runs) AS lease_epochs,
+                   (SELECT count(*) FROM onward.checkpoints) AS checkpoints,
+                   (SELECT count(*) FROM onward.step_attempts) AS step_attempts,
+                   (SELECT count(*) FROM onward.outbox) AS outbox
+        """)).mappings().one()
+    return Fingerprint(**{name: int(row[name]) for name in Fingerprint.__dataclass_fields__})
+
+
+def run_row(engine: Engine, run_id: UUID) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.text("SELECT * FROM onward.runs WHERE id = :id"),
+                                 {"id": run_id}).mappings().one())
+
+
+def checkpoint_seqs(engine: Engine, run_id: UUID) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(
+            "SELECT seq FROM onward.checkpoints WHERE run_id = :id ORDER BY seq"),
+            {"id": run_id}).scalars())
+
+
+def attempts(engine: Engine, run_id: UUID) -> list[dict[str, Any]]:
+    """Every claimed execution of a step of the run, in lease order."""
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT * FROM onward.step_attempts WHERE run_id = :id ORDER BY lease_epoch"),
+            {"id": run_id}).mappings()]
+
+
+def committed_per_seq(engine: Engine, run_id: UUID) -> dict[int, int]:
+    """seq -> how many attempts at that seq ended 'committed' (must be 1 each)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("""
+            SELECT seq, count(*) AS n FROM onward.step_attempts
+             WHERE run_id = :id AND outcome = 'committed' GROUP BY seq ORDER BY seq"""),
+            {"id": run_id}).all()
+    return {int(seq): int(n) for seq, n in rows}
+
+
+def outbox_rows(engine: Engine, run_id: UUID) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT * FROM onward.outbox WHERE run_id = :id ORDER BY seq"),
+            {"id": run_id}).mappings()]
+
+
+def execute(engine: Engine, sql: str, **params: Any) -> int:
+    """Run one data-modifying statement (tests that tamper with the ledger); rowcount."""
+    with engine.begin() as conn:
+        return conn.execute(sa.text(sql), params).rowcount

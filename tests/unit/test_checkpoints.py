@@ -1,0 +1,119 @@
+"""Checkpoint MACs: any edit to any covered field changes the MAC; verify() catches it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from uuid import UUID
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, canonical_json, verify
+from ledger.exceptions import IntegrityViolation, InvalidInput
+
+KEYS = CheckpointKeys(current="k1", keys={"k1": b"unit-test-key", "k0": b"older-key"})
+
+names = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=12)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
+    max_leaves=8,
+)
+states = st.dictionaries(names, json_values, max_size=4)
+bodies = st.builds(
+    CheckpointBody,
+    run_id=st.uuids(),
+    seq=st.integers(0, 10_000),
+    parent_hash=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
+    step=st.none() | names,
+    next_step=st.none() | names,
+    outcome=st.sampled_from(["start", "goto", "finish", "fail"]),
+    state=states,
+    workflow_version=st.none() | st.integers(1, 1000),
+)
+
+
+def _changed(body: CheckpointBody, field: str, data: st.DataObject) -> CheckpointBody:
+    """The same body with ``field`` set to a different value."""
+    current = getattr(body, field)
+    alternatives: dict[str, st.SearchStrategy[Any]] = {
+        "run_id": st.uuids(),
+        "seq": st.integers(0, 10_000),
+        "parent_hash": st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
+        "step": st.none() | names,
+        "next_step": st.none() | names,
+        "outcome": st.sampled_from(["start", "goto", "finish", "fail"]),
+        "state": states,
+        "workflow_version": st.none() | st.integers(1, 1000),
+    }
+    value = data.draw(alternatives[field].filter(lambda v: v != current), label=field)
+    return dataclasses.replace(body, **{field: value})
+
+
+FIELDS = [f.name for f in dataclasses.fields(CheckpointBody)]
+
+
+@given(body=bodies, field=st.sampled_from(FIELDS), data=st.data())
+def test_checkpoint_mac__changes_when_any_field_changes(body: CheckpointBody, field: str,
+                                                        data: st.DataObject) -> None:
+    """Every field of the envelope is covered: changing one changes the MAC, and verify()
+    refuses the edited body against the original MAC."""
+    edited = _changed(body, field, data)
+    original_mac = KEYS.mac(body.as_dict())
+    assert KEYS.mac(edited.as_dict()) != original_mac
+    with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+        verify(KEYS, edited, original_mac, "k1", head_hash=original_mac)
+    verify(KEYS, body, original_mac, "k1", head_hash=original_mac)
+
+
+def test_checkpoint_mac__covers_every_dataclass_field() -> None:
+    """A field added to CheckpointBody but left out of as_dict() would not be protected."""
+    body = CheckpointBody(UUID(int=1), 1, None, "a", "b", "goto", {}, 1)
+    assert set(FIELDS) <= set(body.as_dict())
+
+
+@given(body=bodies)
+def test_checkpoint_mac__depends_on_the_key(body: CheckpointBody) -> None:
+    """A database-level edit cannot recompute the MAC without the server's secret: another
+    key (or another key id) gives another MAC."""
+    other = CheckpointKeys(current="k1", keys={"k1": b"attacker-guess"})
+    assert KEYS.mac(body.as_dict()) != other.mac(body.as_dict())
+    assert KEYS.mac(body.as_dict(), "k0") != KEYS.mac(body.as_dict(), "k1")
+
+
+@given(state=states)
+def test_checkpoint_mac__ignores_key_order(state: dict[str, Any]) -> None:
+    """The MAC is over canonical JSON: the order PostgreSQL's JSONB returns keys in does not
+    matter."""
+    reordered = dict(reversed(list(state.items())))
+    first = CheckpointBody(UUID(int=7), 3, None, "s", None, "finish", state, 2)
+    second = dataclasses.replace(first, state=reordered)
+    assert KEYS.mac(first.as_dict()) == KEYS.mac(second.as_dict())
+
+
+def test_checkpoint_verify__head_mismatch_is_reported() -> None:
+    """A checkpoint that verifies alone but is not the run's head means history was
+    rewritten or truncated."""
+    body = CheckpointBody(UUID(int=2), 4, "ab" * 32, "s", "t", "goto", {"n": 1}, 1)
+    mac = KEYS.mac(body.as_dict())
+    with pytest.raises(IntegrityViolation, match="not the run's recorded head"):
+        verify(KEYS, body, mac, "k1", head_hash="0" * 64)
+
+
+def test_checkpoint_verify__unknown_key_id_is_an_integrity_error() -> None:
+    """A checkpoint signed with a key id this process does not have cannot be trusted."""
+    body = CheckpointBody(UUID(int=3), 0, None, None, None, "start", {}, None)
+    mac = KEYS.mac(body.as_dict())
+    with pytest.raises(IntegrityViolation, match="'k9' is not configured"):
+        verify(KEYS, body, mac, "k9", head_hash=mac)
+
+
+@pytest.mark.parametrize("value", [{"x": float("nan")}, {"x": object()}, {1: "int key"},
+                                   {"x": b"bytes"}])
+def test_canonical_json__refuses_what_is_not_plain_json(value: Any) -> None:
+    """Only plain JSON can be hashed, stored and compared; anything else is InvalidInput."""
+    with pytest.raises(InvalidInput, match="not plain JSON"):
+        canonical_json(value)
