@@ -1,0 +1,163 @@
+"""compose.yaml and deploy/Dockerfile, checked without a Docker engine.
+
+Nothing here starts a container (this machine has no engine). What can be checked from the
+files is: every command a service runs exists in the code, every ``depends_on`` waits on
+a condition the target can meet, and every onward process gets the same ledger, broker
+and checkpoint key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from console.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+EXPECTED = {"postgres", "redis", "migrate", "worker", "dispatcher", "reaper", "flower"}
+SHARED_ENV = ("ONWARD_DATABASE_URL", "ONWARD_BROKER_URL", "ONWARD_CHECKPOINT_KEY")
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = yaml.safe_load(COMPOSE.read_text())["services"]
+    return services
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    return command if isinstance(command, list) else shlex.split(command)
+
+
+def _onward_services() -> dict[str, dict[str, Any]]:
+    """Services built from deploy/Dockerfile (the ones that run onward's code)."""
+    return {name: s for name, s in _services().items()
+            if s.get("build", {}).get("dockerfile") == "deploy/Dockerfile"}
+
+
+def _resolve_onward(args: list[str]) -> Any:
+    """Walk ``onward a b …`` through the typer app and parse the options the leaf gets.
+
+    Groups are recognised by their ``commands`` (typer vendors its own click, so the click
+    classes are not the ones ``import click`` gives).
+    """
+    command = typer.main.get_command(app)
+    path = ["onward"]
+    rest = list(args)
+    while hasattr(command, "commands"):
+        if not rest or rest[0] not in command.commands:
+            known = sorted(command.commands)
+            raise AssertionError(f"`{' '.join(path)}` has no subcommand {rest[:1]}; known: {known}")
+        name = rest.pop(0)
+        path.append(name)
+        command = command.commands[name]
+    command.make_context(" ".join(path), rest)  # raises on an unknown option or bad value
+    return command
+
+
+def test_compose__defines_every_service() -> None:
+    """The stack named in DESIGN.md: ledger, broker, migration and the three process kinds."""
+    assert set(_services()) >= EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_compose__service_command_exists(name: str) -> None:
+    """Each service runs a command this code has: an ``onward`` (sub)command registered on
+    ``console.cli.app`` with options it accepts, or an installed ``celery``."""
+    service = _services()[name]
+    if "command" not in service:
+        assert "image" in service, f"{name} has neither a command nor an image"
+        return
+    executable, *args = _command(service)
+    if executable == "onward":
+        _resolve_onward(args)
+    elif executable == "celery":
+        assert (Path(sys.executable).parent / "celery").exists(), "celery is not installed"
+    elif name not in _onward_services():
+        return  # a stock image's own server (postgres, redis-server)
+    else:
+        raise AssertionError(f"{name} runs {executable!r}, which onward's image does not provide")
+
+
+def test_compose__onward_subcommands_are_resolved_strictly() -> None:
+    """The resolver used above refuses what does not exist (so the check can fail)."""
+    _resolve_onward(["db", "upgrade"])
+    with pytest.raises(AssertionError, match="no subcommand"):
+        _resolve_onward(["db", "migrate"])
+    with pytest.raises(Exception, match="No such option"):
+        _resolve_onward(["worker", "--no-such-option"])
+    assert _resolve_onward(["worker", "--concurrency", "4"]).name == "worker"
+
+
+def test_compose__flower_is_installed_in_the_image() -> None:
+    """``celery flower`` needs the flower package, which the project does not depend on."""
+    assert "flower" in _command(_services()["flower"])
+    assert "flower" in DOCKERFILE.read_text()
+
+
+def test_compose__depends_on_waits_on_conditions_targets_can_meet() -> None:
+    """``service_healthy`` targets have a healthcheck; ``service_completed_successfully``
+    targets are one-shot (``restart: "no"``). Nothing starts merely because another
+    container was created."""
+    services = _services()
+    for name, service in services.items():
+        depends = service.get("depends_on", {})
+        assert isinstance(depends, dict), f"{name}: depends_on must name conditions"
+        for target, spec in depends.items():
+            assert target in services, f"{name} depends on undefined service {target}"
+            condition = spec.get("condition")
+            if condition == "service_healthy":
+                assert services[target].get("healthcheck", {}).get("test"), (
+                    f"{name} waits for {target} to be healthy, but {target} has no healthcheck")
+            elif condition == "service_completed_successfully":
+                assert services[target].get("restart") == "no", (
+                    f"{name} waits for {target} to complete, but {target} restarts")
+            else:
+                raise AssertionError(f"{name} -> {target}: condition {condition!r}")
+
+
+def test_compose__onward_processes_wait_for_the_migration() -> None:
+    """A worker, dispatcher or reaper refuses to start on a schema at another revision, so
+    each waits for ``migrate`` to finish, and ``migrate`` for a healthy PostgreSQL."""
+    services = _services()
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("worker", "dispatcher", "reaper"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == (
+            "service_completed_successfully")
+
+
+def test_compose__onward_processes_share_ledger_broker_and_checkpoint_key() -> None:
+    """Checkpoints are MACed with ONWARD_CHECKPOINT_KEY: a process with another key (or a
+    key generated in its own container) would take every checkpoint for tampered."""
+    onward = _onward_services()
+    assert {"migrate", "worker", "dispatcher", "reaper", "flower"} <= set(onward)
+    for key in SHARED_ENV:
+        values = {name: s.get("environment", {}).get(key) for name, s in onward.items()}
+        assert len(set(values.values())) == 1 and None not in values.values(), (key, values)
+
+
+def test_compose__worker_workflows_are_importable_and_in_the_image() -> None:
+    """The modules in ONWARD_WORKFLOWS import here and are copied into the image."""
+    modules = _services()["worker"]["environment"]["ONWARD_WORKFLOWS"].split(",")
+    dockerfile = DOCKERFILE.read_text()
+    for module in modules:
+        importlib.import_module(module.strip())
+        top = module.strip().split(".")[0]
+        assert f"COPY {top} {top}" in dockerfile, f"{top}/ is not copied into the image"
+
+
+def test_dockerfile__installs_the_project_on_python_3_11_slim() -> None:
+    """The image is python:3.11-slim with the project pip-installed (the `onward` script)."""
+    lines = [line.strip() for line in DOCKERFILE.read_text().splitlines()]
+    assert "FROM python:3.11-slim" in lines
+    assert any(line.startswith("RUN pip install .") for line in lines)
+    for package in ("ledger", "tasks", "workers", "console"):
+        assert f"COPY {package} {package}" in lines
