@@ -1,0 +1,99 @@
+"""The migrations build exactly ledger.schema, and processes refuse any other schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.engine import Engine
+
+from ledger.db import HEAD_REVISION, current_revision, require_current_schema
+from ledger.exceptions import SchemaMismatch
+from ledger.migrate import downgrade, upgrade
+from ledger.schema import SCHEMA, VERSION_TABLE, metadata
+from tests.support.cluster import Cluster, wait_for
+
+
+@pytest.fixture()
+def empty_engine(empty_database: str) -> Iterator[Engine]:
+    engine = sa.create_engine(empty_database)
+    yield engine
+    engine.dispose()
+
+
+def _schema_diff(engine: Engine) -> list[object]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={
+            "include_schemas": True,
+            "include_name": lambda name, type_, parent: type_ != "schema" or name == SCHEMA,
+            "version_table": VERSION_TABLE,
+            "version_table_schema": SCHEMA,
+            "compare_type": True,
+        })
+        return list(compare_metadata(context, metadata))
+
+
+def test_migrations__empty_database_matches_schema_metadata(empty_engine: Engine) -> None:
+    """Migrating an empty database yields the catalog ledger.schema declares: autogenerate
+    finds no difference (tables, columns, types, indexes, constraints), at HEAD_REVISION."""
+    assert current_revision(empty_engine) is None
+    upgrade(empty_engine)
+    assert _schema_diff(empty_engine) == []
+    assert current_revision(empty_engine) == HEAD_REVISION
+    require_current_schema(empty_engine)
+
+
+def test_migrations__upgrade_twice_and_round_trip_through_base(empty_engine: Engine) -> None:
+    """``onward db upgrade`` is idempotent, and downgrading to base then upgrading again
+    rebuilds the same catalog (every migration's downgrade undoes its upgrade)."""
+    upgrade(empty_engine)
+    upgrade(empty_engine)
+    downgrade(empty_engine, "base")
+    with empty_engine.connect() as conn:
+        tables = conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = :s "
+            "AND table_name <> :v"), {"s": SCHEMA, "v": VERSION_TABLE}).scalar_one()
+    assert tables == 0
+    upgrade(empty_engine)
+    assert _schema_diff(empty_engine) == []
+    assert current_revision(empty_engine) == HEAD_REVISION
+
+
+def test_schema_check__unknown_revision_is_refused(empty_engine: Engine) -> None:
+    """A database at a revision this code does not know (e.g. migrated by newer code) is
+    refused with a message naming the revision found and the command to run."""
+    upgrade(empty_engine)
+    with empty_engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {SCHEMA}.{VERSION_TABLE} SET version_num = '9999'"))
+    with pytest.raises(SchemaMismatch, match=r"is at revision 9999.*`onward db upgrade`"):
+        require_current_schema(empty_engine)
+
+
+def test_schema_check__processes_refuse_to_start_on_an_unmigrated_database(
+        empty_database: str, cluster: Cluster) -> None:
+    """A worker, a dispatcher and a reaper started on a database without the onward schema
+    exit with status 2 and a message naming `onward db upgrade`; none touches the database
+    or the broker (no schema is created behind the operator's back)."""
+    env = {"ONWARD_DATABASE_URL": empty_database}
+    procs = [cluster.worker(env=env, wait_ready=False), cluster.dispatcher(env=env),
+             cluster.reaper(env=env)]
+    wait_for(lambda: not any(p.alive() for p in procs), timeout=90,
+             what="every process to refuse and exit", seen=cluster.logs)
+    for proc in procs:
+        assert proc.popen.returncode == 2, proc.log()
+        log = proc.log()
+        assert "onward db upgrade" in log, log
+        assert "has no onward schema" in log, log
+        assert "ready." not in log
+    engine = sa.create_engine(empty_database)
+    try:
+        assert current_revision(engine) is None
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = :s"),
+                {"s": SCHEMA}).scalar_one() == 0
+    finally:
+        engine.dispose()
