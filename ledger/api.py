@@ -12,6 +12,7 @@ from uuid import UUID
 from sqlalchemy.engine import Connection, Engine
 
 from ledger import runs as run_ops
+from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.schema import RunStatus
@@ -111,3 +112,13 @@ class Ledger:
     def batch_stats(self, run_ids: list[UUID]) -> BatchStats:
         with wrap_driver_errors("counting runs"), self.engine.connect() as conn:
             return batch_stats(conn, run_ids)
+
+    def effects(self, run_id: UUID) -> list[Effect]:
+        """The run's effects, in the order its steps requested them."""
+        with wrap_driver_errors("reading effects"), self.engine.connect() as conn:
+            return list_effects_txn(conn, run_id)
+
+    def effect_attempts(self, effect: Effect) -> list[EffectAttempt]:
+        """Every call, lookup and status poll made for one effect."""
+        with wrap_driver_errors("reading effect attempts"), self.engine.connect() as conn:
+            return list_attempts_txn(conn, effect)

@@ -12,11 +12,15 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import sqlalchemy as sa
 from psycopg.types.json import Jsonb
+from sqlalchemy.engine import Connection
 
 from ledger.exceptions import OnwardError
 from ledger.hot import HotConnection
 from ledger.schema import EffectAttemptKind, EffectStatus
+from ledger.schema import effect_attempts as effect_attempts_table
+from ledger.schema import effects as effects_table
 
 
 class EffectConflict(OnwardError):
@@ -221,3 +225,34 @@ class EffectStore:
     def close_pending_at(self, run_id: UUID, seq: int) -> int:
         """Mark the step's pending effects failed when its run fails for good."""
         return len(self.conn.all(_FAIL_PENDING_AT, {"run_id": run_id, "seq": seq}))
+
+
+@dataclass(frozen=True)
+class EffectAttempt:
+    attempt: int
+    kind: str
+    worker: str
+    idempotency_key: str
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    provider_ref: str | None
+    error: dict[str, Any] | None
+
+
+def list_effects_txn(conn: Connection, run_id: UUID) -> list[Effect]:
+    rows = conn.execute(
+        sa.select(effects_table).where(effects_table.c.run_id == run_id)
+        .order_by(effects_table.c.seq, effects_table.c.created_at)
+    ).mappings()
+    return [Effect.from_row(dict(r)) for r in rows]
+
+
+def list_attempts_txn(conn: Connection, effect: Effect) -> list[EffectAttempt]:
+    rows = conn.execute(
+        sa.select(effect_attempts_table)
+        .where(effect_attempts_table.c.effect_type == effect.effect_type)
+        .where(effect_attempts_table.c.effect_id == effect.effect_id)
+        .order_by(effect_attempts_table.c.attempt)
+    ).mappings()
+    return [EffectAttempt(**{f: r[f] for f in EffectAttempt.__dataclass_fields__}) for r in rows]

@@ -50,6 +50,7 @@ class Run:
     last_error: dict[str, Any] | None
     parked_reason: str | None
     result: dict[str, Any] | None
+    waiting_on: str | None
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

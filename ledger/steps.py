@@ -116,6 +116,8 @@ WITH claimed AS (
            lease_expires_at = now() + %(ttl)s * interval '1 second',
            attempt = attempt + 1,
            attempts_total = attempts_total + 1,
+           -- an expired lease still set means its holder never finished: a restore
+           restore_count = restore_count + (lease_expires_at IS NOT NULL)::int,
            updated_at = now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -124,6 +126,10 @@ WITH claimed AS (
            max_attempts, head_hash
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
+), lost AS (
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+      FROM claimed c
+     WHERE a.run_id = c.id AND a.lease_epoch = c.lease_epoch - 1 AND a.outcome IS NULL
 ), recorded AS (
     INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker)
     SELECT id, lease_epoch, seq, attempt, step, %(owner)s FROM claimed

@@ -1,0 +1,67 @@
+"""The sales-offer agent of DESIGN.md section 4: classify the request with the model, draft
+an offer, create it in the CRM (irreversible, reconciled by lookup), notify the customer by
+email (idempotent by key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from examples.fake_llm import FakeModel
+from examples.provider_client import provider_tool
+from ledger.schema import ToolClass
+from tasks import StepContext, Workflow
+
+MODEL = "sales-model"
+
+create_offer = provider_tool("crm.create_offer", "offers", ToolClass.IRREVERSIBLE,
+                             recipient_field="customer_id")
+send_email = provider_tool("mail.send", "emails", ToolClass.IDEMPOTENT_WRITE,
+                           recipient_field="to")
+
+
+class OfferState(BaseModel):
+    customer_id: str
+    request: str = "Please send me a price offer for 10 seats."
+    amount: int = 1000
+    route: str = ""
+    offer_text: str = ""
+    offer_id: str = ""
+    email_id: str = ""
+
+
+offer = Workflow("sales_offer_agent", version=1, state=OfferState, llm=FakeModel(),
+                 description="classify → draft → create offer in CRM → email the customer")
+
+
+@offer.step(start=True)
+def classify(ctx: StepContext, state: OfferState) -> Any:
+    label = ctx.llm(model=MODEL, messages=[{"role": "user", "content": state.request}],
+                    task="classify").text
+    if label != "offer":
+        return ctx.finish(route=label, offer_id=None)
+    return ctx.goto(draft, route=label)
+
+
+@offer.step
+def draft(ctx: StepContext, state: OfferState) -> Any:
+    text = ctx.llm(model=MODEL, messages=[
+        {"role": "system", "content": "Write a short, friendly offer."},
+        {"role": "user", "content": f"{state.customer_id}: {state.amount} EUR"},
+    ]).text
+    return ctx.goto(create, offer_text=text)
+
+
+@offer.step
+def create(ctx: StepContext, state: OfferState) -> Any:
+    created = ctx.effect(create_offer, customer_id=state.customer_id, amount=state.amount,
+                         text=state.offer_text)
+    return ctx.goto(notify, offer_id=created["id"])
+
+
+@offer.step
+def notify(ctx: StepContext, state: OfferState) -> Any:
+    sent = ctx.effect(send_email, to=state.customer_id, subject="Your offer",
+                      offer_id=state.offer_id)
+    return ctx.finish(offer_id=state.offer_id, email_id=sent["id"])

@@ -1,0 +1,198 @@
+"""Effects under crashes: a real worker is SIGKILLed at each named point of the protocol, and
+the reference provider (a real HTTP service) counts what the outside world saw."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.schema import EffectStatus
+from tests.support.cluster import Cluster, wait_for
+from tests.support.provider import Provider, running_provider
+
+WORKFLOWS = "examples.sales,tests.workflows_effects"
+
+
+@pytest.fixture()
+def provider(tmp_path: Path) -> Iterator[Provider]:
+    with running_provider(tmp_path) as running:
+        yield running
+
+
+def start_fleet(cluster: Cluster, provider: Provider, faults: str = "",
+                dispatcher_faults: str = "") -> None:
+    env = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url}
+    cluster.dispatcher(env={**env, "ONWARD_FAULTS": dispatcher_faults})
+    cluster.reaper(env=env)
+    cluster.worker(concurrency=2, env={**env, "ONWARD_FAULTS": faults})
+
+
+def wait_terminal(ledger: Ledger, run_id: UUID, timeout: float = 60) -> RunStatus:
+    def status() -> RunStatus | None:
+        run = ledger.get_run(run_id)
+        return run.status if run and run.status is not RunStatus.RUNNING else None
+
+    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
+                    seen=lambda: ledger.get_run(run_id))
+
+
+def offer_run(ledger: Ledger, customer: str = "c-1") -> UUID:
+    return ledger.start_run("sales_offer_agent", {"customer_id": customer, "amount": 1200})
+
+
+@pytest.mark.parametrize("point", [
+    "after_effect_pending@create",
+    "after_provider_response@create",
+    "after_effect_recorded@create",
+    "before_checkpoint_commit@create",
+    "after_commit_before_publish@create",
+])
+def test_effect__worker_killed_at_point_creates_one_object(
+        point: str, ledger: Ledger, cluster: Cluster, provider: Provider,
+        settings_env: dict[str, str]) -> None:
+    """Invariant: whatever instant the worker dies at, the CRM holds exactly one offer and
+    the customer one email, both effects end `completed`, and the run finishes."""
+    start_fleet(cluster, provider, faults=f"{point}:kill:once")
+    run_id = offer_run(ledger)
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    stats = provider.stats()
+    assert stats["by_collection"] == {"offers": 1, "emails": 1}
+    assert stats["duplicate_objects"] == 0
+    effects = ledger.effects(run_id)
+    assert [e.status for e in effects] == [EffectStatus.COMPLETED, EffectStatus.COMPLETED]
+    fired = list(Path(settings_env["ONWARD_FAULTS_DIR"]).glob("*.fired"))
+    assert len(fired) == 1, "the worker was never killed at the fault point"
+
+
+def test_effect__lost_response_is_reconciled_by_lookup(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: when the provider acted but the worker died before recording it, the
+    resumed step asks the provider by key and records what it finds: no second call."""
+    start_fleet(cluster, provider, faults="after_provider_response@create:kill:once")
+    run_id = offer_run(ledger)
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    offer_effect = ledger.effects(run_id)[0]
+    assert offer_effect.reconciled is True
+    kinds = [(a.kind, a.outcome) for a in ledger.effect_attempts(offer_effect)]
+    assert kinds == [("call", None), ("lookup", "found")]
+    assert provider.stats()["created"] == 2  # one offer, one email
+
+
+def test_effect__dispatcher_killed_after_publish_duplicates_are_noops(
+        ledger: Ledger, cluster: Cluster, provider: Provider,
+        settings_env: dict[str, str]) -> None:
+    """Invariant: a dispatcher dying between publish and mark leaves the row unmarked, so the
+    next dispatcher publishes it again; the duplicate delivery is a stale no-op and the
+    provider still sees one object per effect."""
+    import redis
+
+    env = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url}
+    queue = redis.Redis.from_url(settings_env["ONWARD_BROKER_URL"])
+    first = cluster.dispatcher(
+        env={**env, "ONWARD_FAULTS": "dispatcher_after_publish_before_mark:kill:once"})
+    run_id = offer_run(ledger)
+    wait_for(lambda: not first.alive(), timeout=30, what="the dispatcher to die after publish")
+    cluster.dispatcher(env=env)
+    wait_for(lambda: queue.llen(settings_env["ONWARD_QUEUE"]) == 2, timeout=30,
+             what="the same step message to be in the queue twice",
+             seen=lambda: queue.llen(settings_env["ONWARD_QUEUE"]))
+    cluster.reaper(env=env)
+    cluster.worker(concurrency=2, env=env)
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert ledger.get_run(run_id).stale_deliveries == 1
+    assert ledger.batch_stats([run_id]).duplicate_commits == 0
+    assert provider.stats()["by_collection"] == {"offers": 1, "emails": 1}
+
+
+def test_effect__key_reused_with_other_payload_parks_without_call(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: a retried step that asks for the same effect with a different payload is
+    refused before any call (EffectConflict) and the run is parked for review."""
+    start_fleet(cluster, provider, faults="after_effect_pending@send_changing:kill:once")
+    run_id = ledger.start_run("test_effect_conflict", {})
+    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    run = ledger.get_run(run_id)
+    assert run.parked_reason == "effect_conflict"
+    assert "different payload" in run.last_error["message"]
+    assert provider.stats().get("requests", 0) == 0
+
+
+def test_effect__lost_response_without_lookup_parks(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: if the response is lost and the tool can neither look up nor rely on the
+    provider's dedupe, onward parks the run instead of guessing: one object, no resend."""
+    provider.arm("blind", drop_response=1)
+    start_fleet(cluster, provider)
+    run_id = ledger.start_run("test_effect_no_lookup", {})
+    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert ledger.get_run(run_id).parked_reason == "effect_outcome_unknown"
+    stats = provider.stats()
+    assert stats["by_collection"] == {"blind": 1}
+    assert stats["requests"] == 1
+    assert ledger.effects(run_id)[0].status is EffectStatus.PENDING
+
+
+def test_effect__expired_provider_key_reconciled_by_lookup(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: after the provider forgot the idempotency key (retention expired), a blind
+    resend would duplicate; reconciliation by lookup still finds the one object."""
+    provider.configure(key_ttl_s=0.2)
+    start_fleet(cluster, provider, faults="after_provider_response@create:kill:once")
+    run_id = offer_run(ledger)
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    stats = provider.stats()
+    assert stats["by_collection"] == {"offers": 1, "emails": 1}
+    assert stats["duplicate_objects"] == 0
+
+
+def test_effect__poison_effect_does_not_loop(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: a provider that always fails costs at most the step's attempt budget;
+    the run fails with the error visible and nothing was created."""
+    provider.arm("poisoned", error_500=1000)
+    start_fleet(cluster, provider)
+    run_id = ledger.start_run("test_effect_poison", {})
+    assert wait_terminal(ledger, run_id) is RunStatus.FAILED
+    run = ledger.get_run(run_id)
+    assert run.attempts_total == 3
+    assert "500" in run.last_error["message"]
+    assert provider.stats()["errors_500"] == 3
+    assert provider.stats()["objects"] == 0
+    assert ledger.effects(run_id)[0].status is EffectStatus.FAILED
+
+
+def test_effect__accepted_waits_without_worker_then_completes(
+        ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
+    """Invariant: an effect the provider only accepted is not completed: the run waits with
+    no lease, polls status through delayed outbox rows, and continues once it completes."""
+    provider.configure(async_complete_s=1.5)
+    start_fleet(cluster, provider)
+    run_id = offer_run(ledger)
+    waiting = wait_for(lambda: (r := ledger.get_run(run_id)).waiting_on and r, timeout=30,
+                       what="the run to wait on the accepted offer")
+    assert waiting.lease_owner is None
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    effects = ledger.effects(run_id)
+    assert all(e.status is EffectStatus.COMPLETED for e in effects)
+    assert effects[0].polls >= 1
+    assert provider.stats()["by_collection"] == {"offers": 1, "emails": 1}
+
+
+def test_evidence__reexecuted_step_reuses_recorded_model_answer(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path) -> None:
+    """Invariant: a step re-executed after a crash gets the recorded model response for the
+    same command id: the model is paid once per call, not once per attempt."""
+    calls = tmp_path / "llm-calls.log"
+    env = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url,
+           "ONWARD_FAKE_LLM_LOG": str(calls)}
+    cluster.dispatcher(env=env)
+    cluster.reaper(env=env)
+    cluster.worker(env={**env, "ONWARD_FAULTS": "before_checkpoint_commit@draft:kill:once"})
+    run_id = offer_run(ledger)
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert ledger.get_run(run_id).restore_count >= 1
+    assert len(calls.read_text().splitlines()) == 2  # classify + draft, each exactly once
