@@ -88,3 +88,26 @@ def execute(engine: Engine, sql: str, **params: Any) -> int:
     """Run one data-modifying statement (tests that tamper with the ledger); rowcount."""
     with engine.begin() as conn:
         return conn.execute(sa.text(sql), params).rowcount
+
+
+def wait_run(engine: Engine, run_id: UUID, *, timeout: float, what: str,
+             until: Any = None, status: str | None = None) -> dict[str, Any]:
+    """Poll the run's row until ``until(row)`` (or its status) holds; fail showing the row."""
+    from tests.support.cluster import wait_for
+
+    def check() -> dict[str, Any] | None:
+        row = run_row(engine, run_id)
+        if status is not None and row["status"] != status:
+            return None
+        if until is not None and not until(row):
+            return None
+        return row
+
+    def seen() -> dict[str, Any]:
+        row = run_row(engine, run_id)
+        keys = ("status", "seq", "step", "attempt", "attempts_total", "lease_owner",
+                "lease_epoch", "restore_count", "stale_deliveries", "parked_reason",
+                "last_error")
+        return {key: row[key] for key in keys}
+
+    return wait_for(check, timeout=timeout, what=what, interval=0.1, seen=seen)
