@@ -14,7 +14,7 @@ What it does, with real processes only (nothing here fakes a part of onward):
    prints ONE line of JSON on stdout, computed from the ledger.
 
 Everything human-readable goes to stderr; stdout carries only the final JSON line. The exit
-status is non-zero if a run did not complete or a step was committed twice.
+status is non-zero if a run did not complete or a step was committed twice (see report()).
 """
 
 from __future__ import annotations
@@ -336,8 +336,8 @@ def report(stats: BatchStats, lost: int, elapsed: float) -> list[str]:
     steps = f"{lost} step{'s' if lost != 1 else ''}"
     console.print(
         f"\n{stats.completed}/{stats.runs} runs completed in {elapsed:.1f}s. The killed worker "
-        f"held {steps} in flight; the reaper gave them back to the fleet when their leases "
-        f"expired ({stats.restores} restores), and each run resumed from its last "
+        f"held {steps} in flight; they went back to the fleet when their leases expired "
+        f"({stats.restores} restores), and each run resumed from its last "
         "checkpoint: the steps it had committed did not run again.")
     console.print(f"  duplicate_commits          {stats.duplicate_commits:>4}  "
                   "checkpoints committed twice for one step (must be 0)")
