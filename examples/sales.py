@@ -1,9 +1,10 @@
 """The sales-offer agent of DESIGN.md section 4: classify the request with the model, draft
-an offer, create it in the CRM (irreversible, reconciled by lookup), notify the customer by
-email (idempotent by key)."""
+an offer, wait for a sales lead to approve it, create it in the CRM (irreversible,
+reconciled by lookup), notify the customer by email (idempotent by key)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,6 +30,7 @@ class OfferState(BaseModel):
     offer_text: str = ""
     offer_id: str = ""
     email_id: str = ""
+    require_approval: bool = True  # a person approves the drafted offer before it is sent
 
 
 offer = Workflow("sales_offer_agent", version=1, state=OfferState, llm=FakeModel(),
@@ -50,7 +52,17 @@ def draft(ctx: StepContext, state: OfferState) -> Any:
         {"role": "system", "content": "Write a short, friendly offer."},
         {"role": "user", "content": f"{state.customer_id}: {state.amount} EUR"},
     ]).text
-    return ctx.goto(create, offer_text=text)
+    if not state.require_approval:
+        return ctx.goto(create, offer_text=text)
+    return ctx.ask_approval("send_offer", artifact=offer_artifact(state, text), then=create,
+                            approvers=["role:sales_lead"], expires_in=timedelta(hours=24),
+                            offer_text=text)
+
+
+def offer_artifact(state: OfferState, text: str | None = None) -> dict[str, Any]:
+    """What the approver reviews; the approval is bound to its sha256."""
+    return {"customer_id": state.customer_id, "amount": state.amount,
+            "text": state.offer_text if text is None else text}
 
 
 @offer.step

@@ -12,7 +12,9 @@ from uuid import UUID
 from sqlalchemy.engine import Connection, Engine
 
 from ledger import runs as run_ops
+from ledger import waits
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
+from ledger.schema import ApprovalStatus
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.schema import RunStatus
@@ -50,6 +52,7 @@ class Ledger:
         conversation_id: str | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        budgets: run_ops.Budgets | None = None,
     ) -> UUID:
         """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run."""
         with wrap_driver_errors("starting a run"), self.engine.begin() as conn:
@@ -60,6 +63,7 @@ class Ledger:
                 conversation_id=conversation_id,
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
+                budgets=budgets,
             )
 
     def start_run_txn(
@@ -71,6 +75,7 @@ class Ledger:
         conversation_id: str | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        budgets: run_ops.Budgets | None = None,
     ) -> UUID:
         """Start a run inside the caller's own transaction (atomic with their business write)."""
         run_ops.validate_input(input, self.settings.max_state_bytes)
@@ -83,6 +88,7 @@ class Ledger:
             conversation_id=conversation_id,
             idempotency_key=idempotency_key,
             max_attempts=max_attempts or self.settings.step_max_attempts,
+            budgets=budgets or run_ops.Budgets(),
         )
         return run_ops.start_run_txn(conn, self.keys, request)
 
@@ -122,3 +128,33 @@ class Ledger:
         """Every call, lookup and status poll made for one effect."""
         with wrap_driver_errors("reading effect attempts"), self.engine.connect() as conn:
             return list_attempts_txn(conn, effect)
+
+    # -- approvals and signals (DESIGN.md section 6) ------------------------------------------
+    def approve(self, approval_id: UUID, actor: str, *, artifact_hash: str,
+                comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
+        """Approve what ``artifact_hash`` names; resumes the run in the same transaction."""
+        with wrap_driver_errors("approving"), self.engine.begin() as conn:
+            return waits.decide_txn(conn, approval_id, approve=True, actor=actor, roles=roles,
+                                    artifact_hash=artifact_hash, comment=comment)
+
+    def reject(self, approval_id: UUID, actor: str, *, artifact_hash: str,
+               comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
+        """Reject; the run goes to its declared rejection step or fails (approval_rejected)."""
+        with wrap_driver_errors("rejecting"), self.engine.begin() as conn:
+            return waits.decide_txn(conn, approval_id, approve=False, actor=actor, roles=roles,
+                                    artifact_hash=artifact_hash, comment=comment)
+
+    def get_approval(self, approval_id: UUID) -> waits.Approval:
+        with wrap_driver_errors("reading an approval"), self.engine.connect() as conn:
+            return waits.get_approval_txn(conn, approval_id)
+
+    def approvals(self, *, status: ApprovalStatus | None = None, run_id: UUID | None = None,
+                  limit: int = 100) -> list[waits.Approval]:
+        with wrap_driver_errors("listing approvals"), self.engine.connect() as conn:
+            return waits.list_approvals_txn(conn, status=status, run_id=run_id, limit=limit)
+
+    def signal(self, run_id: UUID, name: str, payload: Any = None) -> bool:
+        """Send a named signal to a run; returns whether it woke the run now. A signal sent
+        before the run waits for it is kept, not lost."""
+        with wrap_driver_errors("signalling"), self.engine.begin() as conn:
+            return waits.signal_txn(conn, run_id, name, payload if payload is not None else {})

@@ -86,9 +86,10 @@ class CheckpointBody:
     outcome: str
     state: dict[str, Any]
     workflow_version: int | None
+    control: dict[str, Any] | None = None  # a wait's continuations (approval, signal, timer)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        body = {
             "envelope_version": ENVELOPE_VERSION,
             "run_id": str(self.run_id),
             "seq": self.seq,
@@ -99,6 +100,9 @@ class CheckpointBody:
             "state": self.state,
             "workflow_version": self.workflow_version,
         }
+        if self.control is not None:
+            body["control"] = self.control
+        return body
 
 
 def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id: str,

@@ -222,6 +222,19 @@ class EffectStore:
         rows = self.conn.all(_PENDING_AT, {"run_id": run_id, "seq": seq})
         return [(Effect.from_row(r), r["last_outcome"]) for r in rows]
 
+    def approval(self, approval_id: str) -> dict[str, Any] | None:
+        """The approval a resumed step reads its decision from (status, who, comment)."""
+        return self.conn.one(
+            "SELECT id, action, status, decided_by, decided_at, comment, artifact_hash, "
+            "artifact, expires_at, now() < expires_at AS unexpired "
+            "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
+
+    def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
+        row = self.conn.one(
+            "SELECT payload FROM onward.signals WHERE run_id = %(run_id)s AND name = %(name)s "
+            "AND consumed_seq = %(seq)s", {"run_id": run_id, "name": name, "seq": seq})
+        return row["payload"] if row else None
+
     def close_pending_at(self, run_id: UUID, seq: int) -> int:
         """Mark the step's pending effects failed when its run fails for good."""
         return len(self.conn.all(_FAIL_PENDING_AT, {"run_id": run_id, "seq": seq}))

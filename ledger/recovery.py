@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ledger.db import wrap_driver_errors
+from ledger.waits import WaitSweep, sweep_waits_txn
 
 # Lease expired and attempts remain: give the step back to the fleet (a restore).
 _REQUEUE_EXPIRED = sa.text("""
@@ -89,10 +90,12 @@ class SweepReport:
     requeued: int
     parked: int
     stalled_resent: int
+    waits: WaitSweep = WaitSweep(0, 0, 0)
 
     @property
     def total(self) -> int:
-        return self.requeued + self.parked + self.stalled_resent
+        return (self.requeued + self.parked + self.stalled_resent + self.waits.approvals_expired
+                + self.waits.signal_timeouts + self.waits.deadlines)
 
 
 class RecoveryStore:
@@ -108,4 +111,7 @@ class RecoveryStore:
             stalled = conn.execute(
                 _RESEND_STALLED, {"stall_s": stall_after_s, "limit": limit}
             ).rowcount
-        return SweepReport(requeued=requeued, parked=parked, stalled_resent=stalled)
+        with wrap_driver_errors("reaper sweep of waits"), self._engine.begin() as conn:
+            waited = sweep_waits_txn(conn, limit)
+        return SweepReport(requeued=requeued, parked=parked, stalled_resent=stalled,
+                           waits=waited)

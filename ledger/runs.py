@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from decimal import Decimal
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -51,6 +52,13 @@ class Run:
     parked_reason: str | None
     result: dict[str, Any] | None
     waiting_on: str | None
+    wait_until: datetime | None
+    budget_attempts: int | None
+    budget_tokens: int | None
+    budget_cost_usd: Decimal | None
+    deadline_at: datetime | None
+    used_tokens: int
+    used_cost_usd: Decimal
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
@@ -63,6 +71,18 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """Limits of one run, debited at each commit and never refilled by a restore.
+
+    ``None`` leaves the workflow's default (and, without one, no limit)."""
+
+    attempts: int | None = None  # step executions in total, crashes included
+    tokens: int | None = None  # model tokens, input and output
+    cost_usd: float | None = None
+    deadline: timedelta | None = None  # wall clock from the start of the run
+
+
+@dataclass(frozen=True)
 class StartRequest:
     workflow: str
     input: dict[str, Any]
@@ -70,6 +90,7 @@ class StartRequest:
     conversation_id: str | None
     idempotency_key: str | None
     max_attempts: int
+    budgets: Budgets = Budgets()
 
 
 def validate_input(value: Any, max_bytes: int) -> bytes:
@@ -113,6 +134,11 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             status=RunStatus.RUNNING.value,
             max_attempts=request.max_attempts,
             head_hash=digest,
+            budget_attempts=request.budgets.attempts,
+            budget_tokens=request.budgets.tokens,
+            budget_cost_usd=request.budgets.cost_usd,
+            deadline_at=(sa.func.now() + request.budgets.deadline
+                         if request.budgets.deadline is not None else None),
         )
         .on_conflict_do_nothing(
             index_elements=["tenant_id", "idempotency_key"],

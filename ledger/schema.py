@@ -53,6 +53,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     NEEDS_REVIEW = "needs_review"  # parked: a person must look before anything runs
     CANCELLED = "cancelled"
+    WAITING = "waiting"  # for a person's decision or a signal: no lease, no message
 
     @property
     def terminal(self) -> bool:
@@ -66,6 +67,7 @@ class OutcomeKind(StrEnum):
     GOTO = "goto"
     FINISH = "finish"
     FAIL = "fail"
+    WAIT = "wait"  # the step asked for an approval, a signal or a timer
 
 
 class AttemptOutcome(StrEnum):
@@ -102,6 +104,14 @@ class EffectAttemptKind(StrEnum):
     LOOKUP = "lookup"
     STATUS = "status"
     REPEAT = "repeat"  # an operator's privileged re-send
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    INVALIDATED = "invalidated"
 
 
 class EvidenceKind(StrEnum):
@@ -141,6 +151,13 @@ runs = Table(
     Column("parked_reason", Text, nullable=True),
     Column("result", JSONB, nullable=True),
     Column("waiting_on", Text, nullable=True),  # e.g. "effect:<effect_id>" while paused
+    Column("wait_until", TS, nullable=True),  # a signal wait's timeout
+    Column("budget_attempts", Integer, nullable=True),  # NULL: the workflow's default
+    Column("budget_tokens", Integer, nullable=True),
+    Column("budget_cost_usd", Numeric(12, 6), nullable=True),
+    Column("deadline_at", TS, nullable=True),
+    Column("used_tokens", Integer, nullable=False, server_default=text("0")),
+    Column("used_cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
     Column("finished_at", TS, nullable=True),
@@ -154,6 +171,7 @@ runs = Table(
         postgresql_where=text("idempotency_key IS NOT NULL"),
     ),
     Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    Index("ix_runs_wait_until", "wait_until", postgresql_where=text("wait_until IS NOT NULL")),
     Index("ix_runs_conversation", "conversation_id"),
     Index("ix_runs_workflow_status", "workflow", "status"),
 )
@@ -173,6 +191,7 @@ checkpoints = Table(
     Column("state", JSONB, nullable=False),
     Column("workflow_version", Integer, nullable=True),
     Column("lease_epoch", BigInteger, nullable=False),
+    Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
     Column("created_at", TS, nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
@@ -296,4 +315,41 @@ evidence = Table(
     PrimaryKeyConstraint("run_id", "command_id"),
     CheckConstraint(_in("kind", EvidenceKind), name="kind"),
     CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("seq", Integer, nullable=False),  # the waiting checkpoint
+    Column("workflow_version", Integer, nullable=False),
+    Column("step", Text, nullable=False),  # the step that asked
+    Column("action", Text, nullable=False),
+    Column("artifact_hash", Text, nullable=False),  # sha256 of the canonical artifact
+    Column("artifact", JSONB, nullable=False),
+    Column("approvers", JSONB, nullable=False),  # names or "role:<name>"; [] means anyone
+    Column("expires_at", TS, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("decided_by", Text, nullable=True),
+    Column("decided_at", TS, nullable=True),
+    Column("comment", Text, nullable=True),
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    CheckConstraint(_in("status", ApprovalStatus), name="status"),
+    Index("ix_approvals_run", "run_id", "seq"),
+    Index("ix_approvals_pending_expiry", "expires_at",
+          postgresql_where=text("status = 'pending'")),
+)
+
+signals = Table(
+    "signals",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("consumed_seq", Integer, nullable=True),  # the seq whose wait it ended
+    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Index("ix_signals_run_name", "run_id", "name", "consumed_seq"),
 )

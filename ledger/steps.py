@@ -7,7 +7,9 @@ transactions per step (claim and commit); this module is where that budget is ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -16,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
 from ledger.hot import HotConnection
+from ledger.waits import WAKE_ON_SIGNAL
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 
 
@@ -39,6 +42,24 @@ class Stale:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """What a run may spend and what it has spent (NULL limits: the workflow's defaults)."""
+
+    attempts_total: int
+    attempts: int | None
+    tokens: int | None
+    cost_usd: Decimal | None
+    deadline_at: datetime | None
+    used_tokens: int
+    used_cost_usd: Decimal
+    run_created_at: datetime
+
+    def spent(self) -> dict[str, Any]:
+        return {"attempts": self.attempts_total, "tokens": self.used_tokens,
+                "cost_usd": float(self.used_cost_usd)}
+
+
+@dataclass(frozen=True)
 class Claim:
     """A held lease on one step of one run, with the checkpoint it starts from."""
 
@@ -55,6 +76,8 @@ class Claim:
     checkpoint: CheckpointBody | None
     checkpoint_hash: str | None
     checkpoint_key_id: str | None
+    budget: Budget
+    claimed_at: datetime
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -69,6 +92,7 @@ class Claim:
                 outcome=row["cp_outcome"],
                 state=row["cp_state"],
                 workflow_version=row["cp_workflow_version"],
+                control=row["cp_control"],
             )
         return cls(
             run_id=row["id"],
@@ -84,6 +108,17 @@ class Claim:
             checkpoint=checkpoint,
             checkpoint_hash=row["cp_hash"],
             checkpoint_key_id=row["cp_key_id"],
+            budget=Budget(
+                attempts_total=row["attempts_total"],
+                attempts=row["budget_attempts"],
+                tokens=row["budget_tokens"],
+                cost_usd=row["budget_cost_usd"],
+                deadline_at=row["deadline_at"],
+                used_tokens=row["used_tokens"],
+                used_cost_usd=row["used_cost_usd"],
+                run_created_at=row["created_at"],
+            ),
+            claimed_at=row["claimed_at"],
         )
 
 
@@ -98,6 +133,8 @@ class Advance:
     workflow_version: int
     next_max_attempts: int
     result: dict[str, Any] | None = None
+    wait: Wait | None = None
+    defaults: BudgetDefaults = field(default_factory=lambda: BudgetDefaults())
 
     @property
     def status(self) -> RunStatus:
@@ -105,7 +142,42 @@ class Advance:
             return RunStatus.COMPLETED
         if self.outcome is OutcomeKind.FAIL:
             return RunStatus.FAILED
+        if self.wait is not None and self.wait.due_at is None:
+            return RunStatus.WAITING
         return RunStatus.RUNNING
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """The approval a waiting checkpoint is bound to (inserted in the same transaction)."""
+
+    approval_id: UUID
+    action: str
+    artifact: Any
+    artifact_hash: str
+    approvers: list[str]
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A durable wait: for a person (approval), a signal, or a time (``due_at``)."""
+
+    waiting_on: str
+    control: dict[str, Any]
+    due_at: datetime | None = None  # a timer: the next step runs then, through the outbox
+    wait_until: datetime | None = None  # a signal's timeout
+    approval: ApprovalRequest | None = None
+
+
+@dataclass(frozen=True)
+class BudgetDefaults:
+    """The workflow's budgets, written on the run the first time it commits."""
+
+    attempts: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+    deadline_at: datetime | None = None
 
 
 _CLAIM = """
@@ -123,7 +195,9 @@ WITH claimed AS (
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
        AND attempt < max_attempts
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
-           max_attempts, head_hash
+           max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
+           budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
+           now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
 ), lost AS (
@@ -136,7 +210,8 @@ WITH claimed AS (
 )
 SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
        cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
-       cp.state AS cp_state, cp.workflow_version AS cp_workflow_version
+       cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
+       cp.control AS cp_control
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
 """
@@ -149,25 +224,45 @@ RETURNING seq, status, attempt, max_attempts,
 """
 
 _COMMIT = """
-WITH advanced AS (
+WITH usage AS (
+    SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
+           coalesce(sum(cost_usd), 0) AS cost
+      FROM onward.evidence WHERE run_id = %(run_id)s AND seq = %(seq)s
+), advanced AS (
     UPDATE onward.runs
        SET seq = seq + 1, step = %(next_step)s, status = %(status)s, attempt = 0,
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
-           result = %(result)s, last_error = NULL, waiting_on = NULL, updated_at = now(),
-           finished_at = CASE WHEN %(status)s = 'running' THEN NULL ELSE now() END
+           result = %(result)s, last_error = NULL, waiting_on = %(waiting_on)s,
+           wait_until = %(wait_until)s, updated_at = now(),
+           used_tokens = used_tokens + (SELECT tokens FROM usage),
+           used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
+           budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
+           budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
+           budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
+           deadline_at = coalesce(deadline_at, %(default_deadline)s),
+           finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL ELSE now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id
+ RETURNING id, tenant_id
 ), checkpoint AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
                                     step, next_step, outcome, state, workflow_version,
-                                    lease_epoch)
+                                    lease_epoch, control)
     SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
-           %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s
+           %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
+           %(control)s
       FROM advanced
 ), next_message AS (
-    INSERT INTO onward.outbox (run_id, seq, worker_publishes)
-    SELECT id, %(seq)s + 1, true FROM advanced WHERE %(status)s = 'running'
+    INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
+    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, now()), %(due_at)s::timestamptz IS NULL
+      FROM advanced WHERE %(status)s = 'running'
+), approval AS (
+    INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
+                                  artifact_hash, artifact, approvers, expires_at, status)
+    SELECT %(approval_id)s, id, tenant_id, %(seq)s + 1, %(workflow_version)s, %(step)s,
+           %(action)s, %(artifact_hash)s, %(artifact)s, %(approvers)s, %(expires_at)s,
+           'pending'
+      FROM advanced WHERE %(approval_id)s::uuid IS NOT NULL
 ), attempt AS (
     UPDATE onward.step_attempts SET ended_at = now(), outcome = 'committed', step = %(step)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)
@@ -304,6 +399,7 @@ class StepStore:
 
     def commit(self, claim: Claim, advance: Advance) -> bool:
         """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""
+        wait = advance.wait
         body = CheckpointBody(
             run_id=claim.run_id,
             seq=claim.seq + 1,
@@ -313,11 +409,28 @@ class StepStore:
             outcome=advance.outcome.value,
             state=advance.state,
             workflow_version=advance.workflow_version,
+            control=wait.control if wait else None,
         )
         digest = self._keys.mac(body.as_dict())
+        approval = wait.approval if wait else None
+        defaults = advance.defaults
         row = self._one(
             _COMMIT,
             {
+                "waiting_on": wait.waiting_on if wait else None,
+                "wait_until": wait.wait_until if wait else None,
+                "due_at": wait.due_at if wait else None,
+                "control": Jsonb(wait.control) if wait else None,
+                "approval_id": approval.approval_id if approval else None,
+                "action": approval.action if approval else None,
+                "artifact_hash": approval.artifact_hash if approval else None,
+                "artifact": Jsonb(approval.artifact) if approval else None,
+                "approvers": Jsonb(approval.approvers) if approval else None,
+                "expires_at": approval.expires_at if approval else None,
+                "default_attempts": defaults.attempts,
+                "default_tokens": defaults.tokens,
+                "default_cost": defaults.cost_usd,
+                "default_deadline": defaults.deadline_at,
                 "run_id": claim.run_id,
                 "seq": claim.seq,
                 "epoch": claim.epoch,
@@ -407,6 +520,10 @@ class StepStore:
             },
         )
         return row is not None and row["deferred"] == 1
+
+    def wake_if_signalled(self, run_id: UUID, seq: int) -> bool:
+        """Right after committing a signal wait: consume a signal that arrived earlier."""
+        return self._one(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": seq}) is not None
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease; False means it was lost (stop and discard the work)."""

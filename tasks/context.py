@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from tasks.exceptions import LeaseLost
 from tasks.llm import LLMResponse
-from tasks.outcomes import Fail, Finish, Goto
+from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.services import StepServices
 from tasks.tools import Tool
 from tasks.workflow import Step, Workflow
@@ -63,7 +64,54 @@ class StepContext:
         """Fail the run on purpose (not retried)."""
         return Fail(reason, details)
 
+    def ask_approval(
+        self,
+        action: str,
+        /,
+        *,
+        artifact: Any,
+        then: Step | str,
+        approvers: Sequence[str] = (),
+        expires_in: timedelta = timedelta(hours=24),
+        on_reject: Step | str | None = None,
+        on_expire: Step | str | None = None,
+        **update: Any,
+    ) -> AskApproval:
+        """Wait for a person to approve ``artifact`` (bound by its sha256). ``approvers`` are
+        names or ``role:<name>``; empty means any operator. Then run ``then``; on rejection
+        ``on_reject`` (or fail), on expiry ``on_expire`` (or fail with approval_expired)."""
+        return AskApproval(action, artifact, _name(then), tuple(approvers), expires_in,
+                           _name(on_reject), _name(on_expire), update)
+
+    def wait_for_signal(self, name: str, /, *, then: Step | str,
+                        timeout: timedelta | None = None,
+                        on_timeout: Step | str | None = None, **update: Any) -> WaitSignal:
+        """Wait for ``Ledger.signal(run_id, name, payload)``; a signal sent earlier counts."""
+        return WaitSignal(name, _name(then), timeout, _name(on_timeout), update)
+
+    def sleep(self, delay: timedelta, /, *, then: Step | str, **update: Any) -> Sleep:
+        """Continue with ``then`` after ``delay``, holding no worker."""
+        return Sleep(datetime.now(UTC) + delay, _name(then), update)
+
+    def sleep_until(self, when: datetime, /, *, then: Step | str, **update: Any) -> Sleep:
+        return Sleep(when, _name(then), update)
+
+    @property
+    def decision(self) -> Any:
+        """The approval decision this step resumes after (None if it did not wait for one)."""
+        return self.services.decision()
+
+    def signal(self, name: str) -> Any:
+        """The payload of the signal that ended this step's wait."""
+        return self.services.signal_payload(name)
+
     def heartbeat(self) -> None:
         """Extend the lease during a long step; raises LeaseLost if another worker took over."""
         if not self._heartbeat():
             raise LeaseLost(f"run {self.run_id} seq {self.seq}: the lease was taken over")
+
+
+def _name(step: Step | str | None) -> str | None:
+    if step is None or isinstance(step, str):
+        return step
+    return step.name

@@ -21,13 +21,15 @@ from ledger.checkpoints import CheckpointKeys, canonical_json, verify
 from ledger.effects import EffectStore
 from ledger.evidence import EvidenceStore
 from ledger.exceptions import IntegrityViolation, InvalidInput
-from ledger.schema import OutcomeKind
+from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
 from tasks import faults
 from tasks.context import StepContext
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
-from tasks.outcomes import Fail, Finish, Goto
-from tasks.services import ParkFor, StepServices, Suspend, WaitFor
+from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
+from tasks.policy import Limits, recheck
+from tasks.services import FailFor, ParkFor, StepServices, Suspend, WaitFor
+from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
 
 log = structlog.get_logger("onward.executor")
@@ -124,11 +126,18 @@ def _run_claimed(
                    error_record(restored.error_type, restored.message))
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
     step, state = restored
+    limits = Limits.of(claim.budget, workflow.budgets)
+    refused = recheck(claim, limits, effects)
+    if refused is not None:
+        return _refuse(store, effects, claim, step, refused, bound)
 
     services = StepServices(
         effects=effects, evidence=evidence, run_id=claim.run_id, tenant_id=claim.tenant_id,
         seq=claim.seq, step=step.name, epoch=claim.epoch, worker=worker,
         llm_client=workflow.llm,
+        control=claim.checkpoint.control if claim.checkpoint else None,
+        tokens_left=limits.tokens_left(claim.budget),
+        cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
     )
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
@@ -148,13 +157,11 @@ def _run_claimed(
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     except Exception as exc:  # noqa: BLE001 - every step error is recorded, none escapes
         error = exc
-    # A wait or a park decided inside the step stands, whatever the body caught or returned.
+    # A wait, a park or a budget stop decided inside the step stands, whatever the body
+    # caught or returned.
     decision = services.control.decision
-    if isinstance(decision, ParkFor):
-        bound.error("run parked for review", reason=decision.reason, detail=decision.message)
-        store.park(claim, step.name, decision.reason,
-                   error_record(decision.error_type, decision.message))
-        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=decision.message)
+    if isinstance(decision, (ParkFor, FailFor)):
+        return _refuse(store, effects, claim, step, decision, bound)
     if isinstance(decision, WaitFor):
         if not store.defer(claim, step.name, delay_s=decision.delay_s,
                            waiting_on=decision.waiting_on, detail=decision.detail):
@@ -164,7 +171,7 @@ def _run_claimed(
     if error is not None:
         return _record_failure(store, effects, config, claim, step, error, bound)
     try:
-        advance = _advance(config, workflow, step, state, outcome)
+        advance = _advance(config, workflow, step, state, outcome, limits)
     except OutcomeError as exc:
         return _record_failure(store, effects, config, claim, step, exc, bound)
 
@@ -174,8 +181,29 @@ def _run_claimed(
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     bound.debug("step committed", step=step.name, next_step=advance.next_step,
                 ms=round((time.perf_counter() - started) * 1000, 2))
-    next_seq = claim.seq + 1 if advance.next_step is not None else None
+    wait = advance.wait
+    if wait is not None and wait.waiting_on.startswith("signal:"):
+        store.wake_if_signalled(claim.run_id, claim.seq + 1)  # it may have come first
+    fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
+    next_seq = claim.seq + 1 if fast_path else None
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq)
+
+
+def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,
+            refusal: FailFor | ParkFor, bound: Any) -> StepReport:
+    """Park the run, or fail it for good with a reason (budgets, deadlines, approvals)."""
+    if isinstance(refusal, ParkFor):
+        bound.error("run parked for review", reason=refusal.reason, detail=refusal.message)
+        store.park(claim, step.name, refusal.reason,
+                   error_record(refusal.error_type, refusal.message))
+        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=refusal.message)
+    bound.error("run stopped", reason=refusal.reason, detail=refusal.message)
+    error = error_record(refusal.reason, refusal.message, reason=refusal.reason,
+                         spent=refusal.spent, step=step.name)
+    if not store.fail(claim, step.name, error, retry_in_s=None):
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    effects.close_pending_at(claim.run_id, claim.seq)
+    return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=refusal.message)
 
 
 @dataclass(frozen=True)
@@ -216,28 +244,50 @@ def _restore(config: ExecutorConfig, claim: Claim,
 
 
 def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
-             outcome: object) -> Advance:
+             outcome: object, limits: Limits) -> Advance:
     """Turn a step's outcome into the next checkpoint, or raise OutcomeError."""
+    defaults = limits.defaults_for_run()
     if isinstance(outcome, Goto):
-        target = workflow.resolve(outcome.step)
-        if target is None or outcome.step is None:
-            raise OutcomeError(f"step {step.name} went to unknown step {outcome.step!r} "
-                               f"(steps: {list(workflow.steps)})")
+        target = _target(workflow, step, outcome.step)
         new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
         return Advance(step.name, OutcomeKind.GOTO, target.name, new_state, workflow.version,
-                       workflow.attempts_for(target))
+                       workflow.attempts_for(target), defaults=defaults)
+    if isinstance(outcome, (AskApproval, WaitSignal, Sleep)):
+        then = _target(workflow, step, outcome.then)
+        for other in _continuations(outcome):
+            _target(workflow, step, other)
+        new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
+        return Advance(step.name, OutcomeKind.WAIT, then.name, new_state, workflow.version,
+                       workflow.attempts_for(then), wait=build_wait(outcome, workflow, step),
+                       defaults=defaults)
     state_json = _as_json(state, config.max_state_bytes)
     if isinstance(outcome, Finish):
         _check_json(outcome.result, "finish result", config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FINISH, None, state_json, workflow.version, 1,
-                       result=outcome.result)
+                       result=outcome.result, defaults=defaults)
     if isinstance(outcome, Fail):
         result = {"reason": outcome.reason, **outcome.details}
         _check_json(result, "fail details", config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FAIL, None, state_json, workflow.version, 1,
-                       result={"failed": result})
+                       result={"failed": result}, defaults=defaults)
     raise OutcomeError(f"step {step.name} returned {type(outcome).__name__}; return "
                        "ctx.goto(...), ctx.finish(...) or ctx.fail(...)")
+
+
+def _target(workflow: Workflow[Any], step: Step, name: str | None) -> Step:
+    target = workflow.resolve(name) if name is not None else None
+    if target is None:
+        raise OutcomeError(f"step {step.name} went to unknown step {name!r} "
+                           f"(steps: {list(workflow.steps)})")
+    return target
+
+
+def _continuations(outcome: AskApproval | WaitSignal | Sleep) -> list[str]:
+    if isinstance(outcome, AskApproval):
+        return [n for n in (outcome.on_reject, outcome.on_expire) if n is not None]
+    if isinstance(outcome, WaitSignal):
+        return [outcome.on_timeout] if outcome.on_timeout is not None else []
+    return []
 
 
 def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 
@@ -29,4 +30,40 @@ class Fail:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-Outcome = Goto | Finish | Fail
+
+
+@dataclass(frozen=True)
+class AskApproval:
+    """Wait, holding no worker, until a person approves ``artifact`` for ``action``."""
+
+    action: str
+    artifact: Any
+    then: str
+    approvers: tuple[str, ...] = ()
+    expires_in: timedelta = timedelta(hours=24)
+    on_reject: str | None = None
+    on_expire: str | None = None
+    update: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WaitSignal:
+    """Wait for the named signal (sent with ``Ledger.signal``), optionally with a timeout."""
+
+    name: str
+    then: str
+    timeout: timedelta | None = None
+    on_timeout: str | None = None
+    update: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Continue with ``then`` at ``until`` (a durable timer: a delayed outbox row)."""
+
+    until: datetime
+    then: str
+    update: dict[str, Any] = field(default_factory=dict)
+
+
+Outcome = Goto | Finish | Fail | AskApproval | WaitSignal | Sleep

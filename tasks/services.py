@@ -56,9 +56,20 @@ class ParkFor:
     message: str
 
 
+@dataclass(frozen=True)
+class FailFor:
+    reason: str
+    message: str
+    spent: dict[str, Any]
+
+
 @dataclass
 class Control:
-    decision: WaitFor | ParkFor | None = None
+    decision: WaitFor | ParkFor | FailFor | None = None
+
+    def fail(self, failure: FailFor) -> None:
+        if self.decision is None:
+            self.decision = failure
 
     def park(self, reason: str, error: Exception) -> None:
         if not isinstance(self.decision, ParkFor):
@@ -90,7 +101,9 @@ class StepServices:
 
     def __init__(self, *, effects: EffectStore, evidence: EvidenceStore, run_id: UUID,
                  tenant_id: str, seq: int, step: str, epoch: int, worker: str,
-                 llm_client: LLMClient | None) -> None:
+                 llm_client: LLMClient | None, control: dict[str, Any] | None = None,
+                 tokens_left: int | None = None, cost_left_usd: float | None = None,
+                 spent: dict[str, Any] | None = None) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -101,6 +114,10 @@ class StepServices:
         self.worker = worker
         self.llm_client = llm_client
         self.control = Control()
+        self.checkpoint_control = control or {}
+        self.tokens_left = tokens_left
+        self.cost_left_usd = cost_left_usd
+        self.spent = spent or {}
         self._ordinal = 0
         self.usage_tokens = 0
         self.usage_cost_usd = 0.0
@@ -261,6 +278,7 @@ class StepServices:
             return LLMResponse.from_record(recorded)
         if self.llm_client is None:
             raise StepError("no model client: pass Workflow(..., llm=client)", non_retryable=True)
+        self._check_budget(model)
         response = self.llm_client.complete(model=model, messages=messages, **params)
         kept = self.evidence.record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
@@ -272,6 +290,29 @@ class StepServices:
         self.usage_tokens += response.input_tokens + response.output_tokens
         self.usage_cost_usd += response.cost_usd
         return LLMResponse.from_record(kept.response)
+
+    def _check_budget(self, model: str) -> None:
+        """A model call that would start over budget is not made; the run fails."""
+        over = None
+        if self.tokens_left is not None and self.usage_tokens >= self.tokens_left:
+            over = f"token budget spent ({self.usage_tokens} of {self.tokens_left} left)"
+        if self.cost_left_usd is not None and self.usage_cost_usd >= self.cost_left_usd:
+            over = f"cost budget spent (${self.usage_cost_usd:.4f} of ${self.cost_left_usd:.4f})"
+        if over is not None:
+            spent = {**self.spent, "step_tokens": self.usage_tokens,
+                     "step_cost_usd": self.usage_cost_usd}
+            self.control.fail(FailFor("budget_exhausted",
+                                      f"{over}; not calling {model}", spent))
+            raise Suspend()
+
+    def decision(self) -> Any:
+        approval_id = self.checkpoint_control.get("approval_id")
+        if self.checkpoint_control.get("kind") != "approval" or approval_id is None:
+            return None
+        return self.effects.approval(approval_id)
+
+    def signal_payload(self, name: str) -> Any:
+        return self.effects.signal_payload(self.run_id, name, self.seq)
 
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:

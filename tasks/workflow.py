@@ -23,6 +23,7 @@ from tasks.exceptions import WorkflowDefinitionError
 
 if TYPE_CHECKING:
     from tasks.context import StepContext
+    from ledger.runs import Budgets
     from tasks.llm import LLMClient
     from tasks.outcomes import Outcome
 
@@ -57,6 +58,7 @@ class Workflow(Generic[S]):
         max_attempts: int = 3,
         description: str = "",
         llm: LLMClient | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
@@ -74,6 +76,7 @@ class Workflow(Generic[S]):
         self.max_attempts = max_attempts
         self.description = description
         self.llm = llm
+        self.budgets = budgets
         self.steps: dict[str, Step] = {}
         self.start: Step | None = None
 

@@ -24,8 +24,11 @@ class Reaper:
     def sweep_once(self) -> SweepReport:
         report = self.store.sweep(stall_after_s=self.settings.stall_after_s)
         if report.total:
-            log.warning("restored runs", requeued=report.requeued, parked=report.parked,
-                        stalled_resent=report.stalled_resent)
+            log.warning("reaper acted", requeued=report.requeued, parked=report.parked,
+                        stalled_resent=report.stalled_resent,
+                        approvals_expired=report.waits.approvals_expired,
+                        signal_timeouts=report.waits.signal_timeouts,
+                        deadlines=report.waits.deadlines)
         return report
 
     def run(self) -> None:

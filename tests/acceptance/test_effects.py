@@ -41,7 +41,8 @@ def wait_terminal(ledger: Ledger, run_id: UUID, timeout: float = 60) -> RunStatu
 
 
 def offer_run(ledger: Ledger, customer: str = "c-1") -> UUID:
-    return ledger.start_run("sales_offer_agent", {"customer_id": customer, "amount": 1200})
+    return ledger.start_run("sales_offer_agent", {"customer_id": customer, "amount": 1200,
+                                                  "require_approval": False})
 
 
 @pytest.mark.parametrize("point", [

@@ -1,0 +1,273 @@
+"""Durable waits: approvals, signals, timers and deadlines (DESIGN.md section 6).
+
+A waiting run holds no lease and has no broker message. Deciding an approval or sending a
+signal is one transaction that records the event and, only then, writes the outbox row that
+resumes the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ledger.checkpoints import canonical_json
+from ledger.exceptions import InvalidInput, OnwardError, UnknownRun
+from ledger.schema import ApprovalStatus, RunStatus, approvals, checkpoints, runs, signals
+
+
+class ApprovalRefused(OnwardError):
+    """The decision cannot be taken: decided already, expired, wrong approver or artifact."""
+
+
+class UnknownApproval(OnwardError):
+    """No approval with this id exists."""
+
+
+@dataclass(frozen=True)
+class Approval:
+    id: UUID
+    run_id: UUID
+    seq: int
+    workflow_version: int
+    step: str
+    action: str
+    artifact_hash: str
+    artifact: Any
+    approvers: list[str]
+    expires_at: datetime
+    status: ApprovalStatus
+    decided_by: str | None
+    decided_at: datetime | None
+    comment: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Approval:
+        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        fields["status"] = ApprovalStatus(row["status"])
+        return cls(**fields)
+
+
+# Wake a run waiting on a signal that has already arrived (psycopg parameter style; used on
+# the worker's hot connection right after the waiting commit, and by Ledger.signal).
+WAKE_ON_SIGNAL = """
+WITH sig AS (
+    SELECT s.id FROM onward.signals s JOIN onward.runs r ON r.id = s.run_id
+     WHERE s.run_id = %(run_id)s AND r.seq = %(seq)s AND r.status = 'waiting'
+       AND r.waiting_on = 'signal:' || s.name AND s.consumed_seq IS NULL
+     ORDER BY s.id LIMIT 1
+       FOR UPDATE OF s
+), woke AS (
+    UPDATE onward.runs SET status = 'running', waiting_on = NULL, wait_until = NULL,
+           updated_at = now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'waiting'
+       AND EXISTS (SELECT 1 FROM sig)
+ RETURNING id
+), consumed AS (
+    UPDATE onward.signals SET consumed_seq = %(seq)s
+     WHERE id IN (SELECT id FROM sig) AND EXISTS (SELECT 1 FROM woke)
+)
+INSERT INTO onward.outbox (run_id, seq) SELECT id, %(seq)s FROM woke
+ON CONFLICT (run_id, seq) DO NOTHING
+RETURNING run_id
+"""
+
+
+def _lock_run(conn: Connection, run_id: UUID) -> Any:
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update()).mappings()
+    found = row.first()
+    if found is None:
+        raise UnknownRun(f"no run {run_id}")
+    return found
+
+
+def _control(conn: Connection, run_id: UUID, seq: int) -> dict[str, Any]:
+    value = conn.execute(
+        sa.select(checkpoints.c.control)
+        .where(checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)
+    ).scalar()
+    return dict(value or {})
+
+
+def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
+    conn.execute(
+        runs.update().where(runs.c.id == run_id)
+        .values(status=RunStatus.RUNNING.value, step=step, waiting_on=None, wait_until=None,
+                updated_at=sa.func.now())
+    )
+    conn.exec_driver_sql(
+        "INSERT INTO onward.outbox (run_id, seq) VALUES (%(run_id)s, %(seq)s) "
+        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = now(), published_at = NULL, "
+        "worker_publishes = false",
+        {"run_id": run_id, "seq": seq},
+    )
+
+
+def _fail(conn: Connection, run_id: UUID, reason: str, message: str, **extra: Any) -> None:
+    conn.execute(
+        runs.update().where(runs.c.id == run_id)
+        .values(status=RunStatus.FAILED.value, waiting_on=None, wait_until=None,
+                finished_at=sa.func.now(), updated_at=sa.func.now(),
+                last_error={"type": reason, "reason": reason, "message": message, **extra})
+    )
+
+
+def get_approval_txn(conn: Connection, approval_id: UUID, *, lock: bool = False) -> Approval:
+    query = sa.select(approvals).where(approvals.c.id == approval_id)
+    if lock:
+        query = query.with_for_update()
+    row = conn.execute(query).mappings().first()
+    if row is None:
+        raise UnknownApproval(f"no approval {approval_id}")
+    return Approval.from_row(row)
+
+
+def list_approvals_txn(conn: Connection, *, status: ApprovalStatus | None = None,
+                       run_id: UUID | None = None, limit: int = 100) -> list[Approval]:
+    query = sa.select(approvals).order_by(approvals.c.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(approvals.c.status == status.value)
+    if run_id is not None:
+        query = query.where(approvals.c.run_id == run_id)
+    return [Approval.from_row(r) for r in conn.execute(query).mappings()]
+
+
+def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
+               roles: tuple[str, ...], artifact_hash: str, comment: str | None) -> Approval:
+    """Check and record one decision, then resume (or end) the run, in the caller's txn."""
+    approval = get_approval_txn(conn, approval_id, lock=True)
+    verb = "approve" if approve else "reject"
+    if approval.status is not ApprovalStatus.PENDING:
+        raise ApprovalRefused(
+            f"approval {approval_id} is already {approval.status.value}"
+            + (f" by {approval.decided_by} at {approval.decided_at:%Y-%m-%d %H:%M:%S}"
+               if approval.decided_by else "")
+            + "; a decision is taken once")
+    now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    if now >= approval.expires_at:
+        raise ApprovalRefused(f"approval {approval_id} expired at "
+                              f"{approval.expires_at:%Y-%m-%d %H:%M:%S}; the run must ask again")
+    allowed = approval.approvers
+    if allowed and actor not in allowed and not any(f"role:{r}" in allowed for r in roles):
+        raise ApprovalRefused(f"{actor} may not {verb} approval {approval_id}; allowed: "
+                              f"{', '.join(allowed)}")
+    if artifact_hash != approval.artifact_hash:
+        raise ApprovalRefused(
+            f"you reviewed artifact {artifact_hash[:12]}…, but approval {approval_id} is for "
+            f"{approval.artifact_hash[:12]}…: the artifact changed, an edited artifact needs "
+            "a new approval")
+    run = _lock_run(conn, approval.run_id)
+    if (run["status"] != RunStatus.WAITING.value or run["seq"] != approval.seq
+            or run["waiting_on"] != f"approval:{approval_id}"):
+        raise ApprovalRefused(f"run {approval.run_id} no longer waits for approval "
+                              f"{approval_id} (it is {run['status']} at seq {run['seq']})")
+    status = ApprovalStatus.APPROVED if approve else ApprovalStatus.REJECTED
+    conn.execute(
+        approvals.update().where(approvals.c.id == approval_id)
+        .values(status=status.value, decided_by=actor, decided_at=now, comment=comment)
+    )
+    control = _control(conn, approval.run_id, approval.seq)
+    if approve:
+        _resume(conn, approval.run_id, approval.seq, control["then"])
+    elif control.get("on_reject"):
+        _resume(conn, approval.run_id, approval.seq, control["on_reject"])
+    else:
+        _fail(conn, approval.run_id, "approval_rejected",
+              f"{actor} rejected {approval.action}" + (f": {comment}" if comment else ""),
+              decided_by=actor)
+    return get_approval_txn(conn, approval_id)
+
+
+def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any) -> bool:
+    """Store a signal for the run; wake it if it waits for this name. Returns whether it woke.
+
+    A signal sent before the run waits is kept and consumed when the wait begins.
+    """
+    if not name:
+        raise InvalidInput("a signal needs a name")
+    canonical_json(payload)  # plain JSON only
+    run = _lock_run(conn, run_id)
+    if RunStatus(run["status"]).terminal:
+        raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")
+    conn.execute(signals.insert().values(run_id=run_id, name=name, payload=payload))
+    woke = conn.exec_driver_sql(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]}).first()
+    return woke is not None
+
+
+def signal_payload(conn: Connection, run_id: UUID, name: str, seq: int) -> Any:
+    return conn.execute(
+        sa.select(signals.c.payload)
+        .where(signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed_seq == seq)
+    ).scalar()
+
+
+# -- the reaper's part --------------------------------------------------------------------------
+
+_EXPIRE_APPROVALS = sa.text("""
+WITH expired AS (
+    UPDATE onward.approvals SET status = 'expired'
+     WHERE id IN (SELECT id FROM onward.approvals
+                   WHERE status = 'pending' AND expires_at < now()
+                   LIMIT :limit FOR UPDATE SKIP LOCKED)
+ RETURNING id, run_id, seq
+)
+SELECT e.id, e.run_id, e.seq, c.control FROM expired e
+  JOIN onward.runs r ON r.id = e.run_id AND r.seq = e.seq AND r.status = 'waiting'
+                    AND r.waiting_on = 'approval:' || e.id::text
+  JOIN onward.checkpoints c ON c.run_id = e.run_id AND c.seq = e.seq
+""")
+
+_SIGNAL_TIMEOUTS = sa.text("""
+SELECT r.id AS run_id, r.seq, c.control FROM onward.runs r
+  JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
+ WHERE r.status = 'waiting' AND r.wait_until < now()
+ LIMIT :limit FOR UPDATE OF r SKIP LOCKED
+""")
+
+_DEADLINES = sa.text("""
+SELECT id AS run_id, status, deadline_at, attempts_total, used_tokens, used_cost_usd
+  FROM onward.runs
+ WHERE deadline_at < now()
+   AND (status = 'waiting'
+        OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())))
+ LIMIT :limit FOR UPDATE SKIP LOCKED
+""")
+
+
+@dataclass(frozen=True)
+class WaitSweep:
+    approvals_expired: int
+    signal_timeouts: int
+    deadlines: int
+
+
+def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
+    expired = conn.execute(_EXPIRE_APPROVALS, {"limit": limit}).mappings().all()
+    for row in expired:
+        control = dict(row["control"] or {})
+        if control.get("on_expire"):
+            _resume(conn, row["run_id"], row["seq"], control["on_expire"])
+        else:
+            _fail(conn, row["run_id"], "approval_expired",
+                  f"approval {row['id']} expired before anyone decided")
+    timeouts = conn.execute(_SIGNAL_TIMEOUTS, {"limit": limit}).mappings().all()
+    for row in timeouts:
+        control = dict(row["control"] or {})
+        if control.get("on_timeout"):
+            _resume(conn, row["run_id"], row["seq"], control["on_timeout"])
+        else:
+            _fail(conn, row["run_id"], "signal_timeout",
+                  f"no signal {control.get('name')!r} arrived before {control.get('timeout_at')}")
+    late = conn.execute(_DEADLINES, {"limit": limit}).mappings().all()
+    for row in late:
+        _fail(conn, row["run_id"], "deadline_exceeded",
+              f"the run's deadline {row['deadline_at']:%Y-%m-%d %H:%M:%S} passed while it was "
+              f"{row['status']}",
+              spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
+                     "cost_usd": float(row["used_cost_usd"])})
+    return WaitSweep(len(expired), len(timeouts), len(late))

@@ -1,0 +1,105 @@
+"""Time-bound policy, re-checked after the claim and before a step runs (DESIGN.md 7.6):
+budgets, the run's deadline, and the approval a resumed step acts on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from ledger.effects import EffectStore
+from ledger.runs import Budgets
+from ledger.steps import Budget, BudgetDefaults, Claim
+from tasks.services import FailFor, ParkFor
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The run's effective limits: its own, else its workflow's defaults."""
+
+    attempts: int | None
+    tokens: int | None
+    cost_usd: Decimal | None
+    deadline_at: datetime | None
+
+    @classmethod
+    def of(cls, budget: Budget, defaults: Budgets | None) -> Limits:
+        defaults = defaults or Budgets()
+        deadline = budget.deadline_at
+        if deadline is None and defaults.deadline is not None:
+            deadline = budget.run_created_at + defaults.deadline
+        cost = budget.cost_usd
+        if cost is None and defaults.cost_usd is not None:
+            cost = Decimal(str(defaults.cost_usd))
+        return cls(
+            attempts=budget.attempts if budget.attempts is not None else defaults.attempts,
+            tokens=budget.tokens if budget.tokens is not None else defaults.tokens,
+            cost_usd=cost,
+            deadline_at=deadline,
+        )
+
+    def defaults_for_run(self) -> BudgetDefaults:
+        """Written on the run at its first commit, so the reaper can enforce the deadline."""
+        return BudgetDefaults(
+            attempts=self.attempts, tokens=self.tokens,
+            cost_usd=float(self.cost_usd) if self.cost_usd is not None else None,
+            deadline_at=self.deadline_at,
+        )
+
+    def tokens_left(self, budget: Budget) -> int | None:
+        return None if self.tokens is None else self.tokens - budget.used_tokens
+
+    def cost_left(self, budget: Budget) -> float | None:
+        return None if self.cost_usd is None else float(self.cost_usd - budget.used_cost_usd)
+
+
+def recheck(claim: Claim, limits: Limits, effects: EffectStore) -> FailFor | ParkFor | None:
+    """Refuse to start a step that the run's budgets, deadline or approval no longer allow."""
+    budget = claim.budget
+    spent = budget.spent()
+    if limits.deadline_at is not None and claim.claimed_at >= limits.deadline_at:
+        return FailFor("deadline_exceeded",
+                       f"the run's deadline {limits.deadline_at:%Y-%m-%d %H:%M:%S} has passed",
+                       spent)
+    if limits.attempts is not None and budget.attempts_total > limits.attempts:
+        return FailFor("budget_exhausted",
+                       f"attempt budget spent: {budget.attempts_total - 1} step executions of "
+                       f"{limits.attempts} allowed", spent)
+    if limits.tokens is not None and budget.used_tokens >= limits.tokens:
+        return FailFor("budget_exhausted",
+                       f"token budget spent: {budget.used_tokens} of {limits.tokens}", spent)
+    if limits.cost_usd is not None and budget.used_cost_usd >= limits.cost_usd:
+        return FailFor("budget_exhausted",
+                       f"cost budget spent: ${budget.used_cost_usd} of ${limits.cost_usd}", spent)
+    return _recheck_approval(claim, effects)
+
+
+def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor | None:
+    control: dict[str, Any] = (claim.checkpoint.control if claim.checkpoint else None) or {}
+    if control.get("kind") is None:
+        return None
+    allowed = {control.get(k) for k in ("then", "on_reject", "on_expire", "on_timeout")} - {None}
+    if claim.step not in allowed:
+        return ParkFor("integrity", "IntegrityViolation",
+                       f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
+                       f"wait does not allow ({sorted(allowed)})")
+    if control["kind"] != "approval" or claim.step != control["then"]:
+        return None
+    approval = effects.approval(control["approval_id"])
+    if approval is None or approval["status"] != "approved":
+        status = approval["status"] if approval else "missing"
+        return FailFor("approval_invalid",
+                       f"step {claim.step} needs approval {control['approval_id']}, which is "
+                       f"{status}", {})
+    if approval["artifact_hash"] != control["artifact_hash"]:
+        return ParkFor("integrity", "IntegrityViolation",
+                       f"approval {approval['id']} is for artifact "
+                       f"{approval['artifact_hash'][:12]}…, the checkpoint asked about "
+                       f"{control['artifact_hash'][:12]}…")
+    if not approval["unexpired"] or claim.claimed_at >= approval["expires_at"]:
+        expired_at = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
+        return FailFor("approval_expired",
+                       f"approval {approval['id']} expired at {expired_at} before the approved "
+                       "step could run", {})
+    return None

@@ -1,0 +1,55 @@
+"""Turning a wait outcome into the ledger's Wait: its control record (covered by the
+checkpoint MAC), and for approvals the bound artifact hash."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from uuid6 import uuid7
+
+from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.exceptions import InvalidInput
+from ledger.steps import ApprovalRequest, Wait
+from tasks.exceptions import OutcomeError
+from tasks.outcomes import AskApproval, Sleep, WaitSignal
+from tasks.workflow import Step, Workflow
+
+
+def artifact_hash(artifact: Any) -> str:
+    """sha256 of the artifact's canonical JSON: what an approver's decision is bound to."""
+    try:
+        return sha256_hex(canonical_json(artifact))
+    except InvalidInput as exc:
+        raise OutcomeError(f"approval artifact is not plain JSON: {exc}") from exc
+
+
+def build_wait(outcome: AskApproval | WaitSignal | Sleep, workflow: Workflow[Any],
+               step: Step) -> Wait:
+    now = datetime.now(UTC)
+    if isinstance(outcome, AskApproval):
+        if not outcome.action:
+            raise OutcomeError(f"step {step.name}: an approval needs an action name")
+        if outcome.expires_in.total_seconds() <= 0:
+            raise OutcomeError(f"step {step.name}: approval expiry must be in the future")
+        approval_id = uuid7()
+        digest = artifact_hash(outcome.artifact)
+        control = {"kind": "approval", "approval_id": str(approval_id),
+                   "action": outcome.action, "artifact_hash": digest, "then": outcome.then,
+                   "on_reject": outcome.on_reject, "on_expire": outcome.on_expire}
+        return Wait(
+            waiting_on=f"approval:{approval_id}", control=control,
+            approval=ApprovalRequest(approval_id, outcome.action, outcome.artifact, digest,
+                                     list(outcome.approvers), now + outcome.expires_in),
+        )
+    if isinstance(outcome, WaitSignal):
+        if not outcome.name:
+            raise OutcomeError(f"step {step.name}: a signal wait needs a name")
+        timeout_at = now + outcome.timeout if outcome.timeout is not None else None
+        control = {"kind": "signal", "name": outcome.name, "then": outcome.then,
+                   "on_timeout": outcome.on_timeout,
+                   "timeout_at": timeout_at.isoformat() if timeout_at else None}
+        return Wait(waiting_on=f"signal:{outcome.name}", control=control, wait_until=timeout_at)
+    until = outcome.until if outcome.until.tzinfo else outcome.until.replace(tzinfo=UTC)
+    control = {"kind": "timer", "until": until.isoformat(), "then": outcome.then}
+    return Wait(waiting_on=f"timer:{until.isoformat()}", control=control, due_at=until)

@@ -1,0 +1,165 @@
+"""Approvals, signals, timers and budgets with real workers, dispatcher and reaper."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.runs import Budgets
+from ledger.schema import ApprovalStatus
+from ledger.waits import ApprovalRefused
+from tasks.waiting import artifact_hash
+from tests.support.cluster import Cluster, wait_for
+
+WORKFLOWS = "tests.workflows_waits"
+ENV = {"ONWARD_WORKFLOWS": WORKFLOWS}
+
+
+def fleet(cluster: Cluster) -> None:
+    cluster.dispatcher(env=ENV)
+    cluster.reaper(env=ENV)
+    cluster.worker(concurrency=2, env=ENV)
+
+
+def wait_status(ledger: Ledger, run_id: UUID, status: RunStatus, timeout: float = 60) -> None:
+    wait_for(lambda: ledger.get_run(run_id).status is status, timeout=timeout,
+             what=f"run {run_id} to be {status.value}", seen=lambda: ledger.get_run(run_id))
+
+
+def pending_approval(ledger: Ledger, run_id: UUID) -> object:
+    return wait_for(lambda: ledger.approvals(run_id=run_id, status=ApprovalStatus.PENDING),
+                    timeout=60, what="the approval to be requested")[0]
+
+
+DOC_HASH = artifact_hash({"doc": "offer v1: 10 seats at 1000 EUR"})
+
+
+def test_approval__approved_after_all_workers_restarted(ledger: Ledger,
+                                                        cluster: Cluster) -> None:
+    """Invariant: a waiting run holds no worker, lease or message; approving it after every
+    worker was replaced resumes it exactly at the approved step."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_review", {})
+    approval = pending_approval(ledger, run_id)
+    wait_status(ledger, run_id, RunStatus.WAITING)
+    run = ledger.get_run(run_id)
+    assert run.lease_owner is None and run.waiting_on == f"approval:{approval.id}"
+    for proc in [p for p in cluster.procs if p.name == "worker"]:
+        proc.kill_tree()
+    cluster.worker(concurrency=2, env=ENV)
+    ledger.approve(approval.id, "alice", artifact_hash=DOC_HASH, comment="ship it")
+    wait_status(ledger, run_id, RunStatus.COMPLETED)
+    assert ledger.get_run(run_id).result == {"decided_by": "alice", "status": "approved",
+                                             "comment": "ship it"}
+
+
+def test_approval__refusals(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: a decision about another artifact, by someone not allowed, or a second
+    decision is refused with a clear error and changes nothing; a role can approve."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_review", {})
+    approval = pending_approval(ledger, run_id)
+    with pytest.raises(ApprovalRefused, match="artifact changed"):
+        ledger.approve(approval.id, "alice", artifact_hash=artifact_hash({"doc": "v0"}))
+    with pytest.raises(ApprovalRefused, match="may not approve"):
+        ledger.approve(approval.id, "mallory", artifact_hash=DOC_HASH)
+    assert ledger.get_approval(approval.id).status is ApprovalStatus.PENDING
+    ledger.approve(approval.id, "bob", artifact_hash=DOC_HASH, roles=("sales_lead",))
+    with pytest.raises(ApprovalRefused, match="already approved by bob"):
+        ledger.reject(approval.id, "alice", artifact_hash=DOC_HASH)
+    wait_status(ledger, run_id, RunStatus.COMPLETED)
+
+
+def test_approval__reject_goes_to_declared_step(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: rejecting runs the workflow's rejection step, which sees the decision."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_review", {})
+    approval = pending_approval(ledger, run_id)
+    ledger.reject(approval.id, "alice", artifact_hash=DOC_HASH, comment="too cheap")
+    wait_status(ledger, run_id, RunStatus.FAILED)
+    assert ledger.get_run(run_id).result == {"failed": {"reason": "rejected by reviewer",
+                                                        "by": "alice"}}
+
+
+def test_approval__expired_is_refused_and_fails_run(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: after expiry nobody can approve; the reaper fails the run with reason
+    approval_expired when the workflow declared no expiry step."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_review_strict", {"expires_s": 1})
+    approval = pending_approval(ledger, run_id)
+    wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
+    assert ledger.get_run(run_id).last_error["reason"] == "approval_expired"
+    assert ledger.get_approval(approval.id).status is ApprovalStatus.EXPIRED
+    with pytest.raises(ApprovalRefused):
+        ledger.approve(approval.id, "alice", artifact_hash=DOC_HASH)
+
+
+def test_signal__sent_before_and_after_the_wait(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: a signal is never lost: sent after the run waits it wakes the run; sent
+    before (the run still queued) it is kept and consumed when the wait begins."""
+    early = ledger.start_run("test_signal", {})
+    assert ledger.signal(early, "go", {"n": 1}) is False  # nobody is waiting yet
+    fleet(cluster)
+    late = ledger.start_run("test_signal", {})
+    wait_status(ledger, late, RunStatus.WAITING)
+    assert ledger.get_run(late).waiting_on == "signal:go"
+    assert ledger.signal(late, "go", {"n": 2}) is True
+    wait_status(ledger, early, RunStatus.COMPLETED)
+    wait_status(ledger, late, RunStatus.COMPLETED)
+    assert ledger.get_run(early).result == {"payload": {"n": 1}}
+    assert ledger.get_run(late).result == {"payload": {"n": 2}}
+
+
+def test_signal__timeout_fails_run(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: a signal wait with a timeout ends when the timeout passes."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_signal", {"timeout_s": 1})
+    wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
+    assert ledger.get_run(run_id).last_error["reason"] == "signal_timeout"
+
+
+def test_timer__continues_after_delay_without_worker(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: a durable timer is a delayed outbox row: the next step starts no earlier
+    than the requested time and the run completes."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_timer", {"seconds": 1.5})
+    wait_status(ledger, run_id, RunStatus.COMPLETED, timeout=30)
+    entries = ledger.timeline(run_id)
+    assert (entries[1].started_at - entries[0].ended_at) >= timedelta(seconds=1.4)
+
+
+def test_budget__crash_loop_cannot_exceed_attempt_budget(ledger: Ledger,
+                                                         cluster: Cluster) -> None:
+    """Invariant: attempts live in the ledger: a step that kills its worker every time runs
+    at most the run's attempt budget, then the run fails with budget_exhausted."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_crash_budget", {}, budgets=Budgets(attempts=2))
+    wait_status(ledger, run_id, RunStatus.FAILED, timeout=90)
+    run = ledger.get_run(run_id)
+    assert run.last_error["reason"] == "budget_exhausted"
+    executed = [e for e in ledger.timeline(run_id) if e.outcome == "worker_lost"]
+    assert len(executed) == 2
+
+
+def test_budget__token_budget_exhaustion(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: model usage is debited at each commit; once the token budget is spent the
+    next call is not made and the run fails with budget_exhausted, showing what was spent."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_talker", {}, budgets=Budgets(tokens=200))
+    wait_status(ledger, run_id, RunStatus.FAILED, timeout=60)
+    run = ledger.get_run(run_id)
+    assert run.last_error["reason"] == "budget_exhausted"
+    assert run.used_tokens >= 200
+    assert run.last_error["spent"]["tokens"] == run.used_tokens
+
+
+def test_budget__deadline_passes_while_waiting(ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant: a run's wall-clock deadline holds while it waits: the reaper fails it."""
+    fleet(cluster)
+    run_id = ledger.start_run("test_signal", {}, budgets=Budgets(deadline=timedelta(seconds=2)))
+    wait_status(ledger, run_id, RunStatus.WAITING)
+    wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
+    assert ledger.get_run(run_id).last_error["reason"] == "deadline_exceeded"

@@ -1,0 +1,118 @@
+"""Workflows for the approval, signal, timer and budget tests."""
+
+from __future__ import annotations
+
+import os
+import signal as signals
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from examples.fake_llm import FakeModel
+from tasks import StepContext, Workflow
+
+
+class Review(BaseModel):
+    doc: str = "offer v1: 10 seats at 1000 EUR"
+    expires_s: float = 60
+    decided_by: str = ""
+
+
+review = Workflow("test_review", version=1, state=Review)
+
+
+@review.step(start=True)
+def ask(ctx: StepContext, state: Review) -> Any:
+    return ctx.ask_approval("send_offer", artifact={"doc": state.doc}, then=act,
+                            approvers=["alice", "role:sales_lead"], on_reject=rejected,
+                            expires_in=timedelta(seconds=state.expires_s))
+
+
+@review.step
+def act(ctx: StepContext, state: Review) -> Any:
+    decision = ctx.decision
+    return ctx.finish(decided_by=decision["decided_by"], status=decision["status"],
+                      comment=decision["comment"])
+
+
+@review.step
+def rejected(ctx: StepContext, state: Review) -> Any:
+    return ctx.fail("rejected by reviewer", by=ctx.decision["decided_by"])
+
+
+strict_review = Workflow("test_review_strict", version=1, state=Review)
+
+
+@strict_review.step(start=True)
+def ask_strict(ctx: StepContext, state: Review) -> Any:
+    """No rejection or expiry step declared: those end the run as failed."""
+    return ctx.ask_approval("publish", artifact={"doc": state.doc}, then=done,
+                            expires_in=timedelta(seconds=state.expires_s))
+
+
+@strict_review.step
+def done(ctx: StepContext, state: Review) -> Any:
+    return ctx.finish()
+
+
+class Waiter(BaseModel):
+    timeout_s: float | None = None
+
+
+waiter = Workflow("test_signal", version=1, state=Waiter)
+
+
+@waiter.step(start=True)
+def wait_go(ctx: StepContext, state: Waiter) -> Any:
+    timeout = timedelta(seconds=state.timeout_s) if state.timeout_s else None
+    return ctx.wait_for_signal("go", then=got_go, timeout=timeout)
+
+
+@waiter.step
+def got_go(ctx: StepContext, state: Waiter) -> Any:
+    return ctx.finish(payload=ctx.signal("go"))
+
+
+class Sleeper(BaseModel):
+    seconds: float = 1.0
+
+
+sleeper = Workflow("test_timer", version=1, state=Sleeper)
+
+
+@sleeper.step(start=True)
+def nap(ctx: StepContext, state: Sleeper) -> Any:
+    return ctx.sleep(timedelta(seconds=state.seconds), then=woke)
+
+
+@sleeper.step
+def woke(ctx: StepContext, state: Sleeper) -> Any:
+    return ctx.finish()
+
+
+class Talker(BaseModel):
+    turns: int = 0
+
+
+talker = Workflow("test_talker", version=1, state=Talker, llm=FakeModel())
+
+
+@talker.step(start=True)
+def talk(ctx: StepContext, state: Talker) -> Any:
+    """Calls the model once per step, forever: only a budget stops it."""
+    ctx.llm(model="m", messages=[{"role": "user", "content": f"turn {state.turns} " * 20}])
+    return ctx.goto(talk, turns=state.turns + 1)
+
+
+class Empty(BaseModel):
+    pass
+
+
+crasher = Workflow("test_crash_budget", version=1, state=Empty, max_attempts=10)
+
+
+@crasher.step(start=True)
+def crash(ctx: StepContext, state: Empty) -> Any:
+    os.kill(os.getpid(), signals.SIGKILL)
+    raise AssertionError("unreachable")
