@@ -59,6 +59,13 @@ class Run:
     deadline_at: datetime | None
     used_tokens: int
     used_cost_usd: Decimal
+    state_schema_version: int | None
+    parent_run_id: UUID | None
+    parent_seq: int | None
+    launch_reason: str | None
+    mode: str | None
+    allow_irreversible: bool
+    branch_patch: list[dict[str, Any]] | None
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

@@ -54,10 +54,12 @@ class RunStatus(StrEnum):
     NEEDS_REVIEW = "needs_review"  # parked: a person must look before anything runs
     CANCELLED = "cancelled"
     WAITING = "waiting"  # for a person's decision or a signal: no lease, no message
+    DIVERGED = "diverged"  # an evidence replay asked for something its parent never did
 
     @property
     def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
+                        RunStatus.DIVERGED)
 
 
 class OutcomeKind(StrEnum):
@@ -68,6 +70,8 @@ class OutcomeKind(StrEnum):
     FINISH = "finish"
     FAIL = "fail"
     WAIT = "wait"  # the step asked for an approval, a signal or a timer
+    MIGRATION = "migration"  # the state was migrated to a newer schema before a step ran
+    FORK = "fork"  # the first checkpoint of a replay or branch: a copy of its parent's
 
 
 class AttemptOutcome(StrEnum):
@@ -104,6 +108,15 @@ class EffectAttemptKind(StrEnum):
     LOOKUP = "lookup"
     STATUS = "status"
     REPEAT = "repeat"  # an operator's privileged re-send
+
+
+class LaunchMode(StrEnum):
+    """How a replay or branch run reaches the outside world (DESIGN.md section 8)."""
+
+    EVIDENCE = "evidence"  # parent's recorded results only; nothing external is called
+    SIMULATION = "simulation"  # tools run their sandbox implementation
+    LIVE = "live"  # real calls; irreversible effects only if explicitly allowed
+    BRANCH = "branch"  # a new run from an edited state, live
 
 
 class ApprovalStatus(StrEnum):
@@ -158,6 +171,13 @@ runs = Table(
     Column("deadline_at", TS, nullable=True),
     Column("used_tokens", Integer, nullable=False, server_default=text("0")),
     Column("used_cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
+    Column("state_schema_version", Integer, nullable=True),
+    Column("parent_run_id", UUID(as_uuid=True), ForeignKey("runs.id"), nullable=True),
+    Column("parent_seq", Integer, nullable=True),
+    Column("launch_reason", Text, nullable=True),
+    Column("mode", Text, nullable=True),  # LaunchMode for replays and branches
+    Column("allow_irreversible", Boolean, nullable=False, server_default=text("false")),
+    Column("branch_patch", JSONB, nullable=True),  # RFC 6902 patch a branch started from
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Column("updated_at", TS, nullable=False, server_default=func.now()),
     Column("finished_at", TS, nullable=True),
@@ -174,6 +194,8 @@ runs = Table(
     Index("ix_runs_wait_until", "wait_until", postgresql_where=text("wait_until IS NOT NULL")),
     Index("ix_runs_conversation", "conversation_id"),
     Index("ix_runs_workflow_status", "workflow", "status"),
+    Index("ix_runs_parent", "parent_run_id", postgresql_where=text("parent_run_id IS NOT NULL")),
+    CheckConstraint(f"mode IS NULL OR {_in('mode', LaunchMode)}", name="mode"),
 )
 
 checkpoints = Table(
@@ -192,6 +214,7 @@ checkpoints = Table(
     Column("workflow_version", Integer, nullable=True),
     Column("lease_epoch", BigInteger, nullable=False),
     Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
+    Column("state_schema_version", Integer, nullable=True),
     Column("created_at", TS, nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
@@ -352,4 +375,26 @@ signals = Table(
     Column("consumed_seq", Integer, nullable=True),  # the seq whose wait it ended
     Column("created_at", TS, nullable=False, server_default=func.now()),
     Index("ix_signals_run_name", "run_id", "name", "consumed_seq"),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("at", TS, nullable=False, server_default=func.now()),
+    Column("tenant_id", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("outcome", Text, nullable=False),  # done, refused
+    Column("reason", Text, nullable=True),
+    Column("run_id", UUID(as_uuid=True), nullable=True),
+    Column("new_run_id", UUID(as_uuid=True), nullable=True),
+    Column("effect_id", Text, nullable=True),
+    Column("approval_id", UUID(as_uuid=True), nullable=True),
+    Column("before_seq", Integer, nullable=True),
+    Column("after_seq", Integer, nullable=True),
+    Column("details", JSONB, nullable=True),
+    Index("ix_audit_run", "run_id"),
+    Index("ix_audit_at", "at"),
 )
