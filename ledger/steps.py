@@ -288,7 +288,7 @@ WITH failed AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'failed', step = %(step)s,
            error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM failed)
 )
 SELECT count(*) AS failed FROM failed
 """
@@ -304,7 +304,7 @@ WITH parked AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'parked', step = %(step)s,
            error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM parked)
 )
 SELECT count(*) AS parked FROM parked
 """
@@ -320,7 +320,7 @@ WITH released AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'released', error_type = %(error_type)s,
            error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM released)
 )
 SELECT count(*) AS released FROM released
 """
@@ -340,14 +340,18 @@ WITH deferred AS (
 ), attempt AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'waiting', step = %(step)s, error_message = %(detail)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM deferred)
 )
 SELECT count(*) AS deferred FROM deferred
 """
 
+# The stale holder reports back: its attempt ends 'lease_lost' (more precise than the
+# 'worker_lost' a takeover or the reaper assumed when the lease expired).
 _LEASE_LOST = """
-UPDATE onward.step_attempts SET ended_at = now(), outcome = 'lease_lost'
- WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND outcome IS NULL
+UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, now()), outcome = 'lease_lost'
+ WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+   AND (outcome IS NULL OR outcome = 'worker_lost')
+RETURNING run_id
 """
 
 _HEARTBEAT = """
@@ -450,7 +454,10 @@ class StepStore:
         )
         if row is not None and row["advanced"] == 1:
             return True
-        self._one(_LEASE_LOST + " RETURNING run_id", {"run_id": claim.run_id, "epoch": claim.epoch})
+        return self._lost(claim)
+
+    def _lost(self, claim: Claim) -> bool:
+        self._one(_LEASE_LOST, {"run_id": claim.run_id, "epoch": claim.epoch})
         return False
 
     def fail(self, claim: Claim, step: str, error: dict[str, Any], *,
@@ -471,7 +478,7 @@ class StepStore:
                 "error_message": error.get("message"),
             },
         )
-        return row is not None and row["failed"] == 1
+        return (row is not None and row["failed"] == 1) or self._lost(claim)
 
     def park(self, claim: Claim, step: str | None, reason: str, error: dict[str, Any]) -> bool:
         """Stop the run as ``needs_review``: a person must look before anything runs."""
@@ -487,7 +494,7 @@ class StepStore:
                 "error_message": error.get("message"),
             },
         )
-        return row is not None and row["parked"] == 1
+        return (row is not None and row["parked"] == 1) or self._lost(claim)
 
     def release(self, claim: Claim, error: dict[str, Any]) -> bool:
         """Give the lease back without running (and without using up an attempt)."""
@@ -501,7 +508,7 @@ class StepStore:
                 "error_message": error.get("message"),
             },
         )
-        return row is not None and row["released"] == 1
+        return (row is not None and row["released"] == 1) or self._lost(claim)
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,
               detail: str) -> bool:
@@ -519,7 +526,7 @@ class StepStore:
                 "detail": detail,
             },
         )
-        return row is not None and row["deferred"] == 1
+        return (row is not None and row["deferred"] == 1) or self._lost(claim)
 
     def wake_if_signalled(self, run_id: UUID, seq: int) -> bool:
         """Right after committing a signal wait: consume a signal that arrived earlier."""
@@ -529,7 +536,7 @@ class StepStore:
         """Extend the lease; False means it was lost (stop and discard the work)."""
         row = self._one(_HEARTBEAT, {"run_id": claim.run_id, "epoch": claim.epoch,
                                      "ttl": self._ttl})
-        return row is not None
+        return row is not None or self._lost(claim)
 
 
 __all__ = [
