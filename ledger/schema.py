@@ -398,3 +398,12 @@ audit = Table(
     Index("ix_audit_run", "run_id"),
     Index("ix_audit_at", "at"),
 )
+
+worker_queues = Table(
+    "worker_queues",
+    metadata,
+    Column("queue", Text, primary_key=True),  # "<base>.<workflow>.v<version>"
+    Column("workflow", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("seen_at", TS, nullable=False, server_default=func.now()),
+)
