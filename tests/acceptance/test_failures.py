@@ -8,6 +8,7 @@ reached by the executor itself, not by recovery. The worker's retry backoff is r
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 from uuid import UUID
 
@@ -56,7 +57,7 @@ def test_retry__flaky_step_retries_with_backoff_then_succeeds(
     assert [a["error_message"] for a in tried] == [
         "failure on attempt 1", "failure on attempt 2", None]
     assert {a["error_type"] for a in tried[:2]} == {"StepError"}
-    for n, (failed, retried) in enumerate(zip(tried, tried[1:], strict=False), start=1):
+    for n, (failed, retried) in enumerate(pairwise(tried), start=1):
         waited = (retried["started_at"] - failed["ended_at"]).total_seconds()
         assert waited >= RETRY_BASE_S * 2 ** (n - 1) / 2, (n, waited)
     assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]
