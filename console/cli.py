@@ -79,6 +79,7 @@ def worker(
 ) -> None:
     """Run a Celery worker (prefork) that executes steps."""
     from ledger.db import create_engine, require_current_schema
+    from tasks.routing import worker_queues
     from workers.app import create_app
     from workers.logs import configure_logging
 
@@ -91,9 +92,11 @@ def worker(
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
     celery_app = create_app(settings)
+    runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
+    queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
     node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
     celery_app.worker_main([
-        "worker", "-c", str(concurrency), "-P", "prefork", "-Q", settings.queue, "-E",
+        "worker", "-c", str(concurrency), "-P", "prefork", "-Q", ",".join(queues), "-E",
         "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
     ])
 

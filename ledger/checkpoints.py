@@ -87,6 +87,7 @@ class CheckpointBody:
     state: dict[str, Any]
     workflow_version: int | None
     control: dict[str, Any] | None = None  # a wait's continuations (approval, signal, timer)
+    state_schema_version: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         body = {
@@ -102,6 +103,8 @@ class CheckpointBody:
         }
         if self.control is not None:
             body["control"] = self.control
+        if self.state_schema_version is not None:
+            body["state_schema_version"] = self.state_schema_version
         return body
 
 

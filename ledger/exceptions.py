@@ -25,3 +25,13 @@ class InvalidInput(OnwardError):
 
 class IntegrityViolation(OnwardError):
     """Stored history does not verify against its hashes and MACs."""
+
+
+class OperationRefused(OnwardError):
+    """An operator command was refused (the run's state, the role, the input): nothing changed.
+
+    The refusal itself is written to the audit log."""
+
+
+class PermissionDenied(OperationRefused):
+    """The operator's role does not allow this command; the message names the role needed."""

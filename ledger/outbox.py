@@ -23,14 +23,19 @@ from ledger.exceptions import LedgerUnavailable
 CHANNEL = "onward_outbox"
 
 _DUE = """
-SELECT id, run_id, seq FROM onward.outbox
- WHERE due_at <= now()
-   AND ((published_at IS NULL
-         AND (NOT worker_publishes OR created_at < now() - %(grace)s * interval '1 second'))
-        OR published_at < now() - %(republish)s * interval '1 second')
- ORDER BY due_at
+SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version
+  FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
+ WHERE o.due_at <= now()
+   AND ((o.published_at IS NULL
+         AND (NOT o.worker_publishes OR o.created_at < now() - %(grace)s * interval '1 second'))
+        OR o.published_at < now() - %(republish)s * interval '1 second')
+ ORDER BY o.due_at
  LIMIT %(limit)s
- FOR UPDATE SKIP LOCKED
+ FOR UPDATE OF o SKIP LOCKED
+"""
+
+_LIVE_QUEUES = """
+SELECT queue FROM onward.worker_queues WHERE seen_at > now() - %(within)s * interval '1 second'
 """
 
 _MARK = """
@@ -49,6 +54,8 @@ class OutboxMessage:
     id: int
     run_id: UUID
     seq: int
+    workflow: str = ""
+    workflow_version: int | None = None
 
 
 class OutboxStore:
@@ -87,7 +94,8 @@ class OutboxStore:
                 rows = conn.execute(
                     _DUE, {"grace": self._grace, "republish": self._republish, "limit": limit}
                 ).fetchall()
-                messages = [OutboxMessage(r["id"], r["run_id"], r["seq"]) for r in rows]
+                messages = [OutboxMessage(r["id"], r["run_id"], r["seq"], r["workflow"],
+                                          r["workflow_version"]) for r in rows]
                 for message in messages:
                     publish(message)
                 if messages and after_publish is not None:
@@ -98,6 +106,13 @@ class OutboxStore:
         except psycopg.OperationalError as exc:
             self.close()
             raise LedgerUnavailable(f"outbox sweep failed: {exc}") from exc
+
+    def live_queues(self, within_s: float) -> set[str]:
+        """Version queues some worker advertised within ``within_s`` seconds."""
+        conn = self._connection()
+        with conn.transaction():
+            rows = conn.execute(_LIVE_QUEUES, {"within": within_s}).fetchall()
+        return {r["queue"] for r in rows}
 
     def seconds_to_next_due(self) -> float | None:
         conn = self._connection()

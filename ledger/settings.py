@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import getpass
 from functools import cached_property
 from pathlib import Path
-
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+ROLES = ("viewer", "operator", "admin")
+"""Operator roles, weakest first (ledger.audit.Role is the same list as an enum)."""
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers): still name someone
+        return "unknown"
 
 
 class OnwardSettings(BaseSettings):
@@ -71,10 +82,26 @@ class OnwardSettings(BaseSettings):
     max_artifact_bytes: int = Field(
         default=10_000_000, gt=0, description="Largest recorded model/read response, in bytes."
     )
+    actor: str = Field(
+        default_factory=lambda: _os_user(),
+        description="Who runs operator commands (on every audit row); default: the OS user.",
+    )
+    role: str = Field(
+        default="viewer",
+        description="The operator's role: viewer (reads), operator (continue, replay, branch, "
+        "cancel, approve, reject) or admin (also repeat an external effect).",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
     )
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in ROLES:
+            raise ValueError(f"unknown role {value!r}; one of {', '.join(ROLES)}")
+        return value
 
     @field_validator("workflows", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
 from ledger.hot import HotConnection
+from ledger.lineage import Launch
 from ledger.waits import WAKE_ON_SIGNAL
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 
@@ -78,6 +79,8 @@ class Claim:
     checkpoint_key_id: str | None
     budget: Budget
     claimed_at: datetime
+    launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
+    state_schema_version: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -93,6 +96,7 @@ class Claim:
                 state=row["cp_state"],
                 workflow_version=row["cp_workflow_version"],
                 control=row["cp_control"],
+                state_schema_version=row["cp_state_schema_version"],
             )
         return cls(
             run_id=row["id"],
@@ -119,6 +123,8 @@ class Claim:
                 run_created_at=row["created_at"],
             ),
             claimed_at=row["claimed_at"],
+            launch=Launch.from_row(row),
+            state_schema_version=row["state_schema_version"],
         )
 
 
@@ -135,6 +141,7 @@ class Advance:
     result: dict[str, Any] | None = None
     wait: Wait | None = None
     defaults: BudgetDefaults = field(default_factory=lambda: BudgetDefaults())
+    state_schema_version: int = 1
 
     @property
     def status(self) -> RunStatus:
@@ -197,6 +204,7 @@ WITH claimed AS (
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
+           state_schema_version, mode, parent_run_id, allow_irreversible,
            now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
@@ -211,7 +219,7 @@ WITH claimed AS (
 SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
        cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
        cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
-       cp.control AS cp_control
+       cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
 """
@@ -237,6 +245,7 @@ WITH usage AS (
            wait_until = %(wait_until)s, updated_at = now(),
            used_tokens = used_tokens + (SELECT tokens FROM usage),
            used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
+           state_schema_version = %(state_schema_version)s,
            budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
            budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
            budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
@@ -247,10 +256,10 @@ WITH usage AS (
 ), checkpoint AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
                                     step, next_step, outcome, state, workflow_version,
-                                    lease_epoch, control)
+                                    lease_epoch, control, state_schema_version)
     SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
            %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
-           %(control)s
+           %(control)s, %(state_schema_version)s
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
@@ -315,7 +324,12 @@ WITH released AS (
        SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
            last_error = %(error)s, updated_at = now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id
+ RETURNING id, seq
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, seq, now() + %(resend_in)s * interval '1 second' FROM released
+     WHERE %(resend_in)s::float8 IS NOT NULL
+        ON CONFLICT (run_id, seq) DO NOTHING
 ), attempt AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'released', error_type = %(error_type)s,
@@ -352,6 +366,13 @@ UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, now()), outcome = 
  WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
    AND (outcome IS NULL OR outcome = 'worker_lost')
 RETURNING run_id
+"""
+
+_ADVERTISE = """
+INSERT INTO onward.worker_queues (queue, workflow, version, seen_at)
+VALUES (%(queue)s, %(workflow)s, %(version)s, now())
+ON CONFLICT (queue) DO UPDATE SET seen_at = now()
+RETURNING queue
 """
 
 _HEARTBEAT = """
@@ -414,6 +435,7 @@ class StepStore:
             state=advance.state,
             workflow_version=advance.workflow_version,
             control=wait.control if wait else None,
+            state_schema_version=advance.state_schema_version,
         )
         digest = self._keys.mac(body.as_dict())
         approval = wait.approval if wait else None
@@ -431,6 +453,7 @@ class StepStore:
                 "artifact": Jsonb(approval.artifact) if approval else None,
                 "approvers": Jsonb(approval.approvers) if approval else None,
                 "expires_at": approval.expires_at if approval else None,
+                "state_schema_version": advance.state_schema_version,
                 "default_attempts": defaults.attempts,
                 "default_tokens": defaults.tokens,
                 "default_cost": defaults.cost_usd,
@@ -496,13 +519,16 @@ class StepStore:
         )
         return (row is not None and row["parked"] == 1) or self._lost(claim)
 
-    def release(self, claim: Claim, error: dict[str, Any]) -> bool:
-        """Give the lease back without running (and without using up an attempt)."""
+    def release(self, claim: Claim, error: dict[str, Any], *,
+                resend_in_s: float | None = None) -> bool:
+        """Give the lease back without running (and without using up an attempt); with
+        ``resend_in_s``, also queue the step again for the dispatcher to route."""
         row = self._one(
             _RELEASE,
             {
                 "run_id": claim.run_id,
                 "epoch": claim.epoch,
+                "resend_in": resend_in_s,
                 "error": Jsonb(error),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
@@ -531,6 +557,11 @@ class StepStore:
     def wake_if_signalled(self, run_id: UUID, seq: int) -> bool:
         """Right after committing a signal wait: consume a signal that arrived earlier."""
         return self._one(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": seq}) is not None
+
+    def advertise(self, queues: list[tuple[str, str, int]]) -> None:
+        """Say which version queues this worker consumes (routing of old runs to old code)."""
+        for queue, workflow, version in queues:
+            self._one(_ADVERTISE, {"queue": queue, "workflow": workflow, "version": version})
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease; False means it was lost (stop and discard the work)."""

@@ -17,10 +17,10 @@ from uuid import UUID
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from ledger.checkpoints import CheckpointKeys, canonical_json, verify
+from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.effects import EffectStore
 from ledger.evidence import EvidenceStore
-from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.exceptions import InvalidInput
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
 from tasks import faults
@@ -28,6 +28,8 @@ from tasks.context import StepContext
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
+from tasks.restore import Refusal, Upgrade, restore
+from tasks.routing import version_queue
 from tasks.services import FailFor, ParkFor, StepServices, Suspend, WaitFor
 from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
@@ -62,6 +64,7 @@ class StepReport:
     seq: int
     next_seq: int | None = None  # set when a message for the next step must be published
     detail: str = ""
+    queue: str | None = None  # where that message goes (the run's version queue)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class ExecutorConfig:
     retry_base_s: float
     retry_max_s: float
     max_artifact_bytes: int = 10_000_000
+    queue: str = "onward.steps"  # the base queue; version queues hang off it
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -86,7 +90,7 @@ def execute_step(
     message: StepMessage,
     *,
     worker: str,
-    publish: Callable[[UUID, int], None],
+    publish: Callable[[UUID, int, str], None],
     effects: EffectStore | None = None,
     evidence: EvidenceStore | None = None,
 ) -> StepReport:
@@ -102,7 +106,7 @@ def execute_step(
     report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
     if report.next_seq is not None:
         faults.point("after_commit_before_publish", claimed.step)
-        publish(report.run_id, report.next_seq)
+        publish(report.run_id, report.next_seq, report.queue or config.queue)
     return report
 
 
@@ -111,21 +115,21 @@ def _run_claimed(
     effects: EffectStore, evidence: EvidenceStore,
 ) -> StepReport:
     bound = log.bind(run_id=str(claim.run_id), seq=claim.seq, attempt=claim.attempt)
-    workflow = registry.get(claim.workflow)
-    if workflow is None:
-        detail = (f"no workflow {claim.workflow!r} is registered in this worker "
-                  f"(known: {registry.names()}); check ONWARD_WORKFLOWS")
-        bound.error("unknown workflow: message rejected, run left unchanged", detail=detail)
-        store.release(claim, error_record("UnknownWorkflow", detail))
-        return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq, detail=detail)
-
-    restored = _restore(config, claim, workflow)
-    if isinstance(restored, _Park):
+    restored = restore(config.keys, registry, claim)
+    if isinstance(restored, Refusal):
+        error = error_record(restored.error_type, restored.message)
+        if not restored.park:
+            bound.error("message handed back, run left unchanged", reason=restored.reason,
+                        detail=restored.message)
+            store.release(claim, error, resend_in_s=1.0 if restored.resend else None)
+            return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq,
+                              detail=restored.message)
         bound.error("run parked for review", reason=restored.reason, detail=restored.message)
-        store.park(claim, claim.step, restored.reason,
-                   error_record(restored.error_type, restored.message))
+        store.park(claim, claim.step, restored.reason, error)
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
-    step, state = restored
+    if isinstance(restored, Upgrade):
+        return _commit_migration(store, config, claim, restored, bound)
+    workflow, step, state = restored.workflow, restored.step, restored.state
     limits = Limits.of(claim.budget, workflow.budgets)
     refused = recheck(claim, limits, effects)
     if refused is not None:
@@ -186,7 +190,25 @@ def _run_claimed(
         store.wake_if_signalled(claim.run_id, claim.seq + 1)  # it may have come first
     fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
     next_seq = claim.seq + 1 if fast_path else None
-    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq)
+    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
+                      queue=version_queue(config.queue, workflow.name, workflow.version))
+
+
+def _commit_migration(store: StepStore, config: ExecutorConfig, claim: Claim, upgrade: Upgrade,
+                      bound: Any) -> StepReport:
+    """Write the migrated state as its own checkpoint; the step runs on the next message."""
+    workflow = upgrade.workflow
+    advance = Advance(upgrade.step.name, OutcomeKind.MIGRATION, upgrade.step.name,
+                      upgrade.state, workflow.version, workflow.attempts_for(upgrade.step),
+                      state_schema_version=workflow.state_schema_version)
+    if not store.commit(claim, advance):
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    bound.warning("run migrated to newer code", workflow=workflow.name,
+                  from_version=upgrade.from_version, to_version=workflow.version,
+                  from_schema=upgrade.from_schema, to_schema=workflow.state_schema_version)
+    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=claim.seq + 1,
+                      queue=version_queue(config.queue, workflow.name, workflow.version),
+                      detail="migration")
 
 
 def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,
@@ -206,43 +228,6 @@ def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,
     return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=refusal.message)
 
 
-@dataclass(frozen=True)
-class _Park:
-    reason: str
-    error_type: str
-    message: str
-
-
-def _restore(config: ExecutorConfig, claim: Claim,
-             workflow: Workflow[Any]) -> tuple[Step, BaseModel] | _Park:
-    """Validate the checkpoint and the code before running anything (DESIGN.md section 7)."""
-    checkpoint = claim.checkpoint
-    if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
-        return _Park("integrity", "IntegrityViolation",
-                     f"run {claim.run_id}: checkpoint {claim.seq} is missing")
-    try:
-        verify(config.keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
-               claim.head_hash)
-    except IntegrityViolation as exc:
-        return _Park("integrity", "IntegrityViolation", str(exc))
-    if claim.workflow_version is not None and claim.workflow_version != workflow.version:
-        return _Park("incompatible_version", "IncompatibleVersion",
-                     f"run is at {workflow.name} v{claim.workflow_version}, this worker has "
-                     f"v{workflow.version} and no migration path")
-    step = workflow.resolve(claim.step)
-    if step is None:
-        return _Park("unknown_step", "UnknownStep",
-                     f"checkpoint {claim.seq} names step {claim.step!r}, which "
-                     f"{workflow.name} v{workflow.version} does not define")
-    try:
-        state = workflow.state.model_validate(checkpoint.state)
-    except ValidationError as exc:
-        return _Park("invalid_state", "InvalidState",
-                     f"checkpoint {claim.seq} does not validate as "
-                     f"{workflow.state.__name__}: {exc}")
-    return step, state
-
-
 def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
              outcome: object, limits: Limits) -> Advance:
     """Turn a step's outcome into the next checkpoint, or raise OutcomeError."""
@@ -251,7 +236,8 @@ def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state:
         target = _target(workflow, step, outcome.step)
         new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
         return Advance(step.name, OutcomeKind.GOTO, target.name, new_state, workflow.version,
-                       workflow.attempts_for(target), defaults=defaults)
+                       workflow.attempts_for(target), defaults=defaults,
+                       state_schema_version=workflow.state_schema_version)
     if isinstance(outcome, (AskApproval, WaitSignal, Sleep)):
         then = _target(workflow, step, outcome.then)
         for other in _continuations(outcome):
@@ -259,17 +245,19 @@ def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state:
         new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
         return Advance(step.name, OutcomeKind.WAIT, then.name, new_state, workflow.version,
                        workflow.attempts_for(then), wait=build_wait(outcome, workflow, step),
-                       defaults=defaults)
+                       defaults=defaults, state_schema_version=workflow.state_schema_version)
     state_json = _as_json(state, config.max_state_bytes)
     if isinstance(outcome, Finish):
         _check_json(outcome.result, "finish result", config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FINISH, None, state_json, workflow.version, 1,
-                       result=outcome.result, defaults=defaults)
+                       result=outcome.result, defaults=defaults,
+                       state_schema_version=workflow.state_schema_version)
     if isinstance(outcome, Fail):
         result = {"reason": outcome.reason, **outcome.details}
         _check_json(result, "fail details", config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FAIL, None, state_json, workflow.version, 1,
-                       result={"failed": result}, defaults=defaults)
+                       result={"failed": result}, defaults=defaults,
+                       state_schema_version=workflow.state_schema_version)
     raise OutcomeError(f"step {step.name} returned {type(outcome).__name__}; return "
                        "ctx.goto(...), ctx.finish(...) or ctx.fail(...)")
 

@@ -3,12 +3,18 @@
 Control flow that the step body must not be able to swallow (wait for an accepted effect,
 park the run for review) is recorded on ``Control`` before anything is raised; the executor
 reads it after the body returns or raises, whatever the body caught.
+
+Replays and branches (DESIGN.md section 8) change where answers come from, by the run's
+``Launch``: an **evidence** replay answers every call from its parent's records by
+``command_id`` and calls nothing (a call without a matching record stops it as
+``diverged``); a **simulation** runs each tool's ``simulate``; a **live** replay or a
+**branch** calls for real but refuses irreversible effects unless explicitly allowed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -17,7 +23,9 @@ from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect, EffectConflict, EffectStore, Intent
 from ledger.evidence import EvidenceRecord, EvidenceStore
 from ledger.exceptions import InvalidInput
+from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
+from ledger.steps import Advance, Wait
 from tasks import faults
 from tasks.exceptions import OutcomeError, StepError
 from tasks.llm import LLMClient, LLMResponse
@@ -63,9 +71,25 @@ class FailFor:
     spent: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class DivergeFor:
+    """An evidence replay asked for something its parent never recorded: stop it."""
+
+    divergence: Divergence
+    report: dict[str, Any]
+
+    @property
+    def message(self) -> str:
+        return self.divergence.message
+
+
 @dataclass
 class Control:
-    decision: WaitFor | ParkFor | FailFor | None = None
+    decision: WaitFor | ParkFor | FailFor | DivergeFor | None = None
+
+    def diverge(self, divergence: DivergeFor) -> None:
+        if not isinstance(self.decision, ParkFor):
+            self.decision = divergence
 
     def fail(self, failure: FailFor) -> None:
         if self.decision is None:
@@ -103,7 +127,7 @@ class StepServices:
                  tenant_id: str, seq: int, step: str, epoch: int, worker: str,
                  llm_client: LLMClient | None, control: dict[str, Any] | None = None,
                  tokens_left: int | None = None, cost_left_usd: float | None = None,
-                 spent: dict[str, Any] | None = None) -> None:
+                 spent: dict[str, Any] | None = None, launch: Launch | None = None) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -121,6 +145,10 @@ class StepServices:
         self._ordinal = 0
         self.usage_tokens = 0
         self.usage_cost_usd = 0.0
+        self.launch = launch or Launch()
+        self.lineage = LineageStore(effects.conn)
+        self._source: UUID | None = None
+        self._source_known = False
 
     def command_id(self, key: str | None) -> str:
         """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
@@ -135,6 +163,9 @@ class StepServices:
             raise OutcomeError(f"tool {tool.name} is a read: use ctx.read, not ctx.effect")
         command_id = self.command_id(key)
         request_hash = request_hash_of(payload)
+        if self.launch.evidence:
+            return self._recorded_effect(tool, command_id, request_hash)
+        self._check_launch_allows(tool, command_id)
         effect, created = self.effects.intend(Intent(
             effect_id=effect_id_for(self.run_id, tool.name, command_id),
             effect_type=tool.name, run_id=self.run_id, tenant_id=self.tenant_id, seq=self.seq,
@@ -164,6 +195,8 @@ class StepServices:
 
     def _reconcile(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
         """An earlier attempt left the outcome unknown: ask before sending again."""
+        if self.launch.simulation:
+            return self._send(tool, effect, payload)  # a sandbox is never asked for real
         if tool.lookup is None:
             if tool.can_resend_blind:
                 return self._send(tool, effect, payload)
@@ -189,8 +222,9 @@ class StepServices:
     def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
         attempt = self.effects.begin_attempt(effect, EffectAttemptKind.CALL,
                                              worker=self.worker, epoch=self.epoch)
+        call = tool.simulate if self.launch.simulation and tool.simulate else tool.call
         try:
-            raw = tool.call(payload, effect.effect_id)
+            raw = call(payload, effect.effect_id)
         except ToolError as exc:
             if exc.retryable:
                 self.effects.record(effect, attempt, outcome="failed",
@@ -238,6 +272,12 @@ class StepServices:
 
     def _poll(self, tool: Tool, effect: Effect) -> dict[str, Any]:
         """The provider accepted the job earlier: ask whether it is done."""
+        if self.launch.simulation:
+            sandbox = EffectOutcomeUnknown(
+                f"the sandbox of {tool.name} answered 'accepted'; a simulation cannot poll the "
+                "real provider for its status (make simulate answer 'completed')")
+            self.control.park("simulation_accepted", sandbox)
+            raise sandbox
         if tool.status is None or effect.provider_ref is None:
             stuck = EffectOutcomeUnknown(
                 f"effect {effect.effect_id[:16]}… ({tool.name}) was accepted but the tool has "
@@ -273,6 +313,9 @@ class StepServices:
             params: dict[str, Any]) -> LLMResponse:
         command_id = self.command_id(key)
         request_hash = request_hash_of({"model": model, "messages": messages, "params": params})
+        if self.launch.evidence:
+            return LLMResponse.from_record(
+                self._parent_record(EvidenceKind.LLM, command_id, request_hash))
         recorded = self._recorded(command_id, request_hash)
         if recorded is not None:
             return LLMResponse.from_record(recorded)
@@ -312,6 +355,10 @@ class StepServices:
         return self.effects.approval(approval_id)
 
     def signal_payload(self, name: str) -> Any:
+        if self.launch.evidence:
+            source = self._evidence_source()
+            row = self.lineage.signal_at(source, name, self.seq) if source else None
+            return row["payload"] if row else None
         return self.effects.signal_payload(self.run_id, name, self.seq)
 
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +366,8 @@ class StepServices:
             raise OutcomeError(f"tool {tool.name} is {tool.tool_class.value}: use ctx.effect")
         command_id = self.command_id(key)
         request_hash = request_hash_of(params)
+        if self.launch.evidence:
+            return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash)["result"])
         recorded = self._recorded(command_id, request_hash)
         if recorded is not None:
             return dict(recorded["result"])
@@ -345,6 +394,110 @@ class StepServices:
             self.control.park("evidence_conflict", conflict)
             raise conflict
         return dict(found.response)
+
+    # -- replays and branches (DESIGN.md section 8) -----------------------------------------
+    def _check_launch_allows(self, tool: Tool, command_id: str) -> None:
+        """Refuse, before any intent is recorded, what this run's mode must not send."""
+        if self.launch.simulation and tool.simulate is None:
+            self.control.fail(FailFor(
+                "no_simulation", f"simulation replay: {tool.name} ({command_id}) has no "
+                "simulate implementation, and a simulation never calls the real provider",
+                self.spent))
+            raise Suspend()
+        if self.launch.blocks_irreversible and tool.tool_class is ToolClass.IRREVERSIBLE:
+            mode = self.launch.mode.value if self.launch.mode else "live"
+            self.control.fail(FailFor(
+                "irreversible_blocked", f"{mode} run: {tool.name} ({command_id}) is "
+                "irreversible and this run was not started with allow_irreversible; nothing "
+                "was sent (start a new one with --allow-irreversible to send it)", self.spent))
+            raise Suspend()
+
+    def _evidence_source(self) -> UUID | None:
+        """The ancestor whose records an evidence replay answers from (looked up once)."""
+        if not self._source_known:
+            self._source = self.lineage.evidence_source(self.run_id)
+            self._source_known = True
+        return self._source
+
+    def _diverge(self, kind: str, why: str, command_id: str, message: str,
+                 **details: Any) -> Suspend:
+        divergence = Divergence(kind, why, self.step, self.seq, command_id, message,
+                                details or None)
+        report = divergence.report(self.launch.parent_run_id, self._source)
+        self.control.diverge(DivergeFor(divergence, report))
+        return Suspend()
+
+    def _parent_record(self, kind: EvidenceKind, command_id: str,
+                       request_hash: str) -> dict[str, Any]:
+        source = self._evidence_source()
+        found = self.evidence.find(source, command_id) if source is not None else None
+        if found is None:
+            raise self._diverge(kind.value, "no_record", command_id,
+                                f"step {self.step} at seq {self.seq} made {kind.value} call "
+                                f"{command_id}, which the parent never made")
+        if found.kind != kind.value or found.request_hash != request_hash:
+            raise self._diverge(
+                kind.value, "request_differs", command_id,
+                f"step {self.step} at seq {self.seq}: {kind.value} call {command_id} asks "
+                f"for something else than the parent recorded (request hash "
+                f"{request_hash[:12]}…, recorded {found.request_hash[:12]}… as "
+                f"{found.kind} from {found.source})",
+                request_hash=request_hash, recorded_request_hash=found.request_hash)
+        return dict(found.response)
+
+    def _recorded_effect(self, tool: Tool, command_id: str, request_hash: str) -> dict[str, Any]:
+        source = self._evidence_source()
+        recorded = (self.lineage.effect(tool.name, effect_id_for(source, tool.name, command_id))
+                    if source is not None else None)
+        if recorded is None:
+            raise self._diverge("effect", "no_record", command_id,
+                                f"step {self.step} at seq {self.seq} asked for effect "
+                                f"{tool.name} ({command_id}), which the parent never requested")
+        if recorded.request_hash != request_hash:
+            raise self._diverge(
+                "effect", "request_differs", command_id,
+                f"step {self.step} at seq {self.seq}: effect {tool.name} ({command_id}) has "
+                f"another payload than the parent's (request hash {request_hash[:12]}…, "
+                f"recorded {recorded.request_hash[:12]}…)",
+                request_hash=request_hash, recorded_request_hash=recorded.request_hash)
+        if recorded.status is EffectStatus.COMPLETED:
+            return recorded.result or {}
+        if recorded.status is EffectStatus.FAILED:
+            raise EffectFailed(f"effect {tool.name} ({command_id}) failed in the parent run: "
+                               f"{recorded.error}", recorded)
+        raise self._diverge("effect", "no_outcome", command_id,
+                            f"the parent's effect {tool.name} ({command_id}) is "
+                            f"{recorded.status.value}: its outcome was never recorded")
+
+    def replay_wait(self, advance: Advance) -> Advance | None:
+        """In an evidence replay, a wait is not waited for: follow the decision the source
+        recorded for the same seq (approval, signal) or go on at once (timer). None means
+        the replay diverged (the decision is on ``control``)."""
+        wait = advance.wait
+        if not self.launch.evidence or wait is None:
+            return advance
+        control = dict(wait.control)
+        seq = self.seq + 1
+        source = self._evidence_source()
+        approval = (self.lineage.approval_at(source, seq)
+                    if source is not None and control.get("kind") == "approval" else None)
+        signal = (self.lineage.signal_at(source, str(control.get("name")), seq)
+                  if source is not None and control.get("kind") == "signal" else None)
+        resumed = resume_after_wait(control, seq, approval, signal is not None)
+        if isinstance(resumed, Divergence):
+            divergence = replace(resumed, step=self.step, seq=self.seq)
+            report = divergence.report(self.launch.parent_run_id, source)
+            self.control.diverge(DivergeFor(divergence, report))
+            return None
+        if approval is not None:
+            control["approval_id"] = str(approval["id"])  # ctx.decision reads the parent's
+        return replace(advance, next_step=resumed, wait=Wait(
+            waiting_on=f"replayed:{control.get('kind')}", control=control,
+            due_at=datetime.now(UTC)))
+
+    def stop_diverged(self, decision: DivergeFor) -> bool:
+        """Mark the replay ``diverged`` with its report; False means the lease was lost."""
+        return self.lineage.diverge(self.run_id, self.epoch, self.step, decision.report)
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

@@ -13,7 +13,7 @@ Each step receives ``(ctx, state)`` and returns ``ctx.goto(...)``, ``ctx.finish(
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 S = TypeVar("S", bound=BaseModel)
 StepFn = Callable[["StepContext", Any], "Outcome"]
+MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 
@@ -59,6 +60,8 @@ class Workflow(Generic[S]):
         description: str = "",
         llm: LLMClient | None = None,
         budgets: Budgets | None = None,
+        state_schema_version: int = 1,
+        compatible_with: Iterable[int] = (),
     ) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(
@@ -77,6 +80,13 @@ class Workflow(Generic[S]):
         self.description = description
         self.llm = llm
         self.budgets = budgets
+        if state_schema_version < 1:
+            raise WorkflowDefinitionError(f"workflow {name}: state_schema_version must be >= 1")
+        self.state_schema_version = state_schema_version
+        self.compatible_with = frozenset(compatible_with)
+        if version in self.compatible_with:
+            raise WorkflowDefinitionError(f"workflow {name}: compatible_with lists its own version")
+        self.migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         self.steps: dict[str, Step] = {}
         self.start: Step | None = None
 
@@ -122,6 +132,36 @@ class Workflow(Generic[S]):
 
         return register(fn) if fn is not None else register
 
+    def migration(self, *, from_schema: int) -> Callable[[MigrationFn], MigrationFn]:
+        """Register a state migration from schema ``from_schema`` to ``from_schema + 1``.
+
+        It takes the stored state as plain JSON and returns the new state as plain JSON; the
+        executor validates the result against the current state model before using it.
+        """
+
+        def register(fn: MigrationFn) -> MigrationFn:
+            if from_schema >= self.state_schema_version or from_schema < 1:
+                raise WorkflowDefinitionError(
+                    f"{self.name}: migration from schema {from_schema} must lead towards "
+                    f"{self.state_schema_version}")
+            if from_schema in self.migrations:
+                raise WorkflowDefinitionError(
+                    f"{self.name}: two migrations from schema {from_schema}")
+            self.migrations[from_schema] = fn
+            return fn
+
+        return register
+
+    def migration_path(self, from_schema: int) -> list[MigrationFn] | None:
+        """The chain of migrations from ``from_schema`` to this code's schema, if complete."""
+        path = []
+        for schema in range(from_schema, self.state_schema_version):
+            step = self.migrations.get(schema)
+            if step is None:
+                return None
+            path.append(step)
+        return path
+
     def resolve(self, name: str | None) -> Step | None:
         """The step a checkpoint names (None = the start step), or None if unknown."""
         if name is None:
@@ -142,24 +182,39 @@ class Workflow(Generic[S]):
 
 
 class Registry:
-    """The workflows a worker can run, by name (one version per name for now)."""
+    """The workflows a worker can run, by name and version; versions live side by side."""
 
     def __init__(self) -> None:
-        self._workflows: dict[str, Workflow[Any]] = {}
+        self._workflows: dict[tuple[str, int], Workflow[Any]] = {}
 
     def register(self, workflow: Workflow[Any]) -> Workflow[Any]:
         workflow.check()
-        existing = self._workflows.get(workflow.name)
+        key = (workflow.name, workflow.version)
+        existing = self._workflows.get(key)
         if existing is not None and existing is not workflow:
-            raise WorkflowDefinitionError(f"workflow {workflow.name!r} is registered twice")
-        self._workflows[workflow.name] = workflow
+            raise WorkflowDefinitionError(
+                f"workflow {workflow.name!r} version {workflow.version} is registered twice")
+        self._workflows[key] = workflow
         return workflow
 
-    def get(self, name: str) -> Workflow[Any] | None:
-        return self._workflows.get(name)
+    def get(self, name: str, version: int | None = None) -> Workflow[Any] | None:
+        """The exact version, or the newest one when ``version`` is None."""
+        if version is not None:
+            return self._workflows.get((name, version))
+        return self.latest(name)
+
+    def latest(self, name: str) -> Workflow[Any] | None:
+        versions = self.versions(name)
+        return self._workflows[(name, versions[-1])] if versions else None
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(v for (n, v) in self._workflows if n == name)
 
     def names(self) -> list[str]:
-        return sorted(self._workflows)
+        return sorted({name for name, _ in self._workflows})
+
+    def all(self) -> list[Workflow[Any]]:
+        return [self._workflows[key] for key in sorted(self._workflows)]
 
     def load_modules(self, modules: list[str]) -> None:
         """Import each module and register every Workflow defined at its top level."""

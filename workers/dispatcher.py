@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 import structlog
@@ -17,9 +18,13 @@ from ledger.exceptions import LedgerUnavailable
 from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.settings import OnwardSettings
 from tasks import faults
+from tasks.routing import route
 from workers.runtime import STEP_TASK
 
 log = structlog.get_logger("onward.dispatcher")
+
+LIVE_QUEUES_REFRESH_S = 5.0
+LIVE_QUEUE_WINDOW_S = 30.0  # a worker advertises every 10 s
 
 
 class Dispatcher:
@@ -34,14 +39,25 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.published = 0
         self._producer: Any = None
+        self._live: set[str] = set()
+        self._live_at = -1e9
+
+    def _live_queues(self) -> set[str]:
+        now = time.monotonic()
+        if now - self._live_at > LIVE_QUEUES_REFRESH_S:
+            self._live = self.store.live_queues(within_s=LIVE_QUEUE_WINDOW_S)
+            self._live_at = now
+        return self._live
 
     def publish(self, message: OutboxMessage) -> None:
         if self._producer is None:
             self._producer = self.app.producer_pool.acquire(block=True)
+        queue = route(self.settings.queue, message.workflow, message.workflow_version,
+                      self._live_queues())
         self.app.send_task(
             STEP_TASK,
             kwargs={"run_id": str(message.run_id), "seq": message.seq},
-            queue=self.settings.queue,
+            queue=queue,
             producer=self._producer,
             argsrepr="",
             kwargsrepr=f"{message.run_id}@{message.seq}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -19,9 +20,11 @@ from ledger.settings import OnwardSettings
 from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.routing import worker_queues
 from tasks.workflow import Registry
 
 STEP_TASK = "onward.step"
+ADVERTISE_EVERY_S = 10.0
 
 
 @dataclass
@@ -35,6 +38,7 @@ class WorkerRuntime:
     _store: StepStore | None = field(default=None, init=False)
     _producer: Any = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
+    _advertised: float = field(default=-1e9, init=False)
 
     def _ensure_process_state(self) -> None:
         pid = os.getpid()
@@ -50,30 +54,42 @@ class WorkerRuntime:
             retry_base_s=self.settings.retry_base_s,
             retry_max_s=self.settings.retry_max_s,
             max_artifact_bytes=self.settings.max_artifact_bytes,
+            queue=self.settings.queue,
         )
         self._producer = None
+        self._advertised = -1e9
         faults.arm_from_env()
 
     @property
     def worker_id(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def publish(self, run_id: UUID, seq: int) -> None:
+    def publish(self, run_id: UUID, seq: int, queue: str) -> None:
         """Send the step message for ``(run_id, seq)`` (fast path, right after commit)."""
         if self._producer is None:
             self._producer = self.app.producer_pool.acquire(block=True)
         self.app.send_task(
             STEP_TASK,
             kwargs={"run_id": str(run_id), "seq": seq},
-            queue=self.settings.queue,
+            queue=queue,
             producer=self._producer,
             argsrepr="",
             kwargsrepr=f"{run_id}@{seq}",
         )
 
+    def _advertise(self) -> None:
+        """Tell dispatchers which version queues this worker serves (every ~10 s)."""
+        now = time.monotonic()
+        if now - self._advertised < ADVERTISE_EVERY_S:
+            return
+        assert self._store is not None
+        self._store.advertise(worker_queues(self.settings.queue, self.registry))
+        self._advertised = now
+
     def handle(self, kwargs: dict[str, Any]) -> StepReport:
         self._ensure_process_state()
         assert self._store is not None and self._config is not None
+        self._advertise()
         message = StepMessage.model_validate(kwargs)
         return execute_step(self._store, self.registry, self._config, message,
                             worker=self.worker_id, publish=self.publish)

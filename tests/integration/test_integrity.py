@@ -48,7 +48,7 @@ class Harness:
     def deliver(self, run_id: UUID, seq: int) -> Any:
         return execute_step(self.store, self.registry, self.config,
                             StepMessage(run_id=run_id, seq=seq), worker="test:0",
-                            publish=lambda r, s: self.published.append((r, s)))
+                            publish=lambda r, s, q: self.published.append((r, s)))
 
 
 @pytest.fixture()

@@ -1,0 +1,151 @@
+"""The audit log: who did what to which run, why, and whether it was refused.
+
+Every operator command writes exactly one row. A command that changes something writes its
+row inside the same transaction as the change (so there is no change without its row); a
+refused command writes its row in a transaction of its own, after the refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ledger.exceptions import PermissionDenied
+from ledger.schema import audit
+
+
+class Role(StrEnum):
+    """What an operator may do (DESIGN.md section 10); each role includes the ones before."""
+
+    VIEWER = "viewer"  # reads
+    OPERATOR = "operator"  # continue, replay, branch, cancel, approve, reject
+    ADMIN = "admin"  # privileged: repeat an external effect
+
+    @property
+    def rank(self) -> int:
+        return list(Role).index(self)
+
+    def allows(self, needed: Role) -> bool:
+        return self.rank >= needed.rank
+
+
+class AuditAction(StrEnum):
+    CONTINUE = "continue"
+    REPLAY = "replay"
+    BRANCH = "branch"
+    CANCEL = "cancel"
+    APPROVE = "approve"
+    REJECT = "reject"
+    REPEAT_EFFECT = "repeat_effect"
+
+
+class AuditOutcome(StrEnum):
+    DONE = "done"
+    REFUSED = "refused"
+
+
+REQUIRED_ROLE: dict[AuditAction, Role] = {
+    AuditAction.CONTINUE: Role.OPERATOR,
+    AuditAction.REPLAY: Role.OPERATOR,
+    AuditAction.BRANCH: Role.OPERATOR,
+    AuditAction.CANCEL: Role.OPERATOR,
+    AuditAction.APPROVE: Role.OPERATOR,
+    AuditAction.REJECT: Role.OPERATOR,
+    AuditAction.REPEAT_EFFECT: Role.ADMIN,
+}
+
+
+@dataclass(frozen=True)
+class Actor:
+    """The person (or service) behind a command, with the role they act in."""
+
+    name: str
+    role: Role
+    tenant_id: str
+
+    def require(self, action: AuditAction) -> None:
+        """Raise PermissionDenied unless this actor's role allows ``action``."""
+        needed = REQUIRED_ROLE[action]
+        if not self.role.allows(needed):
+            raise PermissionDenied(
+                f"{action.value} needs the {needed.value} role; {self.name} acts as "
+                f"{self.role.value} (set ONWARD_ROLE={needed.value} if you hold it)")
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of ``onward.audit``."""
+
+    id: int
+    at: datetime
+    tenant_id: str
+    actor: str
+    role: str
+    action: str
+    outcome: str
+    reason: str | None
+    run_id: UUID | None
+    new_run_id: UUID | None
+    effect_id: str | None
+    approval_id: UUID | None
+    before_seq: int | None
+    after_seq: int | None
+    details: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> AuditEntry:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """What one command did (or was refused), before it is written."""
+
+    action: AuditAction
+    outcome: AuditOutcome
+    reason: str | None = None
+    run_id: UUID | None = None
+    new_run_id: UUID | None = None
+    effect_id: str | None = None
+    approval_id: UUID | None = None
+    before_seq: int | None = None
+    after_seq: int | None = None
+    details: dict[str, Any] | None = None
+
+
+def record_txn(conn: Connection, actor: Actor, record: AuditRecord) -> int:
+    """Append one audit row inside the caller's transaction; returns its id."""
+    return int(conn.execute(
+        audit.insert().values(
+            tenant_id=actor.tenant_id, actor=actor.name, role=actor.role.value,
+            action=record.action.value, outcome=record.outcome.value, reason=record.reason,
+            run_id=record.run_id, new_run_id=record.new_run_id, effect_id=record.effect_id,
+            approval_id=record.approval_id, before_seq=record.before_seq,
+            after_seq=record.after_seq, details=record.details,
+        ).returning(audit.c.id)
+    ).scalar_one())
+
+
+def list_audit_txn(conn: Connection, *, run_id: UUID | None = None, action: str | None = None,
+                   actor: str | None = None, outcome: str | None = None,
+                   since: datetime | None = None, limit: int = 50,
+                   offset: int = 0) -> list[AuditEntry]:
+    """Audit rows, newest first; ``run_id`` matches the run acted on or the run it created."""
+    query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit).offset(offset)
+    if run_id is not None:
+        query = query.where(sa.or_(audit.c.run_id == run_id, audit.c.new_run_id == run_id))
+    if action is not None:
+        query = query.where(audit.c.action == action)
+    if actor is not None:
+        query = query.where(audit.c.actor == actor)
+    if outcome is not None:
+        query = query.where(audit.c.outcome == outcome)
+    if since is not None:
+        query = query.where(audit.c.at >= since)
+    return [AuditEntry.from_row(r) for r in conn.execute(query).mappings()]

@@ -1,0 +1,181 @@
+"""What a replay or branch run needs while its steps execute (DESIGN.md section 8).
+
+``Launch`` is the run's lineage as the claim returns it. ``LineageStore`` reads the
+records an evidence replay answers from (its *source*: the nearest ancestor that is not an
+evidence replay itself) and stops a replay that diverged. Every statement is one
+transaction on the worker's hot connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from ledger.effects import Effect
+from ledger.hot import HotConnection
+from ledger.schema import ApprovalStatus, LaunchMode
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a run reaches the outside world: ``mode`` None is an ordinary run."""
+
+    mode: LaunchMode | None = None
+    parent_run_id: UUID | None = None
+    allow_irreversible: bool = False
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Launch:
+        mode = row.get("mode")
+        return cls(mode=LaunchMode(mode) if mode else None,
+                   parent_run_id=row.get("parent_run_id"),
+                   allow_irreversible=bool(row.get("allow_irreversible")))
+
+    @property
+    def evidence(self) -> bool:
+        """Answers come from the parent's records; nothing external is called."""
+        return self.mode is LaunchMode.EVIDENCE
+
+    @property
+    def simulation(self) -> bool:
+        """Effects run the tool's sandbox (``Tool.simulate``)."""
+        return self.mode is LaunchMode.SIMULATION
+
+    @property
+    def blocks_irreversible(self) -> bool:
+        """A live replay or a branch sends irreversible effects only when explicitly allowed."""
+        return self.mode in (LaunchMode.LIVE, LaunchMode.BRANCH) and not self.allow_irreversible
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where an evidence replay asked for something its parent never recorded, and why."""
+
+    kind: str  # llm, read, effect, approval, signal
+    why: str  # no_record, request_differs, no_outcome, no_decision, artifact_differs
+    step: str | None
+    seq: int
+    command_id: str
+    message: str
+    details: dict[str, Any] | None = None
+
+    def report(self, parent_run_id: UUID | None, source_run_id: UUID | None) -> dict[str, Any]:
+        """The run's ``last_error``: what an operator reads to see where the code changed."""
+        return {
+            "type": "ReplayDiverged", "reason": "diverged", "message": self.message,
+            "where": {"step": self.step, "seq": self.seq, "command_id": self.command_id},
+            "kind": self.kind, "why": self.why,
+            "parent_run_id": str(parent_run_id) if parent_run_id else None,
+            "source_run_id": str(source_run_id) if source_run_id else None,
+            **(self.details or {}),
+        }
+
+
+def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any] | None,
+                      signal_seen: bool) -> str | Divergence:
+    """The step an evidence replay takes after the wait recorded in ``control`` at ``seq``:
+    the one its source took after the recorded decision, or a divergence."""
+    kind = control.get("kind")
+    then = str(control.get("then"))
+    if kind == "timer":
+        return then
+    if kind == "signal":
+        if signal_seen:
+            return then
+        return Divergence("signal", "no_decision", then, seq, f"signal:{control.get('name')}",
+                          f"the parent received no signal {control.get('name')!r} at seq "
+                          f"{seq}; an evidence replay cannot go past this wait")
+    command_id = f"approval:{control.get('action')}"
+    if approval is None:
+        return Divergence("approval", "no_record", then, seq, command_id,
+                          f"the parent never asked for approval {control.get('action')!r} at "
+                          f"seq {seq}")
+    if approval["artifact_hash"] != control.get("artifact_hash"):
+        return Divergence("approval", "artifact_differs", then, seq, command_id,
+                          f"approval {control.get('action')!r} at seq {seq} is for artifact "
+                          f"{str(control.get('artifact_hash'))[:12]}…, the parent's approver saw "
+                          f"{approval['artifact_hash'][:12]}…")
+    status = ApprovalStatus(approval["status"])
+    if status is ApprovalStatus.APPROVED:
+        return then
+    if status is ApprovalStatus.REJECTED and control.get("on_reject"):
+        return str(control["on_reject"])
+    return Divergence("approval", "no_decision", then, seq, command_id,
+                      f"the parent's approval {approval['id']} at seq {seq} is {status.value}: "
+                      "there is no decision an evidence replay could follow")
+
+
+_SOURCE = """
+WITH RECURSIVE chain AS (
+    SELECT id, parent_run_id, mode, 0 AS depth FROM onward.runs WHERE id = %(run_id)s
+    UNION ALL
+    SELECT r.id, r.parent_run_id, r.mode, c.depth + 1
+      FROM onward.runs r JOIN chain c ON r.id = c.parent_run_id
+     WHERE c.mode = 'evidence'
+)
+SELECT id FROM chain WHERE mode IS DISTINCT FROM 'evidence' ORDER BY depth LIMIT 1
+"""
+
+APPROVAL_AT = """
+SELECT id, status, artifact_hash, decided_by FROM onward.approvals
+ WHERE run_id = %(run_id)s AND seq = %(seq)s ORDER BY created_at DESC LIMIT 1
+"""
+
+SIGNAL_AT = """
+SELECT payload FROM onward.signals
+ WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq = %(seq)s
+"""
+
+_EFFECT = """
+SELECT * FROM onward.effects WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
+"""
+
+_DIVERGE = """
+WITH diverged AS (
+    UPDATE onward.runs
+       SET status = 'diverged', last_error = %(report)s, lease_owner = NULL,
+           lease_expires_at = NULL, waiting_on = NULL, finished_at = now(), updated_at = now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = now(), outcome = 'failed', step = %(step)s,
+           error_type = 'ReplayDiverged', error_message = %(message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM diverged)
+)
+SELECT count(*) AS diverged FROM diverged
+"""
+
+
+class LineageStore:
+    """The parent's records, as a replay's step reads them, on the worker's hot connection."""
+
+    def __init__(self, conn: HotConnection) -> None:
+        self.conn = conn
+
+    def evidence_source(self, run_id: UUID) -> UUID | None:
+        """The nearest ancestor of ``run_id`` that made its own calls (not an evidence replay)."""
+        row = self.conn.one(_SOURCE, {"run_id": run_id})
+        return row["id"] if row else None
+
+    def effect(self, effect_type: str, effect_id: str) -> Effect | None:
+        row = self.conn.one(_EFFECT, {"effect_type": effect_type, "effect_id": effect_id})
+        return Effect.from_row(row) if row else None
+
+    def approval_at(self, run_id: UUID, seq: int) -> dict[str, Any] | None:
+        return self.conn.one(APPROVAL_AT, {"run_id": run_id, "seq": seq})
+
+    def signal_at(self, run_id: UUID, name: str, seq: int) -> dict[str, Any] | None:
+        return self.conn.one(SIGNAL_AT, {"run_id": run_id, "name": name, "seq": seq})
+
+    def diverge(self, run_id: UUID, epoch: int, step: str | None,
+                report: dict[str, Any]) -> bool:
+        """Stop the replay as ``diverged`` with its report, fenced by the lease; False means
+        the lease was lost (someone else decides the run's fate)."""
+        row = self.conn.one(_DIVERGE, {"run_id": run_id, "epoch": epoch, "step": step,
+                                       "report": Jsonb(report),
+                                       "message": str(report.get("message", ""))[:4000]})
+        return row is not None and row["diverged"] == 1

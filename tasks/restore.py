@@ -1,0 +1,124 @@
+"""Restore is a validated procedure (DESIGN.md section 7): verify the checkpoint, find code
+that may continue the run (same version, a declared-compatible one, or one with a complete
+state migration path), resolve the step, validate the state. Anything else is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ledger.checkpoints import CheckpointKeys, verify
+from ledger.exceptions import IntegrityViolation
+from ledger.steps import Claim
+from tasks.workflow import MigrationFn, Registry, Step, Workflow
+
+
+@dataclass(frozen=True)
+class Restored:
+    workflow: Workflow[Any]
+    step: Step
+    state: BaseModel
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """Newer code continues the run after migrating its state; written as its own
+    checkpoint (outcome ``migration``) before any step runs."""
+
+    workflow: Workflow[Any]
+    step: Step
+    state: dict[str, Any]  # migrated and validated, as JSON
+    from_version: int
+    from_schema: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Park the run (``park=True``) or give the lease back for other code to take it."""
+
+    reason: str
+    error_type: str
+    message: str
+    park: bool = True
+    resend: bool = False
+
+
+def restore(keys: CheckpointKeys, registry: Registry,
+            claim: Claim) -> Restored | Upgrade | Refusal:
+    checkpoint = claim.checkpoint
+    if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
+        return Refusal("integrity", "IntegrityViolation",
+                       f"run {claim.run_id}: checkpoint {claim.seq} is missing")
+    try:
+        verify(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id, claim.head_hash)
+    except IntegrityViolation as exc:
+        return Refusal("integrity", "IntegrityViolation", str(exc))
+    code = _choose_code(registry, claim)
+    if isinstance(code, Refusal):
+        return code
+    workflow, path = code
+    step = workflow.resolve(claim.step)
+    if step is None:
+        return Refusal("unknown_step", "UnknownStep",
+                       f"checkpoint {claim.seq} names step {claim.step!r}, which "
+                       f"{workflow.name} v{workflow.version} does not define (was it removed? "
+                       "keep a step until no stored run needs it)")
+    state_json = checkpoint.state
+    if path:
+        try:
+            for migrate in path:
+                state_json = migrate(dict(state_json))
+        except Exception as exc:  # noqa: BLE001 - a failing migration must park, not crash
+            return Refusal("incompatible_version", "MigrationFailed",
+                           f"migrating {workflow.name} state to schema "
+                           f"{workflow.state_schema_version} failed: {exc}")
+    try:
+        state = workflow.state.model_validate(state_json)
+    except ValidationError as exc:
+        return Refusal("invalid_state", "InvalidState",
+                       f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
+                       f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
+    if path:
+        return Upgrade(workflow, step, state.model_dump(mode="json"),
+                       from_version=claim.workflow_version or 0,
+                       from_schema=_run_schema(claim))
+    return Restored(workflow, step, state)
+
+
+def _run_schema(claim: Claim) -> int:
+    return claim.state_schema_version or 1
+
+
+def _choose_code(registry: Registry,
+                 claim: Claim) -> tuple[Workflow[Any], list[MigrationFn]] | Refusal:
+    versions = registry.versions(claim.workflow)
+    if not versions:
+        return Refusal("unknown_workflow", "UnknownWorkflow",
+                       f"no workflow {claim.workflow!r} is registered in this worker (known: "
+                       f"{registry.names()}); check ONWARD_WORKFLOWS", park=False)
+    wanted = claim.workflow_version
+    if wanted is None:
+        latest = registry.latest(claim.workflow)
+        assert latest is not None
+        return latest, []
+    exact = registry.get(claim.workflow, wanted)
+    if exact is not None:
+        return exact, []
+    if wanted > versions[-1]:
+        return Refusal("newer_version", "NewerVersion",
+                       f"run is at {claim.workflow} v{wanted}; this worker has only "
+                       f"v{versions}: handing it back for a worker with v{wanted}",
+                       park=False, resend=True)
+    latest = registry.latest(claim.workflow)
+    assert latest is not None
+    if wanted in latest.compatible_with:
+        return latest, []
+    path = latest.migration_path(_run_schema(claim))
+    if path is not None and _run_schema(claim) < latest.state_schema_version:
+        return latest, path
+    return Refusal("incompatible_version", "IncompatibleVersion",
+                   f"run is at {claim.workflow} v{wanted} (state schema {_run_schema(claim)}); "
+                   f"this code has v{versions} (schema {latest.state_schema_version}), does not "
+                   f"declare v{wanted} compatible and has no complete migration path")
