@@ -30,7 +30,7 @@ from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
 from tasks.restore import Refusal, Upgrade, restore
 from tasks.routing import version_queue
-from tasks.services import FailFor, ParkFor, StepServices, Suspend, WaitFor
+from tasks.services import DivergeFor, FailFor, ParkFor, StepServices, Suspend, WaitFor
 from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
 
@@ -55,6 +55,7 @@ class ReportKind(StrEnum):
     WAITING = "waiting"
     RELEASED = "released"
     LEASE_LOST = "lease_lost"
+    DIVERGED = "diverged"  # an evidence replay met a call its parent never made
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def _run_claimed(
         control=claim.checkpoint.control if claim.checkpoint else None,
         tokens_left=limits.tokens_left(claim.budget),
         cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
+        launch=claim.launch,
     )
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
@@ -164,6 +166,8 @@ def _run_claimed(
     # A wait, a park or a budget stop decided inside the step stands, whatever the body
     # caught or returned.
     decision = services.control.decision
+    if isinstance(decision, DivergeFor):
+        return _diverge(services, claim, decision, bound)
     if isinstance(decision, (ParkFor, FailFor)):
         return _refuse(store, effects, claim, step, decision, bound)
     if isinstance(decision, WaitFor):
@@ -178,6 +182,10 @@ def _run_claimed(
         advance = _advance(config, workflow, step, state, outcome, limits)
     except OutcomeError as exc:
         return _record_failure(store, effects, config, claim, step, exc, bound)
+    replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
+    if replayed is None and isinstance(services.control.decision, DivergeFor):
+        return _diverge(services, claim, services.control.decision, bound)
+    advance = replayed or advance
 
     faults.point("before_checkpoint_commit", step.name)
     if not store.commit(claim, advance):
@@ -209,6 +217,15 @@ def _commit_migration(store: StepStore, config: ExecutorConfig, claim: Claim, up
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=claim.seq + 1,
                       queue=version_queue(config.queue, workflow.name, workflow.version),
                       detail="migration")
+
+
+def _diverge(services: StepServices, claim: Claim, decision: DivergeFor,
+             bound: Any) -> StepReport:
+    """Stop an evidence replay that diverged from its parent, with the report on the run."""
+    if not services.stop_diverged(decision):
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    bound.error("replay diverged", detail=decision.message)
+    return StepReport(ReportKind.DIVERGED, claim.run_id, claim.seq, detail=decision.message)
 
 
 def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,

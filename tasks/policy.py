@@ -97,6 +97,8 @@ def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor |
                        f"approval {approval['id']} is for artifact "
                        f"{approval['artifact_hash'][:12]}…, the checkpoint asked about "
                        f"{control['artifact_hash'][:12]}…")
+    if claim.launch.evidence:
+        return None  # an evidence replay follows a decision taken in the past, as it was
     if not approval["unexpired"] or claim.claimed_at >= approval["expires_at"]:
         expired_at = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
         return FailFor("approval_expired",
