@@ -19,7 +19,6 @@ from psycopg.types.json import Jsonb
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
-from ledger.lineage import Launch
 from ledger.waits import WAKE_ON_SIGNAL
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 
@@ -81,7 +80,6 @@ class Claim:
     budget: Budget
     claimed_at: datetime
     launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
-    launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
     state_schema_version: int | None = None
 
     @classmethod
@@ -125,7 +123,6 @@ class Claim:
                 run_created_at=row["created_at"],
             ),
             claimed_at=row["claimed_at"],
-            launch=Launch.from_row(row),
             launch=Launch.from_row(row),
             state_schema_version=row["state_schema_version"],
         )
@@ -208,7 +205,6 @@ WITH claimed AS (
            max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, allow_irreversible,
-           mode, parent_run_id, allow_irreversible,
            now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
