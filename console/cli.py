@@ -75,7 +75,7 @@ def worker(
     concurrency: Annotated[int, typer.Option("-c", "--concurrency")] = 2,
     workflows: Annotated[str, typer.Option(help="Comma-separated modules to import.")] = "",
     name: Annotated[str, typer.Option(help="Celery node name.")] = "",
-    loglevel: Annotated[str, typer.Option()] = "INFO",
+    loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
 ) -> None:
     """Run a Celery worker (prefork) that executes steps."""
     from ledger.db import create_engine, require_current_schema
@@ -83,6 +83,7 @@ def worker(
     from workers.app import create_app
     from workers.logs import configure_logging
 
+    loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
     configure_logging(loglevel)
     settings = _settings()
     if workflows:
@@ -102,7 +103,9 @@ def worker(
 
 
 @app.command()
-def dispatcher(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+def dispatcher(
+    loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
+) -> None:
     """Publish outbox rows to the broker (LISTEN/NOTIFY, polling fallback)."""
     from workers.dispatcher import run_dispatcher
     from workers.logs import configure_logging
@@ -115,7 +118,9 @@ def dispatcher(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
 
 
 @app.command()
-def reaper(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+def reaper(
+    loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
+) -> None:
     """Restore runs whose lease expired, re-send lost messages, park crash loops."""
     from workers.logs import configure_logging
     from workers.reaper import run_reaper

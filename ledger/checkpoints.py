@@ -100,11 +100,9 @@ class CheckpointBody:
             "outcome": self.outcome,
             "state": self.state,
             "workflow_version": self.workflow_version,
+            "control": self.control,
+            "state_schema_version": self.state_schema_version,
         }
-        if self.control is not None:
-            body["control"] = self.control
-        if self.state_schema_version is not None:
-            body["state_schema_version"] = self.state_schema_version
         return body
 
 

@@ -65,6 +65,11 @@ def wrap_driver_errors(action: str) -> Iterator[None]:
     """Turn psycopg/SQLAlchemy errors into LedgerUnavailable, once, at the ledger edge."""
     try:
         yield
+    except sa.exc.ProgrammingError as exc:
+        if isinstance(exc.orig, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+            raise SchemaMismatch(f"{action}: the ledger database has no onward schema (or an "
+                                 "old one): run `onward db upgrade` first") from exc
+        raise
     except (psycopg.OperationalError, sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
         raise LedgerUnavailable(f"{action}: the ledger database failed: {exc}") from exc
 

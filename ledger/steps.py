@@ -272,6 +272,9 @@ WITH usage AS (
            %(action)s, %(artifact_hash)s, %(artifact)s, %(approvers)s, %(expires_at)s,
            'pending'
       FROM advanced WHERE %(approval_id)s::uuid IS NOT NULL
+), resent AS (
+    -- a message the reaper queued again for this seq while the holder was slow: now stale
+    DELETE FROM onward.outbox o USING advanced a WHERE o.run_id = a.id AND o.seq = %(seq)s
 ), attempt AS (
     UPDATE onward.step_attempts SET ended_at = now(), outcome = 'committed', step = %(step)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)

@@ -80,7 +80,7 @@ class ExecutorConfig:
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
     """Exponential backoff with jitter: base * 2^(attempt-1), capped, in [50%, 100%]."""
-    ceiling = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    ceiling = min(max_s, base_s * (2.0 ** min(max(0, attempt - 1), 1000)))
     return ceiling * (0.5 + random.random() / 2)
 
 

@@ -57,7 +57,12 @@ class Fault:
         if action not in {"kill", "exit", "raise", "stop", "sleep"}:
             raise WorkflowDefinitionError(f"fault {spec!r}: unknown action {action!r}")
         once = len(parts) > 2 and parts[2] == "once"
-        return cls(point, step or None, action, once, float(arg) if arg else 0.0)
+        try:
+            seconds = float(arg) if arg else 0.0
+        except ValueError:
+            raise WorkflowDefinitionError(
+                f"fault {spec!r}: sleep needs seconds, e.g. sleep=1.5") from None
+        return cls(point, step or None, action, once, seconds)
 
 
 _armed: dict[str, list[Fault]] = {}

@@ -49,6 +49,9 @@ def _changed(body: CheckpointBody, field: str, data: st.DataObject) -> Checkpoin
         "outcome": st.sampled_from(["start", "goto", "finish", "fail"]),
         "state": states,
         "workflow_version": st.none() | st.integers(1, 1000),
+        "control": st.none() | st.fixed_dictionaries({"kind": st.sampled_from(["timer", "signal"]),
+                                                      "then": names}),
+        "state_schema_version": st.none() | st.integers(1, 50),
     }
     value = data.draw(alternatives[field].filter(lambda v: v != current), label=field)
     return dataclasses.replace(body, **{field: value})
