@@ -49,7 +49,15 @@ class CheckpointKeys:
             secret = settings.checkpoint_key.encode()
         else:
             secret = _local_key(settings.home_dir / "checkpoint.key")
-        return cls(current=settings.checkpoint_key_id, keys={settings.checkpoint_key_id: secret})
+        keys = {settings.checkpoint_key_id: secret}
+        for entry in filter(None, (e.strip() for e in settings.checkpoint_old_keys.split(","))):
+            key_id, sep, old_secret = entry.partition("=")
+            if not sep or not key_id or not old_secret:
+                raise InvalidInput("ONWARD_CHECKPOINT_OLD_KEYS must look like 'id=secret,id=secret'")
+            if key_id == settings.checkpoint_key_id:
+                raise InvalidInput(f"old checkpoint key id {key_id!r} is also the current key id")
+            keys[key_id] = old_secret.encode()
+        return cls(current=settings.checkpoint_key_id, keys=keys)
 
     def mac(self, body: dict[str, Any], key_id: str | None = None) -> str:
         key_id = key_id or self.current
@@ -107,8 +115,10 @@ class CheckpointBody:
 
 
 def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id: str,
-           head_hash: str) -> None:
-    """Check a restored checkpoint against its MAC and against the run's recorded head."""
+           head_hash: str, parent_found: str | None | bool = True) -> None:
+    """Check a restored checkpoint against its MAC, the run's recorded head and, when given
+    (``parent_found``: the stored hash of checkpoint seq-1, or None if it is gone), the link
+    to its parent. Cost: O(1) per step, whatever the history's length."""
     if stored_hash != head_hash:
         raise IntegrityViolation(
             f"run {body.run_id}: checkpoint {body.seq} hash {stored_hash[:12]}… is not the "
@@ -120,3 +130,14 @@ def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id:
             f"run {body.run_id}: checkpoint {body.seq} does not match its MAC "
             "(a field was edited outside onward)"
         )
+    if parent_found is True:
+        return
+    if body.parent_hash is None:
+        if body.seq != 0 and body.outcome != "fork":
+            raise IntegrityViolation(f"run {body.run_id}: checkpoint {body.seq} has no parent "
+                                     "but is neither the first checkpoint nor a fork")
+        return
+    if parent_found != body.parent_hash:
+        state = "is missing" if parent_found is None else "does not match the chain"
+        raise IntegrityViolation(f"run {body.run_id}: the parent of checkpoint {body.seq} "
+                                 f"(seq {body.seq - 1}) {state}")

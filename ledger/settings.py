@@ -76,6 +76,10 @@ class OnwardSettings(BaseSettings):
         description="Secret for checkpoint MACs; unset means a key generated under home.",
     )
     checkpoint_key_id: str = Field(default="k1", description="Id of checkpoint_key, for rotation.")
+    checkpoint_old_keys: str = Field(
+        default="",
+        description="Retired MAC keys that still verify old checkpoints: 'id=secret,id=secret'.",
+    )
     max_state_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
     )

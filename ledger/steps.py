@@ -81,6 +81,7 @@ class Claim:
     claimed_at: datetime
     launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
     state_schema_version: int | None = None
+    parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -125,6 +126,7 @@ class Claim:
             claimed_at=row["claimed_at"],
             launch=Launch.from_row(row),
             state_schema_version=row["state_schema_version"],
+            parent_found_hash=row["parent_found_hash"],
         )
 
 
@@ -219,9 +221,11 @@ WITH claimed AS (
 SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
        cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
        cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
-       cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version
+       cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
+       parent.hash AS parent_found_hash
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
+  LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
 """
 
 _COUNT_STALE = """
@@ -311,7 +315,13 @@ WITH parked AS (
        SET status = 'needs_review', parked_reason = %(reason)s, last_error = %(error)s,
            lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id
+ RETURNING id, tenant_id, seq
+), audited AS (
+    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
+                              before_seq, after_seq, details)
+    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', %(reason)s, id, seq, seq,
+           %(error)s
+      FROM parked
 ), attempt AS (
     UPDATE onward.step_attempts
        SET ended_at = now(), outcome = 'parked', step = %(step)s,

@@ -52,7 +52,8 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Refusal("integrity", "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq} is missing")
     try:
-        verify(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id, claim.head_hash)
+        verify(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id, claim.head_hash,
+               parent_found=claim.parent_found_hash)
     except IntegrityViolation as exc:
         return Refusal("integrity", "IntegrityViolation", str(exc))
     code = _choose_code(registry, claim)
