@@ -6,29 +6,57 @@ transaction; the dispatcher publishes it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy.engine import Connection, Engine
 
+from ledger import forks, inspect, operations, waits
 from ledger import runs as run_ops
-from ledger import waits
-from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
-from ledger.schema import ApprovalStatus
+from ledger.audit import (
+    Actor,
+    AuditAction,
+    AuditEntry,
+    AuditOutcome,
+    AuditRecord,
+    Role,
+    list_audit_txn,
+    record_txn,
+)
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
-from ledger.schema import RunStatus
+from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
+from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
 from ledger.settings import OnwardSettings
 from ledger.stats import BatchStats, batch_stats
 
+T = TypeVar("T")
+
+REFUSALS: tuple[type[Exception], ...] = (
+    OperationRefused, UnknownRun, InvalidInput, waits.ApprovalRefused, waits.UnknownApproval)
+"""Errors that mean "refused, nothing changed" (the CLI exits 2 for these)."""
+
 
 class Ledger:
-    """Transactional operations on the onward ledger (DESIGN.md section 3)."""
+    """Transactional operations on the onward ledger (DESIGN.md section 3).
+
+    Operator commands act as ``settings.actor`` in ``settings.role`` (``ONWARD_ACTOR``,
+    ``ONWARD_ROLE``); each one writes one audit row, refusals included.
+    """
 
     def __init__(self, engine: Engine, settings: OnwardSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.keys = CheckpointKeys.from_settings(settings)
+        self.actor = Actor(settings.actor, Role(settings.role), settings.tenant_id)
+
+    def acting_as(self, actor: str, role: Role | str) -> Ledger:
+        """The same ledger, with operator commands done by ``actor`` in ``role``."""
+        return Ledger(self.engine, self.settings.model_copy(
+            update={"actor": actor, "role": Role(role).value}))
 
     @classmethod
     def from_env(cls, settings: OnwardSettings | None = None) -> Ledger:
@@ -104,12 +132,52 @@ class Ledger:
         workflow: str | None = None,
         conversation_id: str | None = None,
         limit: int = 50,
+        offset: int = 0,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        parent_run_id: UUID | None = None,
+        before: UUID | None = None,
     ) -> list[run_ops.Run]:
+        """Runs, newest first, filtered; page with ``offset`` or the cursor ``before``."""
+        where = inspect.RunFilter(status=status, workflow=workflow,
+                                  conversation_id=conversation_id,
+                                  idempotency_key=idempotency_key, since=since,
+                                  parent_run_id=parent_run_id, before=before)
         with wrap_driver_errors("listing runs"), self.engine.connect() as conn:
-            return run_ops.list_runs(
-                conn, status=status, workflow=workflow, conversation_id=conversation_id,
-                limit=limit,
-            )
+            return inspect.list_runs_txn(conn, where, limit=limit, offset=offset)
+
+    def children(self, run_id: UUID) -> list[run_ops.Run]:
+        """The replays and branches started from ``run_id``."""
+        return self.list_runs(parent_run_id=run_id, limit=1000)
+
+    def checkpoints(self, run_id: UUID) -> list[inspect.CheckpointView]:
+        with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
+            return inspect.list_checkpoints_txn(conn, run_id)
+
+    def checkpoint(self, run_id: UUID, seq: int) -> inspect.CheckpointView | None:
+        with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
+            return inspect.get_checkpoint_txn(conn, run_id, seq)
+
+    def find_effects(self, *, run_id: UUID | None = None, status: EffectStatus | None = None,
+                     effect_type: str | None = None, limit: int = 50,
+                     offset: int = 0) -> list[Effect]:
+        with wrap_driver_errors("listing effects"), self.engine.connect() as conn:
+            return inspect.list_effects_txn(conn, run_id=run_id, status=status,
+                                            effect_type=effect_type, limit=limit, offset=offset)
+
+    def find_effect(self, effect_id: str, effect_type: str | None = None) -> Effect:
+        """One effect by id (or a unique prefix of at least 8 characters)."""
+        with wrap_driver_errors("reading an effect"), self.engine.connect() as conn:
+            return inspect.find_effect_txn(conn, effect_id, effect_type)
+
+    def audit(self, *, run_id: UUID | None = None, action: str | None = None,
+              actor: str | None = None, outcome: str | None = None,
+              since: datetime | None = None, limit: int = 50,
+              offset: int = 0) -> list[AuditEntry]:
+        """The audit log, newest first."""
+        with wrap_driver_errors("reading the audit log"), self.engine.connect() as conn:
+            return list_audit_txn(conn, run_id=run_id, action=action, actor=actor,
+                                  outcome=outcome, since=since, limit=limit, offset=offset)
 
     def timeline(self, run_id: UUID) -> list[run_ops.TimelineEntry]:
         with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
@@ -129,20 +197,137 @@ class Ledger:
         with wrap_driver_errors("reading effect attempts"), self.engine.connect() as conn:
             return list_attempts_txn(conn, effect)
 
-    # -- approvals and signals (DESIGN.md section 6) ------------------------------------------
-    def approve(self, approval_id: UUID, actor: str, *, artifact_hash: str,
-                comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
-        """Approve what ``artifact_hash`` names; resumes the run in the same transaction."""
-        with wrap_driver_errors("approving"), self.engine.begin() as conn:
-            return waits.decide_txn(conn, approval_id, approve=True, actor=actor, roles=roles,
-                                    artifact_hash=artifact_hash, comment=comment)
+    # -- operator commands (DESIGN.md section 8), each audited --------------------------------
+    def _command(self, action: AuditAction, body: Callable[[Connection], T], *,
+                 reason: str | None = None, run_id: UUID | None = None,
+                 effect_id: str | None = None, approval_id: UUID | None = None) -> T:
+        """Run one command in one transaction (it writes its own audit row); a refusal is
+        recorded in a transaction of its own and raised again."""
+        try:
+            with wrap_driver_errors(f"{action.value}"), self.engine.begin() as conn:
+                return body(conn)
+        except REFUSALS as exc:
+            with wrap_driver_errors("auditing a refusal"), self.engine.begin() as conn:
+                record_txn(conn, self.actor, AuditRecord(
+                    action, AuditOutcome.REFUSED, reason, run_id=run_id, effect_id=effect_id,
+                    approval_id=approval_id,
+                    details={"error": str(exc), "type": type(exc).__name__}))
+            raise
 
-    def reject(self, approval_id: UUID, actor: str, *, artifact_hash: str,
+    def refuse(self, action: AuditAction, error: Exception, *, reason: str | None = None,
+               run_id: UUID | None = None, effect_id: str | None = None) -> Exception:
+        """Audit a refusal decided outside the ledger (e.g. by tasks/operator.py) and return
+        the error for the caller to raise."""
+        def body(conn: Connection) -> None:
+            raise error
+
+        try:
+            self._command(action, body, reason=reason, run_id=run_id, effect_id=effect_id)
+        except REFUSALS:
+            pass
+        return error
+
+    def require(self, action: AuditAction, *, run_id: UUID | None = None,
+                effect_id: str | None = None) -> None:
+        """Raise (audited) PermissionDenied unless the actor's role allows ``action``."""
+        self._command(action, lambda conn: self.actor.require(action), run_id=run_id,
+                      effect_id=effect_id)
+
+    def continue_run(self, run_id: UUID, reason: str | None) -> operations.Continued:
+        """Resume the original run at its current seq (parked, failed by an error, or stalled).
+
+        Refused for finished runs, waits (decide or signal them), runs a worker holds, failures
+        that were decisions (budgets, rejections, ctx.fail) and replays."""
+        return self._command(
+            AuditAction.CONTINUE,
+            lambda c: operations.continue_run_txn(c, self.actor, run_id, reason),
+            reason=reason, run_id=run_id)
+
+    def replay(self, run_id: UUID, from_seq: int, mode: LaunchMode | str, reason: str | None,
+               *, budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
+               allow_irreversible: bool = False) -> forks.Launched:
+        """A new run from a copy of checkpoint ``from_seq`` of ``run_id``: ``evidence``
+        (recorded answers only), ``simulation`` (tools' sandboxes) or ``live`` (real calls;
+        irreversible effects only with ``allow_irreversible``)."""
+        request = forks.ForkRequest(run_id, from_seq, LaunchMode(mode), reason,
+                                    forks.BudgetPolicy(budgets), allow_irreversible)
+        return self._fork(AuditAction.REPLAY, request)
+
+    def branch(self, run_id: UUID, from_seq: int, patch: list[dict[str, Any]],
+               reason: str | None, *, allow_irreversible: bool = False,
+               budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
+               check_state: forks.StateCheck | None = None) -> forks.Launched:
+        """A new live run from checkpoint ``from_seq`` with its state edited by an RFC 6902
+        ``patch``. ``check_state`` validates the result against the workflow's model."""
+        request = forks.ForkRequest(run_id, from_seq, LaunchMode.BRANCH, reason,
+                                    forks.BudgetPolicy(budgets), allow_irreversible, patch)
+        return self._fork(AuditAction.BRANCH, request, check_state)
+
+    def _fork(self, action: AuditAction, request: forks.ForkRequest,
+              check_state: forks.StateCheck | None = None) -> forks.Launched:
+        return self._command(
+            action,
+            lambda c: forks.fork_txn(c, self.keys, self.actor, request,
+                                     default_max_attempts=self.settings.step_max_attempts,
+                                     max_state_bytes=self.settings.max_state_bytes,
+                                     check_state=check_state),
+            reason=request.reason, run_id=request.parent_run_id)
+
+    def preview_branch(self, run_id: UUID, from_seq: int,
+                       patch: list[dict[str, Any]]) -> list[forks.PatchChange]:
+        """The diff a branch would start from (nothing is written)."""
+        checkpoint = self.checkpoint(run_id, from_seq)
+        if checkpoint is None:
+            raise OperationRefused(f"run {run_id} has no checkpoint {from_seq}")
+        forks.apply_patch(checkpoint.state, patch, self.settings.max_state_bytes)
+        return forks.describe_patch(checkpoint.state, patch)
+
+    def cancel(self, run_id: UUID, reason: str | None) -> operations.Cancelled:
+        """Stop a non-terminal run; a step in flight cannot commit afterwards."""
+        return self._command(
+            AuditAction.CANCEL, lambda c: operations.cancel_txn(c, self.actor, run_id, reason),
+            reason=reason, run_id=run_id)
+
+    def begin_repeat(self, effect_type: str, effect_id: str, reason: str | None,
+                     plan: dict[str, Any]) -> operations.RepeatStarted:
+        """Record (and commit) a privileged repeat attempt with its own key, before the call."""
+        return self._command(
+            AuditAction.REPEAT_EFFECT,
+            lambda c: operations.begin_repeat_txn(c, self.actor, effect_type, effect_id,
+                                                  reason, plan),
+            reason=reason, effect_id=effect_id)
+
+    def finish_repeat(self, started: operations.RepeatStarted, *, outcome: str,
+                      provider_ref: str | None = None, result: dict[str, Any] | None = None,
+                      error: dict[str, Any] | None = None) -> Effect:
+        with wrap_driver_errors("recording a repeat"), self.engine.begin() as conn:
+            return operations.finish_repeat_txn(conn, started, outcome=outcome,
+                                                provider_ref=provider_ref, result=result,
+                                                error=error)
+
+    # -- approvals and signals (DESIGN.md section 6) ------------------------------------------
+    def approve(self, approval_id: UUID, actor: str | None = None, *, artifact_hash: str,
+                comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
+        """Approve what ``artifact_hash`` names; resumes the run in the same transaction.
+
+        ``actor`` is who decides (default: ``settings.actor``); the approval's approvers list
+        says who may, and one that names nobody may be decided by any operator."""
+        return self._decide(approval_id, True, actor, artifact_hash, comment, roles)
+
+    def reject(self, approval_id: UUID, actor: str | None = None, *, artifact_hash: str,
                comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
         """Reject; the run goes to its declared rejection step or fails (approval_rejected)."""
-        with wrap_driver_errors("rejecting"), self.engine.begin() as conn:
-            return waits.decide_txn(conn, approval_id, approve=False, actor=actor, roles=roles,
-                                    artifact_hash=artifact_hash, comment=comment)
+        return self._decide(approval_id, False, actor, artifact_hash, comment, roles)
+
+    def _decide(self, approval_id: UUID, approve: bool, actor: str | None, artifact_hash: str,
+                comment: str | None, roles: tuple[str, ...]) -> waits.Approval:
+        ledger = self.acting_as(actor, self.actor.role) if actor else self
+        return ledger._command(
+            AuditAction.APPROVE if approve else AuditAction.REJECT,
+            lambda c: operations.decide_txn(c, ledger.actor, approval_id, approve=approve,
+                                            artifact_hash=artifact_hash, comment=comment,
+                                            roles=roles),
+            reason=comment, approval_id=approval_id)
 
     def get_approval(self, approval_id: UUID) -> waits.Approval:
         with wrap_driver_errors("reading an approval"), self.engine.connect() as conn:

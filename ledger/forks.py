@@ -1,0 +1,317 @@
+"""Replay and branch: a new run that starts its own history from a copy of its parent's
+checkpoint ``k`` (DESIGN.md section 8).
+
+The copy keeps the seq (so ``command_id``s line up with the parent's and an evidence replay
+finds the parent's record for each call), gets outcome ``fork``, no parent hash, and a new
+MAC over the new run's id. The parent is only read: its outbox, approvals and effects are
+never touched, and the new run's effect ids differ because its run id does.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import jsonpatch
+import jsonpointer
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+from uuid6 import uuid7
+
+from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
+from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.lineage import APPROVAL_AT, SIGNAL_AT, Divergence, resume_after_wait
+from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
+from ledger.runs import validate_input
+from ledger.schema import (
+    ApprovalStatus,
+    LaunchMode,
+    OutcomeKind,
+    RunStatus,
+    approvals,
+    checkpoints,
+    evidence,
+    runs,
+    step_attempts,
+)
+
+StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
+"""Validates a branch's patched state against the workflow's model (raise InvalidInput)."""
+
+
+class BudgetPolicy(StrEnum):
+    INHERITED = "inherited"  # the parent's limits, and what it had spent before checkpoint k
+    RESET = "reset"  # the workflow's defaults, nothing spent
+
+
+@dataclass(frozen=True)
+class ForkRequest:
+    parent_run_id: UUID
+    from_seq: int
+    mode: LaunchMode
+    reason: str | None
+    budgets: BudgetPolicy = BudgetPolicy.INHERITED
+    allow_irreversible: bool = False
+    patch: list[dict[str, Any]] | None = None  # branches only
+
+
+@dataclass(frozen=True)
+class Launched:
+    """The new run a replay or branch created."""
+
+    run_id: UUID
+    parent_run_id: UUID
+    parent_seq: int
+    mode: LaunchMode
+    status: RunStatus
+    step: str | None
+    last_error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PatchChange:
+    """One operation of a branch's patch, with the values it replaces and writes."""
+
+    op: str
+    path: str
+    before: Any
+    after: Any
+    from_path: str | None = None
+
+
+_MISSING = object()
+
+
+def apply_patch(state: dict[str, Any], patch: Any, max_bytes: int) -> dict[str, Any]:
+    """Apply an RFC 6902 patch to a copy of ``state``; the result must stay a JSON object."""
+    if not isinstance(patch, list) or not patch:
+        raise InvalidInput("a branch needs its changes as a non-empty RFC 6902 JSON Patch, e.g. "
+                           '[{"op": "replace", "path": "/amount", "value": 1500}]; with no '
+                           "changes, replay it live instead")
+    try:
+        patched = jsonpatch.JsonPatch(patch).apply(copy.deepcopy(state))
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError,
+            KeyError, ValueError) as exc:
+        raise InvalidInput(f"the patch does not apply to the checkpoint's state: {exc}") from exc
+    if not isinstance(patched, dict):
+        raise InvalidInput("the patched state must stay a JSON object")
+    validate_input(patched, max_bytes)
+    return patched
+
+
+def describe_patch(state: dict[str, Any], patch: list[dict[str, Any]]) -> list[PatchChange]:
+    """The diff a person reviews before a branch: each operation with before/after values."""
+    changes = []
+    current = copy.deepcopy(state)
+    for op in patch:
+        path = str(op.get("path", ""))
+        before = jsonpointer.resolve_pointer(current, path, _MISSING)
+        try:
+            current = jsonpatch.JsonPatch([op]).apply(current)
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+            raise InvalidInput(f"the patch does not apply: {exc}") from exc
+        after = jsonpointer.resolve_pointer(current, path, _MISSING)
+        changes.append(PatchChange(
+            str(op.get("op")), path, None if before is _MISSING else before,
+            None if after is _MISSING else after, op.get("from")))
+    return changes
+
+
+def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: ForkRequest, *,
+             default_max_attempts: int, max_state_bytes: int,
+             check_state: StateCheck | None = None) -> Launched:
+    """Create the replay or branch run, its fork checkpoint, its first message (or wait),
+    and the audit row, in the caller's transaction."""
+    branch = request.mode is LaunchMode.BRANCH
+    action = AuditAction.BRANCH if branch else AuditAction.REPLAY
+    actor.require(action)
+    reason = require_reason(request.reason, action)
+    if not branch and request.allow_irreversible and request.mode is not LaunchMode.LIVE:
+        raise InvalidInput("allow_irreversible applies to live replays and branches only: an "
+                           f"{request.mode.value} replay sends nothing real")
+    if not branch and request.mode not in REPLAY_MODES:
+        raise InvalidInput(f"replay mode must be one of {[m.value for m in REPLAY_MODES]}")
+    parent = _parent(conn, actor, request.parent_run_id)
+    cp = _checkpoint(conn, parent, request.from_seq)
+    state = dict(cp["state"])
+    if branch:
+        state = apply_patch(state, request.patch, max_state_bytes)
+        if check_state is not None:
+            check_state(parent["workflow"], cp["workflow_version"], state)
+    run_id = uuid7()
+    start = _start(conn, parent, cp, request.mode, run_id)
+    body = CheckpointBody(
+        run_id=run_id, seq=cp["seq"], parent_hash=None, step=cp["step"],
+        next_step=cp["next_step"], outcome=OutcomeKind.FORK.value, state=state,
+        workflow_version=cp["workflow_version"], control=start.control,
+        state_schema_version=cp["state_schema_version"])
+    digest = keys.mac(body.as_dict())
+    conn.execute(runs.insert().values(
+        id=run_id, tenant_id=parent["tenant_id"], workflow=parent["workflow"],
+        workflow_version=cp["workflow_version"], conversation_id=parent["conversation_id"],
+        status=start.status.value, seq=cp["seq"], step=start.step,
+        max_attempts=default_max_attempts, head_hash=digest, waiting_on=start.waiting_on,
+        last_error=start.last_error,
+        finished_at=sa.func.now() if start.status.terminal else None,
+        state_schema_version=cp["state_schema_version"], parent_run_id=parent["id"],
+        parent_seq=cp["seq"], launch_reason=reason, mode=request.mode.value,
+        allow_irreversible=request.allow_irreversible,
+        branch_patch=request.patch if branch else None,
+        **_budgets(conn, parent, cp["seq"], request.budgets),
+    ))
+    conn.execute(checkpoints.insert().values(
+        run_id=run_id, seq=cp["seq"], parent_hash=None, hash=digest, key_id=keys.current,
+        envelope_version=ENVELOPE_VERSION, step=cp["step"], next_step=cp["next_step"],
+        outcome=OutcomeKind.FORK.value, state=state, workflow_version=cp["workflow_version"],
+        lease_epoch=0, control=start.control, state_schema_version=cp["state_schema_version"]))
+    if start.approval is not None:
+        conn.execute(approvals.insert().values(id=start.approval["id"], run_id=run_id,
+                                               tenant_id=parent["tenant_id"], seq=cp["seq"],
+                                               **start.approval["values"]))
+    if start.status is RunStatus.RUNNING:
+        queue_step_txn(conn, run_id, cp["seq"], start.due_at)
+    launched = Launched(run_id, parent["id"], cp["seq"], request.mode, start.status, start.step,
+                        start.last_error)
+    details: dict[str, Any] = {
+        "mode": request.mode.value, "budgets": request.budgets.value,
+        "allow_irreversible": request.allow_irreversible, "status": start.status.value,
+        "step": start.step, "workflow": parent["workflow"]}
+    if branch and request.patch is not None:
+        details["patch"] = request.patch
+        details["diff"] = [c.__dict__ for c in describe_patch(dict(cp["state"]), request.patch)]
+    if start.last_error is not None:
+        details["divergence"] = start.last_error
+    record_txn(conn, actor, AuditRecord(
+        action, AuditOutcome.DONE, reason, run_id=parent["id"], new_run_id=run_id,
+        before_seq=parent["seq"], after_seq=cp["seq"], details=details))
+    return launched
+
+
+def _parent(conn: Connection, actor: Actor, run_id: UUID) -> RowMapping:
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+    if row is None:
+        raise UnknownRun(f"no run {run_id}")
+    if row["tenant_id"] != actor.tenant_id:
+        raise OperationRefused(f"run {run_id} belongs to tenant {row['tenant_id']!r}; "
+                               f"{actor.name} operates tenant {actor.tenant_id!r}")
+    return row
+
+
+def _checkpoint(conn: Connection, parent: RowMapping, seq: int) -> RowMapping:
+    row = conn.execute(sa.select(checkpoints).where(
+        checkpoints.c.run_id == parent["id"], checkpoints.c.seq == seq)).mappings().first()
+    if row is None:
+        first = conn.execute(sa.select(sa.func.min(checkpoints.c.seq))
+                             .where(checkpoints.c.run_id == parent["id"])).scalar()
+        raise OperationRefused(f"run {parent['id']} has no checkpoint {seq} (its checkpoints "
+                               f"are {first}..{parent['seq']})")
+    if row["outcome"] in (OutcomeKind.FINISH.value, OutcomeKind.FAIL.value):
+        raise OperationRefused(f"checkpoint {seq} of run {parent['id']} ends the run "
+                               f"({row['outcome']}): nothing follows it; start from an earlier "
+                               "checkpoint")
+    return row
+
+
+@dataclass(frozen=True)
+class _Start:
+    status: RunStatus
+    step: str | None
+    control: dict[str, Any] | None = None
+    waiting_on: str | None = None
+    due_at: Any = None
+    approval: dict[str, Any] | None = None
+    last_error: dict[str, Any] | None = None
+
+
+def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMode,
+           run_id: UUID) -> _Start:
+    """Where the new run begins: the step after checkpoint k, or the wait k recorded."""
+    control = dict(cp["control"]) if cp["control"] else None
+    if not control or not control.get("kind"):
+        return _Start(RunStatus.RUNNING, cp["next_step"], control)
+    if mode is LaunchMode.EVIDENCE:
+        return _evidence_start(conn, parent, cp, control)
+    kind = control["kind"]
+    if kind == "timer":
+        return _Start(RunStatus.RUNNING, control["then"], control,
+                      due_at=datetime.fromisoformat(str(control["until"])))
+    if kind == "signal":
+        return _Start(RunStatus.WAITING, control["then"], control,
+                      waiting_on=f"signal:{control['name']}")
+    asked = conn.execute(sa.select(approvals).where(
+        approvals.c.id == UUID(str(control["approval_id"])))).mappings().first()
+    if asked is None:
+        raise OperationRefused(f"checkpoint {cp['seq']} waits for approval "
+                               f"{control['approval_id']}, which does not exist")
+    approval_id = uuid7()
+    lifetime: timedelta = asked["expires_at"] - asked["created_at"]
+    values = {"workflow_version": asked["workflow_version"], "step": asked["step"],
+              "action": asked["action"], "artifact_hash": asked["artifact_hash"],
+              "artifact": asked["artifact"], "approvers": asked["approvers"],
+              "expires_at": sa.func.now() + lifetime, "status": ApprovalStatus.PENDING.value}
+    return _Start(RunStatus.WAITING, control["then"],
+                  {**control, "approval_id": str(approval_id)},
+                  waiting_on=f"approval:{approval_id}",
+                  approval={"id": approval_id, "values": values})
+
+
+def _evidence_start(conn: Connection, parent: RowMapping, cp: RowMapping,
+                    control: dict[str, Any]) -> _Start:
+    """An evidence replay from a wait follows the decision its source recorded, or stops."""
+    source = _evidence_source(conn, parent["id"])
+    seq = cp["seq"]
+    approval = signal = None
+    if source is not None and control.get("kind") == "approval":
+        approval = conn.exec_driver_sql(APPROVAL_AT, {"run_id": source, "seq": seq}) \
+            .mappings().first()
+    if source is not None and control.get("kind") == "signal":
+        signal = conn.exec_driver_sql(SIGNAL_AT, {"run_id": source, "seq": seq,
+                                                  "name": control.get("name")}).first()
+    resumed = resume_after_wait(control, seq, dict(approval) if approval else None,
+                                signal is not None)
+    if isinstance(resumed, Divergence):
+        return _Start(RunStatus.DIVERGED, control.get("then"), control,
+                      last_error=resumed.report(parent["id"], source))
+    if approval is not None:
+        control = {**control, "approval_id": str(approval["id"])}
+    return _Start(RunStatus.RUNNING, resumed, control)
+
+
+def _evidence_source(conn: Connection, run_id: UUID) -> UUID | None:
+    """The nearest run, from ``run_id`` up its parents, that made its own calls."""
+    while True:
+        row = conn.execute(sa.select(runs.c.id, runs.c.mode, runs.c.parent_run_id)
+                           .where(runs.c.id == run_id)).first()
+        if row is None:
+            return None
+        if row.mode != LaunchMode.EVIDENCE.value or row.parent_run_id is None:
+            return UUID(str(row.id))
+        run_id = row.parent_run_id
+
+
+def _budgets(conn: Connection, parent: RowMapping, seq: int,
+             policy: BudgetPolicy) -> dict[str, Any]:
+    if policy is BudgetPolicy.RESET:
+        return {}
+    spent = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(evidence.c.input_tokens
+                                               + evidence.c.output_tokens), 0),
+                  sa.func.coalesce(sa.func.sum(evidence.c.cost_usd), 0))
+        .where(evidence.c.run_id == parent["id"], evidence.c.seq < seq)
+    ).one()
+    attempts = conn.execute(
+        sa.select(sa.func.count()).select_from(step_attempts)
+        .where(step_attempts.c.run_id == parent["id"], step_attempts.c.seq < seq)
+    ).scalar_one()
+    deadline = None
+    if parent["deadline_at"] is not None:
+        deadline = sa.func.now() + (parent["deadline_at"] - parent["created_at"])
+    return {"budget_attempts": parent["budget_attempts"], "budget_tokens": parent["budget_tokens"],
+            "budget_cost_usd": parent["budget_cost_usd"], "deadline_at": deadline,
+            "used_tokens": spent[0], "used_cost_usd": spent[1], "attempts_total": attempts}

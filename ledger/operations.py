@@ -1,0 +1,349 @@
+"""Operator commands on one run (DESIGN.md section 8): continue, cancel, approve/reject, and
+the ledger half of repeating an external effect. Replays and branches are in ``forks.py``.
+
+Each ``*_txn`` function checks the actor's role, takes the run's row lock, lets the
+database guard the state transition (``UPDATE … WHERE status = …``), and writes its audit
+row, all inside the caller's transaction. A refusal raises before anything is written;
+``Ledger`` then records the refusal in a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+
+from ledger import waits
+from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.effects import Effect
+from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.schema import (
+    ApprovalStatus,
+    EffectAttemptKind,
+    EffectStatus,
+    LaunchMode,
+    OutcomeKind,
+    RunStatus,
+    approvals,
+    checkpoints,
+    effect_attempts,
+    effects,
+    outbox,
+    runs,
+)
+
+REPLAY_MODES = (LaunchMode.EVIDENCE, LaunchMode.SIMULATION, LaunchMode.LIVE)
+
+# Failures that are decisions, not accidents: continuing would only repeat them.
+_DECIDED_FAILURES = {
+    "budget_exhausted": "budgets are never refilled by a restore; replay it with budgets reset",
+    "deadline_exceeded": "its deadline has passed; replay it with budgets reset",
+    "approval_rejected": "a person rejected it; branch it if the artifact should change",
+    "approval_expired": "its approval expired; replay or branch it to ask again",
+    "approval_invalid": "the approval it needed is not approved",
+    "signal_timeout": "the signal it waited for never came; replay it to wait again",
+    "irreversible_blocked": "start a new replay or branch with --allow-irreversible",
+    "no_simulation": "a tool has no simulate implementation; replay it live or from evidence",
+}
+
+
+class UnknownEffect(OperationRefused):
+    """No effect with this type and id exists."""
+
+
+def require_reason(reason: str | None, action: AuditAction) -> str:
+    if reason is None or not reason.strip():
+        raise InvalidInput(f"{action.value} needs a reason (--reason): it is kept in the audit "
+                           "log with your name")
+    return reason.strip()
+
+
+def lock_run_txn(conn: Connection, run_id: UUID, actor: Actor) -> RowMapping:
+    """The run's row, locked; refuses runs that do not exist or belong to another tenant."""
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update()).mappings()
+    found = row.first()
+    if found is None:
+        raise UnknownRun(f"no run {run_id}")
+    if found["tenant_id"] != actor.tenant_id:
+        raise OperationRefused(f"run {run_id} belongs to tenant {found['tenant_id']!r}; "
+                               f"{actor.name} operates tenant {actor.tenant_id!r}")
+    return found
+
+
+def _now(conn: Connection) -> datetime:
+    return conn.execute(sa.select(sa.func.now())).scalar_one()
+
+
+def _leased(run: RowMapping, now: datetime) -> bool:
+    expires = run["lease_expires_at"]
+    return expires is not None and expires > now
+
+
+def queue_step_txn(conn: Connection, run_id: UUID, seq: int, due_at: Any = None) -> None:
+    """(Re)write the outbox row that sends ``(run_id, seq)`` to the fleet."""
+    conn.exec_driver_sql(
+        "INSERT INTO onward.outbox (run_id, seq, due_at) "
+        "VALUES (%(run_id)s, %(seq)s, coalesce(%(due_at)s, now())) "
+        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = EXCLUDED.due_at, "
+        "published_at = NULL, worker_publishes = false",
+        {"run_id": run_id, "seq": seq, "due_at": due_at},
+    )
+
+
+# -- continue -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Continued:
+    run_id: UUID
+    seq: int
+    step: str | None
+    previous_status: RunStatus
+    reopened_effects: list[str]
+
+
+def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
+                     reason: str | None) -> Continued:
+    """Resume the original run at its current seq: parked (``needs_review``), failed by an
+    error, or runnable with nobody holding it. Everything else is refused with the command
+    that fits."""
+    actor.require(AuditAction.CONTINUE)
+    reason = require_reason(reason, AuditAction.CONTINUE)
+    run = lock_run_txn(conn, run_id, actor)
+    status = RunStatus(run["status"])
+    _check_continuable(conn, run, status)
+    reopened: list[str] = []
+    if status is RunStatus.FAILED:
+        reopened = _reopen_closed_effects(conn, run_id, run["seq"])
+    moved = conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id, runs.c.seq == run["seq"], runs.c.status == status.value)
+        .values(status=RunStatus.RUNNING.value, attempt=0, lease_owner=None,
+                lease_expires_at=None, parked_reason=None, last_error=None, finished_at=None,
+                updated_at=sa.func.now())
+        .returning(runs.c.id)
+    ).first()
+    if moved is None:  # pragma: no cover - the row lock makes this unreachable
+        raise OperationRefused(f"run {run_id} changed while it was being continued")
+    queue_step_txn(conn, run_id, run["seq"])
+    record_txn(conn, actor, AuditRecord(
+        AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
+        before_seq=run["seq"], after_seq=run["seq"],
+        details={"previous_status": status.value, "step": run["step"],
+                 "parked_reason": run["parked_reason"], "last_error": run["last_error"],
+                 "reopened_effects": reopened}))
+    return Continued(run_id, run["seq"], run["step"], status, reopened)
+
+
+def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> None:
+    run_id = run["id"]
+    if run["mode"] in {m.value for m in REPLAY_MODES}:
+        raise OperationRefused(
+            f"run {run_id} is a {run['mode']} replay of {run['parent_run_id']}: continue "
+            "resumes original runs only; replay the parent again instead")
+    if status in (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.DIVERGED):
+        raise OperationRefused(f"run {run_id} is {status.value}: a finished run is never "
+                               "resumed; replay or branch it to take a new path")
+    if status is RunStatus.WAITING:
+        waiting_on = str(run["waiting_on"] or "")
+        hint = (f"decide it: onward approvals approve|reject {waiting_on.split(':', 1)[1]}"
+                if waiting_on.startswith("approval:")
+                else f"send it what it waits for ({waiting_on})")
+        raise OperationRefused(f"run {run_id} waits for a decision; continue would skip it, "
+                               f"{hint}")
+    if status is RunStatus.RUNNING and _leased(run, _now(conn)):
+        raise OperationRefused(f"run {run_id} is running: worker {run['lease_owner']} holds "
+                               f"step {run['step'] or '(start)'} until "
+                               f"{run['lease_expires_at']:%H:%M:%S}")
+    if status is RunStatus.FAILED:
+        _check_failure(conn, run)
+
+
+def _check_failure(conn: Connection, run: RowMapping) -> None:
+    outcome = conn.execute(
+        sa.select(checkpoints.c.outcome)
+        .where(checkpoints.c.run_id == run["id"], checkpoints.c.seq == run["seq"])
+    ).scalar()
+    if outcome == OutcomeKind.FAIL.value:
+        raise OperationRefused(f"run {run['id']} failed on purpose (its step returned "
+                               "ctx.fail): that is its result; branch it to take another path")
+    reason = (run["last_error"] or {}).get("reason")
+    if reason is not None:
+        hint = _DECIDED_FAILURES.get(reason, "replay or branch it instead")
+        raise OperationRefused(f"run {run['id']} failed with {reason}, which continuing would "
+                               f"only repeat: {hint}")
+
+
+def _reopen_closed_effects(conn: Connection, run_id: UUID, seq: int) -> list[str]:
+    """Effects closed only because the run gave up (never refused by the provider) go back
+    to ``pending``: the resumed step reconciles them before anything is sent again."""
+    rows = conn.execute(
+        effects.update()
+        .where(effects.c.run_id == run_id, effects.c.seq == seq,
+               effects.c.status == EffectStatus.FAILED.value,
+               effects.c.error["closed_by"].astext == "run failed")
+        .values(status=EffectStatus.PENDING.value, completed_at=None,
+                updated_at=sa.func.now(), error=effects.c.error.op("-")("closed_by"))
+        .returning(effects.c.effect_id)
+    ).scalars()
+    return list(rows)
+
+
+# -- cancel ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cancelled:
+    run_id: UUID
+    seq: int
+    previous_status: RunStatus
+    was_leased_by: str | None  # a worker mid-step: its commit is refused (status fence)
+    approvals_invalidated: list[UUID]
+
+
+def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None) -> Cancelled:
+    """Stop a non-terminal run now. A step in flight keeps running in its worker, but its
+    commit, failure, park or heartbeat all require ``status = 'running'`` and change nothing."""
+    actor.require(AuditAction.CANCEL)
+    reason = require_reason(reason, AuditAction.CANCEL)
+    run = lock_run_txn(conn, run_id, actor)
+    status = RunStatus(run["status"])
+    if status.terminal:
+        raise OperationRefused(f"run {run_id} is already {status.value}")
+    holder = run["lease_owner"] if _leased(run, _now(conn)) else None
+    conn.execute(
+        runs.update().where(runs.c.id == run_id, runs.c.status == status.value)
+        .values(status=RunStatus.CANCELLED.value, finished_at=sa.func.now(),
+                updated_at=sa.func.now(), waiting_on=None, wait_until=None, lease_owner=None,
+                lease_expires_at=None,
+                last_error={"type": "Cancelled", "reason": "cancelled", "by": actor.name,
+                            "message": f"cancelled by {actor.name}: {reason}"})
+    )
+    conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
+    invalidated = list(conn.execute(
+        approvals.update()
+        .where(approvals.c.run_id == run_id, approvals.c.status == ApprovalStatus.PENDING.value)
+        .values(status=ApprovalStatus.INVALIDATED.value, decided_by=actor.name,
+                decided_at=sa.func.now(), comment=f"run cancelled: {reason}")
+        .returning(approvals.c.id)
+    ).scalars())
+    record_txn(conn, actor, AuditRecord(
+        AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
+        before_seq=run["seq"], after_seq=run["seq"],
+        details={"previous_status": status.value, "step": run["step"],
+                 "lease_holder": holder,
+                 "approvals_invalidated": [str(a) for a in invalidated]}))
+    return Cancelled(run_id, run["seq"], status, holder, invalidated)
+
+
+# -- approve / reject -----------------------------------------------------------------------
+def decide_txn(conn: Connection, actor: Actor, approval_id: UUID, *, approve: bool,
+               artifact_hash: str, comment: str | None, roles: tuple[str, ...],
+               approver: str | None = None) -> waits.Approval:
+    """``waits.decide_txn`` plus its audit row. The approval's own approvers list decides who
+    may decide; an approval that names nobody may be decided by any operator."""
+    action = AuditAction.APPROVE if approve else AuditAction.REJECT
+    name = approver or actor.name
+    approval = waits.get_approval_txn(conn, approval_id)
+    if not approval.approvers:
+        actor.require(action)
+    lock_run_txn(conn, approval.run_id, actor)
+    decided = waits.decide_txn(conn, approval_id, approve=approve, actor=name, roles=roles,
+                               artifact_hash=artifact_hash, comment=comment)
+    record_txn(conn, actor, AuditRecord(
+        action, AuditOutcome.DONE, comment, run_id=approval.run_id, approval_id=approval_id,
+        before_seq=approval.seq, after_seq=approval.seq,
+        details={"decided_by": name, "approver_roles": list(roles),
+                 "action": approval.action, "artifact_hash": artifact_hash}))
+    return decided
+
+
+# -- repeat an external effect (the ledger's half; tasks/operator.py calls the tool) --------
+@dataclass(frozen=True)
+class RepeatStarted:
+    """A repeat attempt recorded (committed) before the tool is called."""
+
+    effect: Effect
+    attempt: int
+    number: int  # 1 for the first repeat of this effect
+    idempotency_key: str
+
+
+def repeat_key(effect_id: str, number: int) -> str:
+    """The new recorded key of the ``number``-th repeat: ``sha256(effect_id:repeat:n)``."""
+    return hashlib.sha256(f"{effect_id}:repeat:{number}".encode()).hexdigest()
+
+
+def get_effect_txn(conn: Connection, effect_type: str, effect_id: str, *,
+                   lock: bool = False) -> Effect:
+    query = sa.select(effects).where(effects.c.effect_type == effect_type,
+                                     effects.c.effect_id == effect_id)
+    row = conn.execute(query.with_for_update() if lock else query).mappings().first()
+    if row is None:
+        raise UnknownEffect(f"no effect {effect_type} {effect_id}")
+    return Effect.from_row(dict(row))
+
+
+def begin_repeat_txn(conn: Connection, actor: Actor, effect_type: str, effect_id: str,
+                     reason: str | None, plan: dict[str, Any]) -> RepeatStarted:
+    """Record the repeat attempt (kind ``repeat``, its own key) and its audit row."""
+    actor.require(AuditAction.REPEAT_EFFECT)
+    reason = require_reason(reason, AuditAction.REPEAT_EFFECT)
+    effect = get_effect_txn(conn, effect_type, effect_id, lock=True)
+    if conn.execute(sa.select(effects.c.tenant_id).where(
+            effects.c.effect_type == effect_type, effects.c.effect_id == effect_id)
+    ).scalar_one() != actor.tenant_id:
+        raise OperationRefused(f"effect {effect_id[:16]}… belongs to another tenant")
+    if effect.payload is None:
+        raise OperationRefused(f"effect {effect_type} {effect_id[:16]}… has no stored payload "
+                               "(its tool keeps payloads out of the ledger): nothing to repeat")
+    number = 1 + conn.execute(
+        sa.select(sa.func.count()).select_from(effect_attempts)
+        .where(effect_attempts.c.effect_type == effect_type,
+               effect_attempts.c.effect_id == effect_id,
+               effect_attempts.c.kind == EffectAttemptKind.REPEAT.value)
+    ).scalar_one()
+    key = repeat_key(effect_id, number)
+    attempt = conn.execute(
+        effects.update().where(effects.c.effect_type == effect_type,
+                               effects.c.effect_id == effect_id)
+        .values(attempts=effects.c.attempts + 1, updated_at=sa.func.now())
+        .returning(effects.c.attempts)
+    ).scalar_one()
+    conn.execute(effect_attempts.insert().values(
+        effect_type=effect_type, effect_id=effect_id, attempt=attempt,
+        kind=EffectAttemptKind.REPEAT.value, worker=f"operator:{actor.name}",
+        lease_epoch=None, idempotency_key=key))
+    record_txn(conn, actor, AuditRecord(
+        AuditAction.REPEAT_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
+        effect_id=effect_id, before_seq=effect.seq, after_seq=effect.seq,
+        details={**plan, "effect_type": effect_type, "attempt": attempt, "repeat": number,
+                 "idempotency_key": key, "repeat_of": effect_id}))
+    return RepeatStarted(effect, attempt, number, key)
+
+
+def finish_repeat_txn(conn: Connection, started: RepeatStarted, *, outcome: str,
+                      provider_ref: str | None, result: dict[str, Any] | None,
+                      error: dict[str, Any] | None) -> Effect:
+    """Record what the provider answered to the repeat. A completed repeat of an effect whose
+    outcome was never known (or failed) completes the effect with the new object."""
+    effect = started.effect
+    conn.execute(
+        effect_attempts.update()
+        .where(effect_attempts.c.effect_type == effect.effect_type,
+               effect_attempts.c.effect_id == effect.effect_id,
+               effect_attempts.c.attempt == started.attempt)
+        .values(ended_at=sa.func.now(), outcome=outcome, provider_ref=provider_ref, error=error)
+    )
+    if outcome == EffectStatus.COMPLETED.value:
+        conn.execute(
+            effects.update()
+            .where(effects.c.effect_type == effect.effect_type,
+                   effects.c.effect_id == effect.effect_id,
+                   effects.c.status != EffectStatus.COMPLETED.value)
+            .values(status=EffectStatus.COMPLETED.value, provider_ref=provider_ref,
+                    result=result, error=None, completed_at=sa.func.now(),
+                    updated_at=sa.func.now())
+        )
+    return get_effect_txn(conn, effect.effect_type, effect.effect_id)

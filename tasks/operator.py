@@ -1,0 +1,140 @@
+"""The worker-side half of operator commands: the tools and state models that live in the
+workflow modules (``ONWARD_WORKFLOWS``), which the ledger must not import.
+
+* ``plan_repeat`` / ``repeat_effect``: the privileged re-send of one external effect
+  (DESIGN.md section 8). The ledger records the attempt, with a new key of its own, and
+  commits it before the tool is called; the provider's answer is recorded on that attempt.
+* ``state_check``: validates a branch's patched state against the workflow's model before
+  the branch is created, so an invalid edit is refused instead of parked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ledger.api import Ledger
+from ledger.audit import AuditAction
+from ledger.effects import Effect, EffectAttempt
+from ledger.exceptions import InvalidInput, OperationRefused
+from ledger.forks import StateCheck
+from ledger.operations import RepeatStarted
+from tasks.tools import Tool, ToolError, ToolResult
+from tasks.workflow import Registry
+
+
+def find_tool(modules: list[str], name: str) -> Tool | None:
+    """The Tool named ``name`` among the module attributes of the workflow modules."""
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            if isinstance(value, Tool) and value.name == name:
+                return value
+    return None
+
+
+def dedup_method(tool: Tool | None) -> str:
+    """How duplicates of this tool's effects are avoided when an outcome is unknown."""
+    if tool is None:
+        return "unknown (the tool is not in ONWARD_WORKFLOWS)"
+    if tool.lookup is not None:
+        return "lookup"
+    if tool.honours_key:
+        return "provider idempotency key"
+    return "none"
+
+
+@dataclass(frozen=True)
+class RepeatPlan:
+    """What a repeat will do, shown before it is confirmed."""
+
+    effect: Effect
+    attempts: list[EffectAttempt]
+    dedup: str
+    tool: Tool | None = field(repr=False)
+
+    @property
+    def latest(self) -> EffectAttempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def as_dict(self) -> dict[str, Any]:
+        latest = self.latest
+        return {
+            "effect_type": self.effect.effect_type, "effect_id": self.effect.effect_id,
+            "run_id": str(self.effect.run_id), "seq": self.effect.seq,
+            "command_id": self.effect.command_id, "recipient": self.effect.recipient,
+            "payload": self.effect.payload, "status": self.effect.status.value,
+            "provider_ref": self.effect.provider_ref,
+            "latest_attempt": ({"attempt": latest.attempt, "kind": latest.kind,
+                                "outcome": latest.outcome, "key": latest.idempotency_key}
+                               if latest else None),
+            "dedup": self.dedup,
+        }
+
+
+def plan_repeat(ledger: Ledger, effect: Effect) -> RepeatPlan:
+    tool = find_tool(ledger.settings.workflows, effect.effect_type)
+    return RepeatPlan(effect, ledger.effect_attempts(effect), dedup_method(tool), tool)
+
+
+@dataclass(frozen=True)
+class RepeatOutcome:
+    started: RepeatStarted
+    outcome: str  # completed, accepted, failed, unknown
+    provider_ref: str | None
+    effect: Effect
+    error: dict[str, Any] | None = None
+
+
+def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> RepeatOutcome:
+    """Call the tool again with a new recorded key (kind ``repeat``), never blindly hidden in
+    a replay or continue. Needs the admin role; the attempt is committed before the call."""
+    effect = plan.effect
+    ledger.require(AuditAction.REPEAT_EFFECT, run_id=effect.run_id, effect_id=effect.effect_id)
+    if plan.tool is None:
+        raise ledger.refuse(AuditAction.REPEAT_EFFECT, OperationRefused(
+            f"no tool {effect.effect_type!r} in the workflow modules "
+            f"{ledger.settings.workflows} (set ONWARD_WORKFLOWS)"),
+            reason=reason, run_id=effect.run_id, effect_id=effect.effect_id)
+    started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
+                                  plan.as_dict())
+    payload = dict(plan.effect.payload or {})
+    error: dict[str, Any] | None = None
+    ref: str | None = None
+    result: dict[str, Any] | None = None
+    try:
+        answer = ToolResult.coerce(plan.tool.call(payload, started.idempotency_key))
+        outcome, ref, result = answer.status, answer.provider_ref, answer.result
+    except ToolError as exc:
+        outcome = "failed"
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+                 "status_code": exc.status_code}
+    except Exception as exc:  # noqa: BLE001 - a timeout or a dropped connection: unknown
+        outcome = "unknown"
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
+                                  error=error)
+    return RepeatOutcome(started, outcome, ref, effect, error)
+
+
+def state_check(modules: list[str]) -> StateCheck | None:
+    """A validator of branch states against the workflows' models (None without modules)."""
+    if not modules:
+        return None
+    registry = Registry()
+    registry.load_modules(modules)
+
+    def check(workflow_name: str, version: int | None, state: dict[str, Any]) -> None:
+        workflow = registry.get(workflow_name, version) or registry.get(workflow_name)
+        if workflow is None:
+            return  # not loaded here: the worker validates it on restore (and parks)
+        try:
+            workflow.state.model_validate(state)
+        except ValidationError as exc:
+            raise InvalidInput(f"the patched state is not a valid {workflow.state.__name__}: "
+                               f"{exc}") from exc
+
+    return check

@@ -1,0 +1,57 @@
+"""Executes steps in the test process, one message at a time, against the real ledger.
+
+No broker and no worker process: ``drive`` calls ``tasks.executor.execute_step`` for the
+run's current seq until the run stops running. Operator-command tests use it to check what
+each mode of a replay calls, step by step, in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from uuid import UUID
+
+from ledger import Ledger, RunStatus
+from ledger.runs import Run
+from ledger.steps import StepStore
+from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.workflow import Registry
+
+
+@dataclass
+class Driver:
+    ledger: Ledger
+    store: StepStore
+    registry: Registry
+    config: ExecutorConfig
+
+    def step(self, run_id: UUID, seq: int) -> StepReport:
+        return execute_step(self.store, self.registry, self.config,
+                            StepMessage(run_id=run_id, seq=seq), worker="driver:0",
+                            publish=lambda *args: None)
+
+    def drive(self, run_id: UUID, *, max_steps: int = 30) -> Run:
+        """Execute steps until the run is no longer runnable; return it."""
+        for _ in range(max_steps):
+            run = self.ledger.get_run(run_id)
+            if run is None:
+                raise AssertionError(f"no run {run_id}")
+            if run.status is not RunStatus.RUNNING:
+                return run
+            self.step(run_id, run.seq)
+        raise AssertionError(f"run {run_id} still running after {max_steps} steps: "
+                             f"{self.ledger.get_run(run_id)}")
+
+
+@contextmanager
+def driver(ledger: Ledger, modules: list[str]) -> Iterator[Driver]:
+    registry = Registry()
+    registry.load_modules(modules)
+    store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
+    config = ExecutorConfig(keys=ledger.keys, max_state_bytes=ledger.settings.max_state_bytes,
+                            retry_base_s=0.0, retry_max_s=0.0)
+    try:
+        yield Driver(ledger, store, registry, config)
+    finally:
+        store.close()
