@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger import Ledger, OnwardSettings, RunStatus
+from console import verify_cmd
 from ledger.exceptions import OnwardError
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
@@ -24,6 +25,7 @@ embedded_app = typer.Typer(help="The embedded PostgreSQL and Redis under ONWARD_
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
 app.add_typer(embedded_app, name="embedded")
+app.command("verify")(verify_cmd.verify)
 
 out = Console()
 err = Console(stderr=True)
@@ -80,7 +82,7 @@ def worker(
     """Run a Celery worker (prefork) that executes steps."""
     from ledger.db import create_engine, require_current_schema
     from tasks.routing import worker_queues
-    from workers.app import create_app
+    from workers.app import create_app, start_advertising
     from workers.logs import configure_logging
 
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
@@ -88,14 +90,17 @@ def worker(
     settings = _settings()
     if workflows:
         settings = settings.model_copy(update={"workflows": workflows.split(",")})
+    engine = create_engine(settings)
     try:
-        require_current_schema(create_engine(settings))
+        require_current_schema(engine)
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
+    engine.dispose()  # no pooled connection may be inherited by the forked pool children
     celery_app = create_app(settings)
     runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
     queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
     node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
+    start_advertising(settings, runtime.registry)
     celery_app.worker_main([
         "worker", "-c", str(concurrency), "-P", "prefork", "-Q", ",".join(queues), "-E",
         "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",

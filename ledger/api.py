@@ -6,14 +6,14 @@ transaction; the dispatcher publishes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import forks, inspect, operations, waits
+from ledger import forks, inspect, operations, verify, waits
 from ledger import runs as run_ops
 from ledger.audit import (
     Actor,
@@ -343,3 +343,21 @@ class Ledger:
         before the run waits for it is kept, not lost."""
         with wrap_driver_errors("signalling"), self.engine.begin() as conn:
             return waits.signal_txn(conn, run_id, name, payload if payload is not None else {})
+
+    # -- verification --------------------------------------------------------------------------
+    def verify_run(self, run_id: UUID) -> list[verify.Problem]:
+        """Check a run's stored history offline; an empty list means it verifies."""
+        with wrap_driver_errors("verifying a run"), self.engine.connect() as conn:
+            return verify.verify_run_txn(conn, self.keys, run_id)
+
+    def verify_all(self, batch: int = 500) -> Iterator[tuple[UUID, list[verify.Problem]]]:
+        """Every run, in id order, with its problems (streamed in batches)."""
+        after: UUID | None = None
+        while True:
+            with wrap_driver_errors("listing runs to verify"), self.engine.connect() as conn:
+                ids = verify.run_ids_txn(conn, after=after, limit=batch)
+            if not ids:
+                return
+            for run_id in ids:
+                yield run_id, self.verify_run(run_id)
+            after = ids[-1]

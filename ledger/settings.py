@@ -71,6 +71,10 @@ class OnwardSettings(BaseSettings):
         description="A runnable run with no lease and no outbox row is re-sent after this long.",
     )
 
+    worker_queue_ttl_s: float = Field(
+        default=30.0, gt=0,
+        description="A version queue counts as served this long after a worker advertised it.",
+    )
     checkpoint_key: str | None = Field(
         default=None,
         description="Secret for checkpoint MACs; unset means a key generated under home.",

@@ -381,13 +381,6 @@ UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, now()), outcome = 
 RETURNING run_id
 """
 
-_ADVERTISE = """
-INSERT INTO onward.worker_queues (queue, workflow, version, seen_at)
-VALUES (%(queue)s, %(workflow)s, %(version)s, now())
-ON CONFLICT (queue) DO UPDATE SET seen_at = now()
-RETURNING queue
-"""
-
 _HEARTBEAT = """
 UPDATE onward.runs SET lease_expires_at = now() + %(ttl)s * interval '1 second'
  WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
@@ -570,11 +563,6 @@ class StepStore:
     def wake_if_signalled(self, run_id: UUID, seq: int) -> bool:
         """Right after committing a signal wait: consume a signal that arrived earlier."""
         return self._one(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": seq}) is not None
-
-    def advertise(self, queues: list[tuple[str, str, int]]) -> None:
-        """Say which version queues this worker consumes (routing of old runs to old code)."""
-        for queue, workflow, version in queues:
-            self._one(_ADVERTISE, {"queue": queue, "workflow": workflow, "version": version})
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease; False means it was lost (stop and discard the work)."""

@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from ledger.settings import OnwardSettings
 from tasks.workflow import Registry
+from tasks.routing import worker_queues
+from workers.advertise import Advertiser
 from workers.broker import broker_url
 from workers.runtime import STEP_TASK, WorkerRuntime
 
@@ -73,3 +75,11 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
 
     app.onward_runtime = runtime  # type: ignore[attr-defined]
     return app
+
+
+def start_advertising(settings: OnwardSettings, registry: Registry) -> Advertiser:
+    """Called by ``onward worker`` once its queues are known (main process only)."""
+    advertiser = Advertiser(settings, worker_queues(settings.queue, registry))
+    advertiser.advertise()  # before the first message can be routed
+    advertiser.start()
+    return advertiser

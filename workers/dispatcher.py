@@ -23,8 +23,7 @@ from workers.runtime import STEP_TASK
 
 log = structlog.get_logger("onward.dispatcher")
 
-LIVE_QUEUES_REFRESH_S = 5.0
-LIVE_QUEUE_WINDOW_S = 30.0  # a worker advertises every 10 s
+LIVE_QUEUES_REFRESH_S = 1.0
 
 
 class Dispatcher:
@@ -45,7 +44,7 @@ class Dispatcher:
     def _live_queues(self) -> set[str]:
         now = time.monotonic()
         if now - self._live_at > LIVE_QUEUES_REFRESH_S:
-            self._live = self.store.live_queues(within_s=LIVE_QUEUE_WINDOW_S)
+            self._live = self.store.live_queues(within_s=self.settings.worker_queue_ttl_s)
             self._live_at = now
         return self._live
 

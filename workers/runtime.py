@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -20,11 +19,9 @@ from ledger.settings import OnwardSettings
 from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
-from tasks.routing import worker_queues
 from tasks.workflow import Registry
 
 STEP_TASK = "onward.step"
-ADVERTISE_EVERY_S = 10.0
 
 
 @dataclass
@@ -38,7 +35,6 @@ class WorkerRuntime:
     _store: StepStore | None = field(default=None, init=False)
     _producer: Any = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
-    _advertised: float = field(default=-1e9, init=False)
 
     def _ensure_process_state(self) -> None:
         pid = os.getpid()
@@ -57,7 +53,6 @@ class WorkerRuntime:
             queue=self.settings.queue,
         )
         self._producer = None
-        self._advertised = -1e9
         faults.arm_from_env()
 
     @property
@@ -77,19 +72,9 @@ class WorkerRuntime:
             kwargsrepr=f"{run_id}@{seq}",
         )
 
-    def _advertise(self) -> None:
-        """Tell dispatchers which version queues this worker serves (every ~10 s)."""
-        now = time.monotonic()
-        if now - self._advertised < ADVERTISE_EVERY_S:
-            return
-        assert self._store is not None
-        self._store.advertise(worker_queues(self.settings.queue, self.registry))
-        self._advertised = now
-
     def handle(self, kwargs: dict[str, Any]) -> StepReport:
         self._ensure_process_state()
         assert self._store is not None and self._config is not None
-        self._advertise()
         message = StepMessage.model_validate(kwargs)
         return execute_step(self._store, self.registry, self._config, message,
                             worker=self.worker_id, publish=self.publish)

@@ -111,3 +111,25 @@ def wait_run(engine: Engine, run_id: UUID, *, timeout: float, what: str,
         return {key: row[key] for key in keys}
 
     return wait_for(check, timeout=timeout, what=what, interval=0.1, seen=seen)
+
+
+def checkpoint_outcomes(engine: Engine, run_id: UUID) -> list[str]:
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(sa.text(
+            "SELECT outcome FROM onward.checkpoints WHERE run_id = :id ORDER BY seq"),
+            {"id": run_id})]
+
+
+def live_queues(engine: Engine, within_s: float = 3.0) -> list[str]:
+    """Version queues some worker advertised recently."""
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(sa.text(
+            "SELECT queue FROM onward.worker_queues "
+            "WHERE seen_at > now() - :s * interval '1 second'"), {"s": within_s})]
+
+
+def audit_rows(engine: Engine, run_id: UUID) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT * FROM onward.audit WHERE run_id = :id ORDER BY id"), {"id": run_id})
+            .mappings()]

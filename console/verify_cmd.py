@@ -1,0 +1,46 @@
+"""``onward verify``: check stored history offline and report each problem precisely."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+from uuid import UUID
+
+import typer
+from rich.console import Console
+
+from ledger import Ledger, OnwardSettings
+
+out = Console()
+
+
+def verify(
+    run_id: Annotated[UUID | None, typer.Argument(help="The run to check.")] = None,
+    all_runs: Annotated[bool, typer.Option("--all", help="Check every run.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per problem.")] = False,
+) -> None:
+    """Verify checkpoint MACs, the hash chain, the head and artifact hashes. Exit 3 when a
+    problem is found."""
+    if (run_id is None) == (not all_runs):
+        out.print("[red]error:[/red] give a RUN or --all")
+        raise typer.Exit(2)
+    ledger = Ledger.from_env(OnwardSettings())
+    checked = 0
+    found = 0
+    results = [(run_id, ledger.verify_run(run_id))] if run_id is not None \
+        else ledger.verify_all()
+    for current, problems in results:
+        checked += 1
+        for problem in problems:
+            found += 1
+            if as_json:
+                print(json.dumps({"run_id": str(problem.run_id), "seq": problem.seq,
+                                  "kind": problem.kind, "detail": problem.detail}))
+            else:
+                out.print(f"[red]✗[/red] {problem}")
+        if not as_json and not problems and run_id is not None:
+            out.print(f"[green]✓[/green] {current}: history verifies")
+    if not as_json:
+        out.print(f"checked {checked} run(s), {found} problem(s)")
+    if found:
+        raise typer.Exit(3)
