@@ -1,0 +1,156 @@
+"""Tamper evidence (DESIGN.md sections 7 and 9): each way of rewriting history in SQL is
+caught — by restore (the run is parked `integrity`, with an audit row, and the step never
+runs) when it touches the head or its parent link, and by `onward verify` (offline, every
+checkpoint) wherever it is. Key rotation keeps old checkpoints verifiable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, OnwardSettings
+from ledger.checkpoints import CheckpointKeys
+from tasks.executor import ReportKind
+from tests.integration.test_integrity import Harness, calls, harness  # noqa: F401 - fixture
+from tests.support import reads
+
+STEPS_BEFORE = 3  # checkpoints 0..3 exist, the run waits at seq 3
+
+
+def _history(ledger: Ledger, harness: Harness) -> UUID:  # noqa: F811 - fixture name
+    run_id = ledger.start_run("integrity_probe", {"n": -5})
+    for seq in range(STEPS_BEFORE):
+        assert harness.deliver(run_id, seq).kind is ReportKind.COMMITTED
+    assert ledger.verify_run(run_id) == []
+    return run_id
+
+
+def _sql(ledger: Ledger, sql: str, **params: object) -> None:
+    assert reads.execute(ledger.engine, sql, **params) >= 1
+
+
+def delete_parent(ledger: Ledger, run_id: UUID, _: UUID) -> None:
+    _sql(ledger, "DELETE FROM onward.checkpoints WHERE run_id = :r AND seq = 2", r=run_id)
+
+
+def reorder(ledger: Ledger, run_id: UUID, _: UUID) -> None:
+    """Swap checkpoints 1 and 2."""
+    for source, target in ((1, -1), (2, 1), (-1, 2)):
+        _sql(ledger, "UPDATE onward.checkpoints SET seq = :t WHERE run_id = :r AND seq = :s",
+             r=run_id, s=source, t=target)
+
+
+def forge_next(ledger: Ledger, run_id: UUID, _: UUID) -> None:
+    """Insert a checkpoint 4 with a made-up MAC and move the run onto it."""
+    _sql(ledger, """INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id,
+                        envelope_version, step, next_step, outcome, state, workflow_version,
+                        lease_epoch)
+                    SELECT run_id, 4, hash, repeat('f', 64), key_id, envelope_version, step,
+                           next_step, outcome, jsonb_build_object('n', 99), workflow_version, 0
+                      FROM onward.checkpoints WHERE run_id = :r AND seq = 3""", r=run_id)
+    _sql(ledger, "UPDATE onward.runs SET seq = 4, head_hash = repeat('f', 64) WHERE id = :r",
+         r=run_id)
+
+
+def copy_from_other_run(ledger: Ledger, run_id: UUID, other: UUID) -> None:
+    """Replace the head with the other run's (validly MAC'd) checkpoint 3."""
+    _sql(ledger, """UPDATE onward.checkpoints t SET state = o.state, hash = o.hash,
+                           parent_hash = o.parent_hash
+                      FROM onward.checkpoints o
+                     WHERE t.run_id = :r AND t.seq = 3 AND o.run_id = :o AND o.seq = 3""",
+         r=run_id, o=other)
+    _sql(ledger, """UPDATE onward.runs SET head_hash = (SELECT hash FROM onward.checkpoints
+                     WHERE run_id = :r AND seq = 3) WHERE id = :r""", r=run_id)
+
+
+def truncate_tail(ledger: Ledger, run_id: UUID, _: UUID) -> None:
+    """Drop the last checkpoint and move the run back one seq (its head hash stays)."""
+    _sql(ledger, "DELETE FROM onward.checkpoints WHERE run_id = :r AND seq = 3", r=run_id)
+    _sql(ledger, "UPDATE onward.runs SET seq = 2 WHERE id = :r", r=run_id)
+
+
+CASES: dict[str, tuple[Callable[[Ledger, UUID, UUID], None], int, str, str]] = {
+    # name: (tamper, seq to deliver next, restore message, verify problem kind)
+    "delete_parent": (delete_parent, 3, "parent of checkpoint 3", "gap"),
+    "reorder": (reorder, 3, "does not match the chain", "mac"),
+    "forge": (forge_next, 4, "does not match its MAC", "mac"),
+    "copy_from_other_run": (copy_from_other_run, 3, "does not match its MAC", "mac"),
+    "truncate_tail": (truncate_tail, 2, "recorded head", "head"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tampering__detected_by_restore_and_verify(case: str, ledger: Ledger,
+                                                   harness: Harness) -> None:  # noqa: F811
+    """Invariant: after the history edit, the next delivery parks the run (reason
+    integrity, one audit row), the step body does not run, and `verify` names the problem."""
+    tamper, next_seq, message, kind = CASES[case]
+    run_id = _history(ledger, harness)
+    other = _history(ledger, harness)
+    calls.clear()
+    tamper(ledger, run_id, other)
+
+    assert harness.deliver(run_id, next_seq).kind is ReportKind.PARKED
+    assert calls == []
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
+    assert message in row["last_error"]["message"]
+    audit = reads.audit_rows(ledger.engine, run_id)
+    assert [(a["action"], a["reason"]) for a in audit] == [("park", "integrity")]
+    problems = ledger.verify_run(run_id)
+    assert kind in {p.kind for p in problems}, problems
+    assert ledger.verify_run(other) == []
+
+
+def test_tampering__middle_deletion_found_offline(ledger: Ledger,
+                                                  harness: Harness) -> None:  # noqa: F811
+    """Invariant: restore costs O(1) per step, so a deletion deep in history is found by the
+    offline verifier, which reports the exact gap."""
+    run_id = _history(ledger, harness)
+    _sql(ledger, "DELETE FROM onward.checkpoints WHERE run_id = :r AND seq = 1", r=run_id)
+    problems = ledger.verify_run(run_id)
+    assert [(p.seq, p.kind) for p in problems] == [(2, "gap")]
+    assert "checkpoints 1..1 are missing" in problems[0].detail
+
+
+def test_key_rotation__old_checkpoints_verify_under_old_key_id(
+        ledger: Ledger, settings: OnwardSettings) -> None:
+    """Invariant: after rotating to key k2 with k1 kept as an old key, a run begun under k1
+    continues (its head verifies under k1, new checkpoints are written under k2) and its
+    whole history verifies; without the old key it is refused, never run."""
+    first = Harness(ledger, settings)
+    run_id = ledger.start_run("integrity_probe", {"n": -5})
+    stranded = ledger.start_run("integrity_probe", {"n": -5})
+    assert first.deliver(run_id, 0).kind is ReportKind.COMMITTED
+    assert first.deliver(stranded, 0).kind is ReportKind.COMMITTED
+    first.store.close()
+
+    rotated_settings = settings.model_copy(update={
+        "checkpoint_key": "second-key", "checkpoint_key_id": "k2",
+        "checkpoint_old_keys": f"{settings.checkpoint_key_id}={settings.checkpoint_key}"})
+    rotated = Ledger(ledger.engine, rotated_settings)
+    second = Harness(rotated, rotated_settings)
+    try:
+        assert second.deliver(run_id, 1).kind is ReportKind.COMMITTED
+        with ledger.engine.connect() as conn:
+            key_ids = [r[0] for r in conn.exec_driver_sql(
+                "SELECT key_id FROM onward.checkpoints WHERE run_id = %(r)s ORDER BY seq",
+                {"r": run_id})]
+        assert key_ids == ["k1", "k1", "k2"]
+        assert rotated.verify_run(run_id) == []
+    finally:
+        second.store.close()
+
+    forgotten = settings.model_copy(update={"checkpoint_key": "second-key",
+                                            "checkpoint_key_id": "k2"})
+    assert CheckpointKeys.from_settings(forgotten).keys.keys() == {"k2"}
+    third = Harness(Ledger(ledger.engine, forgotten), forgotten)
+    try:
+        assert third.deliver(stranded, 1).kind is ReportKind.PARKED  # its head is under k1
+    finally:
+        third.store.close()
+    row = reads.run_row(ledger.engine, stranded)
+    assert row["parked_reason"] == "integrity"
+    assert "key id 'k1' is not configured" in row["last_error"]["message"]
