@@ -23,6 +23,10 @@ from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
 
 
+class EffectFenced(OnwardError):
+    """The step's lease was taken over: this holder may not record new effects."""
+
+
 class EffectConflict(OnwardError):
     """The same effect key was first requested with a different payload."""
 
@@ -72,24 +76,33 @@ class Intent:
     request_hash: str
     recipient: str | None
     payload: dict[str, Any] | None
+    lease_epoch: int | None = None  # the claim's epoch; None only for operator commands
 
 
 _INTEND = """
-WITH ins AS (
+WITH lease AS (
+    -- fenced: only the holder of the step's lease may record a new intent
+    SELECT EXISTS (SELECT 1 FROM onward.runs
+                    WHERE id = %(run_id)s AND status = 'running'
+                      AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s)) AS held
+), ins AS (
     INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step,
                                 command_id, tool_class, request_hash, recipient, payload,
                                 status)
-    VALUES (%(effect_id)s, %(effect_type)s, %(run_id)s, %(tenant_id)s, %(seq)s, %(step)s,
-            %(command_id)s, %(tool_class)s, %(request_hash)s, %(recipient)s, %(payload)s,
-            'pending')
+    SELECT %(effect_id)s, %(effect_type)s, %(run_id)s, %(tenant_id)s, %(seq)s, %(step)s,
+           %(command_id)s, %(tool_class)s, %(request_hash)s, %(recipient)s, %(payload)s,
+           'pending'
+     WHERE (SELECT held FROM lease)
     ON CONFLICT (effect_type, effect_id) DO NOTHING
     RETURNING *, true AS created
+), found AS (
+    SELECT * FROM ins
+    UNION ALL
+    SELECT e.*, false AS created FROM onward.effects e
+     WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
+       AND NOT EXISTS (SELECT 1 FROM ins)
 )
-SELECT * FROM ins
-UNION ALL
-SELECT e.*, false AS created FROM onward.effects e
- WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-   AND NOT EXISTS (SELECT 1 FROM ins)
+SELECT lease.held, found.* FROM lease LEFT JOIN found ON true
 """
 
 _BEGIN_ATTEMPT = """
@@ -171,11 +184,22 @@ class EffectStore:
             "request_hash": intent.request_hash,
             "recipient": intent.recipient,
             "payload": Jsonb(intent.payload) if intent.payload is not None else None,
+            "epoch": intent.lease_epoch,
         }
         for _ in range(3):  # a concurrent insert can hide from this statement's snapshot
             row = self.conn.one(_INTEND, params)
-            if row is not None:
+            if row is not None and row["effect_id"] is not None:
+                if not row["held"] and row["created"]:
+                    raise OnwardError("unreachable: an intent was inserted without the lease")
+                if not row["held"] and row["status"] == EffectStatus.PENDING.value:
+                    raise EffectFenced(f"run {intent.run_id}: the lease of epoch "
+                                       f"{intent.lease_epoch} was taken over; not calling "
+                                       f"{intent.effect_type} again from a stale holder")
                 return Effect.from_row(row), bool(row["created"])
+            if row is not None and not row["held"]:
+                raise EffectFenced(f"run {intent.run_id}: the lease of epoch "
+                                   f"{intent.lease_epoch} was taken over; {intent.effect_type} "
+                                   "not requested")
         raise OnwardError(f"effect {intent.effect_id} could be neither inserted nor read")
 
     def begin_attempt(self, effect: Effect, kind: EffectAttemptKind, *, worker: str,

@@ -485,6 +485,10 @@ class StepStore:
             return True
         return self._lost(claim)
 
+    def commit_refused(self, claim: Claim) -> None:
+        """The step learnt mid-way that its lease was taken over: record its attempt lost."""
+        self._lost(claim)
+
     def _lost(self, claim: Claim) -> bool:
         self._one(_LEASE_LOST, {"run_id": claim.run_id, "epoch": claim.epoch})
         return False

@@ -18,7 +18,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from ledger.checkpoints import CheckpointKeys, canonical_json
-from ledger.effects import EffectStore
+from ledger.effects import EffectFenced, EffectStore
 from ledger.evidence import EvidenceStore
 from ledger.exceptions import InvalidInput
 from ledger.schema import OutcomeKind, RunStatus
@@ -158,8 +158,9 @@ def _run_claimed(
         outcome = step(ctx, state)
     except Suspend:
         pass  # the decision is on services.control
-    except LeaseLost as exc:
+    except (LeaseLost, EffectFenced) as exc:
         bound.warning("lease lost during step; result discarded", error=str(exc))
+        store.commit_refused(claim)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     except Exception as exc:  # noqa: BLE001 - every step error is recorded, none escapes
         error = exc

@@ -173,6 +173,7 @@ class StepServices:
             request_hash=request_hash,
             recipient=tool.recipient(payload) if tool.recipient else None,
             payload=payload if tool.store_payload else None,
+            lease_epoch=self.epoch,
         ))
         if effect.request_hash != request_hash:
             conflict = EffectConflict(
