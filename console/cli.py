@@ -6,24 +6,28 @@ import json
 import os
 import socket
 import sys
-from typing import Annotated, Any
-from uuid import UUID
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from ledger import Ledger, OnwardSettings, RunStatus
 from console import verify_cmd
+from console.commands_approvals import approvals_app
+from console.commands_audit import audit_app
+from console.commands_effects import effects_app
+from console.commands_runs import runs_app
+from ledger import Ledger, OnwardSettings
 from ledger.exceptions import OnwardError
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
-runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 embedded_app = typer.Typer(help="The embedded PostgreSQL and Redis under ONWARD_HOME.",
                            no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
+app.add_typer(effects_app, name="effects")
+app.add_typer(approvals_app, name="approvals")
+app.add_typer(audit_app, name="audit")
 app.add_typer(embedded_app, name="embedded")
 app.command("verify")(verify_cmd.verify)
 
@@ -157,75 +161,6 @@ def embedded_down() -> None:
 
     home = _settings().home_dir
     out.print(f"postgres stopped: {stop_postgres(home)}  redis stopped: {stop_redis(home)}")
-
-
-# -- runs ---------------------------------------------------------------------------------
-def _run_dict(run: Any) -> dict[str, Any]:
-    return {
-        "id": str(run.id), "workflow": run.workflow, "version": run.workflow_version,
-        "status": run.status.value, "seq": run.seq, "step": run.step,
-        "attempt": run.attempt, "restores": run.restore_count,
-        "stale_deliveries": run.stale_deliveries, "conversation_id": run.conversation_id,
-        "idempotency_key": run.idempotency_key, "parked_reason": run.parked_reason,
-        "last_error": run.last_error, "result": run.result,
-        "created_at": run.created_at.isoformat(),
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-    }
-
-
-@runs_app.command("ls")
-def runs_ls(
-    status: Annotated[RunStatus | None, typer.Option(help="Only runs in this status.")] = None,
-    workflow: Annotated[str | None, typer.Option()] = None,
-    conversation: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
-    as_json: JsonFlag = False,
-) -> None:
-    """List runs, newest first."""
-    found = Ledger.from_env(_settings()).list_runs(
-        status=status, workflow=workflow, conversation_id=conversation, limit=limit)
-    if as_json:
-        print(json.dumps([_run_dict(r) for r in found]))
-        return
-    table = Table("run", "workflow", "status", "seq", "step", "restores", "created")
-    for r in found:
-        table.add_row(str(r.id), r.workflow, r.status.value, str(r.seq), r.step or "-",
-                      str(r.restore_count), r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
-    out.print(table)
-
-
-@runs_app.command("show")
-def runs_show(run_id: UUID, as_json: JsonFlag = False) -> None:
-    """Show a run and its step timeline (every attempt, with worker and duration)."""
-    ledger = Ledger.from_env(_settings())
-    run = ledger.get_run(run_id)
-    if run is None:
-        _fail(f"no run {run_id}", EXIT_REFUSED)
-    assert run is not None
-    entries = ledger.timeline(run_id)
-    if as_json:
-        data = _run_dict(run)
-        data["timeline"] = [
-            {"seq": e.seq, "step": e.step, "attempt": e.attempt, "worker": e.worker,
-             "outcome": e.outcome, "duration_ms": e.duration_ms, "error": e.error_message}
-            for e in entries
-        ]
-        print(json.dumps(data))
-        return
-    out.print(f"[bold]{run.id}[/bold]  {run.workflow} v{run.workflow_version}  "
-              f"status={run.status.value}  seq={run.seq}  restores={run.restore_count}")
-    if run.last_error:
-        out.print(f"last error: {run.last_error}")
-    out.print(timeline_table(entries))
-
-
-def timeline_table(entries: list[Any]) -> Table:
-    table = Table("seq", "step", "attempt", "worker", "outcome", "ms", "error")
-    for e in entries:
-        ms = f"{e.duration_ms:.1f}" if e.duration_ms is not None else "-"
-        table.add_row(str(e.seq), e.step or "(start)", str(e.attempt), e.worker,
-                      e.outcome or "(running)", ms, (e.error_message or "")[:60])
-    return table
 
 
 @app.command()

@@ -337,7 +337,7 @@ def test_repeat_effect__new_key_one_new_call_linked_attempt(
     effect as a 'repeat' attempt, and one audit row."""
     ops = ledger_ops.acting_as("ada", "admin")
     parent = finished_note(drv)
-    effect = [e for e in ops.effects(parent) if e.effect_type == "test.publish"][0]
+    effect = next(e for e in ops.effects(parent) if e.effect_type == "test.publish")
     plan = plan_repeat(ops, effect)
     assert plan.dedup == "lookup"
     assert plan.as_dict()["recipient"] == "news"

@@ -1,0 +1,127 @@
+"""``onward effects``: external writes across runs, one effect's attempts, and the
+privileged repeat (admin): a new call with its own recorded key, never hidden in a replay
+or a continue."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+from uuid import UUID
+
+import typer
+from rich.table import Table
+
+from console.common import (
+    JsonFlag,
+    LimitOpt,
+    OffsetOpt,
+    ReasonOpt,
+    YesFlag,
+    confirm,
+    open_ledger,
+    out,
+    plain,
+    print_json,
+    reported,
+    short,
+    when,
+)
+from ledger.schema import EffectStatus
+
+effects_app = typer.Typer(help="External effects: list, inspect, repeat (admin).",
+                          no_args_is_help=True)
+
+EffectArg = Annotated[str, typer.Argument(help="Effect id (or a unique prefix, 8+ chars).")]
+TypeOpt = Annotated[str | None, typer.Option("--type", help="The effect type (tool name).")]
+
+
+@effects_app.command("ls")
+def effects_ls(
+    run: Annotated[UUID | None, typer.Option(help="Only this run's effects.")] = None,
+    status: Annotated[EffectStatus | None, typer.Option(help="Only in this status.")] = None,
+    effect_type: TypeOpt = None,
+    limit: LimitOpt = 50,
+    offset: OffsetOpt = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """List effects, newest first."""
+    with reported():
+        found = open_ledger().find_effects(run_id=run, status=status, effect_type=effect_type,
+                                           limit=limit, offset=offset)
+    if as_json:
+        print_json(found)
+        return
+    table = Table("effect id", "type", "run", "command", "status", "attempts", "recipient",
+                  "provider ref", "created")
+    for e in found:
+        table.add_row(short(e.effect_id, 16), e.effect_type, str(e.run_id), e.command_id,
+                      e.status.value, str(e.attempts), e.recipient or "-",
+                      e.provider_ref or "-", when(e.created_at))
+    out.print(table)
+
+
+@effects_app.command("show")
+def effects_show(effect_id: EffectArg, effect_type: TypeOpt = None,
+                 as_json: JsonFlag = False) -> None:
+    """One effect: what was asked, of whom, and every call, lookup, poll and repeat."""
+    with reported():
+        ledger = open_ledger()
+        effect = ledger.find_effect(effect_id, effect_type)
+        attempts = ledger.effect_attempts(effect)
+    if as_json:
+        print_json({"effect": effect, "attempts": attempts})
+        return
+    out.print(f"[bold]{effect.effect_type}[/bold] {effect.effect_id}")
+    out.print(f"run {effect.run_id} seq {effect.seq} step {effect.step} "
+              f"command {effect.command_id} ({effect.tool_class})")
+    out.print(f"status [bold]{effect.status.value}[/bold]  provider ref "
+              f"{effect.provider_ref or '-'}  recipient {effect.recipient or '-'}  "
+              f"reconciled {effect.reconciled}")
+    kept = json.dumps(effect.payload) if effect.payload is not None else "(not kept)"
+    out.print(f"payload: {kept}")
+    if effect.error:
+        out.print(f"[red]error:[/red] {json.dumps(effect.error)}")
+    table = Table("attempt", "kind", "key", "worker", "started", "outcome", "provider ref",
+                  "error", title="attempts")
+    for a in attempts:
+        table.add_row(str(a.attempt), a.kind, short(a.idempotency_key, 16), a.worker,
+                      when(a.started_at), a.outcome or "(unknown)", a.provider_ref or "-",
+                      short((a.error or {}).get("message"), 40))
+    out.print(table)
+
+
+@effects_app.command("repeat")
+def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: ReasonOpt = None,
+                   yes: YesFlag = False, as_json: JsonFlag = False) -> None:
+    """PRIVILEGED (admin): call the tool again for this effect with a NEW recorded key. The
+    provider will create a new object. Shows what will be sent first."""
+    from tasks.operator import plan_repeat, repeat_effect
+
+    with reported():
+        ledger = open_ledger()
+        plan = plan_repeat(ledger, ledger.find_effect(effect_id, effect_type))
+    shown = plan.as_dict()
+    latest = shown["latest_attempt"] or {}
+    out.print(f"[bold]repeat[/bold] {shown['effect_type']} effect {shown['effect_id']}")
+    out.print(f"  recipient:      {shown['recipient'] or '-'}")
+    out.print(f"  payload:        {json.dumps(shown['payload'])}")
+    out.print(f"  status:         {shown['status']} (provider ref {shown['provider_ref'] or '-'})")
+    out.print(f"  latest attempt: {latest.get('kind', '-')} #{latest.get('attempt', '-')} → "
+              f"{latest.get('outcome') or 'unknown'}")
+    out.print(f"  dedup method:   {shown['dedup']}")
+    out.print("  this sends the payload again under a NEW key: the provider will not "
+              "deduplicate it against the original")
+    with reported():
+        confirm("repeat this effect?", yes)
+        done = repeat_effect(ledger, plan, reason)
+    if as_json:
+        print_json({"outcome": done.outcome, "provider_ref": done.provider_ref,
+                    "attempt": done.started.attempt, "key": done.started.idempotency_key,
+                    "error": done.error, "effect": plain(done.effect)})
+        return
+    color = "green" if done.outcome == "completed" else "red"
+    out.print(f"[{color}]{done.outcome}[/{color}]: attempt {done.started.attempt} "
+              f"(repeat {done.started.number}) key {done.started.idempotency_key} → "
+              f"{done.provider_ref or '-'}" + (f"; {done.error['message']}" if done.error else ""))
+    if done.outcome not in ("completed", "accepted"):
+        raise typer.Exit(1)

@@ -1,0 +1,281 @@
+"""``onward runs``: list and inspect runs, and the commands that act on one
+(continue, replay, branch, cancel). Each change shows what it will do and asks first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+from rich.table import Table
+
+from console.common import (
+    JsonFlag,
+    LimitOpt,
+    OffsetOpt,
+    ReasonOpt,
+    YesFlag,
+    confirm,
+    fail,
+    open_ledger,
+    out,
+    parse_since,
+    plain,
+    print_json,
+    reported,
+    short,
+    when,
+)
+from console.render import run_detail, show_run
+from ledger import Ledger, RunStatus
+from ledger.forks import BudgetPolicy, PatchChange
+from ledger.schema import LaunchMode
+
+runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",
+                       no_args_is_help=True)
+
+RunArg = Annotated[UUID, typer.Argument(help="The run's id.")]
+FromSeq = Annotated[int, typer.Option("--from-seq", "--from", min=0,
+                                      help="The parent's checkpoint to start from.")]
+
+
+def run_row(run: Any) -> dict[str, Any]:
+    return {
+        "id": str(run.id), "workflow": run.workflow, "version": run.workflow_version,
+        "status": run.status.value, "seq": run.seq, "step": run.step, "attempt": run.attempt,
+        "restores": run.restore_count, "stale_deliveries": run.stale_deliveries,
+        "conversation_id": run.conversation_id, "idempotency_key": run.idempotency_key,
+        "parked_reason": run.parked_reason, "last_error": run.last_error, "result": run.result,
+        "mode": run.mode, "parent_run_id": str(run.parent_run_id) if run.parent_run_id else None,
+        "parent_seq": run.parent_seq, "launch_reason": run.launch_reason,
+        "created_at": run.created_at.isoformat(),
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
+
+
+@runs_app.command("ls")
+def runs_ls(
+    status: Annotated[RunStatus | None, typer.Option(help="Only runs in this status.")] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
+    since: Annotated[str | None, typer.Option(help="Created since: 30m, 2h, 7d or ISO.")] = None,
+    conversation: Annotated[str | None, typer.Option(help="Only this conversation.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="The run started with this key.")]
+    = None,
+    parent: Annotated[UUID | None, typer.Option(help="Replays and branches of this run.")]
+    = None,
+    before: Annotated[UUID | None, typer.Option(help="Page cursor: runs older than this one.")]
+    = None,
+    limit: LimitOpt = 50,
+    offset: OffsetOpt = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """List runs, newest first. Page with --limit/--offset, or --before the last id shown."""
+    with reported():
+        found = open_ledger().list_runs(
+            status=status, workflow=workflow, conversation_id=conversation,
+            idempotency_key=idempotency_key, since=parse_since(since), parent_run_id=parent,
+            before=before, limit=limit, offset=offset)
+    if as_json:
+        print_json([run_row(r) for r in found])
+        return
+    table = Table("run", "workflow", "status", "seq", "step", "mode", "parent", "created")
+    for r in found:
+        lineage = f"{r.parent_run_id}@{r.parent_seq}" if r.parent_run_id else ""
+        table.add_row(str(r.id), f"{r.workflow} v{r.workflow_version or '-'}", r.status.value,
+                      str(r.seq), r.step or "-", r.mode or "", lineage, when(r.created_at))
+    out.print(table)
+    if len(found) == limit:
+        out.print(f"more: --before {found[-1].id}  (or --offset {offset + limit})")
+
+
+@runs_app.command("show")
+def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
+    """A run: header, lineage (parent, children), step timeline, checkpoints, effects,
+    approvals and its audit trail."""
+    with reported():
+        ledger = open_ledger()
+        if ledger.get_run(run_id) is None:
+            fail(f"no run {run_id}", 2)
+        detail = run_detail(ledger, run_id)
+    if as_json:
+        print_json(detail)
+        return
+    show_run(detail)
+
+
+def _get(ledger: Ledger, run_id: UUID) -> Any:
+    run = ledger.get_run(run_id)
+    if run is None:
+        fail(f"no run {run_id}", 2)
+    return run
+
+
+@runs_app.command("continue")
+def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) -> None:
+    """Resume the ORIGINAL run at its current seq (parked, failed by an error, or stalled).
+    Finished runs, replays and waits are refused with the command to use instead."""
+    ledger = open_ledger()
+    run = _get(ledger, run_id)
+    out.print(f"continue run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
+              f"next step {run.step or '(start)'}")
+    if run.parked_reason or run.last_error:
+        out.print(f"  stopped because: {run.parked_reason or ''} "
+                  f"{(run.last_error or {}).get('message', '')}")
+    out.print("  the step runs again at the same seq; recorded model calls and effects are "
+              "reused, unknown effect outcomes are reconciled first")
+    with reported():
+        confirm("continue?", yes)
+        done = ledger.continue_run(run_id, reason)
+    out.print(f"[green]continued[/green] run {done.run_id} at seq {done.seq} "
+              f"(was {done.previous_status.value})"
+              + (f"; reopened effects {', '.join(short(e) for e in done.reopened_effects)}"
+                 if done.reopened_effects else ""))
+
+
+@runs_app.command("replay")
+def runs_replay(
+    run_id: RunArg,
+    from_seq: FromSeq = 0,
+    mode: Annotated[str, typer.Option(
+        help="evidence: recorded answers only, nothing called; simulation: tools' sandboxes; "
+             "live: real calls")] = LaunchMode.EVIDENCE.value,
+    reason: ReasonOpt = None,
+    budgets: Annotated[BudgetPolicy, typer.Option(
+        help="inherited: the parent's limits and spend before the checkpoint; reset: fresh")]
+    = BudgetPolicy.INHERITED,
+    allow_irreversible: Annotated[bool, typer.Option(
+        "--allow-irreversible", help="Live only: let irreversible effects be sent for real.")]
+    = False,
+    yes: YesFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a NEW run from a copy of checkpoint --from-seq of RUN, in the given mode."""
+    ledger = open_ledger()
+    run = _get(ledger, run_id)
+    if mode not in {m.value for m in _MODE_TEXT}:
+        fail(f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}", 2)
+    launch_mode = LaunchMode(mode)
+    out.print(f"replay run {run.id} ({run.workflow}) from checkpoint {from_seq} as a new "
+              f"{launch_mode.value} run; budgets {budgets.value}"
+              + ("; irreversible effects WILL be sent" if allow_irreversible else ""))
+    out.print(_MODE_TEXT[launch_mode])
+    with reported():
+        confirm("start the replay?", yes)
+        launched = ledger.replay(run_id, from_seq, launch_mode, reason, budgets=budgets,
+                                 allow_irreversible=allow_irreversible)
+    _launched(launched, as_json)
+
+
+_MODE_TEXT = {
+    LaunchMode.EVIDENCE: "  evidence: every model call, read and effect is answered from the "
+                         "parent's records; nothing external is called; a call the parent "
+                         "never made stops the replay as diverged",
+    LaunchMode.SIMULATION: "  simulation: tools run their sandbox (simulate); model calls and "
+                           "reads are live",
+    LaunchMode.LIVE: "  live: real calls with the new run's own keys; irreversible effects "
+                     "are refused unless --allow-irreversible",
+}
+
+
+def _launched(launched: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(launched)
+        return
+    out.print(f"[green]started[/green] {launched.mode.value} run {launched.run_id} from "
+              f"{launched.parent_run_id}@{launched.parent_seq}: {launched.status.value}, "
+              f"next step {launched.step or '(start)'}")
+    if launched.last_error:
+        out.print(f"  [red]diverged at once:[/red] {launched.last_error.get('message')}")
+
+
+@runs_app.command("branch")
+def runs_branch(
+    run_id: RunArg,
+    from_seq: FromSeq = 0,
+    patch: Annotated[str | None, typer.Option(help="RFC 6902 JSON Patch, as JSON text.")] = None,
+    patch_file: Annotated[Path | None, typer.Option(help="A file holding the patch.")] = None,
+    set_values: Annotated[list[str] | None, typer.Option(
+        "--set", help="Shorthand for a replace: /path=JSON (repeatable).")] = None,
+    reason: ReasonOpt = None,
+    allow_irreversible: Annotated[bool, typer.Option(
+        "--allow-irreversible", help="Let the branch send irreversible effects.")] = False,
+    budgets: Annotated[BudgetPolicy, typer.Option(help="inherited or reset")]
+    = BudgetPolicy.INHERITED,
+    yes: YesFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a NEW live run from checkpoint --from-seq of RUN with an edited state. Shows the
+    diff first; the parent's queue, approvals and effects are never touched."""
+    from tasks.operator import state_check
+
+    operations = _patch(patch, patch_file, set_values or [])
+    ledger = open_ledger()
+    run = _get(ledger, run_id)
+    with reported():
+        diff = ledger.preview_branch(run_id, from_seq, operations)
+    out.print(f"branch run {run.id} ({run.workflow}) from checkpoint {from_seq}, with:")
+    out.print(diff_table(diff))
+    out.print("  the branch calls for real under its own keys"
+              + ("; irreversible effects WILL be sent" if allow_irreversible
+                 else "; irreversible effects are refused (--allow-irreversible to send)"))
+    with reported():
+        confirm("start the branch?", yes)
+        launched = ledger.branch(run_id, from_seq, operations, reason,
+                                 allow_irreversible=allow_irreversible, budgets=budgets,
+                                 check_state=state_check(ledger.settings.workflows))
+    _launched(launched, as_json)
+
+
+def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[str, Any]]:
+    operations: list[dict[str, Any]] = []
+    try:
+        if text is not None:
+            operations.extend(json.loads(text))
+        if path is not None:
+            operations.extend(json.loads(path.read_text()))
+        for item in sets:
+            pointer, sep, value = item.partition("=")
+            if not sep or not pointer.startswith("/"):
+                fail(f"--set {item!r}: write it as /path=JSON, e.g. /amount=1500", 2)
+            operations.append({"op": "replace", "path": pointer, "value": _json(value)})
+    except (ValueError, TypeError, OSError) as exc:
+        fail(f"the patch is not a JSON list of operations: {exc}", 2)
+    if not operations:
+        fail("give the changes: --patch, --patch-file or --set /path=JSON", 2)
+    return operations
+
+
+def _json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value  # a bare word is a string
+
+
+def diff_table(changes: list[PatchChange]) -> Table:
+    table = Table("op", "path", "before", "after")
+    for change in changes:
+        path = change.path if change.from_path is None else f"{change.from_path} → {change.path}"
+        table.add_row(change.op, path, json.dumps(plain(change.before)),
+                      json.dumps(plain(change.after)))
+    return table
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) -> None:
+    """Stop a run that has not finished. A step in flight cannot commit afterwards; pending
+    approvals are invalidated."""
+    ledger = open_ledger()
+    run = _get(ledger, run_id)
+    out.print(f"cancel run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
+              f"next step {run.step or '(start)'}")
+    with reported():
+        confirm("cancel it?", yes)
+        done = ledger.cancel(run_id, reason)
+    out.print(f"[green]cancelled[/green] run {done.run_id} at seq {done.seq}"
+              + (f"; worker {done.was_leased_by} was mid-step (its commit will be refused)"
+                 if done.was_leased_by else "")
+              + (f"; invalidated approvals {', '.join(map(str, done.approvals_invalidated))}"
+                 if done.approvals_invalidated else ""))

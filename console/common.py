@@ -1,0 +1,120 @@
+"""What every operator command shares: the ledger from ``ONWARD_*`` settings, exit codes,
+error reporting, JSON output, confirmation, and time filters.
+
+Exit codes: 0 done, 1 failed (or declined at the prompt: nothing was done), 2 refused
+(the command was not allowed: role, state, input; the refusal is in the audit log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Annotated, Any, NoReturn
+from uuid import UUID
+
+import typer
+from rich.console import Console
+
+from ledger import Ledger, OnwardSettings
+from ledger.api import REFUSALS
+from ledger.exceptions import OnwardError
+
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+out = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking.")]
+ReasonOpt = Annotated[str | None, typer.Option(
+    "--reason", "-r", help="Why (required; kept in the audit log with your name).")]
+LimitOpt = Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")]
+OffsetOpt = Annotated[int, typer.Option(min=0, help="Rows to skip (the page start).")]
+
+
+def open_ledger() -> Ledger:
+    return Ledger.from_env(OnwardSettings())
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Turn onward errors into a message and the exit code: 2 refused, 1 failed."""
+    try:
+        yield
+    except REFUSALS as exc:
+        err.print(f"[red]refused:[/red] {exc}")
+        raise typer.Exit(EXIT_REFUSED) from exc
+    except OnwardError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask before a change; declining does nothing and exits 1."""
+    if yes:
+        return
+    if not typer.confirm(question, default=False):
+        err.print("nothing done")
+        raise typer.Exit(EXIT_FAILED)
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready copy of dataclasses, UUIDs, times, decimals and enums."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.repr}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(plain(value), indent=None, sort_keys=False))
+
+
+_AGO = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """``30m``, ``2h``, ``7d``, ``1w`` ago, or an ISO 8601 time."""
+    if value is None:
+        return None
+    match = _AGO.match(value.strip())
+    if match:
+        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"--since {value!r}: give e.g. 30m, 2h, 7d or an ISO time", EXIT_REFUSED)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def short(value: Any, width: int = 12) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[:width] + "…"
+
+
+def when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"

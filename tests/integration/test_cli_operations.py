@@ -1,0 +1,144 @@
+"""The operator CLI (``onward runs|effects|approvals|audit``) in-process, against a real
+PostgreSQL: what it shows before a change, confirmation, --json reads, and exit codes
+(2 refused, 1 failed or declined)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from typer.testing import CliRunner
+
+from console.cli import app
+from ledger import Ledger, RunStatus
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows_ops"]
+
+
+@pytest.fixture()
+def cli_env(settings_env: dict[str, str], tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {**settings_env, "ONWARD_WORKFLOWS": ",".join(MODULES), "ONWARD_ACTOR": "olga",
+           "ONWARD_ROLE": "operator", "ONWARD_TEST_OPS_CALLS": str(tmp_path / "tool.log"),
+           "ONWARD_FAKE_LLM_LOG": str(tmp_path / "llm.log")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture()
+def drv(cli_env: dict[str, str]) -> Iterator[Driver]:
+    with driver(Ledger.from_env(), MODULES) as running:
+        yield running
+
+
+def onward(*args: str, role: str | None = None, input: str | None = None,
+           code: int = 0) -> str:
+    env = {"COLUMNS": "220", **({"ONWARD_ROLE": role} if role else {})}
+    result = CliRunner().invoke(app, list(args), env=env, input=input)
+    assert result.exit_code == code, (result.exit_code, result.output)
+    return result.output
+
+
+def finished(drv: Driver, **state: object) -> UUID:
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "cli", **state})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    return run_id
+
+
+def test_cli_runs__ls_filters_pages_and_show(drv: Driver) -> None:
+    """Reads: filters, --limit/--offset and the --before cursor page through runs; show
+    prints lineage, steps, checkpoints and effects."""
+    keyed = drv.ledger.start_run("test_ops_notes", {"topic": "cli"}, idempotency_key="k-cli-1")
+    other = finished(drv)
+    rows = json.loads(onward("runs", "ls", "--idempotency-key", "k-cli-1", "--json"))
+    assert [r["id"] for r in rows] == [str(keyed)]
+    first = json.loads(onward("runs", "ls", "--workflow", "test_ops_notes", "--limit", "1",
+                              "--json"))
+    assert first[0]["id"] == str(other)
+    second = json.loads(onward("runs", "ls", "--workflow", "test_ops_notes", "--limit", "1",
+                               "--offset", "1", "--json"))
+    cursor = json.loads(onward("runs", "ls", "--workflow", "test_ops_notes", "--limit", "1",
+                               "--before", str(other), "--json"))
+    assert second == cursor and second[0]["id"] == str(keyed)
+    assert "more: --before" in onward("runs", "ls", "--workflow", "test_ops_notes",
+                                      "--limit", "1", "--since", "1h")
+    text = onward("runs", "show", str(other))
+    for part in ("steps", "checkpoints", "effects", "test.publish", "summarize"):
+        assert part in text
+    detail = json.loads(onward("runs", "show", str(other), "--json"))
+    assert [c["seq"] for c in detail["checkpoints"]] == [0, 1, 2, 3]
+    assert detail["run"]["status"] == "completed"
+
+
+def test_cli_replay_and_continue__exit_codes_and_lineage(drv: Driver) -> None:
+    """A replay asks before it starts, is linked both ways, and every command leaves one
+    audit row; refusals exit 2 and say why; declining exits 1 and does nothing."""
+    parent = finished(drv)
+    onward("runs", "replay", str(parent), "--reason", "look", input="n\n", code=1)
+    assert drv.ledger.children(parent) == []
+    out = onward("runs", "replay", str(parent), "--mode", "evidence", "--reason", "audit",
+                 "--yes")
+    assert "started evidence run" in out
+    [child] = drv.ledger.children(parent)
+    assert drv.drive(child.id).status is RunStatus.COMPLETED
+    detail = json.loads(onward("runs", "show", str(parent), "--json"))
+    assert [c["id"] for c in detail["children"]] == [str(child.id)]
+    shown = onward("runs", "show", str(child.id))
+    assert f"evidence of {parent}" in shown
+    refused = onward("runs", "continue", str(parent), "--reason", "again", "--yes", code=2)
+    assert "refused" in refused and "completed" in refused
+    onward("runs", "continue", str(child.id), "--reason", "again", "--yes", code=2)
+    onward("runs", "replay", str(parent), "--reason", "x", "--yes", role="viewer", code=2)
+    audit = json.loads(onward("audit", "ls", "--run", str(parent), "--json"))
+    assert [(a["action"], a["outcome"], a["actor"], a["role"]) for a in reversed(audit)] == [
+        ("replay", "done", "olga", "operator"), ("continue", "refused", "olga", "operator"),
+        ("replay", "refused", "olga", "viewer")]
+
+
+def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
+    """A branch shows the diff before asking, refuses without a reason (exit 2), and stores
+    its patch on the new run."""
+    parent = finished(drv)
+    out = onward("runs", "branch", str(parent), "--from", "2", "--set", "/channel=sports",
+                 "--yes", code=2)
+    assert '"news"' in out and '"sports"' in out and "needs a reason" in out
+    onward("runs", "branch", str(parent), "--from", "2", "--set", "/topic=5", "--reason",
+           "bad", "--yes", code=2)
+    out = onward("runs", "branch", str(parent), "--from", "2", "--patch",
+                 '[{"op": "replace", "path": "/channel", "value": "sports"}]',
+                 "--reason", "wrong channel", "--allow-irreversible", "--yes")
+    assert "started branch run" in out
+    [branch] = drv.ledger.children(parent)
+    assert branch.branch_patch == [{"op": "replace", "path": "/channel", "value": "sports"}]
+    assert drv.drive(branch.id).status is RunStatus.COMPLETED
+
+
+def test_cli_cancel_approve_effects(drv: Driver) -> None:
+    """cancel, approvals approve and effects show/repeat through the CLI, with the role each
+    needs."""
+    waiting = drv.ledger.start_run("test_ops_notes", {"topic": "cli", "approve": True})
+    assert drv.drive(waiting).status is RunStatus.WAITING
+    pending = json.loads(onward("approvals", "ls", "--run", str(waiting), "--json"))
+    [approval] = pending
+    onward("approvals", "approve", approval["id"], "--yes", code=2)  # names no hash
+    out = onward("approvals", "approve", approval["id"], "-m", "ok", input="y\n")
+    assert "approved by olga" in out
+    assert drv.drive(waiting).status is RunStatus.COMPLETED
+    effects = json.loads(onward("effects", "ls", "--run", str(waiting), "--json"))
+    publish = next(e for e in effects if e["effect_type"] == "test.publish")
+    shown = onward("effects", "show", publish["effect_id"][:12])
+    assert "attempts" in shown and "call" in shown
+    plan = onward("effects", "repeat", publish["effect_id"], "--reason", "lost", "--yes",
+                  code=2)
+    assert "dedup method:   lookup" in plan and "needs the admin role" in plan
+    done = onward("effects", "repeat", publish["effect_id"], "--reason", "lost", "--yes",
+                  role="admin")
+    assert "completed" in done
+    running = drv.ledger.start_run("test_ops_notes", {"topic": "cli"})
+    assert "cancelled" in onward("runs", "cancel", str(running), "--reason", "stop", "--yes")
+    onward("runs", "cancel", str(running), "--reason", "stop", "--yes", code=2)
