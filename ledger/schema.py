@@ -215,6 +215,7 @@ checkpoints = Table(
     Column("lease_epoch", BigInteger, nullable=False),
     Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
     Column("state_schema_version", Integer, nullable=True),
+    Column("refs", JSONB, nullable=True),  # evidence, effects and budgets of the step (MAC'd)
     Column("created_at", TS, nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
