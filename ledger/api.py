@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ledger import forks, inspect, operations, verify, waits
@@ -26,6 +27,8 @@ from ledger.audit import (
     record_txn,
 )
 from ledger.checkpoints import CheckpointKeys
+from ledger.envelope import CheckpointEnvelope
+from ledger.schema import checkpoints as checkpoints_table
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
@@ -361,3 +364,11 @@ class Ledger:
             for run_id in ids:
                 yield run_id, self.verify_run(run_id)
             after = ids[-1]
+
+    def checkpoints(self, run_id: UUID) -> list[CheckpointEnvelope]:
+        """The run's checkpoints as validated envelopes (DESIGN.md section 9), oldest first."""
+        with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(checkpoints_table).where(checkpoints_table.c.run_id == run_id)
+                .order_by(checkpoints_table.c.seq)).mappings().all()
+        return [CheckpointEnvelope.from_row(row) for row in rows]

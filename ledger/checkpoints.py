@@ -22,6 +22,16 @@ from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.settings import OnwardSettings
 
 ENVELOPE_VERSION = 1
+ARTIFACT_KEY = "$artifact"
+"""A state stored apart is ``{"$artifact": {"sha256": …, "size": …}}`` in its checkpoint."""
+
+
+def artifact_ref(state: Any) -> dict[str, Any] | None:
+    """The artifact reference a checkpoint's state is, or None for an inline state."""
+    if isinstance(state, dict) and len(state) == 1 and ARTIFACT_KEY in state:
+        ref = state[ARTIFACT_KEY]
+        return ref if isinstance(ref, dict) and isinstance(ref.get("sha256"), str) else None
+    return None
 
 
 def canonical_json(value: Any) -> bytes:
@@ -96,6 +106,7 @@ class CheckpointBody:
     workflow_version: int | None
     control: dict[str, Any] | None = None  # a wait's continuations (approval, signal, timer)
     state_schema_version: int | None = None
+    refs: dict[str, Any] | None = None  # evidence and effects the step used, budgets at start
 
     def as_dict(self) -> dict[str, Any]:
         body = {
@@ -110,6 +121,7 @@ class CheckpointBody:
             "workflow_version": self.workflow_version,
             "control": self.control,
             "state_schema_version": self.state_schema_version,
+            "refs": self.refs,
         }
         return body
 

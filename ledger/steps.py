@@ -7,7 +7,8 @@ transactions per step (claim and commit); this module is where that budget is ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -16,7 +17,15 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
+from ledger.checkpoints import (
+    ARTIFACT_KEY,
+    ENVELOPE_VERSION,
+    CheckpointBody,
+    CheckpointKeys,
+    artifact_ref,
+    canonical_json,
+    sha256_hex,
+)
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.waits import WAKE_ON_SIGNAL
@@ -82,6 +91,12 @@ class Claim:
     launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
     state_schema_version: int | None = None
     parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
+    state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
+
+    def __post_init__(self) -> None:
+        if self.state is None and self.checkpoint is not None:
+            if artifact_ref(self.checkpoint.state) is None:
+                object.__setattr__(self, "state", self.checkpoint.state)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -98,6 +113,7 @@ class Claim:
                 workflow_version=row["cp_workflow_version"],
                 control=row["cp_control"],
                 state_schema_version=row["cp_state_schema_version"],
+                refs=row["cp_refs"],
             )
         return cls(
             run_id=row["id"],
@@ -144,6 +160,7 @@ class Advance:
     wait: Wait | None = None
     defaults: BudgetDefaults = field(default_factory=lambda: BudgetDefaults())
     state_schema_version: int = 1
+    refs: dict[str, Any] | None = None  # see tasks/services.py StepServices.refs()
 
     @property
     def status(self) -> RunStatus:
@@ -222,6 +239,7 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
        cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
        cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
        cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
+       cp.refs AS cp_refs,
        parent.hash AS parent_found_hash
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
@@ -257,13 +275,18 @@ WITH usage AS (
            finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL ELSE now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, tenant_id
+), state_artifact AS (
+    INSERT INTO onward.artifacts (sha256, size, media_type, body)
+    SELECT %(artifact_sha)s, length(%(artifact_body)s::bytea), 'application/json',
+           %(artifact_body)s FROM advanced WHERE %(artifact_sha)s::text IS NOT NULL
+    ON CONFLICT (sha256) DO NOTHING
 ), checkpoint AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
                                     step, next_step, outcome, state, workflow_version,
-                                    lease_epoch, control, state_schema_version)
+                                    lease_epoch, control, state_schema_version, refs)
     SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
            %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
-           %(control)s, %(state_schema_version)s
+           %(control)s, %(state_schema_version)s, %(refs)s
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
@@ -381,6 +404,8 @@ UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, now()), outcome = 
 RETURNING run_id
 """
 
+_ARTIFACT = "SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s"
+
 _HEARTBEAT = """
 UPDATE onward.runs SET lease_expires_at = now() + %(ttl)s * interval '1 second'
  WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
@@ -395,13 +420,24 @@ def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
 class StepStore:
     """The ledger operations a worker runs for each step, on one dedicated connection."""
 
-    def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float) -> None:
+    def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float,
+                 state_inline_bytes: int = 64 * 1024) -> None:
         self.conn = HotConnection(url)
         self._keys = keys
         self._ttl = lease_ttl_s
+        self._state_inline_bytes = state_inline_bytes
 
     def close(self) -> None:
         self.conn.close()
+
+    def _state_for_checkpoint(
+            self, state: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, bytes] | None]:
+        """Large states go to a content-addressed artifact; the checkpoint keeps its sha256."""
+        body = canonical_json(state)
+        if len(body) <= self._state_inline_bytes:
+            return state, None
+        digest = sha256_hex(body)
+        return {ARTIFACT_KEY: {"sha256": digest, "size": len(body)}}, (digest, body)
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         return self.conn.one(sql, params)
@@ -411,7 +447,16 @@ class StepStore:
         """Take the lease of ``run_id`` at ``seq`` (DESIGN.md 4.1) or say why not."""
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl})
         if row is not None:
-            return Claim.from_row(row)
+            claim = Claim.from_row(row)
+            ref = artifact_ref(claim.checkpoint.state) if claim.checkpoint else None
+            if ref is not None:  # a large state lives in an artifact: fetch and check it
+                found = self._one(_ARTIFACT, {"sha": ref["sha256"]})
+                body = bytes(found["body"]) if found else b""
+                if found is not None and sha256_hex(body) == ref["sha256"]:
+                    claim = replace(claim, state=json.loads(body))
+                else:
+                    claim = replace(claim, state=None)  # restore refuses: integrity
+            return claim
         return self._count_stale(run_id, seq)
 
     def _count_stale(self, run_id: UUID, seq: int) -> Stale:
@@ -431,6 +476,7 @@ class StepStore:
     def commit(self, claim: Claim, advance: Advance) -> bool:
         """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""
         wait = advance.wait
+        state, artifact = self._state_for_checkpoint(advance.state)
         body = CheckpointBody(
             run_id=claim.run_id,
             seq=claim.seq + 1,
@@ -438,10 +484,11 @@ class StepStore:
             step=advance.step,
             next_step=advance.next_step,
             outcome=advance.outcome.value,
-            state=advance.state,
+            state=state,
             workflow_version=advance.workflow_version,
             control=wait.control if wait else None,
             state_schema_version=advance.state_schema_version,
+            refs=advance.refs,
         )
         digest = self._keys.mac(body.as_dict())
         approval = wait.approval if wait else None
@@ -460,6 +507,7 @@ class StepStore:
                 "approvers": Jsonb(approval.approvers) if approval else None,
                 "expires_at": approval.expires_at if approval else None,
                 "state_schema_version": advance.state_schema_version,
+                "refs": Jsonb(advance.refs) if advance.refs is not None else None,
                 "default_attempts": defaults.attempts,
                 "default_tokens": defaults.tokens,
                 "default_cost": defaults.cost_usd,
@@ -477,7 +525,9 @@ class StepStore:
                 "envelope_version": ENVELOPE_VERSION,
                 "step": advance.step,
                 "outcome": advance.outcome.value,
-                "state": Jsonb(advance.state),
+                "state": Jsonb(state),
+                "artifact_sha": artifact[0] if artifact else None,
+                "artifact_body": artifact[1] if artifact else None,
                 "result": Jsonb(advance.result) if advance.result is not None else None,
             },
         )

@@ -13,7 +13,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger.checkpoints import CheckpointBody, CheckpointKeys
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, artifact_ref
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
 
@@ -61,7 +61,24 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
         problems.append(Problem(run_id, last["seq"], "head",
                                 "the last checkpoint is not the run's recorded head"))
     problems.extend(_check_artifacts(conn, run_id))
+    problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
+
+
+def _check_state_artifacts(conn: Connection, run_id: UUID,
+                           rows: list[sa.RowMapping]) -> Iterator[Problem]:
+    for row in rows:
+        ref = artifact_ref(row["state"])
+        if ref is None:
+            continue
+        body = conn.execute(sa.select(artifacts.c.body)
+                            .where(artifacts.c.sha256 == ref["sha256"])).scalar()
+        if body is None:
+            yield Problem(run_id, row["seq"], "artifact",
+                          f"state artifact {ref['sha256'][:12]}… is missing")
+        elif hashlib.sha256(bytes(body)).hexdigest() != ref["sha256"]:
+            yield Problem(run_id, row["seq"], "artifact",
+                          f"state artifact {ref['sha256'][:12]}… does not match its hash")
 
 
 def _check_one(keys: CheckpointKeys, run_id: UUID, row: sa.RowMapping,
@@ -72,6 +89,7 @@ def _check_one(keys: CheckpointKeys, run_id: UUID, row: sa.RowMapping,
         next_step=row["next_step"], outcome=row["outcome"], state=row["state"],
         workflow_version=row["workflow_version"], control=row["control"],
         state_schema_version=row["state_schema_version"],
+        refs=row["refs"],
     )
     try:
         expected = keys.mac(body.as_dict(), row["key_id"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -181,6 +181,7 @@ def _run_claimed(
         return _record_failure(store, effects, config, claim, step, error, bound)
     try:
         advance = _advance(config, workflow, step, state, outcome, limits)
+        advance = replace(advance, refs=services.refs(claim.budget.spent()))
     except OutcomeError as exc:
         return _record_failure(store, effects, config, claim, step, exc, bound)
     replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions

@@ -66,7 +66,11 @@ def restore(keys: CheckpointKeys, registry: Registry,
                        f"checkpoint {claim.seq} names step {claim.step!r}, which "
                        f"{workflow.name} v{workflow.version} does not define (was it removed? "
                        "keep a step until no stored run needs it)")
-    state_json = checkpoint.state
+    if claim.state is None:
+        return Refusal("integrity", "IntegrityViolation",
+                       f"run {claim.run_id}: checkpoint {claim.seq}'s state artifact is missing "
+                       "or does not match its sha256")
+    state_json = claim.state
     if path:
         try:
             for migrate in path:

@@ -143,6 +143,9 @@ class StepServices:
         self.cost_left_usd = cost_left_usd
         self.spent = spent or {}
         self._ordinal = 0
+        self._last_command = ""
+        self._evidence_refs: list[dict[str, Any]] = []
+        self._effect_refs: list[dict[str, Any]] = []
         self.usage_tokens = 0
         self.usage_cost_usd = 0.0
         self.launch = launch or Launch()
@@ -153,12 +156,28 @@ class StepServices:
     def command_id(self, key: str | None) -> str:
         """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
         if key is not None:
-            return f"{self.step}@{self.seq}:{key}"
-        self._ordinal += 1
-        return f"{self.step}@{self.seq}#{self._ordinal}"
+            self._last_command = f"{self.step}@{self.seq}:{key}"
+        else:
+            self._ordinal += 1
+            self._last_command = f"{self.step}@{self.seq}#{self._ordinal}"
+        return self._last_command
+
+    def refs(self, spent: dict[str, Any]) -> dict[str, Any]:
+        """What the checkpoint this step commits binds under its MAC (DESIGN.md section 9):
+        the evidence and effects the step used, and the budgets it started with."""
+        return {"evidence": self._evidence_refs, "effects": self._effect_refs, "budgets": spent}
 
     # -- effects ---------------------------------------------------------------------------
     def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+        result = self._effect(tool, key, payload)
+        self._effect_refs.append({
+            "effect_type": tool.name, "command_id": self._last_command,
+            "effect_id": effect_id_for(self.run_id, tool.name, self._last_command),
+            "status": EffectStatus.COMPLETED.value,
+        })
+        return result
+
+    def _effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is a read: use ctx.read, not ctx.effect")
         command_id = self.command_id(key)
@@ -312,8 +331,16 @@ class StepServices:
     # -- evidence --------------------------------------------------------------------------
     def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None,
             params: dict[str, Any]) -> LLMResponse:
-        command_id = self.command_id(key)
         request_hash = request_hash_of({"model": model, "messages": messages, "params": params})
+        response = self._llm(model, messages, key, params, request_hash)
+        self._evidence_refs.append({"kind": EvidenceKind.LLM.value,
+                                    "command_id": self._last_command,
+                                    "request_hash": request_hash})
+        return response
+
+    def _llm(self, model: str, messages: list[dict[str, Any]], key: str | None,
+             params: dict[str, Any], request_hash: str) -> LLMResponse:
+        command_id = self.command_id(key)
         if self.launch.evidence:
             return LLMResponse.from_record(
                 self._parent_record(EvidenceKind.LLM, command_id, request_hash))
@@ -365,8 +392,16 @@ class StepServices:
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is {tool.tool_class.value}: use ctx.effect")
-        command_id = self.command_id(key)
         request_hash = request_hash_of(params)
+        result = self._read(tool, key, params, request_hash)
+        self._evidence_refs.append({"kind": EvidenceKind.READ.value,
+                                    "command_id": self._last_command,
+                                    "request_hash": request_hash})
+        return result
+
+    def _read(self, tool: Tool, key: str | None, params: dict[str, Any],
+              request_hash: str) -> dict[str, Any]:
+        command_id = self.command_id(key)
         if self.launch.evidence:
             return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash)["result"])
         recorded = self._recorded(command_id, request_hash)
