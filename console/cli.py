@@ -164,6 +164,31 @@ def embedded_down() -> None:
 
 
 @app.command()
+def metrics(
+    port: Annotated[int, typer.Option(help="Port for /metrics.")] = 9464,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Serve Prometheus metrics read from the ledger (runs, steps, restores, lag, effects)."""
+    import signal as signals
+
+    from ledger.db import create_engine, require_current_schema
+    from workers.metrics import serve_metrics
+
+    engine = create_engine(_settings(), pool_size=1)
+    try:
+        require_current_schema(engine)
+    except OnwardError as exc:
+        _fail(str(exc), EXIT_REFUSED)
+    stop = serve_metrics(engine, port, host)
+    signals.signal(signals.SIGTERM, lambda *_: stop.set())
+    out.print(f"serving http://{host}:{port}/metrics")
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
 def start(
     workflow: str,
     input_json: Annotated[str, typer.Option("--input", help="Run input as a JSON object.")] = "{}",

@@ -120,6 +120,10 @@ class Cluster:
                 raise AssertionError(f"{name} exited:\n{proc.log()[-3000:]}")
         return proc
 
+    def command(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Any other ``onward`` command, e.g. ``["metrics", "--port", "9464"]``."""
+        return self._start(name, args, env)
+
     def dispatcher(self, env: dict[str, str] | None = None) -> Proc:
         return self._start("dispatcher", ["dispatcher"], env)
 
