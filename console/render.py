@@ -37,8 +37,10 @@ def run_detail(ledger: Ledger, run_id: UUID) -> dict[str, Any]:
                       "outcome": e.outcome, "started_at": plain(e.started_at),
                       "duration_ms": e.duration_ms, "error_type": e.error_type,
                       "error": e.error_message} for e in ledger.timeline(run_id)],
-        "checkpoints": [{"seq": c.seq, "step": c.step, "next_step": c.next_step,
-                         "outcome": c.outcome, "hash": c.hash, "parent_hash": c.parent_hash,
+        "checkpoints": [{"seq": c.identity.seq, "step": c.position.step,
+                         "next_step": c.position.next_step,
+                         "outcome": c.position.outcome.value, "hash": c.identity.hash,
+                         "parent_hash": c.identity.parent_hash,
                          "created_at": plain(c.created_at)}
                         for c in ledger.checkpoints(run_id)],
         "effects": [{"effect_type": e.effect_type, "effect_id": e.effect_id, "seq": e.seq,

@@ -6,6 +6,7 @@ transaction; the dispatcher publishes it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
@@ -153,10 +154,6 @@ class Ledger:
         """The replays and branches started from ``run_id``."""
         return self.list_runs(parent_run_id=run_id, limit=1000)
 
-    def checkpoints(self, run_id: UUID) -> list[inspect.CheckpointView]:
-        with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
-            return inspect.list_checkpoints_txn(conn, run_id)
-
     def checkpoint(self, run_id: UUID, seq: int) -> inspect.CheckpointView | None:
         with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
             return inspect.get_checkpoint_txn(conn, run_id, seq)
@@ -224,10 +221,8 @@ class Ledger:
         def body(conn: Connection) -> None:
             raise error
 
-        try:
+        with contextlib.suppress(*REFUSALS):
             self._command(action, body, reason=reason, run_id=run_id, effect_id=effect_id)
-        except REFUSALS:
-            pass
         return error
 
     def require(self, action: AuditAction, *, run_id: UUID | None = None,
@@ -279,11 +274,9 @@ class Ledger:
     def preview_branch(self, run_id: UUID, from_seq: int,
                        patch: list[dict[str, Any]]) -> list[forks.PatchChange]:
         """The diff a branch would start from (nothing is written)."""
-        checkpoint = self.checkpoint(run_id, from_seq)
-        if checkpoint is None:
-            raise OperationRefused(f"run {run_id} has no checkpoint {from_seq}")
-        forks.apply_patch(checkpoint.state, patch, self.settings.max_state_bytes)
-        return forks.describe_patch(checkpoint.state, patch)
+        with wrap_driver_errors("previewing a branch"), self.engine.connect() as conn:
+            return forks.preview_txn(conn, run_id, from_seq, patch,
+                                     self.settings.max_state_bytes)
 
     def cancel(self, run_id: UUID, reason: str | None) -> operations.Cancelled:
         """Stop a non-terminal run; a step in flight cannot commit afterwards."""

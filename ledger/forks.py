@@ -10,6 +10,7 @@ never touched, and the new run's effect ids differ because its run id does.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,8 +25,14 @@ from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
-from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys
-from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.checkpoints import (
+    ENVELOPE_VERSION,
+    CheckpointBody,
+    CheckpointKeys,
+    artifact_ref,
+    sha256_hex,
+)
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
 from ledger.lineage import APPROVAL_AT, SIGNAL_AT, Divergence, resume_after_wait
 from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
 from ledger.runs import validate_input
@@ -35,6 +42,7 @@ from ledger.schema import (
     OutcomeKind,
     RunStatus,
     approvals,
+    artifacts,
     checkpoints,
     evidence,
     runs,
@@ -139,9 +147,9 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         raise InvalidInput(f"replay mode must be one of {[m.value for m in REPLAY_MODES]}")
     parent = _parent(conn, actor, request.parent_run_id)
     cp = _checkpoint(conn, parent, request.from_seq)
-    state = dict(cp["state"])
+    state = dict(cp["state"])  # a replay copies a state stored apart as its reference
     if branch:
-        state = apply_patch(state, request.patch, max_state_bytes)
+        state = apply_patch(resolve_state_txn(conn, state), request.patch, max_state_bytes)
         if check_state is not None:
             check_state(parent["workflow"], cp["workflow_version"], state)
     run_id = uuid7()
@@ -184,13 +192,40 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         "step": start.step, "workflow": parent["workflow"]}
     if branch and request.patch is not None:
         details["patch"] = request.patch
-        details["diff"] = [c.__dict__ for c in describe_patch(dict(cp["state"]), request.patch)]
+        details["diff"] = [c.__dict__ for c in describe_patch(
+            resolve_state_txn(conn, dict(cp["state"])), request.patch)]
     if start.last_error is not None:
         details["divergence"] = start.last_error
     record_txn(conn, actor, AuditRecord(
         action, AuditOutcome.DONE, reason, run_id=parent["id"], new_run_id=run_id,
         before_seq=parent["seq"], after_seq=cp["seq"], details=details))
     return launched
+
+
+def resolve_state_txn(conn: Connection, state: dict[str, Any]) -> dict[str, Any]:
+    """The state itself, when the checkpoint stores it apart as an artifact reference."""
+    ref = artifact_ref(state)
+    if ref is None:
+        return state
+    body = conn.execute(sa.select(artifacts.c.body)
+                        .where(artifacts.c.sha256 == ref["sha256"])).scalar()
+    if body is None or sha256_hex(bytes(body)) != ref["sha256"]:
+        raise IntegrityViolation(f"the state artifact {ref['sha256'][:12]}… is missing or "
+                                 "does not match its hash")
+    resolved: dict[str, Any] = json.loads(bytes(body))
+    return resolved
+
+
+def preview_txn(conn: Connection, run_id: UUID, seq: int, patch: list[dict[str, Any]],
+                max_state_bytes: int) -> list[PatchChange]:
+    """The diff a branch from checkpoint ``seq`` of ``run_id`` would start from."""
+    state = conn.execute(sa.select(checkpoints.c.state).where(
+        checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).scalar()
+    if state is None:
+        raise OperationRefused(f"run {run_id} has no checkpoint {seq}")
+    state = resolve_state_txn(conn, dict(state))
+    apply_patch(state, patch, max_state_bytes)
+    return describe_patch(state, patch)
 
 
 def _parent(conn: Connection, actor: Actor, run_id: UUID) -> RowMapping:

@@ -68,13 +68,6 @@ class CheckpointView:
     created_at: datetime
 
 
-def list_checkpoints_txn(conn: Connection, run_id: UUID) -> list[CheckpointView]:
-    rows = conn.execute(sa.select(checkpoints).where(checkpoints.c.run_id == run_id)
-                        .order_by(checkpoints.c.seq)).mappings()
-    return [CheckpointView(**{f: r[f] for f in CheckpointView.__dataclass_fields__})
-            for r in rows]
-
-
 def get_checkpoint_txn(conn: Connection, run_id: UUID, seq: int) -> CheckpointView | None:
     row = conn.execute(sa.select(checkpoints).where(
         checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).mappings().first()

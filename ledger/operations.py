@@ -246,11 +246,11 @@ def decide_txn(conn: Connection, actor: Actor, approval_id: UUID, *, approve: bo
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     name = approver or actor.name
     approval = waits.get_approval_txn(conn, approval_id)
-    if not approval.approvers:
-        actor.require(action)
     lock_run_txn(conn, approval.run_id, actor)
     decided = waits.decide_txn(conn, approval_id, approve=approve, actor=name, roles=roles,
                                artifact_hash=artifact_hash, comment=comment)
+    if not approval.approvers:
+        actor.require(action)  # after the approval's own checks; raising rolls it all back
     record_txn(conn, actor, AuditRecord(
         action, AuditOutcome.DONE, comment, run_id=approval.run_id, approval_id=approval_id,
         before_seq=approval.seq, after_seq=approval.seq,

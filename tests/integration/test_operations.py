@@ -82,7 +82,9 @@ def test_replay_evidence__same_final_state_and_nothing_called(
     assert (replay.parent_run_id, replay.parent_seq, replay.mode, replay.launch_reason) == (
         parent, 0, "evidence", "audit the run")
     first = ops.checkpoints(launched.run_id)[0]
-    assert (first.seq, first.outcome, first.parent_hash) == (0, "fork", None)
+    assert (first.identity.seq, first.position.outcome, first.identity.parent_hash) == (
+        0, "fork", None)
+    assert ops.verify_run(launched.run_id) == []
     assert ops.effects(launched.run_id) == []
     assert replay.used_tokens == 0
     assert audit_actions(ops, parent) == [("replay", "done")]
@@ -94,9 +96,9 @@ def test_replay_evidence__from_a_middle_checkpoint(drv: Driver, ops: Ledger,
     parent = finished_note(drv)
     seen = outside(logs)
     launched = ops.replay(parent, 2, LaunchMode.EVIDENCE, "from before the publish")
-    assert [c.seq for c in ops.checkpoints(launched.run_id)] == [2]
+    assert [c.identity.seq for c in ops.checkpoints(launched.run_id)] == [2]
     assert drv.drive(launched.run_id).status is RunStatus.COMPLETED
-    assert [c.seq for c in ops.checkpoints(launched.run_id)] == [2, 3]
+    assert [c.identity.seq for c in ops.checkpoints(launched.run_id)] == [2, 3]
     assert outside(logs) == seen
 
 
@@ -305,7 +307,7 @@ def test_cancel__fences_the_commit_of_a_step_in_flight(ops: Ledger) -> None:
         store.close()
     run = ops.get_run(run_id)
     assert (run.status, run.seq) == (RunStatus.CANCELLED, 0)
-    assert [c.seq for c in ops.checkpoints(run_id)] == [0]
+    assert [c.identity.seq for c in ops.checkpoints(run_id)] == [0]
     assert [e.outcome for e in ops.timeline(run_id)] == ["lease_lost"]
 
 
