@@ -112,7 +112,7 @@ class Ledger:
         """Start a run inside the caller's own transaction (atomic with their business write)."""
         run_ops.validate_input(input, self.settings.max_state_bytes)
         if not workflow or not isinstance(workflow, str):
-            raise run_ops.InvalidInput("workflow must be a non-empty name")
+            raise InvalidInput("workflow must be a non-empty name")
         request = run_ops.StartRequest(
             workflow=workflow,
             input=input,

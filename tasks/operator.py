@@ -103,6 +103,7 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> Repea
                                   plan.as_dict())
     payload = dict(plan.effect.payload or {})
     error: dict[str, Any] | None = None
+    outcome: str
     ref: str | None = None
     result: dict[str, Any] | None = None
     try:
