@@ -15,7 +15,6 @@ from console.common import (
     LimitOpt,
     YesFlag,
     confirm,
-    fail,
     open_ledger,
     out,
     print_json,
@@ -23,6 +22,8 @@ from console.common import (
     short,
     when,
 )
+from ledger.audit import AuditAction
+from ledger.exceptions import InvalidInput
 from ledger.schema import ApprovalStatus
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
@@ -70,7 +71,11 @@ def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment
     out.print(json.dumps(approval.artifact, indent=2)[:4000])
     if artifact_hash is None:
         if yes:
-            fail("with --yes, name what you reviewed: --artifact-hash HASH", 2)
+            with reported():
+                raise ledger.refuse(
+                    AuditAction.APPROVE if approve else AuditAction.REJECT,
+                    InvalidInput("with --yes, name what you reviewed: --artifact-hash HASH"),
+                    run_id=approval.run_id, approval_id=approval.id)
         artifact_hash = approval.artifact_hash  # what was just shown is what is decided
     with reported():
         confirm(f"{verb} it?", yes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 from uuid import UUID
 
 import typer
@@ -30,6 +30,8 @@ from console.common import (
 )
 from console.render import run_detail, show_run
 from ledger import Ledger, RunStatus
+from ledger.audit import AuditAction
+from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
 from ledger.schema import LaunchMode
 
@@ -105,11 +107,19 @@ def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
     show_run(detail)
 
 
-def _get(ledger: Ledger, run_id: UUID) -> Any:
+def _get(ledger: Ledger, run_id: UUID, action: AuditAction) -> Any:
     run = ledger.get_run(run_id)
     if run is None:
-        fail(f"no run {run_id}", 2)
+        _refuse(ledger, action, UnknownRun(f"no run {run_id}"), run_id)
     return run
+
+
+def _refuse(ledger: Ledger, action: AuditAction, error: Exception,
+            run_id: UUID | None = None) -> NoReturn:
+    """A refusal found before the ledger is asked: audited like any other, exit 2."""
+    with reported():
+        raise ledger.refuse(action, error, run_id=run_id)
+    raise AssertionError("unreachable")  # pragma: no cover - reported() exits
 
 
 @runs_app.command("continue")
@@ -117,7 +127,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
     """Resume the ORIGINAL run at its current seq (parked, failed by an error, or stalled).
     Finished runs, replays and waits are refused with the command to use instead."""
     ledger = open_ledger()
-    run = _get(ledger, run_id)
+    run = _get(ledger, run_id, AuditAction.CONTINUE)
     out.print(f"continue run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
               f"next step {run.step or '(start)'}")
     if run.parked_reason or run.last_error:
@@ -153,9 +163,10 @@ def runs_replay(
 ) -> None:
     """Start a NEW run from a copy of checkpoint --from-seq of RUN, in the given mode."""
     ledger = open_ledger()
-    run = _get(ledger, run_id)
+    run = _get(ledger, run_id, AuditAction.REPLAY)
     if mode not in {m.value for m in _MODE_TEXT}:
-        fail(f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}", 2)
+        _refuse(ledger, AuditAction.REPLAY, InvalidInput(
+            f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}"), run_id)
     launch_mode = LaunchMode(mode)
     out.print(f"replay run {run.id} ({run.workflow}) from checkpoint {from_seq} as a new "
               f"{launch_mode.value} run; budgets {budgets.value}"
@@ -210,9 +221,12 @@ def runs_branch(
     diff first; the parent's queue, approvals and effects are never touched."""
     from tasks.operator import state_check
 
-    operations = _patch(patch, patch_file, set_values or [])
     ledger = open_ledger()
-    run = _get(ledger, run_id)
+    run = _get(ledger, run_id, AuditAction.BRANCH)
+    try:
+        operations = _patch(patch, patch_file, set_values or [])
+    except InvalidInput as exc:
+        _refuse(ledger, AuditAction.BRANCH, exc, run_id)
     with reported():
         diff = ledger.preview_branch(run_id, from_seq, operations)
     out.print(f"branch run {run.id} ({run.workflow}) from checkpoint {from_seq}, with:")
@@ -238,12 +252,12 @@ def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[st
         for item in sets:
             pointer, sep, value = item.partition("=")
             if not sep or not pointer.startswith("/"):
-                fail(f"--set {item!r}: write it as /path=JSON, e.g. /amount=1500", 2)
+                raise InvalidInput(f"--set {item!r}: write it as /path=JSON, e.g. /amount=1500")
             operations.append({"op": "replace", "path": pointer, "value": _json(value)})
     except (ValueError, TypeError, OSError) as exc:
-        fail(f"the patch is not a JSON list of operations: {exc}", 2)
+        raise InvalidInput(f"the patch is not a JSON list of operations: {exc}") from exc
     if not operations:
-        fail("give the changes: --patch, --patch-file or --set /path=JSON", 2)
+        raise InvalidInput("give the changes: --patch, --patch-file or --set /path=JSON")
     return operations
 
 
@@ -268,7 +282,7 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
     """Stop a run that has not finished. A step in flight cannot commit afterwards; pending
     approvals are invalidated."""
     ledger = open_ledger()
-    run = _get(ledger, run_id)
+    run = _get(ledger, run_id, AuditAction.CANCEL)
     out.print(f"cancel run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
               f"next step {run.step or '(start)'}")
     with reported():

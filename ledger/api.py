@@ -215,14 +215,16 @@ class Ledger:
             raise
 
     def refuse(self, action: AuditAction, error: Exception, *, reason: str | None = None,
-               run_id: UUID | None = None, effect_id: str | None = None) -> Exception:
+               run_id: UUID | None = None, effect_id: str | None = None,
+               approval_id: UUID | None = None) -> Exception:
         """Audit a refusal decided outside the ledger (e.g. by tasks/operator.py) and return
         the error for the caller to raise."""
         def body(conn: Connection) -> None:
             raise error
 
         with contextlib.suppress(*REFUSALS):
-            self._command(action, body, reason=reason, run_id=run_id, effect_id=effect_id)
+            self._command(action, body, reason=reason, run_id=run_id, effect_id=effect_id,
+                          approval_id=approval_id)
         return error
 
     def require(self, action: AuditAction, *, run_id: UUID | None = None,

@@ -128,6 +128,9 @@ def test_cli_cancel_approve_effects(drv: Driver) -> None:
     onward("approvals", "approve", approval["id"], "--yes", code=2)  # names no hash
     out = onward("approvals", "approve", approval["id"], "-m", "ok", input="y\n")
     assert "approved by olga" in out
+    decisions = json.loads(onward("audit", "ls", "--run", str(waiting), "--json"))
+    assert [(a["action"], a["outcome"], a["approval_id"]) for a in decisions] == [
+        ("approve", "refused", approval["id"]), ("approve", "done", approval["id"])][::-1]
     assert drv.drive(waiting).status is RunStatus.COMPLETED
     effects = json.loads(onward("effects", "ls", "--run", str(waiting), "--json"))
     publish = next(e for e in effects if e["effect_type"] == "test.publish")
@@ -142,3 +145,17 @@ def test_cli_cancel_approve_effects(drv: Driver) -> None:
     running = drv.ledger.start_run("test_ops_notes", {"topic": "cli"})
     assert "cancelled" in onward("runs", "cancel", str(running), "--reason", "stop", "--yes")
     onward("runs", "cancel", str(running), "--reason", "stop", "--yes", code=2)
+
+
+def test_cli_refusals_before_the_ledger_are_audited(drv: Driver) -> None:
+    """Input the CLI refuses itself (an unknown mode, a malformed patch, an unknown run) is
+    audited like any refusal, and exits 2."""
+    parent = finished(drv)
+    onward("runs", "replay", str(parent), "--mode", "dream", "--reason", "x", "--yes", code=2)
+    onward("runs", "branch", str(parent), "--set", "channel=x", "--reason", "x", "--yes",
+           code=2)
+    missing = "01a229be-0000-7000-8000-000000000000"
+    onward("runs", "cancel", missing, "--reason", "x", "--yes", code=2)
+    audit = json.loads(onward("audit", "ls", "--outcome", "refused", "--limit", "3", "--json"))
+    assert [(a["action"], a["run_id"]) for a in reversed(audit)] == [
+        ("replay", str(parent)), ("branch", str(parent)), ("cancel", missing)]
