@@ -158,6 +158,13 @@ def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> 
         raise OperationRefused(f"run {run_id} is running: worker {run['lease_owner']} holds "
                                f"step {run['step'] or '(start)'} until "
                                f"{run['lease_expires_at']:%H:%M:%S}")
+    if status is RunStatus.RUNNING and str(run["waiting_on"] or "").startswith("timer:"):
+        due = conn.execute(sa.select(outbox.c.due_at).where(
+            outbox.c.run_id == run_id, outbox.c.seq == run["seq"],
+            outbox.c.due_at > sa.func.now())).scalar()
+        if due is not None:
+            raise OperationRefused(f"run {run_id} sleeps until {due:%Y-%m-%d %H:%M:%S} "
+                                   "(a durable timer); it goes on by itself then")
     if status is RunStatus.FAILED:
         _check_failure(conn, run)
 

@@ -354,3 +354,15 @@ def test_repeat_effect__new_key_one_new_call_linked_attempt(
     assert done.started.idempotency_key in calls(logs["tool"])[-1]
     [entry] = [a for a in ops.audit(action="repeat_effect") if a.effect_id == effect.effect_id]
     assert (entry.effect_id, entry.actor, entry.outcome) == (effect.effect_id, "ada", "done")
+
+
+def test_continue__refuses_to_cut_a_durable_timer_short(ops: Ledger) -> None:
+    """Invariant: a run sleeping on a durable timer is not 'continued' early: it goes on by
+    itself when the timer is due."""
+    with driver(ops, ["tests.workflows_waits"]) as sleepy:
+        run_id = ops.start_run("test_timer", {"seconds": 600})
+        sleepy.step(run_id, 0)
+    run = ops.get_run(run_id)
+    assert (run.status, run.seq) == (RunStatus.RUNNING, 1)
+    with pytest.raises(OperationRefused, match="sleeps until"):
+        ops.continue_run(run_id, "hurry up")
