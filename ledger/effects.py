@@ -107,9 +107,16 @@ SELECT lease.held, found.* FROM lease LEFT JOIN found ON true
 
 _BEGIN_ATTEMPT = """
 WITH bumped AS (
-    UPDATE onward.effects SET attempts = attempts + 1, updated_at = now()
-     WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
- RETURNING attempts
+    -- fenced right before each provider call: the effect is still unresolved and the caller
+    -- still holds a live lease of the step (epoch NULL: an operator's audited command)
+    UPDATE onward.effects e SET attempts = e.attempts + 1, updated_at = now()
+      FROM onward.runs r
+     WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
+       AND e.status IN ('pending', 'accepted') AND r.id = e.run_id
+       AND (%(epoch)s::bigint IS NULL
+            OR (r.lease_epoch = %(epoch)s AND r.status = 'running'
+                AND r.lease_expires_at > now()))
+ RETURNING e.attempts
 )
 INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker, lease_epoch,
                                     idempotency_key)
@@ -209,7 +216,9 @@ class EffectStore:
             "kind": kind.value, "worker": worker, "epoch": epoch, "key": effect.effect_id,
         })
         if row is None:
-            raise OnwardError(f"effect {effect.effect_id} vanished")
+            raise EffectFenced(
+                f"effect {effect.effect_id[:16]}… ({effect.effect_type}): not calling — the "
+                f"lease of epoch {epoch} is no longer held or the effect was resolved meanwhile")
         return int(row["attempt"])
 
     def record(

@@ -104,7 +104,8 @@ def test_effect__dispatcher_killed_after_publish_duplicates_are_noops(
     cluster.reaper(env=env)
     cluster.worker(concurrency=2, env=env)
     assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
-    assert ledger.get_run(run_id).stale_deliveries == 1
+    # At least the dispatcher's duplicate; a loaded machine can add fast-path re-sends.
+    assert ledger.get_run(run_id).stale_deliveries >= 1
     assert ledger.batch_stats([run_id]).duplicate_commits == 0
     assert provider.stats()["by_collection"] == {"offers": 1, "emails": 1}
 
