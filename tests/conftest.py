@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,17 @@ def settings(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> O
 @pytest.fixture()
 def ledger(settings: OnwardSettings) -> Ledger:
     return Ledger.from_env(settings)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Turn SIGTERM (e.g. from ``timeout``) into KeyboardInterrupt, so fixtures still stop
+    the worker processes they started (those run in their own sessions and would be left
+    running against the test database otherwise)."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"received signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 @pytest.hookimpl(hookwrapper=True)

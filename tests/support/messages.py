@@ -44,8 +44,11 @@ class Publisher:
                              content_encoding="utf-8", headers=headers or {}, retry=True)
 
     def queued(self) -> int:
-        """Messages waiting in the queue in Redis (not yet fetched by any worker)."""
-        return int(self.redis.llen(self.queue))
+        """Messages waiting in Redis (not yet fetched by any worker), in the base queue and
+        in the per-workflow-version queues derived from it (``<queue>.<workflow>.v<n>``)."""
+        keys = [self.queue, *(key for key in self.redis.scan_iter(match=f"{self.queue}.*",
+                                                                  _type="list"))]
+        return sum(int(self.redis.llen(key)) for key in keys)
 
     def close(self) -> None:
         self.redis.close()
