@@ -16,9 +16,9 @@ What it does, on real processes (the same ``onward`` commands an operator runs):
    ONWARD_WORKFLOWS=bench.waiting_agent, and measures an idle baseline: the fleet's CPU
    seconds over the measurement window with no run at all;
 3. starts N runs of ``bench_waiting`` (bench/waiting_agent.py: its first step asks for an
-   approval, its second finishes) with ``Ledger.start_run_txn`` in batched transactions, and
-   waits until every one waits for its approval. The rate of those first steps is the
-   reference "normal throughput" of this fleet;
+   approval, its second finishes) with ``Ledger.start_run_txn`` in batched transactions
+   (``--clients`` processes), and waits until every one waits for its approval. The rate of
+   those first steps is the reference "normal throughput" of this fleet;
 4. over the same window, with N runs waiting, measures:
    * fleet CPU: user + system seconds of the worker's process tree (main process and pool
      children), from psutil, compared with the idle baseline; the dispatcher's and reaper's
@@ -27,7 +27,7 @@ What it does, on real processes (the same ``onward`` commands an operator runs):
      the window (counted with Redis MONITOR between two markers, so other users of a shared
      Redis do not count), plus what sits in those queues (LLEN) at the end;
    * leases held (sampled every 0.5 s), step attempts started, outbox rows;
-5. approves every run through ``Ledger.approve`` (``--approvers`` processes, one decision per
+5. approves every run through ``Ledger.approve`` (``--clients`` processes, one decision per
    transaction, each bound to the hash of the artifact it read from the approval), and
    measures approvals per second and ``resume_steps_per_s``;
 6. checks the ledger: every run completed, two steps each, nothing committed twice.
@@ -86,6 +86,7 @@ from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url  # noqa: E402
 from ledger.migrate import upgrade  # noqa: E402
 from ledger.schema import ApprovalStatus  # noqa: E402
+from ledger.stats import BatchStats  # noqa: E402
 from tasks.routing import version_queue  # noqa: E402
 from tasks.waiting import artifact_hash  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
@@ -340,6 +341,15 @@ def phase_rate(engine: Engine, seq: int, since: Any = None) -> tuple[float, floa
     return steps / seconds, seconds
 
 
+def batch_stats(ledger: Ledger, ids: list[UUID], chunk: int = 500) -> BatchStats:
+    """Ledger.batch_stats, summed over chunks: its query grows with the square of the batch
+    (correlated subqueries over materialized CTEs), and every count it returns is a sum over
+    runs."""
+    parts = [ledger.batch_stats(ids[i:i + chunk]).as_dict() for i in range(0, len(ids), chunk)]
+    return BatchStats(**{name: sum(p[name] for p in parts)
+                         for name in BatchStats.__dataclass_fields__})
+
+
 class Consumers:
     """Stops and restarts the worker's consumption of the bench's queues (Celery remote
     control: cancel_consumer / add_consumer), so that a phase's N messages are all queued
@@ -494,47 +504,50 @@ def redact(url: str) -> str:
 
 
 # -- the phases -------------------------------------------------------------------------------
-def start_runs(ledger: Ledger, runs: int, batch: int) -> tuple[list[UUID], float]:
-    """N runs in transactions of ``batch`` runs each; returns (ids, runs created per s)."""
-    ids: list[UUID] = []
-    began = time.monotonic()
-    for first in range(0, runs, batch):
-        with ledger.engine.begin() as conn:
-            ids += [ledger.start_run_txn(conn, WORKFLOW, {"n": n})
-                    for n in range(first, min(runs, first + batch))]
-    return ids, runs / max(time.monotonic() - began, 1e-6)
+_client: Ledger | None = None
 
 
-_approver: Ledger | None = None
-
-
-def _init_approver(settings: dict[str, Any]) -> None:
-    global _approver
+def _init_client(settings: dict[str, Any]) -> None:
+    global _client
     config = OnwardSettings(**settings)
-    _approver = Ledger(sa.create_engine(database_url(config), pool_size=1), config)
+    _client = Ledger(sa.create_engine(database_url(config), pool_size=1), config)
+
+
+def _start_batch(numbers: range) -> list[UUID]:
+    """Start one run per number, all in one transaction (Ledger.start_run_txn)."""
+    assert _client is not None
+    with _client.engine.begin() as conn:
+        return [_client.start_run_txn(conn, WORKFLOW, {"n": n}) for n in numbers]
 
 
 def _approve_chunk(chunk: list[tuple[UUID, Any]]) -> int:
     """Approve each (approval id, artifact it showed) in its own Ledger.approve transaction,
     bound to the hash of that artifact."""
-    assert _approver is not None
+    assert _client is not None
     for approval_id, artifact in chunk:
-        _approver.approve(approval_id, "bench", artifact_hash=artifact_hash(artifact),
-                          roles=(APPROVER_ROLE,))
+        _client.approve(approval_id, "bench", artifact_hash=artifact_hash(artifact),
+                        roles=(APPROVER_ROLE,))
     return len(chunk)
 
 
-class Approvers:
-    """Processes that call Ledger.approve (processes, not threads: an approval is mostly
-    Python work, and one process's GIL would make the approvals, not the engine, the
-    bottleneck of the resume)."""
+class Clients:
+    """Application processes that start runs and approve them through the public Ledger API
+    (processes, not threads: both are mostly Python work and round trips, and one process's
+    GIL would make the clients, not the engine, the slowest part)."""
 
     def __init__(self, processes: int, settings: dict[str, Any]) -> None:
         context = multiprocessing.get_context("spawn")  # no inherited connections
         self.pool = ProcessPoolExecutor(max_workers=processes, mp_context=context,
-                                        initializer=_init_approver, initargs=(settings,))
+                                        initializer=_init_client, initargs=(settings,))
         for _ in self.pool.map(_approve_chunk, [[]] * processes):  # import, connect now
             pass
+
+    def start_runs(self, runs: int, batch: int) -> tuple[list[UUID], float]:
+        """N runs in transactions of ``batch`` runs; returns (ids, runs started per s)."""
+        began = time.monotonic()
+        batches = [range(first, min(runs, first + batch)) for first in range(0, runs, batch)]
+        ids = [run_id for chunk in self.pool.map(_start_batch, batches) for run_id in chunk]
+        return ids, runs / max(time.monotonic() - began, 1e-6)
 
     def approve_all(self, ledger: Ledger, runs: int, chunk: int = 100) -> tuple[int, float]:
         """Approve every pending approval; returns (approved, seconds)."""
@@ -556,10 +569,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=10_000, help="waiting runs (default 10000)")
     parser.add_argument("--window", type=float, default=10.0,
                         help="seconds of each measurement window (default 10)")
-    parser.add_argument("--batch", type=int, default=1000,
-                        help="runs started per transaction (default 1000)")
-    parser.add_argument("--approvers", type=int, default=4,
-                        help="processes calling Ledger.approve (default 4)")
+    parser.add_argument("--batch", type=int, default=500,
+                        help="runs started per transaction (default 500)")
+    parser.add_argument("--clients", type=int, default=4,
+                        help="processes calling Ledger.start_run_txn and Ledger.approve "
+                             "(default 4)")
     parser.add_argument("--concurrency", type=int, default=2,
                         help="pool processes of the one worker (default 2)")
     parser.add_argument("--loglevel", default="WARNING", help="of the onward processes")
@@ -574,8 +588,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-db", action="store_true", help="do not drop the database")
     parser.add_argument("--json", action="store_true", help="one JSON line on stdout")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.window <= 0 or args.batch < 1 or args.approvers < 1:
-        parser.error("--runs, --window, --batch and --approvers must be positive")
+    if args.runs < 1 or args.window <= 0 or args.batch < 1 or args.clients < 1:
+        parser.error("--runs, --window, --batch and --clients must be positive")
     return args
 
 
@@ -636,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="onward-bench-waiting-"))
     procs = Processes(log_dir, env)
     client = redis.Redis.from_url(broker)
-    approvers: Approvers | None = None
+    clients: Clients | None = None
     ok = False
     try:
         from tasks.workflow import Registry
@@ -647,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         node = f"bench-waiting-{os.getpid()}@{host}"
         worker = procs.start("worker", "worker", "-c", str(args.concurrency), "--name", node,
                              "--loglevel", args.loglevel)
-        approvers = Approvers(args.approvers, config)
+        clients = Clients(args.clients, config)
         ping_app = create_app(settings, registry=Registry())
         wait_ready(ping_app, worker, node)
         log(f"dispatcher, reaper and `onward worker -c {args.concurrency}` ready "
@@ -662,9 +676,10 @@ def main(argv: list[str] | None = None) -> int:
 
         consumers = Consumers(ping_app, node, queues, enabled=not args.no_pause)
         paused = " (worker not consuming until all are queued)" if consumers.enabled else ""
-        log(f"starting {args.runs} runs of {WORKFLOW} ({args.batch} per transaction){paused}")
+        log(f"starting {args.runs} runs of {WORKFLOW} ({args.batch} per transaction, "
+            f"{args.clients} processes){paused}")
         consumers.pause()
-        ids, created_per_s = start_runs(ledger, args.runs, args.batch)
+        ids, created_per_s = clients.start_runs(args.runs, args.batch)
         log(f"started {len(ids)} runs ({created_per_s:.0f} runs/s)")
         if consumers.enabled:
             wait_queued(engine, client, queues, args.runs, procs)
@@ -682,10 +697,10 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchFailed(f"runs stopped waiting during the window: {fmt_counts(still)}")
 
         log(f"approving {args.runs} runs through Ledger.approve "
-            f"({args.approvers} processes){paused}")
+            f"({args.clients} processes){paused}")
         consumers.pause()
         approve_t0 = db_now(engine)
-        approved, approve_s = approvers.approve_all(ledger, args.runs)
+        approved, approve_s = clients.approve_all(ledger, args.runs)
         log(f"approved {approved} in {approve_s:.1f} s ({approved / approve_s:.0f}/s)")
         if consumers.enabled:
             wait_queued(engine, client, queues, args.runs, procs)
@@ -699,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"resumed steps: {resume_rate:.0f} steps/s, {resume_cpu_ms:.1f} ms of worker CPU "
             "each")
 
-        stats = ledger.batch_stats(ids)
+        stats = batch_stats(ledger, ids)
         problems = []
         if stats.completed != args.runs or stats.steps_committed != 2 * args.runs:
             problems.append(f"{stats.completed}/{args.runs} completed, "
@@ -741,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
             "stale_deliveries": stats.stale_deliveries,
             "duplicate_commits": stats.duplicate_commits,
             "worker": f"1 x onward worker -c {args.concurrency} (prefork)",
-            "approver_processes": args.approvers,
+            "client_processes": args.clients,
             "outbox_republish_s": args.republish_s,
             "elapsed": round(time.monotonic() - STARTED, 1),
         }
@@ -757,8 +772,8 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted")
     finally:
         log("stopping processes")
-        if approvers is not None:
-            approvers.close()
+        if clients is not None:
+            clients.close()
         procs.stop_all()
         with contextlib.suppress(redis.RedisError):
             client.delete(*queues)
