@@ -52,8 +52,12 @@ def _changed(body: CheckpointBody, field: str, data: st.DataObject) -> Checkpoin
         "control": st.none() | st.fixed_dictionaries({"kind": st.sampled_from(["timer", "signal"]),
                                                       "then": names}),
         "state_schema_version": st.none() | st.integers(1, 50),
+        "refs": st.none() | st.dictionaries(names, json_values, min_size=1, max_size=3),
     }
-    value = data.draw(alternatives[field].filter(lambda v: v != current), label=field)
+    # A field added later without an entry above still gets changed (to other JSON), so the
+    # property keeps covering every field of the envelope.
+    strategy = alternatives.get(field, st.none() | json_values)
+    value = data.draw(strategy.filter(lambda v: v != current), label=field)
     return dataclasses.replace(body, **{field: value})
 
 
