@@ -83,8 +83,8 @@ def test_schema_check__processes_refuse_to_start_on_an_unmigrated_database(
     wait_for(lambda: not any(p.alive() for p in procs), timeout=90,
              what="every process to refuse and exit", seen=cluster.logs)
     for proc in procs:
-        assert proc.popen.returncode == 2, proc.log()
-        log = proc.log()
+        log = " ".join(proc.log().split())  # the CLI wraps long error lines
+        assert proc.popen.returncode == 2, log
         assert "onward db upgrade" in log, log
         assert "has no onward schema" in log, log
         assert "ready." not in log
@@ -95,5 +95,27 @@ def test_schema_check__processes_refuse_to_start_on_an_unmigrated_database(
             assert conn.execute(sa.text(
                 "SELECT count(*) FROM information_schema.schemata WHERE schema_name = :s"),
                 {"s": SCHEMA}).scalar_one() == 0
+    finally:
+        engine.dispose()
+
+
+def test_schema_check__processes_refuse_to_start_on_an_older_revision(
+        empty_database: str, cluster: Cluster) -> None:
+    """On a database left at an older revision (an upgrade not yet run after a deploy), a
+    worker and a dispatcher exit with status 2 naming the revision found, the one needed and
+    `onward db upgrade`; the stored revision is left as it was."""
+    engine = sa.create_engine(empty_database)
+    try:
+        upgrade(engine, "0001")
+        env = {"ONWARD_DATABASE_URL": empty_database}
+        procs = [cluster.worker(env=env, wait_ready=False), cluster.dispatcher(env=env)]
+        wait_for(lambda: not any(p.alive() for p in procs), timeout=90,
+                 what="every process to refuse and exit", seen=cluster.logs)
+        for proc in procs:
+            log = " ".join(proc.log().split())
+            assert proc.popen.returncode == 2, log
+            assert f"is at revision 0001, this code needs {HEAD_REVISION}" in log, log
+            assert "onward db upgrade" in log, log
+        assert current_revision(engine) == "0001"
     finally:
         engine.dispose()
