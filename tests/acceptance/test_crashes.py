@@ -44,7 +44,7 @@ def _completed(ledger: Ledger, run_id: UUID, timeout: float = 90) -> dict[str, A
 
 def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger,
                                                              cluster: Cluster) -> None:
-    """SIGKILL the pool child holding a run's lease while its 1 s step sleeps: after the
+    """SIGKILL the pool child holding a run's lease while its 0.8 s step sleeps: after the
     3 s lease expires the reaper restores the run (restore_count >= 1, the dead attempt
     recorded 'worker_lost'), another process commits that seq, and the run completes
     with checkpoints 0..3, exactly one committed attempt per seq."""
@@ -52,7 +52,7 @@ def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger,
     cluster.reaper()
     workers = [cluster.worker(concurrency=1, name="worker-a"),
                cluster.worker(concurrency=1, name="worker-b")]
-    run_id = ledger.start_run("test_chain", {"steps": 3, "sleep_ms": 1000})
+    run_id = ledger.start_run("test_chain", {"steps": 3, "sleep_ms": 800})
 
     _, pid, owner = lease_holder(ledger, run_id, workers)
     killed_seq = reads.run_row(ledger.engine, run_id)["seq"]

@@ -184,7 +184,8 @@ def test_step_store__fail_with_retry_writes_a_delayed_outbox_row(
         ledger: Ledger, stores: list[StepStore]) -> None:
     """A retryable step error releases the lease, keeps the run at its seq and writes the
     outbox row for the same seq due only after the backoff, published by the dispatcher
-    (not the worker); the error is recorded on the run and on the attempt."""
+    (not the worker); the error is recorded on the run and on the attempt. Without a retry
+    the run fails at once and nothing is left in the outbox."""
     store = stores[0]
     run_id = ledger.start_run("test_chain", {"steps": 3})
     claim = store.claim(run_id, 0, "w:1")
@@ -204,11 +205,12 @@ def test_step_store__fail_with_retry_writes_a_delayed_outbox_row(
     assert (attempt["outcome"], attempt["error_type"], attempt["error_message"]) == (
         "failed", "StepError", "boom")
 
-    again = store.claim(run_id, 0, "w:1")
-    assert isinstance(again, Claim) and again.attempt == 2
-    assert store.fail(again, "tick", {"type": "StepError", "message": "final"},
-                      retry_in_s=None)
-    row = reads.run_row(ledger.engine, run_id)
+    final = ledger.start_run("test_chain", {"steps": 3})
+    last = store.claim(final, 0, "w:1")
+    assert isinstance(last, Claim)
+    assert store.fail(last, "tick", {"type": "StepError", "message": "final"}, retry_in_s=None)
+    row = reads.run_row(ledger.engine, final)
     assert (row["status"], row["last_error"]["message"]) == ("failed", "final")
-    assert row["finished_at"] is not None
-    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0]
+    assert row["finished_at"] is not None and row["lease_owner"] is None
+    assert reads.outbox_rows(ledger.engine, final) == []
+    assert reads.checkpoint_seqs(ledger.engine, final) == [0]
