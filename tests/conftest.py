@@ -139,6 +139,25 @@ def cluster(settings_env: dict[str, str], tmp_path: Path,
     running.stop_all()
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_runs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used the ledger, cancel the runs it left unfinished and empty the
+    outbox: tests share one database, and a later test's dispatcher would otherwise publish
+    an earlier test's leftovers to its own workers (and provider)."""
+    yield
+    if "database" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("database")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "UPDATE onward.runs SET status = 'cancelled', lease_owner = NULL, "
+            "lease_expires_at = NULL, finished_at = now() "
+            "WHERE status IN ('running', 'waiting')"))
+        conn.execute(sa.text("DELETE FROM onward.outbox"))
+    engine.dispose()
+
+
 # -- processes shared by the tests of one module ----------------------------------------
 # Starting a celery worker costs seconds; tests that need no fault armed and no special
 # environment share one set of processes per module. Such a module overrides
