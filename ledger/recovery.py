@@ -41,21 +41,28 @@ WITH expired AS (
 SELECT count(*) FROM requeued
 """)
 
-# Lease expired and the attempt budget is spent: a step that keeps killing its worker.
+# The attempt budget is spent and nobody holds the step: a step that keeps killing its
+# worker (lease expired), or one that no worker can run (handed back every time).
 _PARK_EXHAUSTED = sa.text("""
 WITH exhausted AS (
     SELECT id FROM onward.runs
-     WHERE status = 'running' AND lease_expires_at < now() AND attempt >= max_attempts
+     WHERE status = 'running' AND attempt >= max_attempts
+       AND (lease_expires_at IS NULL OR lease_expires_at < now())
      LIMIT :limit FOR UPDATE SKIP LOCKED
 ), parked AS (
     UPDATE onward.runs r
        SET status = 'needs_review', parked_reason = 'attempts_exhausted',
            lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
            last_error = jsonb_build_object(
-               'type', 'WorkerLost',
-               'message', format('step %s at seq %s lost its worker on all %s attempts; '
-                                 'the last holder was %s',
-                                 coalesce(r.step, '(start)'), r.seq, r.attempt, r.lease_owner),
+               'type', CASE WHEN r.lease_owner IS NULL THEN 'NoWorkerCanRun' ELSE 'WorkerLost' END,
+               'message', CASE WHEN r.lease_owner IS NULL
+                    THEN format('no worker could run step %s at seq %s in %s attempts: %s',
+                                coalesce(r.step, '(start)'), r.seq, r.attempt,
+                                coalesce(r.last_error->>'message', 'no error recorded'))
+                    ELSE format('step %s at seq %s lost its worker on all %s attempts; '
+                                'the last holder was %s',
+                                coalesce(r.step, '(start)'), r.seq, r.attempt, r.lease_owner)
+                    END,
                'previous', r.last_error)
       FROM exhausted WHERE r.id = exhausted.id
  RETURNING r.id, r.lease_epoch

@@ -220,6 +220,10 @@ WITH claimed AS (
      WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
        AND attempt < max_attempts
+       -- a duplicate message must not cut a retry's backoff or a timer short
+       AND NOT EXISTS (SELECT 1 FROM onward.outbox o
+                        WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
+                          AND o.due_at > now())
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
@@ -357,7 +361,8 @@ SELECT count(*) AS parked FROM parked
 _RELEASE = """
 WITH released AS (
     UPDATE onward.runs
-       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+       SET lease_owner = NULL, lease_expires_at = NULL,
+           attempt = attempt - CASE WHEN %(spend)s THEN 0 ELSE 1 END,
            last_error = %(error)s, updated_at = now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, seq
@@ -580,15 +585,17 @@ class StepStore:
         return (row is not None and row["parked"] == 1) or self._lost(claim)
 
     def release(self, claim: Claim, error: dict[str, Any], *,
-                resend_in_s: float | None = None) -> bool:
-        """Give the lease back without running (and without using up an attempt); with
-        ``resend_in_s``, also queue the step again for the dispatcher to route."""
+                resend_in_s: float | None = None, spend_attempt: bool = False) -> bool:
+        """Give the lease back without running; with ``resend_in_s``, also queue the step
+        again for the dispatcher to route. ``spend_attempt`` keeps the claim counted, so
+        a message no worker can run ends parked instead of circulating forever."""
         row = self._one(
             _RELEASE,
             {
                 "run_id": claim.run_id,
                 "epoch": claim.epoch,
                 "resend_in": resend_in_s,
+                "spend": spend_attempt,
                 "error": Jsonb(error),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),

@@ -122,7 +122,8 @@ def _run_claimed(
         if not restored.park:
             bound.error("message handed back, run left unchanged", reason=restored.reason,
                         detail=restored.message)
-            store.release(claim, error, resend_in_s=1.0 if restored.resend else None)
+            store.release(claim, error, resend_in_s=1.0 if restored.resend else None,
+                          spend_attempt=not restored.resend)
             return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq,
                               detail=restored.message)
         bound.error("run parked for review", reason=restored.reason, detail=restored.message)

@@ -165,9 +165,10 @@ def test_delivery__malformed_messages_are_rejected_without_state_change(
 def test_delivery__unknown_workflow_is_released_unchanged(
         ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
     """A run of a workflow this worker does not have is claimed, then released at once with
-    an error log naming the workflow: the run stays runnable at seq 0 with its attempt
-    budget intact (attempt 0), no lease, no new checkpoint; the attempt is recorded as
-    'released' and last_error says what to check."""
+    an error log naming the workflow: the run stays runnable at seq 0, no lease, no new
+    checkpoint; the attempt is recorded as 'released' and counted (attempt 1), so a run no
+    worker can ever run ends parked by the reaper instead of circulating forever; last_error
+    says what to check."""
     run_id = ledger.start_run("no_such_workflow", {"x": 1})
     publisher.step(run_id, 0)
     reads.wait_run(ledger.engine, run_id, timeout=30, what="the run to be released",
@@ -176,7 +177,7 @@ def test_delivery__unknown_workflow_is_released_unchanged(
              == ["released"], timeout=30, what="the attempt to be recorded as released")
 
     row = reads.run_row(ledger.engine, run_id)
-    assert (row["status"], row["seq"], row["step"], row["attempt"]) == ("running", 0, None, 0)
+    assert (row["status"], row["seq"], row["step"], row["attempt"]) == ("running", 0, None, 1)
     assert (row["lease_owner"], row["lease_expires_at"]) == (None, None)
     assert row["last_error"]["type"] == "UnknownWorkflow"
     assert "'no_such_workflow'" in row["last_error"]["message"]
