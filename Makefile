@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
+# PYTEST_ARGS narrows the run, e.g. make test PYTEST_ARGS="tests/integration -x"
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest $(if $(PYTEST_ARGS),$(PYTEST_ARGS),tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ledger tasks workers console examples bench tests
@@ -24,6 +25,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/steps.py
+
+chaos: $(STAMP)
+	$(BIN)/python bench/chaos.py
 
 clean:
 	-$(BIN)/onward embedded down
