@@ -28,7 +28,10 @@ SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version
  WHERE o.due_at <= now()
    AND ((o.published_at IS NULL
          AND (NOT o.worker_publishes OR o.created_at < now() - %(grace)s * interval '1 second'))
-        OR o.published_at < now() - %(republish)s * interval '1 second')
+        -- a row published but not consumed is sent again, backing off exponentially so
+        -- a long queue under load is not flooded with copies of messages it still holds
+        OR o.published_at < now() - %(republish)s * power(2, least(o.publish_count - 1, 6))
+                                     * interval '1 second')
  ORDER BY o.due_at
  LIMIT %(limit)s
  FOR UPDATE OF o SKIP LOCKED

@@ -54,7 +54,7 @@ class OnwardSettings(BaseSettings):
     retry_max_s: float = Field(default=60.0, ge=0, description="Cap of the retry backoff.")
 
     outbox_grace_s: float = Field(
-        default=5.0,
+        default=30.0,
         ge=0,
         description="The dispatcher leaves rows a worker publishes itself alone this long.",
     )
