@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -182,10 +183,8 @@ def metrics(
     stop = serve_metrics(engine, port, host)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
     out.print(f"serving http://{host}:{port}/metrics")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
-    except KeyboardInterrupt:
-        pass
 
 
 @app.command()

@@ -193,7 +193,7 @@ class Handler(BaseHTTPRequestHandler):
     store: Store
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, code: int, payload: Any) -> None:
@@ -208,7 +208,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length) or b"{}")
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         if parts == ["admin", "stats"]:
             return self._send(200, self.store.stats())
@@ -224,7 +224,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, found) if found else self._send(404, {"error": "no object"})
         return self._send(404, {"error": "no route"})
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         try:
             body = self._body()

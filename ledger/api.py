@@ -28,12 +28,12 @@ from ledger.audit import (
     record_txn,
 )
 from ledger.checkpoints import CheckpointKeys
-from ledger.envelope import CheckpointEnvelope
-from ledger.schema import checkpoints as checkpoints_table
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
+from ledger.envelope import CheckpointEnvelope
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
+from ledger.schema import checkpoints as checkpoints_table
 from ledger.settings import OnwardSettings
 from ledger.stats import BatchStats, batch_stats
 

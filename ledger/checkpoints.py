@@ -63,7 +63,8 @@ class CheckpointKeys:
         for entry in filter(None, (e.strip() for e in settings.checkpoint_old_keys.split(","))):
             key_id, sep, old_secret = entry.partition("=")
             if not sep or not key_id or not old_secret:
-                raise InvalidInput("ONWARD_CHECKPOINT_OLD_KEYS must look like 'id=secret,id=secret'")
+                raise InvalidInput(
+                    "ONWARD_CHECKPOINT_OLD_KEYS must look like 'id=secret,id=secret'")
             if key_id == settings.checkpoint_key_id:
                 raise InvalidInput(f"old checkpoint key id {key_id!r} is also the current key id")
             keys[key_id] = old_secret.encode()
@@ -127,7 +128,7 @@ class CheckpointBody:
 
 
 def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id: str,
-           head_hash: str, parent_found: str | None | bool = True) -> None:
+           head_hash: str, parent_found: str | bool | None = True) -> None:
     """Check a restored checkpoint against its MAC, the run's recorded head and, when given
     (``parent_found``: the stored hash of checkpoint seq-1, or None if it is gone), the link
     to its parent. Cost: O(1) per step, whatever the history's length."""

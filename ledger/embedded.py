@@ -41,7 +41,7 @@ def postgres_url(home: Path) -> str:
     with home_lock(home), _quiet_platformdirs():
         import pgserver  # imported lazily: only the embedded default needs it
 
-        server = pgserver.get_server(pgdata, cleanup_mode=None)
+        server = pgserver.get_server(pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
     # pgserver listens on a Unix socket; its URI names the socket directory.
     uri: str = server.get_uri(DATABASE)
     return uri.replace("postgresql://", "postgresql+psycopg://", 1)
@@ -55,5 +55,5 @@ def stop_postgres(home: Path) -> bool:
     with home_lock(home), _quiet_platformdirs():
         import pgserver
 
-        pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()
+        pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()  # type: ignore[attr-defined]
     return True

@@ -23,8 +23,8 @@ class HotConnection:
     def _connection(self) -> psycopg.Connection[dict[str, Any]]:
         if self._conn is None or self._conn.closed:
             conn = connect_raw(self._url, autocommit=True)
-            conn.row_factory = dict_row  # type: ignore[assignment]
-            self._conn = conn  # type: ignore[assignment]
+            conn.row_factory = dict_row
+            self._conn = conn
         assert self._conn is not None
         return self._conn
 

@@ -5,7 +5,7 @@ Every statement takes its runs with FOR UPDATE SKIP LOCKED, so several reapers c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -97,7 +97,7 @@ class SweepReport:
     requeued: int
     parked: int
     stalled_resent: int
-    waits: WaitSweep = WaitSweep(0, 0, 0)
+    waits: WaitSweep = field(default_factory=lambda: WaitSweep(0, 0, 0))
 
     @property
     def total(self) -> int:

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-
 ROLES = ("viewer", "operator", "admin")
 """Operator roles, weakest first (ledger.audit.Role is the same list as an enum)."""
 

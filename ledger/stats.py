@@ -22,7 +22,8 @@ SELECT
                           GROUP BY run_id, seq HAVING count(*) > 1) d) AS duplicate_commits,
   (SELECT count(*) FROM attempts a JOIN cps c ON c.run_id = a.run_id AND c.seq = a.seq + 1
     WHERE a.started_at > c.created_at) AS completed_steps_reexecuted,
-  (SELECT count(*) FROM attempts WHERE outcome IS DISTINCT FROM 'committed') AS uncommitted_attempts,
+  (SELECT count(*) FROM attempts WHERE outcome IS DISTINCT FROM 'committed')
+      AS uncommitted_attempts,
   (SELECT count(*) FROM r WHERE (SELECT count(*) FROM cps c WHERE c.run_id = r.id) <> r.seq + 1
       OR (SELECT max(seq) FROM cps c WHERE c.run_id = r.id) <> r.seq) AS runs_with_gaps,
   (SELECT coalesce(sum(stale_deliveries), 0) FROM r) AS stale_deliveries,

@@ -28,8 +28,8 @@ from ledger.checkpoints import (
 )
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
-from ledger.waits import WAKE_ON_SIGNAL
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
+from ledger.waits import WAKE_ON_SIGNAL
 
 
 class StaleReason(StrEnum):
@@ -88,15 +88,16 @@ class Claim:
     checkpoint_key_id: str | None
     budget: Budget
     claimed_at: datetime
-    launch: Launch = Launch()  # replay / branch mode, parent and irreversible permission
+    launch: Launch = field(default_factory=Launch)  # replay / branch mode, parent, permission
     state_schema_version: int | None = None
     parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
     state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
 
     def __post_init__(self) -> None:
-        if self.state is None and self.checkpoint is not None:
-            if artifact_ref(self.checkpoint.state) is None:
-                object.__setattr__(self, "state", self.checkpoint.state)
+        inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
+        if self.state is None and inline:
+            assert self.checkpoint is not None
+            object.__setattr__(self, "state", self.checkpoint.state)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:

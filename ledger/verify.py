@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -66,7 +66,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
 
 
 def _check_state_artifacts(conn: Connection, run_id: UUID,
-                           rows: list[sa.RowMapping]) -> Iterator[Problem]:
+                           rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
     for row in rows:
         ref = artifact_ref(row["state"])
         if ref is None:

@@ -80,21 +80,21 @@ class StepContext:
         """Wait for a person to approve ``artifact`` (bound by its sha256). ``approvers`` are
         names or ``role:<name>``; empty means any operator. Then run ``then``; on rejection
         ``on_reject`` (or fail), on expiry ``on_expire`` (or fail with approval_expired)."""
-        return AskApproval(action, artifact, _name(then), tuple(approvers), expires_in,
+        return AskApproval(action, artifact, _required(then), tuple(approvers), expires_in,
                            _name(on_reject), _name(on_expire), update)
 
     def wait_for_signal(self, name: str, /, *, then: Step | str,
                         timeout: timedelta | None = None,
                         on_timeout: Step | str | None = None, **update: Any) -> WaitSignal:
         """Wait for ``Ledger.signal(run_id, name, payload)``; a signal sent earlier counts."""
-        return WaitSignal(name, _name(then), timeout, _name(on_timeout), update)
+        return WaitSignal(name, _required(then), timeout, _name(on_timeout), update)
 
     def sleep(self, delay: timedelta, /, *, then: Step | str, **update: Any) -> Sleep:
         """Continue with ``then`` after ``delay``, holding no worker."""
-        return Sleep(datetime.now(UTC) + delay, _name(then), update)
+        return Sleep(datetime.now(UTC) + delay, _required(then), update)
 
     def sleep_until(self, when: datetime, /, *, then: Step | str, **update: Any) -> Sleep:
-        return Sleep(when, _name(then), update)
+        return Sleep(when, _required(then), update)
 
     @property
     def decision(self) -> Any:
@@ -115,3 +115,7 @@ def _name(step: Step | str | None) -> str | None:
     if step is None or isinstance(step, str):
         return step
     return step.name
+
+
+def _required(step: Step | str) -> str:
+    return step if isinstance(step, str) else step.name

@@ -118,16 +118,16 @@ def _run_claimed(
     bound = log.bind(run_id=str(claim.run_id), seq=claim.seq, attempt=claim.attempt)
     restored = restore(config.keys, registry, claim)
     if isinstance(restored, Refusal):
-        error = error_record(restored.error_type, restored.message)
+        refusal = error_record(restored.error_type, restored.message)
         if not restored.park:
             bound.error("message handed back, run left unchanged", reason=restored.reason,
                         detail=restored.message)
-            store.release(claim, error, resend_in_s=1.0 if restored.resend else None,
+            store.release(claim, refusal, resend_in_s=1.0 if restored.resend else None,
                           spend_attempt=not restored.resend)
             return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq,
                               detail=restored.message)
         bound.error("run parked for review", reason=restored.reason, detail=restored.message)
-        store.park(claim, claim.step, restored.reason, error)
+        store.park(claim, claim.step, restored.reason, refusal)
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
     if isinstance(restored, Upgrade):
         return _commit_migration(store, config, claim, restored, bound)
@@ -163,7 +163,7 @@ def _run_claimed(
         bound.warning("lease lost during step; result discarded", error=str(exc))
         store.commit_refused(claim)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    except Exception as exc:  # noqa: BLE001 - every step error is recorded, none escapes
+    except Exception as exc:
         error = exc
     # A wait, a park or a budget stop decided inside the step stands, whatever the body
     # caught or returned.
@@ -314,7 +314,7 @@ def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],
 def _as_json(state: BaseModel, max_bytes: int) -> dict[str, Any]:
     try:
         data = state.model_dump(mode="json")
-    except Exception as exc:  # noqa: BLE001 - pydantic raises several types here
+    except Exception as exc:
         raise OutcomeError(f"state is not JSON-serializable: {exc}") from exc
     _check_json(data, "state", max_bytes)
     return data

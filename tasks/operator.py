@@ -113,7 +113,7 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> Repea
         outcome = "failed"
         error = {"type": type(exc).__name__, "message": str(exc)[:2000],
                  "status_code": exc.status_code}
-    except Exception as exc:  # noqa: BLE001 - a timeout or a dropped connection: unknown
+    except Exception as exc:
         outcome = "unknown"
         error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,

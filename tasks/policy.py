@@ -83,7 +83,7 @@ def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor |
     if claim.step not in allowed:
         return ParkFor("integrity", "IntegrityViolation",
                        f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
-                       f"wait does not allow ({sorted(allowed)})")
+                       f"wait does not allow ({sorted(str(a) for a in allowed)})")
     if control["kind"] != "approval" or claim.step != control["then"]:
         return None
     approval = effects.approval(control["approval_id"])

@@ -75,7 +75,7 @@ def restore(keys: CheckpointKeys, registry: Registry,
         try:
             for migrate in path:
                 state_json = migrate(dict(state_json))
-        except Exception as exc:  # noqa: BLE001 - a failing migration must park, not crash
+        except Exception as exc:
             return Refusal("incompatible_version", "MigrationFailed",
                            f"migrating {workflow.name} state to schema "
                            f"{workflow.state_schema_version} failed: {exc}")

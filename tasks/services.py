@@ -117,7 +117,7 @@ def request_hash_of(payload: Any) -> str:
 
 
 def poll_delay(polls: int) -> float:
-    return min(30.0, 0.25 * (2 ** min(polls, 10)))
+    return min(30.0, 0.25 * 2.0 ** min(polls, 10))
 
 
 class StepServices:
@@ -230,7 +230,7 @@ class StepServices:
                                              worker=self.worker, epoch=self.epoch)
         try:
             found = tool.lookup(effect.effect_id)
-        except Exception as exc:  # noqa: BLE001 - the outcome is still unknown; retry later
+        except Exception as exc:
             self.effects.record(effect, attempt, outcome="unknown", status=effect.status,
                                 error=_error(exc))
             raise EffectOutcomeUnknown(f"lookup of {tool.name} failed: {exc}") from exc
@@ -253,7 +253,7 @@ class StepServices:
             failed = self.effects.record(effect, attempt, outcome="failed",
                                          status=EffectStatus.FAILED, error=_error(exc))
             raise EffectFailed(f"{tool.name} refused: {exc}", failed) from exc
-        except Exception as exc:  # noqa: BLE001 - timeouts, dropped connections: unknown
+        except Exception as exc:
             self.effects.record(effect, attempt, outcome="unknown", status=EffectStatus.PENDING,
                                 error=_error(exc))
             raise EffectOutcomeUnknown(
@@ -315,7 +315,7 @@ class StepServices:
                                              worker=self.worker, epoch=self.epoch)
         try:
             answer = ToolResult.coerce(tool.status(effect.provider_ref))
-        except Exception as exc:  # noqa: BLE001 - unknown for now; poll again later
+        except Exception as exc:
             polled = self.effects.record(effect, attempt, outcome="unknown",
                                          status=EffectStatus.ACCEPTED, error=_error(exc),
                                          poll=True)

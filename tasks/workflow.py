@@ -22,8 +22,8 @@ from pydantic import BaseModel
 from tasks.exceptions import WorkflowDefinitionError
 
 if TYPE_CHECKING:
-    from tasks.context import StepContext
     from ledger.runs import Budgets
+    from tasks.context import StepContext
     from tasks.llm import LLMClient
     from tasks.outcomes import Outcome
 
@@ -101,7 +101,7 @@ class Workflow(Generic[S]):
         self, *, start: bool = False, name: str | None = None, max_attempts: int | None = None
     ) -> Callable[[StepFn], Step]: ...
 
-    def step(
+    def step(  # type: ignore[misc]  # one decorator, used bare or with options
         self,
         fn: StepFn | None = None,
         /,

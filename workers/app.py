@@ -9,8 +9,8 @@ from celery import Celery
 from pydantic import ValidationError
 
 from ledger.settings import OnwardSettings
-from tasks.workflow import Registry
 from tasks.routing import worker_queues
+from tasks.workflow import Registry
 from workers.advertise import Advertiser
 from workers.broker import broker_url
 from workers.runtime import STEP_TASK, WorkerRuntime

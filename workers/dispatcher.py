@@ -86,7 +86,7 @@ class Dispatcher:
             except LedgerUnavailable as exc:
                 log.error("ledger unavailable; retrying", error=str(exc))
                 self.stopping.wait(1.0)
-            except Exception as exc:  # noqa: BLE001 - broker hiccups must not kill the loop
+            except Exception as exc:
                 log.error("dispatch failed; retrying", error=repr(exc))
                 self._producer = None
                 self.stopping.wait(1.0)

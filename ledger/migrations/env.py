@@ -1,4 +1,5 @@
-"""Alembic environment: the engine comes from ``ledger.migrate``; own version table in ``onward``."""
+"""Alembic environment: the engine comes from ``ledger.migrate``; the version table is
+``onward.onward_alembic_version``."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ state is a referenced artifact, bound by sha256 under the checkpoint's MAC."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from pydantic import BaseModel
@@ -73,7 +74,7 @@ def test_envelope__groups_validate_and_bind_what_the_step_used(
     assert [e.identity.seq for e in envelopes] == [0, 1, 2, 3]
     assert [e.position.outcome.value for e in envelopes] == ["start", "goto", "goto", "finish"]
     assert all(e.identity.parent_hash == p.identity.hash
-               for p, e in zip(envelopes, envelopes[1:], strict=False))
+               for p, e in itertools.pairwise(envelopes))
     assert envelopes[1].budgets_at_start.attempts == 1
     assert envelopes[3].budgets_at_start.attempts == 3
     assert envelopes[3].compatibility.workflow_version == 1

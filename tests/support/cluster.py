@@ -6,6 +6,7 @@ operator runs, against a real PostgreSQL and a real Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,20 +66,16 @@ class Proc:
     def kill_tree(self) -> None:
         """SIGKILL the process and all its children (a whole worker host dying)."""
         for pid in [*self.children(), self.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.popen.wait(timeout=10)
 
     def stop(self, timeout: float = 10.0) -> None:
         if not self.alive():
             return
         for pid in self.children():  # a SIGSTOPped child would block a warm shutdown
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         self.popen.send_signal(signal.SIGTERM)
         try:
             self.popen.wait(timeout=timeout)

@@ -30,7 +30,8 @@ class Provider:
         self.http.post("/admin/config", json=values).raise_for_status()
 
     def arm(self, collection: str, **faults: int) -> None:
-        self.http.post("/admin/faults", json={"collection": collection, **faults}).raise_for_status()
+        response = self.http.post("/admin/faults", json={"collection": collection, **faults})
+        response.raise_for_status()
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """initial ledger: runs, checkpoints, step attempts, outbox
 
 Revision ID: 0001
-Revises: 
+Revises:
 """
 
 from __future__ import annotations
