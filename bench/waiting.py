@@ -41,9 +41,9 @@ the rate is then that of whichever is slower). The worker's CPU per step is repo
 both phases too: on a shared machine it is steadier than wall-clock rates.
 
 The dispatcher runs with ONWARD_OUTBOX_REPUBLISH_S=600 (``--republish-s``): with the default
-30 s, every message still queued behind a backlog older than 30 s is published again (the
-outbox cannot tell "queued" from "lost"), and each copy becomes a stale delivery; a backlog
-of 10,000 steps on two cores takes longer than that to drain.
+30 s, a message still queued behind a backlog is published again after 30 s, 90 s, 210 s…
+(the outbox cannot tell "queued" from "lost"), and each copy becomes a stale delivery; a
+backlog of 10,000 steps on two cores takes longer than that to drain.
 
 Progress and the report go to stderr; ``--json`` prints one line on stdout. Exits non-zero
 when an invariant fails: a run not waiting or not completed, a lease or a broker message
