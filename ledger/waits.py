@@ -246,23 +246,27 @@ class WaitSweep:
     deadlines: int
 
 
+def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: str,
+                      message: str) -> None:
+    """A wait ended without its event: go to the step the workflow declared, or fail."""
+    step = (row["control"] or {}).get(continuation)
+    if step:
+        _resume(conn, row["run_id"], row["seq"], step)
+    else:
+        _fail(conn, row["run_id"], reason, message)
+
+
 def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
     expired = conn.execute(_EXPIRE_APPROVALS, {"limit": limit}).mappings().all()
     for row in expired:
-        control = dict(row["control"] or {})
-        if control.get("on_expire"):
-            _resume(conn, row["run_id"], row["seq"], control["on_expire"])
-        else:
-            _fail(conn, row["run_id"], "approval_expired",
-                  f"approval {row['id']} expired before anyone decided")
+        _continue_or_fail(conn, row, "on_expire", "approval_expired",
+                          f"approval {row['id']} expired before anyone decided")
     timeouts = conn.execute(_SIGNAL_TIMEOUTS, {"limit": limit}).mappings().all()
     for row in timeouts:
-        control = dict(row["control"] or {})
-        if control.get("on_timeout"):
-            _resume(conn, row["run_id"], row["seq"], control["on_timeout"])
-        else:
-            _fail(conn, row["run_id"], "signal_timeout",
-                  f"no signal {control.get('name')!r} arrived before {control.get('timeout_at')}")
+        control = row["control"] or {}
+        _continue_or_fail(conn, row, "on_timeout", "signal_timeout",
+                          f"no signal {control.get('name')!r} arrived before "
+                          f"{control.get('timeout_at')}")
     late = conn.execute(_DEADLINES, {"limit": limit}).mappings().all()
     for row in late:
         _fail(conn, row["run_id"], "deadline_exceeded",
