@@ -32,6 +32,12 @@ Reported values are medians over rounds (min-max); ratios are medians of per-rou
 when the server is local) is printed too: on a shared, busy machine it is far steadier than
 steps/s, and a CPU-bound system's throughput follows it. Progress goes to stderr.
 
+Eager continuation (a worker runs a run's next steps itself after a commit, up to
+ONWARD_EAGER_STEPS / ONWARD_EAGER_WINDOW_MS per message) is on by default, and the targets are
+judged on the defaults. So that the broker path stays in view, a third onward stack with
+ONWARD_EAGER_STEPS=0 (every step through the broker) runs in the same rounds and is printed
+beside it; ``--no-broker-path`` leaves it out.
+
 A/B of a hot-path change without editing the product: ``--variant MODULE`` starts a second
 onward stack (own database, queue, dispatcher, reaper, workers) whose processes run as
 ``python -m MODULE worker|dispatcher|reaper``; MODULE patches what it tests, then runs the
@@ -514,6 +520,32 @@ def spread(values: list[float | None], fmt: str) -> str:
     return text
 
 
+def stack_series(side: str, col: Callable[..., list[Any]], ratio: Callable[..., list[Any]],
+                 rate: Callable[[Result], float],
+                 p: Callable[[float], Callable[[Result], float]]) -> dict[str, list[Any]]:
+    """The figures of a second onward stack (``variant`` or ``broker``), keyed by its name."""
+    def cpu(key: str) -> Callable[[Result], float | None]:
+        return lambda res: res.cpu_ms_per_step(key)
+
+    return {
+        f"{side}_chain_per_s": col(f"{side}_chain", rate),
+        f"{side}_fanout_per_s": col(f"{side}_fanout", rate),
+        f"{side}_p50_ms": col(f"{side}_chain", p(50)),
+        f"{side}_p99_ms": col(f"{side}_chain", p(99)),
+        f"{side}_chain_vs_onward": ratio(f"{side}_chain", "onward_chain", rate),
+        f"{side}_fanout_vs_onward": ratio(f"{side}_fanout", "onward_fanout", rate),
+        f"{side}_chain_ratio_vs_celery": ratio(f"{side}_chain", "celery_chain", rate),
+        f"{side}_fanout_ratio_vs_celery": ratio(f"{side}_fanout", "celery_fanout", rate),
+        f"{side}_p50_ratio_vs_celery": ratio(f"{side}_chain", "celery_chain", p(50)),
+        f"{side}_stale_fanout": col(f"{side}_fanout",
+                                    lambda res: res.detail["stale_deliveries"]),
+        f"{side}_chain_cpu_ms_per_step": col(f"{side}_chain", cpu("py_cpu_s")),
+        f"{side}_fanout_cpu_ms_per_step": col(f"{side}_fanout", cpu("py_cpu_s")),
+        f"{side}_chain_pg_cpu_ms_per_step": col(f"{side}_chain", cpu("pg_cpu_s")),
+        f"{side}_fanout_pg_cpu_ms_per_step": col(f"{side}_fanout", cpu("pg_cpu_s")),
+    }
+
+
 def summarize(rounds: list[dict[str, Result]], sides: list[str]) -> dict[str, list[Any]]:
     def rate(res: Result) -> float:
         return res.per_s
@@ -584,36 +616,36 @@ def summarize(rounds: list[dict[str, Result]], sides: list[str]) -> dict[str, li
             "celery_variant_fanout_vs_celery": ratio("celery_variant_fanout", "celery_fanout",
                                                      rate),
         })
-    if "variant" in sides:
+    for side in ("variant", "broker"):
+        if side in sides:
+            series.update(stack_series(side, col, ratio, rate, p))
+    if {"variant", "celery_variant"} <= set(sides):
         series.update({
-            "variant_chain_per_s": col("variant_chain", rate),
-            "variant_fanout_per_s": col("variant_fanout", rate),
-            "variant_p50_ms": col("variant_chain", p(50)),
-            "variant_p99_ms": col("variant_chain", p(99)),
-            "variant_chain_vs_onward": ratio("variant_chain", "onward_chain", rate),
-            "variant_fanout_vs_onward": ratio("variant_fanout", "onward_fanout", rate),
-            "variant_chain_ratio_vs_celery": ratio("variant_chain", "celery_chain", rate),
-            "variant_fanout_ratio_vs_celery": ratio("variant_fanout", "celery_fanout", rate),
-            "variant_p50_ratio_vs_celery": ratio("variant_chain", "celery_chain", p(50)),
-            "variant_stale_fanout": [r["variant_fanout"].detail["stale_deliveries"]
-                                     for r in rounds],
-            "variant_chain_cpu_ms_per_step": col(
-                "variant_chain", lambda res: res.cpu_ms_per_step("py_cpu_s")),
-            "variant_fanout_cpu_ms_per_step": col(
-                "variant_fanout", lambda res: res.cpu_ms_per_step("py_cpu_s")),
-            "variant_chain_pg_cpu_ms_per_step": col(
-                "variant_chain", lambda res: res.cpu_ms_per_step("pg_cpu_s")),
-            "variant_fanout_pg_cpu_ms_per_step": col(
-                "variant_fanout", lambda res: res.cpu_ms_per_step("pg_cpu_s")),
+            "variant_chain_vs_celery_variant": ratio("variant_chain", "celery_variant_chain",
+                                                     rate),
+            "variant_fanout_vs_celery_variant": ratio("variant_fanout", "celery_variant_fanout",
+                                                      rate),
         })
-        if "celery_variant" in sides:
-            series.update({
-                "variant_chain_vs_celery_variant": ratio("variant_chain", "celery_variant_chain",
-                                                         rate),
-                "variant_fanout_vs_celery_variant": ratio("variant_fanout",
-                                                          "celery_variant_fanout", rate),
-            })
     return series
+
+
+def stack_lines(s: Callable[..., str], side: str) -> list[str]:
+    """The table lines of a second onward stack; ``s(key, fmt)`` formats a series."""
+    return [
+        f"    chain {s(f'{side}_chain_per_s')} steps/s = {s(f'{side}_chain_vs_onward', '.2f')}"
+        f" x onward, {s(f'{side}_chain_ratio_vs_celery', '.2f')} x plain Celery",
+        f"    fan-out {s(f'{side}_fanout_per_s')} steps/s = "
+        f"{s(f'{side}_fanout_vs_onward', '.2f')} x onward, "
+        f"{s(f'{side}_fanout_ratio_vs_celery', '.2f')} x plain Celery; stale deliveries "
+        f"{s(f'{side}_stale_fanout')}",
+        f"    worker CPU ms/step chain {s(f'{side}_chain_cpu_ms_per_step', '.2f')}, fan-out "
+        f"{s(f'{side}_fanout_cpu_ms_per_step', '.2f')}; PostgreSQL backends chain "
+        f"{s(f'{side}_chain_pg_cpu_ms_per_step', '.2f')}, fan-out "
+        f"{s(f'{side}_fanout_pg_cpu_ms_per_step', '.2f')}",
+        f"    step-to-step p50 {s(f'{side}_p50_ms', '.2f')} ms, p99 "
+        f"{s(f'{side}_p99_ms', '.2f')} ms; p50 {s(f'{side}_p50_ratio_vs_celery', '.2f')}"
+        " x plain Celery's",
+    ]
 
 
 def print_table(series: dict[str, list[Any]], meta: dict[str, Any]) -> None:
@@ -662,24 +694,12 @@ def print_table(series: dict[str, list[Any]], meta: dict[str, Any]) -> None:
         f"  onward steps/s as a share of it: chain {s('chain_vs_bare_tx', '.2f')}, "
         f"fan-out {s('fanout_vs_bare_tx', '.2f')}",
     ]
+    if "broker_chain_per_s" in series:
+        lines += ["", "  onward with every step through the broker (ONWARD_EAGER_STEPS=0: no eager "
+                  "continuation; own database, queue, processes)", *stack_lines(s, "broker")]
     if "variant_chain_per_s" in series:
-        lines += [
-            "",
-            f"  A/B: onward variant `{meta['variant']}` (own database, queue, processes)",
-            f"    chain {s('variant_chain_per_s')} steps/s = {s('variant_chain_vs_onward', '.2f')}"
-            f" x onward, {s('variant_chain_ratio_vs_celery', '.2f')} x plain Celery",
-            f"    fan-out {s('variant_fanout_per_s')} steps/s = "
-            f"{s('variant_fanout_vs_onward', '.2f')} x onward, "
-            f"{s('variant_fanout_ratio_vs_celery', '.2f')} x plain Celery; stale deliveries "
-            f"{s('variant_stale_fanout')}",
-            f"    worker CPU ms/step chain {s('variant_chain_cpu_ms_per_step', '.2f')}, fan-out "
-            f"{s('variant_fanout_cpu_ms_per_step', '.2f')}; PostgreSQL backends chain "
-            f"{s('variant_chain_pg_cpu_ms_per_step', '.2f')}, fan-out "
-            f"{s('variant_fanout_pg_cpu_ms_per_step', '.2f')}",
-            f"    step-to-step p50 {s('variant_p50_ms', '.2f')} ms, p99 "
-            f"{s('variant_p99_ms', '.2f')} ms; p50 {s('variant_p50_ratio_vs_celery', '.2f')}"
-            " x plain Celery's",
-        ]
+        lines += ["", f"  A/B: onward variant `{meta['variant']}` (own database, queue, processes)",
+                  *stack_lines(s, "variant")]
     if "celery_variant_chain_per_s" in series:
         lines += [
             f"  plain Celery variant `{meta['celery_variant']}`: chain "
@@ -710,6 +730,13 @@ def print_table(series: dict[str, list[Any]], meta: dict[str, Any]) -> None:
     ]
     for label, ok in meta["targets"]:
         lines.append(f"    [{'PASS' if ok else 'MISS'}] {label}")
+    lines.append("    (judged on onward's defaults, eager continuation on)")
+    if "broker_chain_per_s" in series:
+        lines.append(
+            "    every step through the broker: fan-out "
+            f"{s('broker_fanout_ratio_vs_celery', '.2f')}x, chain "
+            f"{s('broker_chain_ratio_vs_celery', '.2f')}x, p50 "
+            f"{s('broker_p50_ratio_vs_celery', '.2f')}x plain Celery's")
     print("\n".join(lines))
 
 
@@ -750,6 +777,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the variant stack (e.g. "
                              "ONWARD_OUTBOX_GRACE_S=60); implies a variant stack")
+    parser.add_argument("--broker-path", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure onward with ONWARD_EAGER_STEPS=0 (every step "
+                             "through the broker), as its own stack; on by default")
     parser.add_argument("--celery-variant", metavar="FLAGS",
                         help="also run plain Celery with FLAGS: tuned and/or noevents, "
                              "comma-separated (see bench/plain_celery.py)")
@@ -796,6 +826,9 @@ def main(argv: list[str] | None = None) -> int:
                   "procs": procs, "args": args, "profile_env": profile_env, "host": host,
                   "stacks": stacks}
         main_stack, pending = start_onward("onward", "console", {}, **shared)
+        if args.broker_path:
+            _, more = start_onward("broker", "console", {"ONWARD_EAGER_STEPS": "0"}, **shared)
+            pending += more
         if args.variant:
             _, more = start_onward("variant", args.variant, variant_env, **shared)
             pending += more
@@ -880,10 +913,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.workers * args.concurrency} worker child processes) + "
                         "`onward dispatcher` + `onward reaper`; plain Celery: "
                         f"{args.workers} x the same worker command line")
-        ack = main_stack.ledger.settings.broker_ack_emulation
+        onward_settings = main_stack.ledger.settings
+        ack = onward_settings.broker_ack_emulation
         settings_desc = (f"prefork -c {args.concurrency}, -E (task events on), no gossip/mingle, "
                          f"acks_late, prefetch 1, json, results ignored, loglevel "
-                         f"{args.loglevel}; onward: ack emulation {'on' if ack else 'off'}; "
+                         f"{args.loglevel}; onward: ack emulation {'on' if ack else 'off'}, "
+                         f"eager continuation up to {onward_settings.eager_steps} steps / "
+                         f"{onward_settings.eager_window_ms:.0f} ms per message (the defaults); "
                          "plain Celery: stock kombu Redis transport (ack emulation on)")
         meta = {
             "workers_desc": workers_desc, "settings_desc": settings_desc,

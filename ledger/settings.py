@@ -98,6 +98,17 @@ class OnwardSettings(BaseSettings):
         description="The operator's role: viewer (reads), operator (continue, replay, branch, "
         "cancel, approve, reject) or admin (also repeat an external effect).",
     )
+    eager_steps: int = Field(
+        default=16, ge=0,
+        description="After committing a step, a worker runs up to this many of the run's next "
+        "steps itself (each still claimed and committed through the ledger) before handing the "
+        "run back to the broker; 0 sends every step through the broker.",
+    )
+    eager_window_ms: float = Field(
+        default=100.0, ge=0,
+        description="Eager continuation stops once the delivered message has run this long, so "
+        "one run cannot hold a worker process from the others.",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",

@@ -40,6 +40,7 @@ class StaleReason(StrEnum):
     LEASED = "leased"  # another worker holds a live lease
     NOT_RUNNABLE = "not_runnable"  # finished, failed, parked or cancelled
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # the reaper will park it
+    NOT_CLAIMED = "not_claimed"  # an uncounted claim (eager continuation) found it elsewhere
 
 
 @dataclass(frozen=True)
@@ -449,8 +450,11 @@ class StepStore:
         return self.conn.one(sql, params)
 
     # -- the hot path -------------------------------------------------------------------
-    def claim(self, run_id: UUID, seq: int, owner: str) -> Claim | Stale:
-        """Take the lease of ``run_id`` at ``seq`` (DESIGN.md 4.1) or say why not."""
+    def claim(self, run_id: UUID, seq: int, owner: str, *,
+              count_stale: bool = True) -> Claim | Stale:
+        """Take the lease of ``run_id`` at ``seq`` (DESIGN.md 4.1) or say why not.
+
+        A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl})
         if row is not None:
             claim = Claim.from_row(row)
@@ -463,6 +467,8 @@ class StepStore:
                 else:
                     claim = replace(claim, state=None)  # restore refuses: integrity
             return claim
+        if not count_stale:
+            return Stale(run_id, seq, StaleReason.NOT_CLAIMED)
         return self._count_stale(run_id, seq)
 
     def _count_stale(self, run_id: UUID, seq: int) -> Stale:

@@ -94,13 +94,19 @@ def execute_step(
     publish: Callable[[UUID, int, str], None],
     effects: EffectStore | None = None,
     evidence: EvidenceStore | None = None,
+    count_stale: bool = True,
 ) -> StepReport:
-    """Run the step after checkpoint ``message.seq`` of ``message.run_id`` at most to one commit."""
+    """Run the step after checkpoint ``message.seq`` of ``message.run_id`` at most to one commit.
+
+    ``count_stale=False`` is for a claim no message asked for (eager continuation): if it
+    finds the run elsewhere, that is not a stale delivery and is not counted as one.
+    """
     effects = effects or EffectStore(store.conn)
     evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes)
-    claimed = store.claim(message.run_id, message.seq, worker)
+    claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale)
     if isinstance(claimed, Stale):
-        log.info("stale delivery", run_id=str(claimed.run_id), seq=claimed.seq,
+        log.info("stale delivery" if count_stale else "run moved on before eager continuation",
+                 run_id=str(claimed.run_id), seq=claimed.seq,
                  reason=claimed.reason.value, current_seq=claimed.current_seq)
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
     faults.point("after_claim", claimed.step)

@@ -96,6 +96,41 @@ def test_crash__after_commit_before_publish_the_dispatcher_publishes(
     assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
 
 
+def test_crash__sigkill_during_an_eager_step_completes_elsewhere(ledger: Ledger,
+                                                                cluster: Cluster) -> None:
+    """One delivered message runs a run's steps back to back in the same pool child (eager
+    continuation, a wide window). SIGKILL that child while it is inside the third step,
+    which no broker message asked for: the commits before it stand, the lease expires, the
+    reaper restores the run, the other worker finishes it, and every seq has exactly one
+    checkpoint and one committed attempt."""
+    cluster.dispatcher()
+    cluster.reaper()
+    eager = {"ONWARD_EAGER_STEPS": "16", "ONWARD_EAGER_WINDOW_MS": "600000"}
+    first = cluster.worker(concurrency=1, name="worker-a", env=eager)
+    run_id = ledger.start_run("test_chain", {"steps": 5, "sleep_ms": 300})
+
+    def in_third_step() -> int | None:
+        row = reads.run_row(ledger.engine, run_id)
+        return row["lease_epoch"] if row["seq"] == 2 and row["lease_owner"] else None
+
+    wait_for(in_third_step, timeout=60, what="the run to be in its third step", interval=0.02)
+    tried = reads.attempts(ledger.engine, run_id)
+    owners = {a["worker"] for a in tried}
+    assert len(owners) == 1, f"seq 0..2 were not all run by one process: {tried}"
+    assert first.log().count("] received") == 1  # one message, three steps
+    owner = owners.pop()
+    os.kill(int(owner.rsplit(":", 1)[1]), signal.SIGKILL)
+    cluster.worker(concurrency=1, name="worker-b")
+
+    row = _completed(ledger, run_id)
+    assert row["restore_count"] >= 1
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2, 3, 4, 5]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {s: 1 for s in range(5)}
+    lost = [(a["seq"], a["outcome"]) for a in reads.attempts(ledger.engine, run_id)
+            if a["outcome"] != "committed"]
+    assert lost == [(2, "worker_lost")]
+
+
 def test_crash__dispatcher_dies_after_publish_before_mark_duplicate_is_noop(
         ledger: Ledger, cluster: Cluster, publisher: Publisher) -> None:
     """A dispatcher SIGKILLed after publishing a row and before marking it leaves the row

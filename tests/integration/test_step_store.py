@@ -111,6 +111,21 @@ def test_step_store__duplicate_and_stale_deliveries_are_counted_noops(
     assert reads.outbox_rows(ledger.engine, finished) == []
 
 
+def test_step_store__uncounted_claim_changes_nothing_when_refused(
+        ledger: Ledger, stores: list[StepStore]) -> None:
+    """A claim no message asked for (eager continuation, count_stale=False) that finds the
+    run held by another worker returns NOT_CLAIMED and leaves the ledger exactly as it was:
+    no stale delivery is counted, no lease or attempt taken."""
+    run_id = ledger.start_run("test_chain", {"steps": 3})
+    assert isinstance(stores[0].claim(run_id, 0, "w:1"), Claim)
+    before = reads.fingerprint(ledger.engine)
+
+    refused = stores[1].claim(run_id, 0, "w:2", count_stale=False)
+
+    assert isinstance(refused, Stale) and refused.reason is StaleReason.NOT_CLAIMED
+    assert reads.fingerprint(ledger.engine) == before
+
+
 def test_step_store__expired_lease_fences_the_old_holder(ledger: Ledger) -> None:
     """A holder whose lease expired and was taken over cannot commit, fail, park, release
     or heartbeat: its epoch is stale, each call returns False and changes nothing. Its

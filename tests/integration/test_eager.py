@@ -1,0 +1,105 @@
+"""Eager continuation (workers/runtime.py): after a commit, the worker runs the run's next
+steps itself, each claimed and committed through the ledger, within ``eager_steps`` and
+``eager_window_ms``; then it publishes the next message as usual. The worker runtime is
+driven in-process here against the real PostgreSQL and the real Redis, so what went through
+the broker is counted in Redis itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, OnwardSettings
+from tasks.workflow import Registry
+from tests.support import reads
+from tests.support.messages import Publisher
+from workers.app import create_app
+from workers.runtime import WorkerRuntime
+
+Factory = Callable[..., WorkerRuntime]
+
+
+@pytest.fixture()
+def runtime(settings: OnwardSettings) -> Iterator[Factory]:
+    """A worker runtime with the test's settings, overridden per test (eager_steps, ...)."""
+    made: list[WorkerRuntime] = []
+
+    def make(**overrides: Any) -> WorkerRuntime:
+        tuned = settings.model_copy(update=overrides)
+        registry = Registry()
+        registry.load_modules(["tests.workflows"])
+        app = create_app(tuned, registry=registry)
+        made.append(app.onward_runtime)  # type: ignore[attr-defined]
+        return made[-1]
+
+    yield make
+    for rt in made:
+        rt.close()
+        rt.app.close()
+
+
+def _deliver(rt: WorkerRuntime, run_id: UUID, seq: int) -> str:
+    return rt.handle({"run_id": str(run_id), "seq": seq}).kind.value
+
+
+def test_eager__runs_the_next_steps_in_process_then_publishes_one_message(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """One delivered message with eager_steps=3 commits seq 0 and then three more steps of
+    the same run in the same process (4 checkpoints, one committed attempt each, all by this
+    worker, no stale delivery counted), then publishes exactly one message, for seq 4, whose
+    outbox row is still in the ledger for the dispatcher should that publish be lost."""
+    rt = runtime(eager_steps=3, eager_window_ms=60_000)
+    run_id = ledger.start_run("test_chain", {"steps": 10})
+
+    assert _deliver(rt, run_id, 0) == "committed"
+
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["seq"], row["status"], row["stale_deliveries"]) == (4, "running", 0)
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2, 3, 4]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert {a["worker"] for a in reads.attempts(ledger.engine, run_id)} == {rt.worker_id}
+    assert [r["seq"] for r in reads.outbox_rows(ledger.engine, run_id)] == [4]
+    assert publisher.queued() == 1
+
+
+def test_eager__zero_sends_every_step_through_the_broker(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """eager_steps=0: one message executes one step and publishes the next."""
+    rt = runtime(eager_steps=0)
+    run_id = ledger.start_run("test_chain", {"steps": 10})
+
+    assert _deliver(rt, run_id, 0) == "committed"
+
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]
+    assert publisher.queued() == 1
+
+
+def test_eager__window_spent_hands_the_run_back_to_the_broker(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """A step that outlasts eager_window_ms (here 50 ms against 20 ms) ends the eager
+    continuation however many eager steps are left: one step, one message published."""
+    rt = runtime(eager_steps=16, eager_window_ms=20)
+    run_id = ledger.start_run("test_chain", {"steps": 10, "sleep_ms": 50})
+
+    assert _deliver(rt, run_id, 0) == "committed"
+
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]
+    assert publisher.queued() == 1
+
+
+def test_eager__a_run_that_finishes_inside_the_budget_publishes_nothing(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """A 5-step run delivered once with eager_steps=16 completes in that one delivery: five
+    checkpoints after the first, the run completed, no outbox row and no message left."""
+    rt = runtime(eager_steps=16, eager_window_ms=60_000)
+    run_id = ledger.start_run("test_chain", {"steps": 5})
+
+    assert _deliver(rt, run_id, 0) == "committed"
+
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["seq"]) == ("completed", 5)
+    assert reads.outbox_rows(ledger.engine, run_id) == []
+    assert publisher.queued() == 0
