@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -34,8 +35,39 @@ def artifact_ref(state: Any) -> dict[str, Any] | None:
     return None
 
 
+_JS_SAFE_INT = 2**53 - 1  # RFC 8785 (I-JSON) integers; rfc8785 refuses larger ones
+
+
+def _json_dumps_is_canonical(value: Any) -> bool:
+    """True when ``json.dumps(sort_keys, compact)`` writes ``value`` exactly as RFC 8785 does:
+    only exact str, int (I-JSON range), bool, None, list and dict with ASCII keys (so code
+    point order is UTF-16 order). Floats (ECMAScript number formatting) and anything else
+    take the rfc8785 path."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(-_JS_SAFE_INT <= value <= _JS_SAFE_INT)
+    if kind is dict:
+        return all(type(k) is str and k.isascii() and _json_dumps_is_canonical(v)
+                   for k, v in value.items())
+    if kind is list:
+        return all(_json_dumps_is_canonical(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any) -> bytes:
-    """RFC 8785 canonical JSON; raises InvalidInput for anything that is not plain JSON."""
+    """RFC 8785 canonical JSON; raises InvalidInput for anything that is not plain JSON.
+
+    The common case (no floats, ASCII keys) goes through the C json encoder, which writes
+    those values byte for byte as RFC 8785 does (tests/unit/test_checkpoints.py checks it
+    against the rfc8785 package); everything else through rfc8785 itself."""
+    try:
+        if _json_dumps_is_canonical(value):
+            return json.dumps(value, sort_keys=True, separators=(",", ":"),
+                              ensure_ascii=False).encode()
+    except (RecursionError, UnicodeEncodeError):
+        pass  # rfc8785 below says what is wrong, or refuses it the same way
     try:
         return rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:

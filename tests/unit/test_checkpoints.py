@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -125,3 +126,45 @@ def test_canonical_json__refuses_what_is_not_plain_json(value: Any) -> None:
     """Only plain JSON can be hashed, stored and compared; anything else is InvalidInput."""
     with pytest.raises(InvalidInput, match="not plain JSON"):
         canonical_json(value)
+
+
+any_json = st.recursive(
+    st.none() | st.booleans() | st.text()
+    | st.integers(min_value=-(2**54), max_value=2**54)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30)
+
+
+def _rfc8785_or_error(value: Any) -> bytes | type[Exception]:
+    try:
+        return rfc8785.dumps(value)
+    except Exception:
+        return InvalidInput
+
+
+def _ours_or_error(value: Any) -> bytes | type[Exception]:
+    try:
+        return canonical_json(value)
+    except InvalidInput:
+        return InvalidInput
+
+
+@given(value=any_json)
+def test_canonical_json__same_bytes_as_rfc8785(value: Any) -> None:
+    """The json.dumps fast path writes exactly what the rfc8785 package writes, for any JSON
+    value (any Unicode text and keys, floats, integers past the I-JSON range), or refuses
+    exactly what it refuses: a MAC written by one path verifies on the other."""
+    assert _ours_or_error(value) == _rfc8785_or_error(value)
+
+
+@pytest.mark.parametrize("value", [
+    {"ctl": "\x00\x01\x08\x09\x0a\x0c\x0d\x1f\x7f", "quote": "\"\\/", "seps": "\u2028\u2029"},
+    {"\ue000": 1, "\U0001f600": 2, "a": 3},  # UTF-16 order differs from code point order
+    {"n": [2**53 - 1, -(2**53) + 1, 0, True, False, None]},
+    {"big": 2**53}, {"lone": "\ud800"}, {"f": 1.0}, {"e": 1e21},
+])
+def test_canonical_json__edge_cases_match_rfc8785(value: Any) -> None:
+    """Escapes, key order outside the BMP, the I-JSON integer bounds, lone surrogates and
+    ECMAScript number formatting come out as rfc8785 writes them (or are refused alike)."""
+    assert _ours_or_error(value) == _rfc8785_or_error(value)
