@@ -79,3 +79,21 @@ def misbehave(ctx: StepContext, state: Bad) -> Any:
     if state.mode == "not_json":
         return ctx.finish(value=object())
     return "not an outcome"
+
+
+class Pair(BaseModel):
+    first_done: bool = False
+
+
+pair = Workflow("test_pair", version=1, state=Pair, max_attempts=3)
+
+
+@pair.step(start=True)
+def first(ctx: StepContext, state: Pair) -> Any:
+    """Two named steps, so a fault point can be armed for the second one only."""
+    return ctx.goto(second, first_done=True)
+
+
+@pair.step
+def second(ctx: StepContext, state: Pair) -> Any:
+    return ctx.finish(first_done=state.first_done)

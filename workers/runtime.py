@@ -94,25 +94,36 @@ class WorkerRuntime:
         )
 
     def handle(self, kwargs: dict[str, Any]) -> StepReport:
-        """Execute the delivered step, then (eagerly) the run's next ones; see the module doc."""
+        """Execute the delivered step, then (eagerly) the run's next ones; see the module doc.
+
+        Returns the delivered step's report (what Celery records for this message)."""
         self._ensure_process_state()
         assert self._store is not None and self._config is not None
         message = StepMessage.model_validate(kwargs)
         deadline = time.monotonic() + self.settings.eager_window_ms / 1000
         eager_left = self.settings.eager_steps
-        delivered = True
+        delivered: StepReport | None = None
         follow: list[tuple[UUID, int, str]] = []
+        queue = self.settings.queue  # set to the eager step's queue before it is used
         while True:
             follow.clear()
-            report = execute_step(self._store, self.registry, self._config, message,
-                                  worker=self.worker_id, publish=lambda *next_step:
-                                  follow.append(next_step), count_stale=delivered)
+            try:
+                report = execute_step(self._store, self.registry, self._config, message,
+                                      worker=self.worker_id, publish=lambda *next_step:
+                                      follow.append(next_step), count_stale=delivered is None)
+            except Exception:
+                if delivered is not None:
+                    # An eager step failed outside its body (the ledger went away): send its
+                    # message now rather than leave it to the dispatcher's grace period. If
+                    # the step did get its lease, the message is a counted no-op.
+                    self.publish(message.run_id, message.seq, queue)
+                raise
+            delivered = delivered or report
             if not follow:
-                return report
+                return delivered
             run_id, seq, queue = follow[0]
             if eager_left <= 0 or queue not in self._queues or time.monotonic() >= deadline:
                 self.publish(run_id, seq, queue)
-                return report
+                return delivered
             eager_left -= 1
-            delivered = False
             message = StepMessage(run_id=run_id, seq=seq)

@@ -13,6 +13,7 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger, OnwardSettings
+from tasks import faults
 from tasks.workflow import Registry
 from tests.support import reads
 from tests.support.messages import Publisher
@@ -103,3 +104,28 @@ def test_eager__a_run_that_finishes_inside_the_budget_publishes_nothing(
     assert (row["status"], row["seq"]) == ("completed", 5)
     assert reads.outbox_rows(ledger.engine, run_id) == []
     assert publisher.queued() == 0
+
+
+def test_eager__a_ledger_error_in_an_eager_step_publishes_its_message(
+        ledger: Ledger, runtime: Factory, publisher: Publisher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delivered step commits; the eager step after it claims its lease and then fails
+    outside its body (fault ``after_claim@second:raise``, standing for the ledger going
+    away). The message for that step is published before the error propagates, so the run
+    does not wait for the dispatcher's grace period; the commit before it stands, and the
+    lease the failed attempt holds makes that message a counted no-op until it expires."""
+    monkeypatch.setenv("ONWARD_FAULTS", "after_claim@second:raise")
+    rt = runtime(eager_steps=16, eager_window_ms=60_000)
+    run_id = ledger.start_run("test_pair", {})
+    try:
+        with pytest.raises(faults.InjectedFault):
+            _deliver(rt, run_id, 0)
+    finally:
+        monkeypatch.delenv("ONWARD_FAULTS")
+        faults.arm_from_env()
+
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["seq"], row["status"]) == (1, "running")
+    assert row["lease_owner"] == rt.worker_id
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1}
+    assert publisher.queued() == 1
