@@ -11,7 +11,8 @@ from sqlalchemy.engine import Connection
 _BATCH = sa.text("""
 WITH r AS (SELECT * FROM onward.runs WHERE id = ANY(:ids)),
 attempts AS (SELECT * FROM onward.step_attempts WHERE run_id = ANY(:ids)),
-cps AS (SELECT * FROM onward.checkpoints WHERE run_id = ANY(:ids))
+cps AS (SELECT * FROM onward.checkpoints WHERE run_id = ANY(:ids)),
+per_run AS (SELECT run_id, count(*) AS n, max(seq) AS top FROM cps GROUP BY run_id)
 SELECT
   (SELECT count(*) FROM r) AS runs,
   (SELECT count(*) FROM r WHERE status = 'completed') AS completed,
@@ -24,8 +25,9 @@ SELECT
     WHERE a.started_at > c.created_at) AS completed_steps_reexecuted,
   (SELECT count(*) FROM attempts WHERE outcome IS DISTINCT FROM 'committed')
       AS uncommitted_attempts,
-  (SELECT count(*) FROM r WHERE (SELECT count(*) FROM cps c WHERE c.run_id = r.id) <> r.seq + 1
-      OR (SELECT max(seq) FROM cps c WHERE c.run_id = r.id) <> r.seq) AS runs_with_gaps,
+  -- a run at seq n has exactly the checkpoints 0..n (one per seq: UNIQUE (run_id, seq))
+  (SELECT count(*) FROM r LEFT JOIN per_run p ON p.run_id = r.id
+    WHERE coalesce(p.n, 0) <> r.seq + 1 OR p.top IS DISTINCT FROM r.seq) AS runs_with_gaps,
   (SELECT coalesce(sum(stale_deliveries), 0) FROM r) AS stale_deliveries,
   (SELECT coalesce(sum(restore_count), 0) FROM r) AS restores
 """)
