@@ -58,7 +58,6 @@ import secrets
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,14 +74,22 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from sqlalchemy.engine import Engine, make_url  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
 
 from bench import baretx  # noqa: E402
+from bench._common import (  # noqa: E402
+    BenchFailed,
+    Proc,
+    Processes,
+    create_database,
+    drop_database,
+    redact,
+    wait_ready,
+)
 from bench.plain_celery import TASK as PLAIN_TASK  # noqa: E402
 from bench.plain_celery import make_app, record_keys  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
-from ledger.migrate import upgrade  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
 
 WORKFLOW = "test_chain"  # tests/workflows.py: `tick` runs `steps` times, then finishes
@@ -188,78 +195,6 @@ class Result:
         return None if value is None else value * 1000 / self.steps
 
 
-# -- processes ----------------------------------------------------------------------------
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if not self.alive():
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)  # its own session: only its tree
-            self.popen.wait(timeout=10)
-
-
-class Processes:
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
-        self.log_dir = log_dir
-        self.env = env
-        self.procs: list[Proc] = []
-
-    def start(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> Proc:
-        env = {**os.environ, **self.env, **(extra_env or {})}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        path = self.log_dir / f"{len(self.procs):02d}-{name}.log"
-        handle = open(path, "wb")  # noqa: SIM115 - owned by the process for its lifetime
-        popen = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=handle,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        proc = Proc(name, popen, path)
-        self.procs.append(proc)
-        return proc
-
-    def check_alive(self) -> None:
-        for proc in self.procs:
-            if not proc.alive():
-                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n"
-                                   f"{proc.tail()}")
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
-        self.procs.clear()
-
-
-def wait_ready(app: Any, proc: Proc, node: str, timeout: float = 120.0) -> None:
-    """A worker is ready when it answers a remote-control ping (works at any log level)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
-        if app.control.ping(destination=[node], timeout=0.5):
-            return
-    raise RuntimeError(f"{proc.name} not ready after {timeout}s:\n{proc.tail()}")
-
-
 def queue_depth(client: redis.Redis, prefix: str) -> int:
     """Messages waiting in every broker list named ``prefix*`` (onward may route each
     workflow version to its own queue, ``<queue>.<workflow>.v<version>``)."""
@@ -323,7 +258,7 @@ class OnwardSide:
                if k in ("failed", "parked", "duplicate_commits", "runs_with_gaps",
                         "completed_steps_reexecuted", "uncommitted_attempts") and v}
         if stats.completed != runs or stats.steps_committed != runs * steps or bad:
-            raise RuntimeError(f"onward run check failed: {stats.as_dict()}")
+            raise BenchFailed(f"onward run check failed: {stats.as_dict()}")
         return Result(runs * steps, seconds, s2s, handoff, CpuMeter.busy(before, after),
                       {"stale_deliveries": stats.stale_deliveries, "py_cpu_s": py_cpu,
                        "pg_cpu_s": pg_cpu, "leftover_messages": leftover})
@@ -341,7 +276,7 @@ class OnwardSide:
                 if seq_sum != progress:
                     progress, moved = seq_sum, time.monotonic()
                 elif time.monotonic() - moved > STALL_S:
-                    raise RuntimeError(f"onward stalled at {seq_sum}/{total_steps} steps")
+                    raise BenchFailed(f"onward stalled at {seq_sum}/{total_steps} steps")
                 self.procs.check_alive()
                 time.sleep(0.05)
 
@@ -379,7 +314,7 @@ class PlainSide:
             if count != progress:
                 progress, moved = count, time.monotonic()
             elif time.monotonic() - moved > STALL_S:
-                raise RuntimeError(f"plain Celery stalled at {count}/{runs * steps} steps")
+                raise BenchFailed(f"plain Celery stalled at {count}/{runs * steps} steps")
             self.procs.check_alive()
         after, cpu_after = CpuMeter.sample(), self.account.sample()
         py_cpu, _ = CpuAccount.delta(cpu_before, cpu_after)
@@ -387,11 +322,11 @@ class PlainSide:
         deadline = time.monotonic() + 10
         while int(self.client.llen(self.records_key)) < runs * steps:
             if time.monotonic() > deadline:
-                raise RuntimeError("plain Celery: step records missing")
+                raise BenchFailed("plain Celery: step records missing")
             time.sleep(0.05)
         records = [r.split() for r in self.client.lrange(self.records_key, 0, -1)]
         if len(records) != runs * steps:
-            raise RuntimeError(f"plain Celery ran {len(records)} tasks, expected {runs * steps}")
+            raise BenchFailed(f"plain Celery ran {len(records)} tasks, expected {runs * steps}")
         s2s: list[float] = []
         if runs == 1:
             starts = [float(t) for _, _, t in sorted(records, key=lambda r: int(r[1]))]
@@ -401,36 +336,6 @@ class PlainSide:
 
 
 # -- setup -------------------------------------------------------------------------------------
-def create_database(admin_url: str) -> tuple[str, str]:
-    name = f"onward_bench_{secrets.token_hex(4)}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    engine = sa.create_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    return name, url
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                             "WHERE datname = :n AND pid <> pg_backend_pid()"), {"n": name})
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
-
-
-def redact(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a redis URL: hide a password if any
-        head, sep, tail = url.rpartition("@")
-        return f"{head.split('//')[0]}//***@{tail}" if sep else url
-
-
 @dataclass
 class OnwardStack:
     """One onward deployment for the bench: database, queue, dispatcher, reaper, workers."""
@@ -448,7 +353,7 @@ def start_onward(name: str, launcher: str, extra_env: dict[str, str], *, admin_u
                  broker: str, home: Path, token: str, procs: Processes,
                  args: argparse.Namespace, profile_env: dict[str, str], host: str,
                  stacks: list[OnwardStack]) -> tuple[OnwardStack, list[tuple[Proc, str]]]:
-    db_name, db_url = create_database(admin_url)
+    db_name, db_url = create_database(admin_url, "onward_bench")
     log(f"{name}: created and migrated database {db_name}")
     queue = f"bench.{token}.{name}"
     key = secrets.token_hex(32)

@@ -60,14 +60,13 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -79,15 +78,23 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from sqlalchemy.engine import Engine, make_url  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
 
+from bench._common import (  # noqa: E402
+    BenchFailed,
+    Proc,
+    Processes,
+    create_database,
+    drop_database,
+    redact,
+    wait_ready,
+)
 from bench.waiting_agent import APPROVER_ROLE, WORKFLOW  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url  # noqa: E402
-from ledger.migrate import upgrade  # noqa: E402
 from ledger.schema import ApprovalStatus  # noqa: E402
 from ledger.stats import BatchStats  # noqa: E402
-from tasks.routing import version_queue  # noqa: E402
+from tasks.routing import version_queue, workflow_queue  # noqa: E402
 from tasks.waiting import artifact_hash  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
 
@@ -99,83 +106,6 @@ STARTED = time.monotonic()
 def log(message: str) -> None:
     print(f"[waiting {time.monotonic() - STARTED:6.1f}s] {message}", file=sys.stderr,
           flush=True)
-
-
-class BenchFailed(Exception):
-    """The bench could not do what it set out to do."""
-
-
-# -- processes --------------------------------------------------------------------------------
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if not self.alive():
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)  # its own session: only its tree
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            self.popen.wait(timeout=10)
-
-
-@dataclass
-class Processes:
-    log_dir: Path
-    env: dict[str, str]
-    procs: list[Proc] = field(default_factory=list)
-
-    def start(self, name: str, *args: str) -> Proc:
-        env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        path = self.log_dir / f"{len(self.procs):02d}-{name}.log"
-        with open(path, "wb") as handle:
-            popen = subprocess.Popen([sys.executable, "-m", "console", *args], cwd=ROOT,
-                                     env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = Proc(name, popen, path)
-        self.procs.append(proc)
-        return proc
-
-    def check_alive(self) -> None:
-        for proc in self.procs:
-            if not proc.alive():
-                raise BenchFailed(f"{proc.name} exited ({proc.popen.returncode}):\n"
-                                  f"{proc.tail()}")
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
-
-
-def wait_ready(app: Any, proc: Proc, node: str, timeout: float = 120.0) -> None:
-    """A worker is ready when it answers a remote-control ping (at any log level)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise BenchFailed(f"{proc.name} exited:\n{proc.tail()}")
-        if app.control.ping(destination=[node], timeout=0.5):
-            return
-    raise BenchFailed(f"{proc.name} not ready after {timeout:.0f}s:\n{proc.tail()}")
 
 
 # -- measurements -----------------------------------------------------------------------------
@@ -473,36 +403,6 @@ def measure_window(seconds: float, *, worker: Proc, control: list[Proc], engine:
 
 
 # -- database ---------------------------------------------------------------------------------
-def create_database(admin_url: str) -> tuple[str, str]:
-    name = f"onward_bench_waiting_{secrets.token_hex(4)}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    engine = sa.create_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    return name, url
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                             "WHERE datname = :n AND pid <> pg_backend_pid()"), {"n": name})
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
-
-
-def redact(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a redis URL: hide a password if any
-        head, sep, tail = url.rpartition("@")
-        return f"{head.split('//')[0]}//***@{tail}" if sep else url
-
-
 # -- the phases -------------------------------------------------------------------------------
 _client: Ledger | None = None
 
@@ -631,9 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     token = secrets.token_hex(4)
     queue = f"bench.waiting.{token}"
-    queues = [queue, version_queue(queue, WORKFLOW, 1)]
+    # first steps go to the workflow's queue, later ones to its version's (tasks/routing.py)
+    queues = [queue, workflow_queue(queue, WORKFLOW), version_queue(queue, WORKFLOW, 1)]
     log(f"database server {redact(admin_url)}, broker {redact(broker)}, queue {queue}")
-    db_name, db_url = create_database(admin_url)
+    db_name, db_url = create_database(admin_url, "onward_bench_waiting")
     log(f"created and migrated database {db_name}")
     key = secrets.token_hex(32)
     env = {"ONWARD_DATABASE_URL": db_url, "ONWARD_BROKER_URL": broker,
@@ -656,11 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.workflow import Registry
         from workers.app import create_app
 
-        control = [procs.start("dispatcher", "dispatcher", "--loglevel", args.loglevel),
-                   procs.start("reaper", "reaper", "--loglevel", args.loglevel)]
+        onward = ["-m", "console"]
+        control = [procs.start("dispatcher", [*onward, "dispatcher", "--loglevel", args.loglevel]),
+                   procs.start("reaper", [*onward, "reaper", "--loglevel", args.loglevel])]
         node = f"bench-waiting-{os.getpid()}@{host}"
-        worker = procs.start("worker", "worker", "-c", str(args.concurrency), "--name", node,
-                             "--loglevel", args.loglevel)
+        worker = procs.start("worker", [*onward, "worker", "-c", str(args.concurrency), "--name",
+                                        node, "--loglevel", args.loglevel])
         clients = Clients(args.clients, config)
         ping_app = create_app(settings, registry=Registry())
         wait_ready(ping_app, worker, node)

@@ -1,0 +1,65 @@
+"""The benchmark scripts still run end to end (they are how the speed targets are measured,
+and nothing else exercises them): each is run tiny, on the test servers, and its JSON line
+is checked for what it must report. No speed is asserted: timings on a shared machine mean
+nothing in a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import ROOT
+
+pytestmark = pytest.mark.acceptance
+
+
+def _bench(script: str, args: list[str], server_urls: dict[str, str],
+           timeout: float = 300) -> dict[str, Any]:
+    """Run ``bench/<script>`` with --json against the test servers; its one JSON line."""
+    env = {**os.environ, "ONWARD_DATABASE_URL": server_urls["database"],
+           "ONWARD_BROKER_URL": server_urls["broker"], "ONWARD_HOME": server_urls["home"]}
+    done = subprocess.run([sys.executable, f"bench/{script}", "--json", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr[-4000:]}"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, f"{script} printed {done.stdout!r}"
+    result: dict[str, Any] = json.loads(lines[0])
+    return result
+
+
+def test_bench_steps__reports_every_figure_and_ratio(server_urls: dict[str, str]) -> None:
+    """bench/steps.py, one tiny round: onward (defaults and every step through the broker),
+    plain Celery and the bare transaction all ran and produced positive rates; the issue's
+    JSON keys are present, and the ratios are the quotients of the rates they name."""
+    out = _bench("steps.py", ["--rounds", "1", "--chain-steps", "30", "--fanout-runs", "6",
+                              "--fanout-steps", "3", "--bare-seconds", "0.5",
+                              "--bare-clients", "2"], server_urls)
+
+    for key in ("chain_steps_per_s", "fanout_steps_per_s", "celery_chain_per_s",
+                "celery_fanout_per_s", "bare_tx_per_s", "p50_ms", "p99_ms", "celery_p50_ms",
+                "broker_chain_per_s", "broker_fanout_per_s"):
+        assert out[key] is not None and out[key] > 0, (key, out)
+    assert out["chain_ratio_vs_celery"] == pytest.approx(
+        out["chain_steps_per_s"] / out["celery_chain_per_s"], rel=0.01)
+    assert out["fanout_ratio_vs_celery"] == pytest.approx(
+        out["fanout_steps_per_s"] / out["celery_fanout_per_s"], rel=0.01)
+    assert set(out["targets_met"]) == {"fanout_0.8x", "chain_0.6x", "p50_2.5x"}
+
+
+def test_bench_waiting__waiting_runs_hold_nothing(server_urls: dict[str, str]) -> None:
+    """bench/waiting.py with 40 runs: while they wait for approval no broker message, lease
+    or step attempt exists, and after the approvals every run completes once."""
+    out = _bench("waiting.py", ["--runs", "40", "--window", "1", "--clients", "2",
+                                "--no-baseline"], server_urls)
+
+    assert out["waiting_runs"] == 40
+    assert (out["broker_messages_while_waiting"] or 0) == 0
+    assert out["leases_held_while_waiting"] == 0
+    assert out["step_attempts_while_waiting"] == 0
+    assert out["duplicate_commits"] == 0
+    assert out["resume_steps_per_s"] > 0
