@@ -165,7 +165,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         workflow_version=cp["workflow_version"], conversation_id=parent["conversation_id"],
         status=start.status.value, seq=cp["seq"], step=start.step,
         max_attempts=default_max_attempts, head_hash=digest, waiting_on=start.waiting_on,
-        last_error=start.last_error,
+        wait_until=start.wait_until, last_error=start.last_error,
         finished_at=sa.func.now() if start.status.terminal else None,
         state_schema_version=cp["state_schema_version"], parent_run_id=parent["id"],
         parent_seq=cp["seq"], launch_reason=reason, mode=request.mode.value,
@@ -259,6 +259,7 @@ class _Start:
     step: str | None
     control: dict[str, Any] | None = None
     waiting_on: str | None = None
+    wait_until: datetime | None = None  # a signal wait's timeout
     due_at: Any = None
     approval: dict[str, Any] | None = None
     last_error: dict[str, Any] | None = None
@@ -277,8 +278,15 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
         return _Start(RunStatus.RUNNING, control["then"], control,
                       due_at=datetime.fromisoformat(str(control["until"])))
     if kind == "signal":
+        wait_until = None
+        if control.get("timeout_at"):
+            # The new run gets the wait the parent was given, counted from now (as an
+            # approval's lifetime is): the reaper times it out like the parent's.
+            timeout = datetime.fromisoformat(str(control["timeout_at"])) - cp["created_at"]
+            wait_until = conn.execute(sa.select(sa.func.now())).scalar_one() + timeout
+            control = {**control, "timeout_at": wait_until.isoformat()}
         return _Start(RunStatus.WAITING, control["then"], control,
-                      waiting_on=f"signal:{control['name']}")
+                      waiting_on=f"signal:{control['name']}", wait_until=wait_until)
     asked = conn.execute(sa.select(approvals).where(
         approvals.c.id == UUID(str(control["approval_id"])))).mappings().first()
     if asked is None:

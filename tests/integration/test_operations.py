@@ -366,3 +366,30 @@ def test_continue__refuses_to_cut_a_durable_timer_short(ops: Ledger) -> None:
     assert (run.status, run.seq) == (RunStatus.RUNNING, 1)
     with pytest.raises(OperationRefused, match="sleeps until"):
         ops.continue_run(run_id, "hurry up")
+
+
+def test_replay__signal_wait_keeps_its_timeout(ops: Ledger) -> None:
+    """Invariant: a live replay from a checkpoint that waits for a signal with a timeout
+    waits with the same timeout, counted from the replay's start, so the reaper times it out
+    as it would the parent; a signal wait without a timeout stays without one."""
+    with driver(ops, ["tests.workflows_waits"]) as waits:
+        timed = ops.start_run("test_signal", {"timeout_s": 600})
+        untimed = ops.start_run("test_signal", {})
+        waits.step(timed, 0)
+        waits.step(untimed, 0)
+    parent = ops.get_run(timed)
+    assert parent.status is RunStatus.WAITING
+
+    replay = ops.replay(timed, 1, "live", "wait again")
+    plain = ops.replay(untimed, 1, "live", "wait again")
+
+    assert replay.status is RunStatus.WAITING
+    with ops.engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.text(
+            "SELECT id, waiting_on, wait_until, now() AS now FROM onward.runs "
+            "WHERE id = ANY(:ids)"), {"ids": [replay.run_id, plain.run_id]})}
+    left = (rows[replay.run_id].wait_until - rows[replay.run_id].now).total_seconds()
+    assert 590 < left <= 600
+    assert rows[replay.run_id].waiting_on == "signal:go"
+    assert rows[plain.run_id].wait_until is None
+    assert ops.verify_run(replay.run_id) == []
