@@ -25,12 +25,13 @@ from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
 from tasks import faults
 from tasks.context import StepContext
+from tasks.control import DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
 from tasks.restore import Refusal, Upgrade, restore
 from tasks.routing import version_queue
-from tasks.services import DivergeFor, FailFor, ParkFor, StepServices, Suspend, WaitFor
+from tasks.services import StepServices
 from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
 

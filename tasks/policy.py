@@ -11,7 +11,7 @@ from typing import Any
 from ledger.effects import EffectStore
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
-from tasks.services import FailFor, ParkFor
+from tasks.control import FailFor, ParkFor
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What ``ctx.effect``, ``ctx.llm`` and ``ctx.read`` do: DESIGN.md section 5, step by step.
 
 Control flow that the step body must not be able to swallow (wait for an accepted effect,
-park the run for review) is recorded on ``Control`` before anything is raised; the executor
-reads it after the body returns or raises, whatever the body caught.
+park the run for review) is recorded on ``Control`` (tasks/control.py) before anything is
+raised; the executor reads it after the body returns or raises, whatever the body caught.
 
 Replays and branches (DESIGN.md section 8) change where answers come from, by the run's
 ``Launch``: an **evidence** replay answers every call from its parent's records by
@@ -14,7 +14,7 @@ Replays and branches (DESIGN.md section 8) change where answers come from, by th
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -27,15 +27,10 @@ from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
 from tasks import faults
+from tasks.control import Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import OutcomeError, StepError
 from tasks.llm import LLMClient, LLMResponse
 from tasks.tools import Tool, ToolError, ToolResult
-
-
-class Suspend(BaseException):
-    """Unwinds a step that must wait or be parked. Not an Exception, so ``except Exception``
-    in step code does not catch it; even if something does, ``Control`` still holds the
-    decision."""
 
 
 class EffectFailed(StepError):
@@ -48,60 +43,6 @@ class EffectFailed(StepError):
 
 class EffectOutcomeUnknown(StepError):
     """The call may or may not have reached the provider; the next attempt reconciles."""
-
-
-@dataclass(frozen=True)
-class WaitFor:
-    delay_s: float
-    waiting_on: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class ParkFor:
-    reason: str
-    error_type: str
-    message: str
-
-
-@dataclass(frozen=True)
-class FailFor:
-    reason: str
-    message: str
-    spent: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class DivergeFor:
-    """An evidence replay asked for something its parent never recorded: stop it."""
-
-    divergence: Divergence
-    report: dict[str, Any]
-
-    @property
-    def message(self) -> str:
-        return self.divergence.message
-
-
-@dataclass
-class Control:
-    decision: WaitFor | ParkFor | FailFor | DivergeFor | None = None
-
-    def diverge(self, divergence: DivergeFor) -> None:
-        if not isinstance(self.decision, ParkFor):
-            self.decision = divergence
-
-    def fail(self, failure: FailFor) -> None:
-        if self.decision is None:
-            self.decision = failure
-
-    def park(self, reason: str, error: Exception) -> None:
-        if not isinstance(self.decision, ParkFor):
-            self.decision = ParkFor(reason, type(error).__name__, str(error))
-
-    def wait(self, wait: WaitFor) -> None:
-        if self.decision is None:
-            self.decision = wait
 
 
 def effect_id_for(run_id: UUID, effect_type: str, command_id: str) -> str:
