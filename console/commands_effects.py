@@ -63,10 +63,12 @@ def effects_ls(
 @effects_app.command("show")
 def effects_show(effect_id: EffectArg, effect_type: TypeOpt = None,
                  as_json: JsonFlag = False) -> None:
-    """One effect: what was asked, of whom, and every call, lookup, poll and repeat."""
+    """One effect: what was asked, of whom, and every call, lookup, poll and repeat.
+    Each inspection is itself audited."""
     with reported():
         ledger = open_ledger()
         effect = ledger.find_effect(effect_id, effect_type)
+        ledger.inspected(run_id=effect.run_id, effect_id=effect.effect_id)
         attempts = ledger.effect_attempts(effect)
     if as_json:
         print_json({"effect": effect, "attempts": attempts})

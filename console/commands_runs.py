@@ -95,11 +95,12 @@ def runs_ls(
 @runs_app.command("show")
 def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
     """A run: header, lineage (parent, children), step timeline, checkpoints, effects,
-    approvals and its audit trail."""
+    approvals and its audit trail. Each inspection is itself audited."""
     with reported():
         ledger = open_ledger()
         if ledger.get_run(run_id) is None:
             fail(f"no run {run_id}", 2)
+        ledger.inspected(run_id=run_id)
         detail = run_detail(ledger, run_id)
     if as_json:
         print_json(detail)

@@ -227,6 +227,16 @@ class Ledger:
                           approval_id=approval_id)
         return error
 
+    def inspected(self, *, run_id: UUID | None = None, effect_id: str | None = None) -> None:
+        """Record that the actor read a run's or an effect's full detail: inspection is
+        audited like every other operator command (DESIGN.md sections 8 and 10)."""
+        def body(conn: Connection) -> None:
+            self.actor.require(AuditAction.INSPECT)
+            record_txn(conn, self.actor, AuditRecord(AuditAction.INSPECT, AuditOutcome.DONE,
+                                                     run_id=run_id, effect_id=effect_id))
+
+        self._command(AuditAction.INSPECT, body, run_id=run_id, effect_id=effect_id)
+
     def require(self, action: AuditAction, *, run_id: UUID | None = None,
                 effect_id: str | None = None) -> None:
         """Raise (audited) PermissionDenied unless the actor's role allows ``action``."""

@@ -43,6 +43,7 @@ class AuditAction(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
     REPEAT_EFFECT = "repeat_effect"
+    INSPECT = "inspect"  # a run's or an effect's full detail was read
 
 
 class AuditOutcome(StrEnum):
@@ -58,6 +59,7 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.APPROVE: Role.OPERATOR,
     AuditAction.REJECT: Role.OPERATOR,
     AuditAction.REPEAT_EFFECT: Role.ADMIN,
+    AuditAction.INSPECT: Role.VIEWER,
 }
 
 

@@ -96,8 +96,8 @@ def test_cli_replay_and_continue__exit_codes_and_lineage(drv: Driver) -> None:
     onward("runs", "replay", str(parent), "--reason", "x", "--yes", role="viewer", code=2)
     audit = json.loads(onward("audit", "ls", "--run", str(parent), "--json"))
     assert [(a["action"], a["outcome"], a["actor"], a["role"]) for a in reversed(audit)] == [
-        ("replay", "done", "olga", "operator"), ("continue", "refused", "olga", "operator"),
-        ("replay", "refused", "olga", "viewer")]
+        ("replay", "done", "olga", "operator"), ("inspect", "done", "olga", "operator"),
+        ("continue", "refused", "olga", "operator"), ("replay", "refused", "olga", "viewer")]
 
 
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
@@ -159,3 +159,20 @@ def test_cli_refusals_before_the_ledger_are_audited(drv: Driver) -> None:
     audit = json.loads(onward("audit", "ls", "--outcome", "refused", "--limit", "3", "--json"))
     assert [(a["action"], a["run_id"]) for a in reversed(audit)] == [
         ("replay", str(parent)), ("branch", str(parent)), ("cancel", missing)]
+
+
+def test_cli_inspect__reading_a_run_or_an_effect_is_audited(drv: Driver) -> None:
+    """`runs show` and `effects show` each leave one 'inspect' audit row naming the reader
+    and the role they read with (DESIGN.md 8: inspect is audited like every command);
+    listing runs leaves none."""
+    run_id = finished(drv)
+    onward("runs", "ls", "--workflow", "test_ops_notes", role="viewer")
+    onward("runs", "show", str(run_id), role="viewer")
+    [effect, *_] = json.loads(onward("effects", "ls", "--run", str(run_id), "--json"))
+    onward("effects", "show", effect["effect_id"])
+
+    audit = json.loads(onward("audit", "ls", "--run", str(run_id), "--json"))
+    assert [(a["action"], a["outcome"], a["actor"], a["role"], a["effect_id"])
+            for a in reversed(audit)] == [
+        ("inspect", "done", "olga", "viewer", None),
+        ("inspect", "done", "olga", "operator", effect["effect_id"])]
