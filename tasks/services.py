@@ -111,9 +111,11 @@ class StepServices:
     # -- effects ---------------------------------------------------------------------------
     def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
         result = self._effect(tool, key, payload)
+        # An evidence replay's answer is the parent's effect: the checkpoint names that one.
+        owner = (self._evidence_source() if self.launch.evidence else None) or self.run_id
         self._effect_refs.append({
             "effect_type": tool.name, "command_id": self._last_command,
-            "effect_id": effect_id_for(self.run_id, tool.name, self._last_command),
+            "effect_id": effect_id_for(owner, tool.name, self._last_command),
             "status": EffectStatus.COMPLETED.value,
         })
         return result

@@ -86,6 +86,13 @@ def test_replay_evidence__same_final_state_and_nothing_called(
         0, "fork", None)
     assert ops.verify_run(launched.run_id) == []
     assert ops.effects(launched.run_id) == []
+    # its checkpoints bind the parent's effects and evidence that answered it
+    assert ([c.side_effects for c in ops.checkpoints(launched.run_id)[1:]]
+            == [c.side_effects for c in ops.checkpoints(parent)[1:]])
+    assert {e.effect_id for e in ops.effects(parent)} == {
+        r.effect_id for c in ops.checkpoints(launched.run_id) for r in c.side_effects}
+    assert ([c.evidence for c in ops.checkpoints(launched.run_id)[1:]]
+            == [c.evidence for c in ops.checkpoints(parent)[1:]])
     assert replay.used_tokens == 0
     assert audit_actions(ops, parent) == [("replay", "done")]
 
