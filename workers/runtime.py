@@ -4,8 +4,9 @@ Built lazily in each prefork child (connections must not cross ``fork``).
 
 Eager continuation: after committing a step, the worker runs the run's next step itself
 (claimed and committed through the ledger like any other) instead of publishing it, while the
-step's queue is one this worker consumes and the delivered message is within
-``eager_steps`` / ``eager_window_ms``; then it publishes as usual. The commit has already
+delivered message is within ``eager_steps`` / ``eager_window_ms``; then it publishes as
+usual. The next step is always of a workflow version this worker has (the one it just ran,
+or migrated to), so its queue is one this worker consumes. The commit has already
 written the next outbox row, so a crash between two eager steps leaves exactly the state a
 crash between commit and publish leaves: the dispatcher sends the row after its grace.
 """
@@ -27,7 +28,6 @@ from ledger.settings import OnwardSettings
 from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
-from tasks.routing import worker_queues
 from tasks.workflow import Registry
 
 STEP_TASK = "onward.step"
@@ -44,7 +44,6 @@ class WorkerRuntime:
     _store: StepStore | None = field(default=None, init=False)
     _producer: Any = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
-    _queues: frozenset[str] = field(default=frozenset(), init=False)
 
     def _ensure_process_state(self) -> None:
         pid = os.getpid()
@@ -63,8 +62,6 @@ class WorkerRuntime:
             queue=self.settings.queue,
         )
         self._producer = None
-        base = self.settings.queue
-        self._queues = frozenset([base, *(q for q, _, _ in worker_queues(base, self.registry))])
         faults.arm_from_env()
 
     def close(self) -> None:
@@ -122,7 +119,7 @@ class WorkerRuntime:
             if not follow:
                 return delivered
             run_id, seq, queue = follow[0]
-            if eager_left <= 0 or queue not in self._queues or time.monotonic() >= deadline:
+            if eager_left <= 0 or time.monotonic() >= deadline:
                 self.publish(run_id, seq, queue)
                 return delivered
             eager_left -= 1
