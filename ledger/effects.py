@@ -109,13 +109,13 @@ _BEGIN_ATTEMPT = """
 WITH bumped AS (
     -- fenced right before each provider call: the effect is still unresolved and the caller
     -- still holds a live lease of the step (epoch NULL: an operator's audited command)
-    UPDATE onward.effects e SET attempts = e.attempts + 1, updated_at = now()
+    UPDATE onward.effects e SET attempts = e.attempts + 1, updated_at = onward.now()
       FROM onward.runs r
      WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
        AND e.status IN ('pending', 'accepted') AND r.id = e.run_id
        AND (%(epoch)s::bigint IS NULL
             OR (r.lease_epoch = %(epoch)s AND r.status = 'running'
-                AND r.lease_expires_at > now()))
+                AND r.lease_expires_at > onward.now()))
  RETURNING e.attempts
 )
 INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker, lease_epoch,
@@ -128,7 +128,7 @@ RETURNING attempt
 _RECORD = """
 WITH attempt AS (
     UPDATE onward.effect_attempts
-       SET ended_at = now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
+       SET ended_at = onward.now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
            error = %(error)s
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
 ), effect AS (
@@ -139,8 +139,8 @@ WITH attempt AS (
            error = %(error)s,
            reconciled = reconciled OR %(reconciled)s,
            polls = polls + %(poll)s,
-           updated_at = now(),
-           completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN now() END
+           updated_at = onward.now(),
+           completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN onward.now() END
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
        AND status IN ('pending', 'accepted')
  RETURNING *
@@ -161,7 +161,7 @@ SELECT e.*, (SELECT a.outcome FROM onward.effect_attempts a
 """
 
 _FAIL_PENDING_AT = """
-UPDATE onward.effects SET status = 'failed', completed_at = now(), updated_at = now(),
+UPDATE onward.effects SET status = 'failed', completed_at = onward.now(), updated_at = onward.now(),
        error = coalesce(error, '{}'::jsonb) || jsonb_build_object('closed_by', 'run failed')
  WHERE run_id = %(run_id)s AND seq = %(seq)s AND status = 'pending'
 RETURNING effect_id
@@ -259,7 +259,7 @@ class EffectStore:
         """The approval a resumed step reads its decision from (status, who, comment)."""
         return self.conn.one(
             "SELECT id, action, status, decided_by, decided_at, comment, artifact_hash, "
-            "artifact, expires_at, now() < expires_at AS unexpired "
+            "artifact, expires_at, onward.now() < expires_at AS unexpired "
             "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
 
     def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:

@@ -166,7 +166,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         status=start.status.value, seq=cp["seq"], step=start.step,
         max_attempts=default_max_attempts, head_hash=digest, waiting_on=start.waiting_on,
         wait_until=start.wait_until, last_error=start.last_error,
-        finished_at=sa.func.now() if start.status.terminal else None,
+        finished_at=sa.func.onward.now() if start.status.terminal else None,
         state_schema_version=cp["state_schema_version"], parent_run_id=parent["id"],
         parent_seq=cp["seq"], launch_reason=reason, mode=request.mode.value,
         allow_irreversible=request.allow_irreversible,
@@ -283,7 +283,7 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
             # The new run gets the wait the parent was given, counted from now (as an
             # approval's lifetime is): the reaper times it out like the parent's.
             timeout = datetime.fromisoformat(str(control["timeout_at"])) - cp["created_at"]
-            wait_until = conn.execute(sa.select(sa.func.now())).scalar_one() + timeout
+            wait_until = conn.execute(sa.select(sa.func.onward.now())).scalar_one() + timeout
             control = {**control, "timeout_at": wait_until.isoformat()}
         return _Start(RunStatus.WAITING, control["then"], control,
                       waiting_on=f"signal:{control['name']}", wait_until=wait_until)
@@ -297,7 +297,7 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
     values = {"workflow_version": asked["workflow_version"], "step": asked["step"],
               "action": asked["action"], "artifact_hash": asked["artifact_hash"],
               "artifact": asked["artifact"], "approvers": asked["approvers"],
-              "expires_at": sa.func.now() + lifetime, "status": ApprovalStatus.PENDING.value}
+              "expires_at": sa.func.onward.now() + lifetime, "status": ApprovalStatus.PENDING.value}
     return _Start(RunStatus.WAITING, control["then"],
                   {**control, "approval_id": str(approval_id)},
                   waiting_on=f"approval:{approval_id}",
@@ -354,7 +354,7 @@ def _budgets(conn: Connection, parent: RowMapping, seq: int,
     ).scalar_one()
     deadline = None
     if parent["deadline_at"] is not None:
-        deadline = sa.func.now() + (parent["deadline_at"] - parent["created_at"])
+        deadline = sa.func.onward.now() + (parent["deadline_at"] - parent["created_at"])
     return {"budget_attempts": parent["budget_attempts"], "budget_tokens": parent["budget_tokens"],
             "budget_cost_usd": parent["budget_cost_usd"], "deadline_at": deadline,
             "used_tokens": spent[0], "used_cost_usd": spent[1], "attempts_total": attempts}

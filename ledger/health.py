@@ -20,16 +20,16 @@ SELECT
      AS attempts_by_outcome,
   (SELECT coalesce(sum(stale_deliveries), 0) FROM onward.runs) AS stale_deliveries,
   (SELECT coalesce(sum(restore_count), 0) FROM onward.runs) AS restores,
-  (SELECT coalesce(extract(epoch FROM now() - min(c.created_at)), 0)
+  (SELECT coalesce(extract(epoch FROM onward.now() - min(c.created_at)), 0)
      FROM onward.runs r JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
     WHERE r.status IN ('running', 'waiting')) AS oldest_active_checkpoint_age_s,
   (SELECT count(*) FROM onward.effects WHERE status IN ('pending', 'accepted'))
      AS unresolved_effects,
-  (SELECT coalesce(extract(epoch FROM now() - min(updated_at)), 0) FROM onward.effects
+  (SELECT coalesce(extract(epoch FROM onward.now() - min(updated_at)), 0) FROM onward.effects
     WHERE status IN ('pending', 'accepted')) AS oldest_unresolved_effect_age_s,
-  (SELECT count(*) FROM onward.outbox WHERE due_at <= now()) AS outbox_due,
-  (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0) FROM onward.outbox
-    WHERE due_at <= now() AND published_at IS NULL AND NOT worker_publishes)
+  (SELECT count(*) FROM onward.outbox WHERE due_at <= onward.now()) AS outbox_due,
+  (SELECT coalesce(extract(epoch FROM onward.now() - min(due_at)), 0) FROM onward.outbox
+    WHERE due_at <= onward.now() AND published_at IS NULL AND NOT worker_publishes)
      AS outbox_lag_s,
   (SELECT count(*) FROM onward.approvals WHERE status = 'pending') AS pending_approvals
 """)
@@ -38,7 +38,7 @@ _LATENCY = sa.text("""
 SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM ended_at - started_at)) AS q, count(*) AS n
   FROM onward.step_attempts
- WHERE outcome = 'committed' AND ended_at > now() - :window * interval '1 second'
+ WHERE outcome = 'committed' AND ended_at > onward.now() - :window * interval '1 second'
 """)
 
 

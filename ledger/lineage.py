@@ -137,12 +137,13 @@ _DIVERGE = """
 WITH diverged AS (
     UPDATE onward.runs
        SET status = 'diverged', last_error = %(report)s, lease_owner = NULL,
-           lease_expires_at = NULL, waiting_on = NULL, finished_at = now(), updated_at = now()
+           lease_expires_at = NULL, waiting_on = NULL, finished_at = onward.now(),
+           updated_at = onward.now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
 ), attempt AS (
     UPDATE onward.step_attempts
-       SET ended_at = now(), outcome = 'failed', step = %(step)s,
+       SET ended_at = onward.now(), outcome = 'failed', step = %(step)s,
            error_type = 'ReplayDiverged', error_message = %(message)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM diverged)
 )

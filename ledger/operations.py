@@ -76,7 +76,7 @@ def lock_run_txn(conn: Connection, run_id: UUID, actor: Actor) -> RowMapping:
 
 
 def _now(conn: Connection) -> datetime:
-    return conn.execute(sa.select(sa.func.now())).scalar_one()
+    return conn.execute(sa.select(sa.func.onward.now())).scalar_one()
 
 
 def _leased(run: RowMapping, now: datetime) -> bool:
@@ -88,7 +88,7 @@ def queue_step_txn(conn: Connection, run_id: UUID, seq: int, due_at: Any = None)
     """(Re)write the outbox row that sends ``(run_id, seq)`` to the fleet."""
     conn.exec_driver_sql(
         "INSERT INTO onward.outbox (run_id, seq, due_at) "
-        "VALUES (%(run_id)s, %(seq)s, coalesce(%(due_at)s, now())) "
+        "VALUES (%(run_id)s, %(seq)s, coalesce(%(due_at)s, onward.now())) "
         "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = EXCLUDED.due_at, "
         "published_at = NULL, worker_publishes = false",
         {"run_id": run_id, "seq": seq, "due_at": due_at},
@@ -123,7 +123,7 @@ def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
         .where(runs.c.id == run_id, runs.c.seq == run["seq"], runs.c.status == status.value)
         .values(status=RunStatus.RUNNING.value, attempt=0, lease_owner=None,
                 lease_expires_at=None, parked_reason=None, last_error=None, finished_at=None,
-                updated_at=sa.func.now())
+                updated_at=sa.func.onward.now())
         .returning(runs.c.id)
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
@@ -161,7 +161,7 @@ def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> 
     if status is RunStatus.RUNNING and str(run["waiting_on"] or "").startswith("timer:"):
         due = conn.execute(sa.select(outbox.c.due_at).where(
             outbox.c.run_id == run_id, outbox.c.seq == run["seq"],
-            outbox.c.due_at > sa.func.now())).scalar()
+            outbox.c.due_at > sa.func.onward.now())).scalar()
         if due is not None:
             raise OperationRefused(f"run {run_id} sleeps until {due:%Y-%m-%d %H:%M:%S} "
                                    "(a durable timer); it goes on by itself then")
@@ -193,7 +193,7 @@ def _reopen_closed_effects(conn: Connection, run_id: UUID, seq: int) -> list[str
                effects.c.status == EffectStatus.FAILED.value,
                effects.c.error["closed_by"].astext == "run failed")
         .values(status=EffectStatus.PENDING.value, completed_at=None,
-                updated_at=sa.func.now(), error=effects.c.error.op("-")("closed_by"))
+                updated_at=sa.func.onward.now(), error=effects.c.error.op("-")("closed_by"))
         .returning(effects.c.effect_id)
     ).scalars()
     return list(rows)
@@ -221,8 +221,8 @@ def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None)
     holder = run["lease_owner"] if _leased(run, _now(conn)) else None
     conn.execute(
         runs.update().where(runs.c.id == run_id, runs.c.status == status.value)
-        .values(status=RunStatus.CANCELLED.value, finished_at=sa.func.now(),
-                updated_at=sa.func.now(), waiting_on=None, wait_until=None, lease_owner=None,
+        .values(status=RunStatus.CANCELLED.value, finished_at=sa.func.onward.now(),
+                updated_at=sa.func.onward.now(), waiting_on=None, wait_until=None, lease_owner=None,
                 lease_expires_at=None,
                 last_error={"type": "Cancelled", "reason": "cancelled", "by": actor.name,
                             "message": f"cancelled by {actor.name}: {reason}"})
@@ -232,7 +232,7 @@ def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None)
         approvals.update()
         .where(approvals.c.run_id == run_id, approvals.c.status == ApprovalStatus.PENDING.value)
         .values(status=ApprovalStatus.INVALIDATED.value, decided_by=actor.name,
-                decided_at=sa.func.now(), comment=f"run cancelled: {reason}")
+                decided_at=sa.func.onward.now(), comment=f"run cancelled: {reason}")
         .returning(approvals.c.id)
     ).scalars())
     record_txn(conn, actor, AuditRecord(
@@ -315,7 +315,7 @@ def begin_repeat_txn(conn: Connection, actor: Actor, effect_type: str, effect_id
     attempt = conn.execute(
         effects.update().where(effects.c.effect_type == effect_type,
                                effects.c.effect_id == effect_id)
-        .values(attempts=effects.c.attempts + 1, updated_at=sa.func.now())
+        .values(attempts=effects.c.attempts + 1, updated_at=sa.func.onward.now())
         .returning(effects.c.attempts)
     ).scalar_one()
     conn.execute(effect_attempts.insert().values(
@@ -341,7 +341,8 @@ def finish_repeat_txn(conn: Connection, started: RepeatStarted, *, outcome: str,
         .where(effect_attempts.c.effect_type == effect.effect_type,
                effect_attempts.c.effect_id == effect.effect_id,
                effect_attempts.c.attempt == started.attempt)
-        .values(ended_at=sa.func.now(), outcome=outcome, provider_ref=provider_ref, error=error)
+        .values(ended_at=sa.func.onward.now(), outcome=outcome, provider_ref=provider_ref,
+                error=error)
     )
     if outcome == EffectStatus.COMPLETED.value:
         conn.execute(
@@ -350,7 +351,7 @@ def finish_repeat_txn(conn: Connection, started: RepeatStarted, *, outcome: str,
                    effects.c.effect_id == effect.effect_id,
                    effects.c.status != EffectStatus.COMPLETED.value)
             .values(status=EffectStatus.COMPLETED.value, provider_ref=provider_ref,
-                    result=result, error=None, completed_at=sa.func.now(),
-                    updated_at=sa.func.now())
+                    result=result, error=None, completed_at=sa.func.onward.now(),
+                    updated_at=sa.func.onward.now())
         )
     return get_effect_txn(conn, effect.effect_type, effect.effect_id)

@@ -8,7 +8,6 @@ reaper re-sends) is published as soon as it is due; a trigger NOTIFYs the dispat
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +24,13 @@ CHANNEL = "onward_outbox"
 _DUE = """
 SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version
   FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
- WHERE o.due_at <= now()
+ WHERE o.due_at <= onward.now()
    AND ((o.published_at IS NULL
-         AND (NOT o.worker_publishes OR o.created_at < now() - %(grace)s * interval '1 second'))
+         AND (NOT o.worker_publishes
+              OR o.created_at < onward.now() - %(grace)s * interval '1 second'))
         -- a row published but not consumed is sent again, backing off exponentially so
         -- a long queue under load is not flooded with copies of messages it still holds
-        OR o.published_at < now() - %(republish)s * power(2, least(o.publish_count - 1, 6))
+        OR o.published_at < onward.now() - %(republish)s * power(2, least(o.publish_count - 1, 6))
                                      * interval '1 second')
  ORDER BY o.due_at
  LIMIT %(limit)s
@@ -38,17 +38,18 @@ SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version
 """
 
 _LIVE_QUEUES = """
-SELECT queue FROM onward.worker_queues WHERE seen_at > now() - %(within)s * interval '1 second'
+SELECT queue FROM onward.worker_queues
+ WHERE seen_at > onward.now() - %(within)s * interval '1 second'
 """
 
 _MARK = """
-UPDATE onward.outbox SET published_at = now(), publish_count = publish_count + 1
+UPDATE onward.outbox SET published_at = onward.now(), publish_count = publish_count + 1
  WHERE id = ANY(%(ids)s)
 """
 
 _NEXT_DUE = """
-SELECT extract(epoch FROM min(due_at)) AS next_due FROM onward.outbox
- WHERE published_at IS NULL AND NOT worker_publishes AND due_at > now()
+SELECT extract(epoch FROM min(due_at) - onward.now()) AS next_due_in FROM onward.outbox
+ WHERE published_at IS NULL AND NOT worker_publishes AND due_at > onward.now()
 """
 
 
@@ -121,9 +122,9 @@ class OutboxStore:
         conn = self._connection()
         with conn.transaction():
             row = conn.execute(_NEXT_DUE).fetchone()
-        if row is None or row["next_due"] is None:
+        if row is None or row["next_due_in"] is None:
             return None
-        return max(0.0, float(row["next_due"]) - time.time())
+        return max(0.0, float(row["next_due_in"]))  # the database's clock, not this host's
 
     def wait(self, timeout_s: float) -> int:
         """Block until a NOTIFY on the outbox channel or the timeout; return notifications."""

@@ -17,7 +17,7 @@ from ledger.waits import WaitSweep, sweep_waits_txn
 _REQUEUE_EXPIRED = sa.text("""
 WITH expired AS (
     SELECT id FROM onward.runs
-     WHERE status = 'running' AND lease_expires_at < now() AND attempt < max_attempts
+     WHERE status = 'running' AND lease_expires_at < onward.now() AND attempt < max_attempts
      LIMIT :limit FOR UPDATE SKIP LOCKED
 ), requeued AS (
     UPDATE onward.runs r
@@ -26,17 +26,17 @@ WITH expired AS (
                'type', 'WorkerLost',
                'message', format('worker %s lost the lease of step %s at seq %s (attempt %s)',
                                  r.lease_owner, coalesce(r.step, '(start)'), r.seq, r.attempt)),
-           updated_at = now()
+           updated_at = onward.now()
       FROM expired WHERE r.id = expired.id
  RETURNING r.id, r.seq, r.lease_epoch
 ), lost AS (
-    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = onward.now()
       FROM requeued q WHERE a.run_id = q.id AND a.lease_epoch = q.lease_epoch
        AND a.outcome IS NULL
 ), resend AS (
     INSERT INTO onward.outbox (run_id, seq) SELECT id, seq FROM requeued
         ON CONFLICT (run_id, seq) DO UPDATE
-       SET published_at = NULL, worker_publishes = false, due_at = now()
+       SET published_at = NULL, worker_publishes = false, due_at = onward.now()
 )
 SELECT count(*) FROM requeued
 """)
@@ -47,12 +47,12 @@ _PARK_EXHAUSTED = sa.text("""
 WITH exhausted AS (
     SELECT id FROM onward.runs
      WHERE status = 'running' AND attempt >= max_attempts
-       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+       AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())
      LIMIT :limit FOR UPDATE SKIP LOCKED
 ), parked AS (
     UPDATE onward.runs r
        SET status = 'needs_review', parked_reason = 'attempts_exhausted',
-           lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = onward.now(),
            last_error = jsonb_build_object(
                'type', CASE WHEN r.lease_owner IS NULL THEN 'NoWorkerCanRun' ELSE 'WorkerLost' END,
                'message', CASE WHEN r.lease_owner IS NULL
@@ -67,7 +67,7 @@ WITH exhausted AS (
       FROM exhausted WHERE r.id = exhausted.id
  RETURNING r.id, r.lease_epoch
 ), lost AS (
-    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = onward.now()
       FROM parked p WHERE a.run_id = p.id AND a.lease_epoch = p.lease_epoch
        AND a.outcome IS NULL
 )
@@ -79,7 +79,7 @@ _RESEND_STALLED = sa.text("""
 WITH stalled AS (
     SELECT r.id, r.seq FROM onward.runs r
      WHERE r.status = 'running' AND r.lease_expires_at IS NULL
-       AND r.updated_at < now() - :stall_s * interval '1 second'
+       AND r.updated_at < onward.now() - :stall_s * interval '1 second'
        AND NOT EXISTS (SELECT 1 FROM onward.outbox o WHERE o.run_id = r.id AND o.seq = r.seq)
      LIMIT :limit FOR UPDATE OF r SKIP LOCKED
 ), resend AS (
@@ -87,7 +87,7 @@ WITH stalled AS (
     ON CONFLICT (run_id, seq) DO NOTHING
     RETURNING run_id
 )
-UPDATE onward.runs r SET restore_count = restore_count + 1, updated_at = now()
+UPDATE onward.runs r SET restore_count = restore_count + 1, updated_at = onward.now()
   FROM resend WHERE r.id = resend.run_id
 """)
 

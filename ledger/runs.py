@@ -144,7 +144,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             budget_attempts=request.budgets.attempts,
             budget_tokens=request.budgets.tokens,
             budget_cost_usd=request.budgets.cost_usd,
-            deadline_at=(sa.func.now() + request.budgets.deadline
+            deadline_at=(sa.func.onward.now() + request.budgets.deadline
                          if request.budgets.deadline is not None else None),
         )
         .on_conflict_do_nothing(

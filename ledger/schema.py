@@ -178,8 +178,8 @@ runs = Table(
     Column("mode", Text, nullable=True),  # LaunchMode for replays and branches
     Column("allow_irreversible", Boolean, nullable=False, server_default=text("false")),
     Column("branch_patch", JSONB, nullable=True),  # RFC 6902 patch a branch started from
-    Column("created_at", TS, nullable=False, server_default=func.now()),
-    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),
     CheckConstraint(_in("status", RunStatus), name="status"),
     CheckConstraint("seq >= 0", name="seq_nonnegative"),
@@ -216,7 +216,7 @@ checkpoints = Table(
     Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
     Column("state_schema_version", Integer, nullable=True),
     Column("refs", JSONB, nullable=True),  # evidence, effects and budgets of the step (MAC'd)
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
 )
@@ -230,7 +230,7 @@ step_attempts = Table(
     Column("attempt", Integer, nullable=False),
     Column("step", Text, nullable=True),
     Column("worker", Text, nullable=False),
-    Column("started_at", TS, nullable=False, server_default=func.now()),
+    Column("started_at", TS, nullable=False, server_default=func.onward.now()),
     Column("ended_at", TS, nullable=True),
     Column("outcome", Text, nullable=True),
     Column("error_type", Text, nullable=True),
@@ -245,9 +245,9 @@ outbox = Table(
     Column("id", BigInteger, primary_key=True, autoincrement=True),
     Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("seq", Integer, nullable=False),
-    Column("due_at", TS, nullable=False, server_default=func.now()),
+    Column("due_at", TS, nullable=False, server_default=func.onward.now()),
     Column("worker_publishes", Boolean, nullable=False, server_default=text("false")),
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("published_at", TS, nullable=True),
     Column("publish_count", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("run_id", "seq"),
@@ -275,8 +275,8 @@ effects = Table(
     Column("reconciled", Boolean, nullable=False, server_default=text("false")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("polls", Integer, nullable=False, server_default=text("0")),
-    Column("created_at", TS, nullable=False, server_default=func.now()),
-    Column("updated_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("completed_at", TS, nullable=True),
     PrimaryKeyConstraint("effect_type", "effect_id"),
     CheckConstraint(_in("status", EffectStatus), name="status"),
@@ -295,7 +295,7 @@ effect_attempts = Table(
     Column("worker", Text, nullable=False),
     Column("lease_epoch", BigInteger, nullable=True),
     Column("idempotency_key", Text, nullable=False),
-    Column("started_at", TS, nullable=False, server_default=func.now()),
+    Column("started_at", TS, nullable=False, server_default=func.onward.now()),
     Column("ended_at", TS, nullable=True),
     Column("outcome", Text, nullable=True),  # completed, accepted, failed, found, missing, unknown
     Column("provider_ref", Text, nullable=True),
@@ -315,7 +315,7 @@ artifacts = Table(
     Column("size", Integer, nullable=False),
     Column("media_type", Text, nullable=False),
     Column("body", LargeBinary, nullable=False),
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
 )
 
 evidence = Table(
@@ -335,7 +335,7 @@ evidence = Table(
     Column("output_tokens", Integer, nullable=False, server_default=text("0")),
     Column("cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
     Column("lease_epoch", BigInteger, nullable=False),
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     PrimaryKeyConstraint("run_id", "command_id"),
     CheckConstraint(_in("kind", EvidenceKind), name="kind"),
     CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),
@@ -359,7 +359,7 @@ approvals = Table(
     Column("decided_by", Text, nullable=True),
     Column("decided_at", TS, nullable=True),
     Column("comment", Text, nullable=True),
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     CheckConstraint(_in("status", ApprovalStatus), name="status"),
     Index("ix_approvals_run", "run_id", "seq"),
     Index("ix_approvals_pending_expiry", "expires_at",
@@ -374,7 +374,7 @@ signals = Table(
     Column("name", Text, nullable=False),
     Column("payload", JSONB, nullable=False),
     Column("consumed_seq", Integer, nullable=True),  # the seq whose wait it ended
-    Column("created_at", TS, nullable=False, server_default=func.now()),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Index("ix_signals_run_name", "run_id", "name", "consumed_seq"),
 )
 
@@ -382,7 +382,7 @@ audit = Table(
     "audit",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("at", TS, nullable=False, server_default=func.now()),
+    Column("at", TS, nullable=False, server_default=func.onward.now()),
     Column("tenant_id", Text, nullable=False),
     Column("actor", Text, nullable=False),
     Column("role", Text, nullable=False),
@@ -406,5 +406,5 @@ worker_queues = Table(
     Column("queue", Text, primary_key=True),  # "<base>.<workflow>.v<version>"
     Column("workflow", Text, nullable=False),
     Column("version", Integer, nullable=False),
-    Column("seen_at", TS, nullable=False, server_default=func.now()),
+    Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
 )

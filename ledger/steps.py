@@ -213,28 +213,28 @@ WITH claimed AS (
     UPDATE onward.runs
        SET lease_owner = %(owner)s,
            lease_epoch = lease_epoch + 1,
-           lease_expires_at = now() + %(ttl)s * interval '1 second',
+           lease_expires_at = onward.now() + %(ttl)s * interval '1 second',
            attempt = attempt + 1,
            attempts_total = attempts_total + 1,
            -- an expired lease still set means its holder never finished: a restore
            restore_count = restore_count + (lease_expires_at IS NOT NULL)::int,
-           updated_at = now()
+           updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
-       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+       AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())
        AND attempt < max_attempts
        -- a duplicate message must not cut a retry's backoff or a timer short
        AND NOT EXISTS (SELECT 1 FROM onward.outbox o
                         WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
-                          AND o.due_at > now())
+                          AND o.due_at > onward.now())
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, allow_irreversible,
-           now() AS claimed_at
+           onward.now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
 ), lost AS (
-    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = now()
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = onward.now()
       FROM claimed c
      WHERE a.run_id = c.id AND a.lease_epoch = c.lease_epoch - 1 AND a.outcome IS NULL
 ), recorded AS (
@@ -256,7 +256,7 @@ _COUNT_STALE = """
 UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
  WHERE id = %(run_id)s
 RETURNING seq, status, attempt, max_attempts,
-          (lease_expires_at IS NOT NULL AND lease_expires_at >= now()) AS leased
+          (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased
 """
 
 _COMMIT = """
@@ -270,7 +270,7 @@ WITH usage AS (
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
            result = %(result)s, last_error = NULL, waiting_on = %(waiting_on)s,
-           wait_until = %(wait_until)s, updated_at = now(),
+           wait_until = %(wait_until)s, updated_at = onward.now(),
            used_tokens = used_tokens + (SELECT tokens FROM usage),
            used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
            state_schema_version = %(state_schema_version)s,
@@ -278,7 +278,8 @@ WITH usage AS (
            budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
            budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
            deadline_at = coalesce(deadline_at, %(default_deadline)s),
-           finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL ELSE now() END
+           finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
+                              ELSE onward.now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, tenant_id
 ), state_artifact AS (
@@ -296,7 +297,7 @@ WITH usage AS (
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
-    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, now()), %(due_at)s::timestamptz IS NULL
+    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()), %(due_at)s::timestamptz IS NULL
       FROM advanced WHERE %(status)s = 'running'
 ), approval AS (
     INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
@@ -309,7 +310,7 @@ WITH usage AS (
     -- a message the reaper queued again for this seq while the holder was slow: now stale
     DELETE FROM onward.outbox o USING advanced a WHERE o.run_id = a.id AND o.seq = %(seq)s
 ), attempt AS (
-    UPDATE onward.step_attempts SET ended_at = now(), outcome = 'committed', step = %(step)s
+    UPDATE onward.step_attempts SET ended_at = onward.now(), outcome = 'committed', step = %(step)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)
 )
 SELECT count(*) AS advanced FROM advanced
@@ -321,17 +322,18 @@ WITH failed AS (
        SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
            waiting_on = NULL,
            status = CASE WHEN %(retry)s THEN 'running' ELSE 'failed' END,
-           finished_at = CASE WHEN %(retry)s THEN NULL ELSE now() END, updated_at = now()
+           finished_at = CASE WHEN %(retry)s THEN NULL ELSE onward.now() END,
+           updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
 ), retry AS (
     INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, %(seq)s, now() + %(delay)s * interval '1 second' FROM failed WHERE %(retry)s
+    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second' FROM failed WHERE %(retry)s
         ON CONFLICT (run_id, seq) DO UPDATE
        SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
 ), attempt AS (
     UPDATE onward.step_attempts
-       SET ended_at = now(), outcome = 'failed', step = %(step)s,
+       SET ended_at = onward.now(), outcome = 'failed', step = %(step)s,
            error_type = %(error_type)s, error_message = %(error_message)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM failed)
 )
@@ -342,7 +344,7 @@ _PARK = """
 WITH parked AS (
     UPDATE onward.runs
        SET status = 'needs_review', parked_reason = %(reason)s, last_error = %(error)s,
-           lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = onward.now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, tenant_id, seq
 ), audited AS (
@@ -353,7 +355,7 @@ WITH parked AS (
       FROM parked
 ), attempt AS (
     UPDATE onward.step_attempts
-       SET ended_at = now(), outcome = 'parked', step = %(step)s,
+       SET ended_at = onward.now(), outcome = 'parked', step = %(step)s,
            error_type = %(error_type)s, error_message = %(error_message)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM parked)
 )
@@ -365,17 +367,17 @@ WITH released AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL,
            attempt = attempt - CASE WHEN %(spend)s THEN 0 ELSE 1 END,
-           last_error = %(error)s, updated_at = now()
+           last_error = %(error)s, updated_at = onward.now()
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, seq
 ), resend AS (
     INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, seq, now() + %(resend_in)s * interval '1 second' FROM released
+    SELECT id, seq, onward.now() + %(resend_in)s * interval '1 second' FROM released
      WHERE %(resend_in)s::float8 IS NOT NULL
         ON CONFLICT (run_id, seq) DO NOTHING
 ), attempt AS (
     UPDATE onward.step_attempts
-       SET ended_at = now(), outcome = 'released', error_type = %(error_type)s,
+       SET ended_at = onward.now(), outcome = 'released', error_type = %(error_type)s,
            error_message = %(error_message)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM released)
 )
@@ -386,17 +388,17 @@ _DEFER = """
 WITH deferred AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
-           waiting_on = %(waiting_on)s, updated_at = now()
+           waiting_on = %(waiting_on)s, updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
 ), wake AS (
     INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, %(seq)s, now() + %(delay)s * interval '1 second' FROM deferred
+    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second' FROM deferred
         ON CONFLICT (run_id, seq) DO UPDATE
        SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
 ), attempt AS (
     UPDATE onward.step_attempts
-       SET ended_at = now(), outcome = 'waiting', step = %(step)s, error_message = %(detail)s
+       SET ended_at = onward.now(), outcome = 'waiting', step = %(step)s, error_message = %(detail)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM deferred)
 )
 SELECT count(*) AS deferred FROM deferred
@@ -405,7 +407,7 @@ SELECT count(*) AS deferred FROM deferred
 # The stale holder reports back: its attempt ends 'lease_lost' (more precise than the
 # 'worker_lost' a takeover or the reaper assumed when the lease expired).
 _LEASE_LOST = """
-UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, now()), outcome = 'lease_lost'
+UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, onward.now()), outcome = 'lease_lost'
  WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
    AND (outcome IS NULL OR outcome = 'worker_lost')
 RETURNING run_id
@@ -414,7 +416,7 @@ RETURNING run_id
 _ARTIFACT = "SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s"
 
 _HEARTBEAT = """
-UPDATE onward.runs SET lease_expires_at = now() + %(ttl)s * interval '1 second'
+UPDATE onward.runs SET lease_expires_at = onward.now() + %(ttl)s * interval '1 second'
  WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
 RETURNING lease_expires_at
 """

@@ -64,7 +64,7 @@ WITH sig AS (
        FOR UPDATE OF s
 ), woke AS (
     UPDATE onward.runs SET status = 'running', waiting_on = NULL, wait_until = NULL,
-           updated_at = now()
+           updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'waiting'
        AND EXISTS (SELECT 1 FROM sig)
  RETURNING id
@@ -98,11 +98,11 @@ def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
     conn.execute(
         runs.update().where(runs.c.id == run_id)
         .values(status=RunStatus.RUNNING.value, step=step, waiting_on=None, wait_until=None,
-                updated_at=sa.func.now())
+                updated_at=sa.func.onward.now())
     )
     conn.exec_driver_sql(
         "INSERT INTO onward.outbox (run_id, seq) VALUES (%(run_id)s, %(seq)s) "
-        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = now(), published_at = NULL, "
+        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = onward.now(), published_at = NULL, "
         "worker_publishes = false",
         {"run_id": run_id, "seq": seq},
     )
@@ -112,7 +112,7 @@ def _fail(conn: Connection, run_id: UUID, reason: str, message: str, **extra: An
     conn.execute(
         runs.update().where(runs.c.id == run_id)
         .values(status=RunStatus.FAILED.value, waiting_on=None, wait_until=None,
-                finished_at=sa.func.now(), updated_at=sa.func.now(),
+                finished_at=sa.func.onward.now(), updated_at=sa.func.onward.now(),
                 last_error={"type": reason, "reason": reason, "message": message, **extra})
     )
 
@@ -148,7 +148,7 @@ def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str
             + (f" by {approval.decided_by} at {approval.decided_at:%Y-%m-%d %H:%M:%S}"
                if approval.decided_by else "")
             + "; a decision is taken once")
-    now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    now = conn.execute(sa.select(sa.func.onward.now())).scalar_one()
     if now >= approval.expires_at:
         raise ApprovalRefused(f"approval {approval_id} expired at "
                               f"{approval.expires_at:%Y-%m-%d %H:%M:%S}; the run must ask again")
@@ -212,7 +212,7 @@ _EXPIRE_APPROVALS = sa.text("""
 WITH expired AS (
     UPDATE onward.approvals SET status = 'expired'
      WHERE id IN (SELECT id FROM onward.approvals
-                   WHERE status = 'pending' AND expires_at < now()
+                   WHERE status = 'pending' AND expires_at < onward.now()
                    LIMIT :limit FOR UPDATE SKIP LOCKED)
  RETURNING id, run_id, seq
 )
@@ -225,16 +225,16 @@ SELECT e.id, e.run_id, e.seq, c.control FROM expired e
 _SIGNAL_TIMEOUTS = sa.text("""
 SELECT r.id AS run_id, r.seq, c.control FROM onward.runs r
   JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
- WHERE r.status = 'waiting' AND r.wait_until < now()
+ WHERE r.status = 'waiting' AND r.wait_until < onward.now()
  LIMIT :limit FOR UPDATE OF r SKIP LOCKED
 """)
 
 _DEADLINES = sa.text("""
 SELECT id AS run_id, status, deadline_at, attempts_total, used_tokens, used_cost_usd
   FROM onward.runs
- WHERE deadline_at < now()
+ WHERE deadline_at < onward.now()
    AND (status = 'waiting'
-        OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())))
+        OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())))
  LIMIT :limit FOR UPDATE SKIP LOCKED
 """)
 

@@ -16,8 +16,8 @@ log = structlog.get_logger("onward.worker")
 
 _ADVERTISE = """
 INSERT INTO onward.worker_queues (queue, workflow, version, seen_at)
-VALUES (%(queue)s, %(workflow)s, %(version)s, now())
-ON CONFLICT (queue) DO UPDATE SET seen_at = now()
+VALUES (%(queue)s, %(workflow)s, %(version)s, onward.now())
+ON CONFLICT (queue) DO UPDATE SET seen_at = onward.now()
 RETURNING queue
 """
 

@@ -1,0 +1,39 @@
+"""Deterministic time for tests: the ledger's SQL reads ``onward.now()``, which is
+``now()`` plus the session setting ``onward.clock_offset``. Production never sets it.
+
+In-process connections are moved with ``set_offset``; processes a test starts get the
+offset at connect time through libpq's ``PGOPTIONS`` (``process_env``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+SETTING = "onward.clock_offset"
+
+
+def interval(offset: timedelta) -> str:
+    return f"{offset.total_seconds():.6f} seconds"
+
+
+def process_env(offset: timedelta) -> dict[str, str]:
+    """Environment for a process whose every ledger connection runs ``offset`` ahead."""
+    return {"PGOPTIONS": f"-c {SETTING}={interval(offset).replace(' ', chr(92) + ' ')}"}
+
+
+def set_on_raw(conn: Any, offset: timedelta) -> None:
+    """Move one psycopg connection's clock (autocommit or not: set for the session)."""
+    conn.execute("SELECT set_config(%s, %s, false)", (SETTING, interval(offset)))
+
+
+def follow_engine(engine: Engine, offset: list[timedelta]) -> None:
+    """Every connection the engine hands out runs ``offset[0]`` ahead (read at checkout)."""
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        with dbapi_conn.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, %s, false)", (SETTING, interval(offset[0])))
