@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Chaos benchmark: R runs x K irreversible effects while processes are SIGKILLed, the
 broker is flushed and the provider misbehaves; then the ledger and the provider are counted
-independently (docs: /work/shared/research/reliability.md section 5, DESIGN.md 4, 5, 7).
+independently (docs/design.md sections 4, 5 and 7; docs/guarantees.md).
 
     .venv/bin/python bench/chaos.py                      # defaults: 40 runs x 5 steps, seed 1
     .venv/bin/python bench/chaos.py --seed 7 --runs 60 --steps 4

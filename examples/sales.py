@@ -1,4 +1,4 @@
-"""The sales-offer agent of DESIGN.md section 4: classify the request with the model, draft
+"""The sales-offer agent of docs/design.md section 4: classify the request with the model, draft
 an offer, wait for a sales lead to approve it, create it in the CRM (irreversible,
 reconciled by lookup), notify the customer by email (idempotent by key)."""
 

@@ -45,7 +45,7 @@ REFUSALS: tuple[type[Exception], ...] = (
 
 
 class Ledger:
-    """Transactional operations on the onward ledger (DESIGN.md section 3).
+    """Transactional operations on the onward ledger (docs/design.md section 3).
 
     Operator commands act as ``settings.actor`` in ``settings.role`` (``ONWARD_ACTOR``,
     ``ONWARD_ROLE``); each one writes one audit row, refusals included.
@@ -197,7 +197,7 @@ class Ledger:
         with wrap_driver_errors("reading effect attempts"), self.engine.connect() as conn:
             return list_attempts_txn(conn, effect)
 
-    # -- operator commands (DESIGN.md section 8), each audited --------------------------------
+    # -- operator commands (docs/design.md section 8), each audited --------------------------------
     def _command(self, action: AuditAction, body: Callable[[Connection], T], *,
                  reason: str | None = None, run_id: UUID | None = None,
                  effect_id: str | None = None, approval_id: UUID | None = None) -> T:
@@ -229,7 +229,7 @@ class Ledger:
 
     def inspected(self, *, run_id: UUID | None = None, effect_id: str | None = None) -> None:
         """Record that the actor read a run's or an effect's full detail: inspection is
-        audited like every other operator command (DESIGN.md sections 8 and 10)."""
+        audited like every other operator command (docs/design.md sections 8 and 10)."""
         def body(conn: Connection) -> None:
             self.actor.require(AuditAction.INSPECT)
             record_txn(conn, self.actor, AuditRecord(AuditAction.INSPECT, AuditOutcome.DONE,
@@ -313,7 +313,7 @@ class Ledger:
                                                 provider_ref=provider_ref, result=result,
                                                 error=error)
 
-    # -- approvals and signals (DESIGN.md section 6) ------------------------------------------
+    # -- approvals and signals (docs/design.md section 6) ------------------------------------------
     def approve(self, approval_id: UUID, actor: str | None = None, *, artifact_hash: str,
                 comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
         """Approve what ``artifact_hash`` names; resumes the run in the same transaction.
@@ -371,7 +371,7 @@ class Ledger:
             after = ids[-1]
 
     def checkpoints(self, run_id: UUID) -> list[CheckpointEnvelope]:
-        """The run's checkpoints as validated envelopes (DESIGN.md section 9), oldest first."""
+        """The run's checkpoints as validated envelopes (docs/design.md section 9), oldest first."""
         with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(checkpoints_table).where(checkpoints_table.c.run_id == run_id)

@@ -21,7 +21,7 @@ from ledger.schema import audit
 
 
 class Role(StrEnum):
-    """What an operator may do (DESIGN.md section 10); each role includes the ones before."""
+    """What an operator may do (docs/design.md section 10); each role includes the ones before."""
 
     VIEWER = "viewer"  # reads
     OPERATOR = "operator"  # continue, replay, branch, cancel, approve, reject

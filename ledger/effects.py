@@ -1,4 +1,4 @@
-"""Effects: the intent of an external write, recorded before the call (DESIGN.md section 5).
+"""Effects: the intent of an external write, recorded before the call (docs/design.md section 5).
 
 Every operation is one statement on the worker's hot connection, so the ``pending`` row is
 committed before the provider is called, and each attempt's outcome is committed as soon

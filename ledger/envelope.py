@@ -1,4 +1,4 @@
-"""The checkpoint envelope (DESIGN.md section 9): a versioned, inspectable record.
+"""The checkpoint envelope (docs/design.md section 9): a versioned, inspectable record.
 
 ``CheckpointBody`` (ledger/checkpoints.py) is what the MAC covers; this pydantic model is
 how a stored checkpoint is validated and shown, grouped as the design names the groups.

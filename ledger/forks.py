@@ -1,5 +1,5 @@
 """Replay and branch: a new run that starts its own history from a copy of its parent's
-checkpoint ``k`` (DESIGN.md section 8).
+checkpoint ``k`` (docs/design.md section 8).
 
 The copy keeps the seq (so ``command_id``s line up with the parent's and an evidence replay
 finds the parent's record for each call), gets outcome ``fork``, no parent hash, and a new

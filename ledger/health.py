@@ -1,4 +1,4 @@
-"""Numbers about the whole ledger for monitoring (DESIGN.md section 11), one query each.
+"""Numbers about the whole ledger for monitoring (docs/design.md section 11), one query each.
 
 Everything here is read from PostgreSQL, the source of truth, so one exporter process can
 serve a fleet of any size and nothing is lost when a worker dies.

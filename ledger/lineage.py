@@ -1,4 +1,4 @@
-"""What a replay or branch run needs while its steps execute (DESIGN.md section 8).
+"""What a replay or branch run needs while its steps execute (docs/design.md section 8).
 
 ``Launch`` is the run's lineage as the claim returns it. ``LineageStore`` reads the
 records an evidence replay answers from (its *source*: the nearest ancestor that is not an

@@ -1,4 +1,4 @@
-"""Operator commands on one run (DESIGN.md section 8): continue, cancel, approve/reject, and
+"""Operator commands on one run (docs/design.md section 8): continue, cancel, approve/reject, and
 the ledger half of repeating an external effect. Replays and branches are in ``forks.py``.
 
 Each ``*_txn`` function checks the actor's role, takes the run's row lock, lets the

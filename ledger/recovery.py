@@ -1,4 +1,4 @@
-"""What the reaper does: expired leases, stalled runs, crash loops (DESIGN.md section 7).
+"""What the reaper does: expired leases, stalled runs, crash loops (docs/design.md section 7).
 
 Every statement takes its runs with FOR UPDATE SKIP LOCKED, so several reapers can run.
 """

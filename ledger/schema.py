@@ -87,7 +87,7 @@ class AttemptOutcome(StrEnum):
 
 
 class EffectStatus(StrEnum):
-    """Where one external effect stands (DESIGN.md section 5)."""
+    """Where one external effect stands (docs/design.md section 5)."""
 
     PENDING = "pending"  # intent recorded; the outcome of any call is unknown
     ACCEPTED = "accepted"  # the provider took the job; poll its status
@@ -111,7 +111,7 @@ class EffectAttemptKind(StrEnum):
 
 
 class LaunchMode(StrEnum):
-    """How a replay or branch run reaches the outside world (DESIGN.md section 8)."""
+    """How a replay or branch run reaches the outside world (docs/design.md section 8)."""
 
     EVIDENCE = "evidence"  # parent's recorded results only; nothing external is called
     SIMULATION = "simulation"  # tools run their sandbox implementation

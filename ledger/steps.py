@@ -1,7 +1,7 @@
 """The step hot path: claim, commit, fail, park, release. One statement per transaction.
 
 Each operation is a single prepared SQL statement built from data-modifying CTEs on an
-autocommit connection: one round trip, one transaction. DESIGN.md section 4 budgets two
+autocommit connection: one round trip, one transaction. docs/design.md section 4 budgets two
 transactions per step (claim and commit); this module is where that budget is kept.
 """
 
@@ -454,7 +454,7 @@ class StepStore:
     # -- the hot path -------------------------------------------------------------------
     def claim(self, run_id: UUID, seq: int, owner: str, *,
               count_stale: bool = True) -> Claim | Stale:
-        """Take the lease of ``run_id`` at ``seq`` (DESIGN.md 4.1) or say why not.
+        """Take the lease of ``run_id`` at ``seq`` (docs/design.md section 4.1) or say why not.
 
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl})

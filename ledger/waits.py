@@ -1,4 +1,4 @@
-"""Durable waits: approvals, signals, timers and deadlines (DESIGN.md section 6).
+"""Durable waits: approvals, signals, timers and deadlines (docs/design.md section 6).
 
 A waiting run holds no lease and has no broker message. Deciding an approval or sending a
 signal is one transaction that records the event and, only then, writes the outbox row that

@@ -1,4 +1,4 @@
-"""Execute one step: claim, restore, run, commit, publish (DESIGN.md sections 4 and 7).
+"""Execute one step: claim, restore, run, commit, publish (docs/design.md sections 4 and 7).
 
 ``execute_step`` is plain Python; the Celery task in ``workers/`` is a thin shell around it
 and tests call it directly.

@@ -2,7 +2,7 @@
 workflow modules (``ONWARD_WORKFLOWS``), which the ledger must not import.
 
 * ``plan_repeat`` / ``repeat_effect``: the privileged re-send of one external effect
-  (DESIGN.md section 8). The ledger records the attempt, with a new key of its own, and
+  (docs/design.md section 8). The ledger records the attempt, with a new key of its own, and
   commits it before the tool is called; the provider's answer is recorded on that attempt.
 * ``state_check``: validates a branch's patched state against the workflow's model before
   the branch is created, so an invalid edit is refused instead of parked.

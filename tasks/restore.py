@@ -1,4 +1,4 @@
-"""Restore is a validated procedure (DESIGN.md section 7): verify the checkpoint, find code
+"""Restore is a validated procedure (docs/design.md section 7): verify the checkpoint, find code
 that may continue the run (same version, a declared-compatible one, or one with a complete
 state migration path), resolve the step, validate the state. Anything else is refused."""
 

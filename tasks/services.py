@@ -1,10 +1,10 @@
-"""What ``ctx.effect``, ``ctx.llm`` and ``ctx.read`` do: DESIGN.md section 5, step by step.
+"""What ``ctx.effect``, ``ctx.llm`` and ``ctx.read`` do: docs/design.md section 5, step by step.
 
 Control flow that the step body must not be able to swallow (wait for an accepted effect,
 park the run for review) is recorded on ``Control`` (tasks/control.py) before anything is
 raised; the executor reads it after the body returns or raises, whatever the body caught.
 
-Replays and branches (DESIGN.md section 8) change where answers come from, by the run's
+Replays and branches (docs/design.md section 8) change where answers come from, by the run's
 ``Launch``: an **evidence** replay answers every call from its parent's records by
 ``command_id`` and calls nothing (a call without a matching record stops it as
 ``diverged``); a **simulation** runs each tool's ``simulate``; a **live** replay or a
@@ -104,7 +104,7 @@ class StepServices:
         return self._last_command
 
     def refs(self, spent: dict[str, Any]) -> dict[str, Any]:
-        """What the checkpoint this step commits binds under its MAC (DESIGN.md section 9):
+        """What the checkpoint this step commits binds under its MAC (docs/design.md section 9):
         the evidence and effects the step used, and the budgets it started with."""
         return {"evidence": self._evidence_refs, "effects": self._effect_refs, "budgets": spent}
 
@@ -374,7 +374,7 @@ class StepServices:
             raise conflict
         return dict(found.response)
 
-    # -- replays and branches (DESIGN.md section 8) -----------------------------------------
+    # -- replays and branches (docs/design.md section 8) -----------------------------------------
     def _check_launch_allows(self, tool: Tool, command_id: str) -> None:
         """Refuse, before any intent is recorded, what this run's mode must not send."""
         if self.launch.simulation and tool.simulate is None:

@@ -19,7 +19,7 @@ log = structlog.get_logger("onward.worker")
 
 
 def celery_config(settings: OnwardSettings) -> dict[str, Any]:
-    """The Celery settings the step protocol relies on (DESIGN.md section 4)."""
+    """The Celery settings the step protocol relies on (docs/design.md section 4)."""
     url = broker_url(settings)
     config: dict[str, Any] = {
         "broker_url": url,

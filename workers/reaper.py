@@ -1,4 +1,4 @@
-"""The reaper: restores runs whose worker is gone and parks crash loops (DESIGN.md 7)."""
+"""The reaper: restores runs whose worker is gone and parks crash loops (docs/design.md section 7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The broker is only a transport (DESIGN.md section 4): losing every queued message loses
+"""The broker is only a transport (docs/design.md section 4): losing every queued message loses
 no run, because the outbox and the reaper bring every runnable run back."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_cli_refusals_before_the_ledger_are_audited(drv: Driver) -> None:
 
 def test_cli_inspect__reading_a_run_or_an_effect_is_audited(drv: Driver) -> None:
     """`runs show` and `effects show` each leave one 'inspect' audit row naming the reader
-    and the role they read with (DESIGN.md 8: inspect is audited like every command);
+    and the role they read with (docs/design.md section 8: inspect is audited like every command);
     listing runs leaves none."""
     run_id = finished(drv)
     onward("runs", "ls", "--workflow", "test_ops_notes", role="viewer")

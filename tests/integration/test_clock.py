@@ -1,5 +1,5 @@
 """One clock: every time the ledger compares or records is ``onward.now()``, the database's
-time, which tests may move forward by a session offset (DESIGN section 13, invariant 7)."""
+time, which tests may move forward by a session offset (docs/design.md section 13, invariant 7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The checkpoint envelope (DESIGN.md section 9): a validated, versioned record whose large
+"""The checkpoint envelope (docs/design.md section 9): a validated, versioned record whose large
 state is a referenced artifact, bound by sha256 under the checkpoint's MAC."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Restore validates before it runs (DESIGN.md section 7): a checkpoint edited in SQL parks
+"""Restore validates before it runs (docs/design.md section 7): a checkpoint edited in SQL parks
 the run for review and the step never runs. execute_step is called directly, in this
 process, against the real ledger, so the test can count the step's executions."""
 

@@ -1,4 +1,4 @@
-"""Tamper evidence (DESIGN.md sections 7 and 9): each way of rewriting history in SQL is
+"""Tamper evidence (docs/design.md sections 7 and 9): each way of rewriting history in SQL is
 caught — by restore (the run is parked `integrity`, with an audit row, and the step never
 runs) when it touches the head or its parent link, and by `onward verify` (offline, every
 checkpoint) wherever it is. Key rotation keeps old checkpoints verifiable."""

@@ -64,7 +64,7 @@ def _resolve_onward(args: list[str]) -> Any:
 
 
 def test_compose__defines_every_service() -> None:
-    """The stack named in DESIGN.md: ledger, broker, migration and the three process kinds."""
+    """The stack named in docs/design.md: ledger, broker, migration and the three process kinds."""
     assert set(_services()) >= EXPECTED
 
 

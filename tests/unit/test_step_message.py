@@ -1,4 +1,4 @@
-"""The step message: ``{run_id, seq}`` and nothing else (DESIGN.md section 4)."""
+"""The step message: ``{run_id, seq}`` and nothing else (docs/design.md section 4)."""
 
 from __future__ import annotations
 
