@@ -17,6 +17,7 @@ from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_effects import effects_app
 from console.commands_runs import runs_app
+from console.commands_tools import tools_app
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import OnwardError
 
@@ -29,6 +30,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(effects_app, name="effects")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(audit_app, name="audit")
+app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.command("verify")(verify_cmd.verify)
 

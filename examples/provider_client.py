@@ -66,7 +66,8 @@ def status(collection: str, ref: str) -> ToolResult:
 
 def provider_tool(name: str, collection: str, tool_class: ToolClass, *, lookup: bool = True,
                   honours_key: bool | None = None, send_key: bool = True,
-                  recipient_field: str | None = None) -> Tool:
+                  recipient_field: str | None = None,
+                  check_payload: dict[str, Any] | None = None) -> Tool:
     """A Tool whose call, lookup and status go to ``collection`` at the reference provider."""
     return Tool(
         name,
@@ -78,6 +79,7 @@ def provider_tool(name: str, collection: str, tool_class: ToolClass, *, lookup: 
                                                  {"id": f"sim_{key[:12]}", "body": payload}),
         honours_key=honours_key,
         recipient=(lambda p: str(p.get(recipient_field))) if recipient_field else None,
+        check_payload=check_payload,
     )
 
 

@@ -16,10 +16,15 @@ from tasks import StepContext, Workflow
 
 MODEL = "sales-model"
 
+# check_payload: what `onward tools check examples.sales:create_offer` sends to a TEST provider
 create_offer = provider_tool("crm.create_offer", "offers", ToolClass.IRREVERSIBLE,
-                             recipient_field="customer_id")
+                             recipient_field="customer_id",
+                             check_payload={"customer_id": "check-customer", "amount": 100,
+                                            "text": "tool check offer"})
 send_email = provider_tool("mail.send", "emails", ToolClass.IDEMPOTENT_WRITE,
-                           recipient_field="to")
+                           recipient_field="to",
+                           check_payload={"to": "check-customer", "subject": "tool check",
+                                          "offer_id": "off_check"})
 
 
 class OfferState(BaseModel):

@@ -6,7 +6,9 @@
 ``call(payload, idempotency_key)`` performs the request, sending ``idempotency_key`` to the
 provider; ``lookup(idempotency_key)`` asks whether that key already produced something;
 ``status(provider_ref)`` polls a job the provider only accepted; ``simulate(payload, key)``
-is a sandbox implementation for replays. Each returns a ToolResult (or a dict, read as a
+is a sandbox implementation for replays; ``check_payload`` is a sample request that
+``onward tools check`` sends to the provider's *test* environment (tasks/toolcheck.py).
+Each returns a ToolResult (or a dict, read as a
 completed result) and raises ToolError for a refusal the provider stated.
 """
 
@@ -68,6 +70,9 @@ class Tool:
     recipient: Callable[[dict[str, Any]], str | None] | None = None
     store_payload: bool = True  # keep the full payload in the effect record
     status_timeout_s: float = 3600.0  # give up polling an accepted job after this long
+    # the provider refuses a key that comes back with another payload; default: honours_key
+    refuses_key_reuse: bool | None = None
+    check_payload: dict[str, Any] | None = None  # a sample for `onward tools check` (test env)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -77,6 +82,8 @@ class Tool:
         if self.honours_key is None:
             object.__setattr__(self, "honours_key",
                                self.tool_class is ToolClass.IDEMPOTENT_WRITE)
+        if self.refuses_key_reuse is None:
+            object.__setattr__(self, "refuses_key_reuse", self.honours_key)
 
     @property
     def can_resend_blind(self) -> bool:
