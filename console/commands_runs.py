@@ -30,6 +30,7 @@ from console.common import (
 )
 from console.render import run_detail, show_run
 from ledger import Ledger, RunStatus
+from ledger.api import REFUSALS
 from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
@@ -228,8 +229,10 @@ def runs_branch(
         operations = _patch(patch, patch_file, set_values or [])
     except InvalidInput as exc:
         _refuse(ledger, AuditAction.BRANCH, exc, run_id)
-    with reported():
+    try:
         diff = ledger.preview_branch(run_id, from_seq, operations)
+    except REFUSALS as exc:
+        _refuse(ledger, AuditAction.BRANCH, exc, run_id)
     out.print(f"branch run {run.id} ({run.workflow}) from checkpoint {from_seq}, with:")
     out.print(diff_table(diff))
     out.print("  the branch calls for real under its own keys"

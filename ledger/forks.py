@@ -149,6 +149,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     cp = _checkpoint(conn, parent, request.from_seq)
     state = dict(cp["state"])  # a replay copies a state stored apart as its reference
     if branch:
+        refuse_patch_at_approval(cp, parent["id"])
         state = apply_patch(resolve_state_txn(conn, state), request.patch, max_state_bytes)
         if check_state is not None:
             check_state(parent["workflow"], cp["workflow_version"], state)
@@ -216,14 +217,34 @@ def resolve_state_txn(conn: Connection, state: dict[str, Any]) -> dict[str, Any]
     return resolved
 
 
+def refuse_patch_at_approval(cp: RowMapping, run_id: UUID) -> None:
+    """A branch may not change the state of a checkpoint that waits for approval: the
+    approval it would ask is for the artifact the parent built from the unpatched state, so
+    the approver would authorise one thing while the branch acts on another. Refusing is
+    simpler and safer than rebuilding the artifact (only the asking step knows how): the
+    branch starts from the checkpoint before, whose next step asks again."""
+    control = cp["control"] or {}
+    if control.get("kind") != "approval":
+        return
+    before = f"checkpoint {cp['seq'] - 1}" + (
+        " of the run this one was copied from" if cp["outcome"] == OutcomeKind.FORK.value else "")
+    raise OperationRefused(
+        f"checkpoint {cp['seq']} of run {run_id} waits for approval {control.get('action')!r} "
+        f"of an artifact built from the state before your patch: the approver would approve "
+        f"the old values while the branch acts on the new ones. To change the state, branch "
+        f"from {before}, whose next step {cp['step']} asks for the approval again with the "
+        "patched state")
+
+
 def preview_txn(conn: Connection, run_id: UUID, seq: int, patch: list[dict[str, Any]],
                 max_state_bytes: int) -> list[PatchChange]:
     """The diff a branch from checkpoint ``seq`` of ``run_id`` would start from."""
-    state = conn.execute(sa.select(checkpoints.c.state).where(
-        checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).scalar()
-    if state is None:
+    cp = conn.execute(sa.select(checkpoints).where(
+        checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).mappings().first()
+    if cp is None:
         raise OperationRefused(f"run {run_id} has no checkpoint {seq}")
-    state = resolve_state_txn(conn, dict(state))
+    refuse_patch_at_approval(cp, run_id)
+    state = resolve_state_txn(conn, dict(cp["state"]))
     apply_patch(state, patch, max_state_bytes)
     return describe_patch(state, patch)
 
