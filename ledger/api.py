@@ -31,7 +31,7 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.envelope import CheckpointEnvelope
-from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
 from ledger.schema import checkpoints as checkpoints_table
 from ledger.settings import OnwardSettings
@@ -40,8 +40,11 @@ from ledger.stats import BatchStats, batch_stats
 T = TypeVar("T")
 
 REFUSALS: tuple[type[Exception], ...] = (
-    OperationRefused, UnknownRun, InvalidInput, waits.ApprovalRefused, waits.UnknownApproval)
-"""Errors that mean "refused, nothing changed" (the CLI exits 2 for these)."""
+    OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, waits.ApprovalRefused,
+    waits.UnknownApproval)
+"""Errors that mean "refused, nothing changed" (the CLI exits 2 for these). An operator
+command that meets history that does not verify (a replay of a tampered checkpoint) is
+refused like any other, and audited."""
 
 
 class Ledger:
@@ -287,7 +290,7 @@ class Ledger:
                        patch: list[dict[str, Any]]) -> list[forks.PatchChange]:
         """The diff a branch would start from (nothing is written)."""
         with wrap_driver_errors("previewing a branch"), self.engine.connect() as conn:
-            return forks.preview_txn(conn, run_id, from_seq, patch,
+            return forks.preview_txn(conn, self.keys, run_id, from_seq, patch,
                                      self.settings.max_state_bytes)
 
     def cancel(self, run_id: UUID, reason: str | None) -> operations.Cancelled:

@@ -30,6 +30,7 @@ from ledger.checkpoints import (
     CheckpointBody,
     CheckpointKeys,
     artifact_ref,
+    canonical_json,
     sha256_hex,
 )
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
@@ -48,6 +49,7 @@ from ledger.schema import (
     runs,
     step_attempts,
 )
+from ledger.verify import verify_source_txn
 
 StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
 """Validates a branch's patched state against the workflow's model (raise InvalidInput)."""
@@ -147,6 +149,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         raise InvalidInput(f"replay mode must be one of {[m.value for m in REPLAY_MODES]}")
     parent = _parent(conn, actor, request.parent_run_id)
     cp = _checkpoint(conn, parent, request.from_seq)
+    verify_source_txn(conn, keys, parent, cp["seq"])
     state = dict(cp["state"])  # a replay copies a state stored apart as its reference
     if branch:
         refuse_patch_at_approval(cp, parent["id"])
@@ -236,14 +239,16 @@ def refuse_patch_at_approval(cp: RowMapping, run_id: UUID) -> None:
         "patched state")
 
 
-def preview_txn(conn: Connection, run_id: UUID, seq: int, patch: list[dict[str, Any]],
-                max_state_bytes: int) -> list[PatchChange]:
+def preview_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, seq: int,
+                patch: list[dict[str, Any]], max_state_bytes: int) -> list[PatchChange]:
     """The diff a branch from checkpoint ``seq`` of ``run_id`` would start from."""
     cp = conn.execute(sa.select(checkpoints).where(
         checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).mappings().first()
-    if cp is None:
+    run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+    if cp is None or run is None:
         raise OperationRefused(f"run {run_id} has no checkpoint {seq}")
     refuse_patch_at_approval(cp, run_id)
+    verify_source_txn(conn, keys, run, seq)
     state = resolve_state_txn(conn, dict(cp["state"]))
     apply_patch(state, patch, max_state_bytes)
     return describe_patch(state, patch)
@@ -313,6 +318,7 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
     if asked is None:
         raise OperationRefused(f"checkpoint {cp['seq']} waits for approval "
                                f"{control['approval_id']}, which does not exist")
+    _check_asked_artifact(asked, control)
     approval_id = uuid7()
     lifetime: timedelta = asked["expires_at"] - asked["created_at"]
     values = {"workflow_version": asked["workflow_version"], "step": asked["step"],
@@ -323,6 +329,18 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
                   {**control, "approval_id": str(approval_id)},
                   waiting_on=f"approval:{approval_id}",
                   approval={"id": approval_id, "values": values})
+
+
+def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:
+    """The new run asks its approver about the parent's artifact: it must be the one the
+    MAC'd checkpoint names, or the approver would be shown something else."""
+    shown = sha256_hex(canonical_json(asked["artifact"]))
+    if not shown == asked["artifact_hash"] == control.get("artifact_hash"):
+        raise IntegrityViolation(
+            f"approval {asked['id']}'s artifact (sha256 {shown[:12]}…, recorded as "
+            f"{str(asked['artifact_hash'])[:12]}…) is not the artifact checkpoint "
+            f"{asked['seq']} asked about ({str(control.get('artifact_hash'))[:12]}…): it was "
+            "edited outside onward, so it is not asked again")
 
 
 def _evidence_start(conn: Connection, parent: RowMapping, cp: RowMapping,

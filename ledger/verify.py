@@ -37,21 +37,9 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     rows = conn.execute(
         sa.select(checkpoints).where(checkpoints.c.run_id == run_id).order_by(checkpoints.c.seq)
     ).mappings().all()
-    problems: list[Problem] = []
     if not rows:
         return [Problem(run_id, None, "head", "the run has no checkpoints at all")]
-    first = rows[0]
-    forked = run["parent_run_id"] is not None
-    if not forked and first["seq"] != 0:
-        problems.append(Problem(run_id, first["seq"], "first",
-                                f"history starts at seq {first['seq']}, not 0 (deleted?)"))
-    if forked and first["outcome"] != OutcomeKind.FORK.value:
-        problems.append(Problem(run_id, first["seq"], "first",
-                                "a replay or branch must start with its fork checkpoint"))
-    previous = None
-    for row in rows:
-        problems.extend(_check_one(keys, run_id, row, previous))
-        previous = row
+    problems = chain_problems(keys, run_id, rows, forked=run["parent_run_id"] is not None)
     last = rows[-1]
     if last["seq"] != run["seq"]:
         problems.append(Problem(run_id, last["seq"], "head",
@@ -63,6 +51,44 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_check_artifacts(conn, run_id))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
+
+
+def chain_problems(keys: CheckpointKeys, run_id: UUID, rows: Sequence[sa.RowMapping], *,
+                   forked: bool) -> list[Problem]:
+    """Every MAC of ``rows`` (a run's checkpoints, oldest first), their links and their
+    contiguity from the run's first checkpoint (seq 0, or a replay's fork checkpoint)."""
+    problems: list[Problem] = []
+    first = rows[0]
+    if not forked and first["seq"] != 0:
+        problems.append(Problem(run_id, first["seq"], "first",
+                                f"history starts at seq {first['seq']}, not 0 (deleted?)"))
+    if forked and first["outcome"] != OutcomeKind.FORK.value:
+        problems.append(Problem(run_id, first["seq"], "first",
+                                "a replay or branch must start with its fork checkpoint"))
+    previous = None
+    for row in rows:
+        problems.extend(_check_one(keys, run_id, row, previous))
+        previous = row
+    return problems
+
+
+def verify_source_txn(conn: Connection, keys: CheckpointKeys, run: sa.RowMapping,
+                      seq: int) -> None:
+    """Raise IntegrityViolation unless checkpoint ``seq`` of ``run`` can be copied: its MAC,
+    the chain back to the run's first checkpoint, and the state artifact it references all
+    verify. Replay and branch call it before they copy anything (O(seq))."""
+    run_id = run["id"]
+    rows = conn.execute(
+        sa.select(checkpoints).where(checkpoints.c.run_id == run_id, checkpoints.c.seq <= seq)
+        .order_by(checkpoints.c.seq)).mappings().all()
+    problems = chain_problems(keys, run_id, rows, forked=run["parent_run_id"] is not None)
+    problems.extend(_check_state_artifacts(conn, run_id, rows[-1:]))
+    if problems:
+        shown = "; ".join(f"seq {p.seq}: {p.kind}: {p.detail}" for p in problems[:3])
+        raise IntegrityViolation(
+            f"checkpoint {seq} of run {run_id} does not verify, so it is not copied: {shown}"
+            f"{' …' if len(problems) > 3 else ''} (`onward verify {run_id}` reports the "
+            "whole history; the run needs investigation, not a copy)")
 
 
 def _check_state_artifacts(conn: Connection, run_id: UUID,

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
-from ledger.exceptions import OperationRefused
+from ledger.exceptions import IntegrityViolation, OperationRefused
 from tests.integration.test_operations import (  # noqa: F401 - fixtures
     audit_actions,
     drv,
@@ -21,6 +21,7 @@ from tests.integration.test_operations import (  # noqa: F401 - fixtures
     ops,
     outside,
 )
+from tests.support import reads
 from tests.support.driver import Driver
 
 
@@ -93,3 +94,68 @@ def test_cli_branch__patch_at_an_approval_wait_refused_before_asking(
     assert "waits for approval" in result.output
     assert new_runs(ops) == runs_before
     assert audit_actions(ops, parent) == [("branch", "refused")]
+
+
+def finished_note(drv: Driver, ops: Ledger) -> UUID:  # noqa: F811
+    run_id = ops.start_run("test_ops_notes", {"topic": "pricing"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    return run_id
+
+
+EDIT_STATE = ("UPDATE onward.checkpoints SET state = jsonb_set(state, '{channel}', "
+              "'\"attacker\"') WHERE run_id = :run AND seq = :seq")
+
+SOURCES = {
+    # name: (seq edited, seq copied, launch)
+    "replay_of_edited_checkpoint": (2, 2, "replay"),
+    "replay_past_an_edited_ancestor": (1, 2, "replay"),
+    "branch_of_edited_checkpoint": (2, 2, "branch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOURCES))
+def test_fork__tampered_source_is_refused_and_audited(
+        drv: Driver, ops: Ledger, logs: dict[str, Path], case: str) -> None:  # noqa: F811
+    """Invariant: a replay or branch verifies the checkpoint it copies (its MAC and the
+    chain back to the run's start) before copying it: an edit made in SQL is refused with
+    an IntegrityViolation naming the checkpoint, one audited refusal, no new run, nothing
+    called. (Before, the copy got a fresh MAC: its history verified clean and it ran from
+    the edited state.)"""
+    edited, copied, launch = SOURCES[case]
+    parent = finished_note(drv, ops)
+    assert reads.execute(ops.engine, EDIT_STATE, run=parent, seq=edited) == 1
+    runs_before, seen = new_runs(ops), outside(logs)
+    patch = [{"op": "replace", "path": "/topic", "value": "refunds"}]
+
+    with pytest.raises(IntegrityViolation, match=rf"checkpoint {copied} of run {parent} does "
+                                                 rf"not verify.*seq {edited}: mac"):
+        if launch == "replay":
+            ops.replay(parent, copied, "live", "look again", allow_irreversible=True)
+        else:
+            ops.branch(parent, copied, patch, "new topic", allow_irreversible=True)
+
+    assert new_runs(ops) == runs_before
+    assert outside(logs) == seen
+    [refused] = ops.audit(run_id=parent)
+    assert (refused.action, refused.outcome) == (launch, "refused")
+    assert refused.details["type"] == "IntegrityViolation"
+    if launch == "branch":
+        with pytest.raises(IntegrityViolation, match="does not verify"):
+            ops.preview_branch(parent, copied, patch)
+
+
+def test_replay__approval_artifact_edited_in_sql_is_not_asked_again(
+        drv: Driver, ops: Ledger) -> None:  # noqa: F811
+    """Invariant: a live replay from an approval wait asks the new approver about the
+    parent's artifact only if it still hashes to what the MAC'd checkpoint asked about; an
+    artifact edited in the approvals table is refused (audited), no approval is created."""
+    parent = waiting_for_approval(drv, ops)
+    [asked] = ops.approvals(run_id=parent)
+    assert reads.execute(ops.engine, "UPDATE onward.approvals SET artifact = "
+                         "'{\"summary\": \"pay 1,000,000\"}' WHERE id = :id",
+                         id=asked.id) == 1
+    runs_before = new_runs(ops)
+    with pytest.raises(IntegrityViolation, match="edited outside onward"):
+        ops.replay(parent, asked.seq, "live", "ask again")
+    assert new_runs(ops) == runs_before
+    assert audit_actions(ops, parent) == [("replay", "refused")]
