@@ -102,7 +102,8 @@ class SweepReport:
     @property
     def total(self) -> int:
         return (self.requeued + self.parked + self.stalled_resent + self.waits.approvals_expired
-                + self.waits.signal_timeouts + self.waits.deadlines)
+                + self.waits.signal_timeouts + self.waits.deadlines
+                + self.waits.signals_delivered)
 
 
 class RecoveryStore:

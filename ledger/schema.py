@@ -376,6 +376,8 @@ signals = Table(
     Column("consumed_seq", Integer, nullable=True),  # the seq whose wait it ended
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Index("ix_signals_run_name", "run_id", "name", "consumed_seq"),
+    Index("ix_signals_unconsumed", "run_id", "name",
+          postgresql_where=text("consumed_seq IS NULL")),
 )
 
 audit = Table(

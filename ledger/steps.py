@@ -29,7 +29,6 @@ from ledger.checkpoints import (
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
-from ledger.waits import WAKE_ON_SIGNAL
 
 
 class StaleReason(StrEnum):
@@ -259,18 +258,35 @@ RETURNING seq, status, attempt, max_attempts,
           (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased
 """
 
+# A signal wait consumes a signal sent before the wait began in this same statement (so no
+# crash can fall between the two): the run then stays running, with its next outbox row.
+# Nothing else consumes a signal of a run that is running (Ledger.signal and the reaper wake
+# waiting runs only), so the signal is read without a lock and updated after the run row:
+# locks go run first, then signal, everywhere. A signal committed while this statement
+# runs is not in its snapshot; the reaper wakes the run then (ledger/waits.py).
 _COMMIT = """
-WITH usage AS (
+WITH early_signal AS (
+    SELECT id FROM onward.signals
+     WHERE %(signal)s::text IS NOT NULL AND run_id = %(run_id)s AND name = %(signal)s
+       AND consumed_seq IS NULL
+     ORDER BY id LIMIT 1
+), usage AS (
     SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
            coalesce(sum(cost_usd), 0) AS cost
       FROM onward.evidence WHERE run_id = %(run_id)s AND seq = %(seq)s
 ), advanced AS (
     UPDATE onward.runs
-       SET seq = seq + 1, step = %(next_step)s, status = %(status)s, attempt = 0,
+       SET seq = seq + 1, step = %(next_step)s, attempt = 0,
+           status = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN 'running'
+                         ELSE %(status)s END,
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
-           result = %(result)s, last_error = NULL, waiting_on = %(waiting_on)s,
-           wait_until = %(wait_until)s, updated_at = onward.now(),
+           result = %(result)s, last_error = NULL,
+           waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
+                             ELSE %(waiting_on)s END,
+           wait_until = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
+                             ELSE %(wait_until)s::timestamptz END,
+           updated_at = onward.now(),
            used_tokens = used_tokens + (SELECT tokens FROM usage),
            used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
            state_schema_version = %(state_schema_version)s,
@@ -281,7 +297,11 @@ WITH usage AS (
            finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
                               ELSE onward.now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id, tenant_id
+ RETURNING id, tenant_id, status
+), signal_consumed AS (
+    UPDATE onward.signals SET consumed_seq = %(seq)s + 1
+     WHERE id IN (SELECT id FROM early_signal) AND consumed_seq IS NULL
+       AND EXISTS (SELECT 1 FROM advanced)
 ), state_artifact AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
     SELECT %(artifact_sha)s, length(%(artifact_body)s::bytea), 'application/json',
@@ -297,8 +317,9 @@ WITH usage AS (
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
-    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()), %(due_at)s::timestamptz IS NULL
-      FROM advanced WHERE %(status)s = 'running'
+    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()),
+           %(due_at)s::timestamptz IS NULL AND %(status)s = 'running'
+      FROM advanced WHERE status = 'running'
 ), approval AS (
     INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
                                   artifact_hash, artifact, approvers, expires_at, status)
@@ -422,6 +443,13 @@ RETURNING lease_expires_at
 """
 
 
+def _signal_waited_for(wait: Wait | None) -> str | None:
+    """The signal a wait ends on, if it is a signal wait (its commit consumes an early one)."""
+    if wait is None or wait.control.get("kind") != "signal" or wait.due_at is not None:
+        return None
+    return str(wait.control["name"])
+
+
 def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": error_type, "message": message[:4000], **extra}
 
@@ -511,6 +539,7 @@ class StepStore:
             _COMMIT,
             {
                 "waiting_on": wait.waiting_on if wait else None,
+                "signal": _signal_waited_for(wait),
                 "wait_until": wait.wait_until if wait else None,
                 "due_at": wait.due_at if wait else None,
                 "control": Jsonb(wait.control) if wait else None,
@@ -629,10 +658,6 @@ class StepStore:
             },
         )
         return (row is not None and row["deferred"] == 1) or self._lost(claim)
-
-    def wake_if_signalled(self, run_id: UUID, seq: int) -> bool:
-        """Right after committing a signal wait: consume a signal that arrived earlier."""
-        return self._one(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": seq}) is not None
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend the lease; False means it was lost (stop and discard the work)."""

@@ -53,8 +53,8 @@ class Approval:
         return cls(**fields)
 
 
-# Wake a run waiting on a signal that has already arrived (psycopg parameter style; used on
-# the worker's hot connection right after the waiting commit, and by Ledger.signal).
+# Wake a run waiting on a signal that has already arrived (psycopg parameter style; used by
+# Ledger.signal; a signal stored before the wait began is consumed by the waiting commit).
 WAKE_ON_SIGNAL = """
 WITH sig AS (
     SELECT s.id FROM onward.signals s JOIN onward.runs r ON r.id = s.run_id
@@ -222,6 +222,37 @@ SELECT e.id, e.run_id, e.seq, c.control FROM expired e
   JOIN onward.checkpoints c ON c.run_id = e.run_id AND c.seq = e.seq
 """)
 
+# A run waits on a signal that is stored and unconsumed: the signal committed while the
+# commit that began the wait was running (outside its snapshot), or before a crash of code
+# that consumed early signals in a second statement. Wake it as the signal would have.
+_WAKE_SIGNALLED = sa.text("""
+WITH due AS (
+    SELECT r.id AS run_id, r.seq, r.waiting_on FROM onward.runs r
+     WHERE r.status = 'waiting'
+       AND EXISTS (SELECT 1 FROM onward.signals s
+                    WHERE s.run_id = r.id AND s.consumed_seq IS NULL
+                      AND r.waiting_on = 'signal:' || s.name)
+     LIMIT :limit
+       FOR UPDATE OF r SKIP LOCKED
+), first_signal AS (
+    SELECT DISTINCT ON (d.run_id) d.run_id, d.seq, s.id AS signal_id
+      FROM due d JOIN onward.signals s
+        ON s.run_id = d.run_id AND s.consumed_seq IS NULL AND d.waiting_on = 'signal:' || s.name
+     ORDER BY d.run_id, s.id
+), woke AS (
+    UPDATE onward.runs r SET status = 'running', waiting_on = NULL, wait_until = NULL,
+           updated_at = onward.now()
+      FROM first_signal f WHERE r.id = f.run_id
+ RETURNING r.id, r.seq
+), consumed AS (
+    UPDATE onward.signals s SET consumed_seq = f.seq
+      FROM first_signal f WHERE s.id = f.signal_id AND s.consumed_seq IS NULL
+)
+INSERT INTO onward.outbox (run_id, seq) SELECT id, seq FROM woke
+ON CONFLICT (run_id, seq) DO UPDATE SET due_at = onward.now(), published_at = NULL,
+                                        worker_publishes = false
+""")
+
 _SIGNAL_TIMEOUTS = sa.text("""
 SELECT r.id AS run_id, r.seq, c.control FROM onward.runs r
   JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
@@ -244,6 +275,7 @@ class WaitSweep:
     approvals_expired: int
     signal_timeouts: int
     deadlines: int
+    signals_delivered: int = 0  # waiting runs woken by a signal stored before they waited
 
 
 def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: str,
@@ -257,6 +289,7 @@ def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: str
 
 
 def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
+    delivered = conn.execute(_WAKE_SIGNALLED, {"limit": limit}).rowcount
     expired = conn.execute(_EXPIRE_APPROVALS, {"limit": limit}).mappings().all()
     for row in expired:
         _continue_or_fail(conn, row, "on_expire", "approval_expired",
@@ -274,4 +307,4 @@ def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
               f"{row['status']}",
               spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
                      "cost_usd": float(row["used_cost_usd"])})
-    return WaitSweep(len(expired), len(timeouts), len(late))
+    return WaitSweep(len(expired), len(timeouts), len(late), delivered)

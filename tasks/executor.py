@@ -201,11 +201,10 @@ def _run_claimed(
     if not store.commit(claim, advance):
         bound.warning("lease lost before commit; result discarded", step=step.name)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    faults.point("after_checkpoint_commit", step.name)
     bound.debug("step committed", step=step.name, next_step=advance.next_step,
                 ms=round((time.perf_counter() - started) * 1000, 2))
     wait = advance.wait
-    if wait is not None and wait.waiting_on.startswith("signal:"):
-        store.wake_if_signalled(claim.run_id, claim.seq + 1)  # it may have come first
     fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
     next_seq = claim.seq + 1 if fast_path else None
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,

@@ -27,6 +27,7 @@ POINTS = frozenset(
         "after_provider_response",
         "after_effect_recorded",
         "before_checkpoint_commit",
+        "after_checkpoint_commit",
         "after_commit_before_publish",
         "dispatcher_after_publish_before_mark",
     }

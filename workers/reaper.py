@@ -28,7 +28,8 @@ class Reaper:
                         stalled_resent=report.stalled_resent,
                         approvals_expired=report.waits.approvals_expired,
                         signal_timeouts=report.waits.signal_timeouts,
-                        deadlines=report.waits.deadlines)
+                        deadlines=report.waits.deadlines,
+                        signals_delivered=report.waits.signals_delivered)
         return report
 
     def run(self) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.runs import Budgets
 from ledger.schema import ApprovalStatus
 from ledger.waits import ApprovalRefused
 from tasks.waiting import artifact_hash
+from tests.support import reads
 from tests.support.cluster import Cluster, wait_for
 
 WORKFLOWS = "tests.workflows_waits"
@@ -111,6 +114,32 @@ def test_signal__sent_before_and_after_the_wait(ledger: Ledger, cluster: Cluster
     wait_status(ledger, late, RunStatus.COMPLETED)
     assert ledger.get_run(early).result == {"payload": {"n": 1}}
     assert ledger.get_run(late).result == {"payload": {"n": 2}}
+
+
+def test_signal__early_signal_survives_a_kill_right_after_the_waiting_commit(
+        ledger: Ledger, cluster: Cluster, settings_env: dict[str, str]) -> None:
+    """Invariant: a signal sent before its run waits is never lost: the commit that begins
+    the wait consumes it in the same statement, so a worker SIGKILLed right after that
+    commit (fault after_checkpoint_commit) leaves the run woken with its next message, not
+    waiting forever. No reaper runs here: the commit alone must have done it. The wait
+    commits once and the signal is consumed once, by the waiting checkpoint's seq."""
+    run_id = ledger.start_run("test_signal", {})
+    assert ledger.signal(run_id, "go", {"n": 7}) is False  # stored: nobody waits yet
+    cluster.dispatcher(env=ENV)
+    worker = cluster.worker(concurrency=1, env={
+        **ENV, "ONWARD_FAULTS": "after_checkpoint_commit@wait_go:kill:once"})
+    wait_status(ledger, run_id, RunStatus.COMPLETED, timeout=60)
+    marker = Path(settings_env["ONWARD_FAULTS_DIR"]) / "after_checkpoint_commit@wait_go.kill.fired"
+    assert marker.exists(), "the fault never fired"
+    assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
+    assert ledger.get_run(run_id).result == {"payload": {"n": 7}}
+    with ledger.engine.connect() as conn:
+        consumed = conn.execute(sa.text(
+            "SELECT consumed_seq FROM onward.signals WHERE run_id = :id"),
+            {"id": run_id}).scalars().all()
+    assert consumed == [1]
+    assert reads.checkpoint_outcomes(ledger.engine, run_id) == ["start", "wait", "finish"]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1}
 
 
 def test_signal__timeout_fails_run(ledger: Ledger, cluster: Cluster) -> None:

@@ -1,0 +1,89 @@
+"""Waits (signals, approvals, timers) with steps executed in the test process
+(tests/support/driver.py) against a real PostgreSQL: the interleavings that a real worker
+meets only by bad luck, made to happen on purpose."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+
+from ledger import Ledger, RunStatus
+from ledger.recovery import RecoveryStore
+from ledger.waits import signal_txn
+from tasks import faults
+from tests.support.cluster import wait_for
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows_waits"]
+
+
+@pytest.fixture()
+def drv(ledger: Ledger) -> Iterator[Driver]:
+    with driver(ledger, MODULES) as running:
+        yield running
+
+
+@pytest.fixture()
+def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Arm fault points in this process (``armed(spec)``); disarmed after the test."""
+
+    def arm(spec: str) -> None:
+        monkeypatch.setenv("ONWARD_FAULTS", spec)
+        faults.arm_from_env()
+
+    yield arm
+    monkeypatch.delenv("ONWARD_FAULTS", raising=False)
+    faults.arm_from_env()
+
+
+def _scalar(ledger: Ledger, sql: str, **params: object) -> object:
+    with ledger.engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar()
+
+
+def _claimed(ledger: Ledger, run_id: UUID) -> bool:
+    return bool(_scalar(ledger, "SELECT count(*) FROM onward.step_attempts WHERE run_id = :id "
+                                "AND outcome IS NULL", id=run_id))
+
+
+def _blocked_commits(ledger: Ledger) -> int:
+    return int(_scalar(ledger, "SELECT count(*) FROM pg_stat_activity "  # type: ignore[arg-type]
+                               "WHERE wait_event_type = 'Lock' AND query LIKE '%early_signal%'"))
+
+
+def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
+        drv: Driver, ledger: Ledger, armed: object) -> None:
+    """Invariant: a signal is never lost, even when it commits while the commit that begins
+    its wait is running (after that statement's snapshot, before it gets the run's row
+    lock): the run is left waiting with the signal stored, and the reaper's next sweep
+    consumes the signal for the waiting seq and queues the run, which then completes with
+    the payload."""
+    run_id = ledger.start_run("test_signal", {})
+    armed("before_checkpoint_commit@wait_go:sleep=1")  # type: ignore[operator]
+    stepping = threading.Thread(target=drv.step, args=(run_id, 0))
+    stepping.start()
+    wait_for(lambda: _claimed(ledger, run_id), timeout=10, what="the step to be claimed")
+    with ledger.engine.begin() as conn:
+        assert signal_txn(conn, run_id, "go", {"n": 3}) is False  # holds the run's row lock
+        wait_for(lambda: _blocked_commits(ledger) == 1, timeout=10,
+                 what="the waiting commit to block on the run's row lock")
+    stepping.join(timeout=10)
+    run = ledger.get_run(run_id)
+    assert (run.status, run.seq, run.waiting_on) == (RunStatus.WAITING, 1, "signal:go")
+    assert _scalar(ledger, "SELECT consumed_seq FROM onward.signals WHERE run_id = :id",
+                   id=run_id) is None  # the race happened: stored, not consumed
+
+    swept = RecoveryStore(ledger.engine).sweep(stall_after_s=60)
+
+    assert swept.waits.signals_delivered == 1
+    assert _scalar(ledger, "SELECT consumed_seq FROM onward.signals WHERE run_id = :id",
+                   id=run_id) == 1
+    assert _scalar(ledger, "SELECT count(*) FROM onward.outbox WHERE run_id = :id AND seq = 1",
+                   id=run_id) == 1
+    finished = drv.drive(run_id)
+    assert (finished.status, finished.result) == (RunStatus.COMPLETED, {"payload": {"n": 3}})
+    assert RecoveryStore(ledger.engine).sweep(stall_after_s=60).waits.signals_delivered == 0
