@@ -4,6 +4,12 @@ Rows a worker publishes itself after commit (``worker_publishes``) are left alon
 grace period; the claim of the step deletes its row, so only rows whose message was lost
 or never sent are still there afterwards. Every other row (new runs, retries, timers,
 reaper re-sends) is published as soon as it is due; a trigger NOTIFYs the dispatcher.
+
+A published row nobody claimed is published again ``republish_s`` after its last publish,
+doubling each time up to ``republish_max_s``: a lost message is re-sent within
+``republish_max_s``. A row whose run is no longer ``running`` (or has moved past the row's
+seq) is deleted, never published: a trigger deletes those rows when the run stops
+(migration 0009), this is the safety net.
 """
 
 from __future__ import annotations
@@ -22,16 +28,21 @@ from ledger.exceptions import LedgerUnavailable
 CHANNEL = "onward_outbox"
 
 _DUE = """
-SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version
+SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version,
+       (r.status <> 'running' OR o.seq < r.seq) AS dead
   FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
  WHERE o.due_at <= onward.now()
    AND ((o.published_at IS NULL
          AND (NOT o.worker_publishes
               OR o.created_at < onward.now() - %(grace)s * interval '1 second'))
-        -- a row published but not consumed is sent again, backing off exponentially so
-        -- a long queue under load is not flooded with copies of messages it still holds
-        OR o.published_at < onward.now() - %(republish)s * power(2, least(o.publish_count - 1, 6))
-                                     * interval '1 second')
+        -- a row published but not consumed is sent again, backing off exponentially (so
+        -- a long queue under load is not flooded with copies of messages it still holds)
+        -- up to republish_max: a lost message is re-sent within that bound
+        OR o.published_at < onward.now()
+                            - least(%(republish)s * power(2, greatest(o.publish_count - 1, 0)),
+                                    %(republish_max)s) * interval '1 second'
+        -- a stopped run's row (or one its run has moved past) is deleted, never published
+        OR r.status <> 'running' OR o.seq < r.seq)
  ORDER BY o.due_at
  LIMIT %(limit)s
  FOR UPDATE OF o SKIP LOCKED
@@ -41,6 +52,8 @@ _LIVE_QUEUES = """
 SELECT queue FROM onward.worker_queues
  WHERE seen_at > onward.now() - %(within)s * interval '1 second'
 """
+
+_DROP = "DELETE FROM onward.outbox WHERE id = ANY(%(ids)s)"
 
 _MARK = """
 UPDATE onward.outbox SET published_at = onward.now(), publish_count = publish_count + 1
@@ -65,10 +78,12 @@ class OutboxMessage:
 class OutboxStore:
     """Outbox sweeps for one dispatcher process, on its own connection."""
 
-    def __init__(self, url: str, *, grace_s: float, republish_s: float) -> None:
+    def __init__(self, url: str, *, grace_s: float, republish_s: float,
+                 republish_max_s: float) -> None:
         self._url = url
         self._grace = grace_s
         self._republish = republish_s
+        self._republish_max = max(republish_s, republish_max_s)
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._listener: psycopg.Connection[Any] | None = None
 
@@ -88,6 +103,7 @@ class OutboxStore:
         after_publish: Callable[[], None] | None = None,
     ) -> int:
         """Publish every due row once, then mark it, in one transaction; return the count.
+        Rows of runs that stopped are deleted in the same transaction, unpublished.
 
         A crash after publishing and before the mark commits leaves the rows unmarked: they
         are published again, and the duplicate delivery is a no-op at the claim.
@@ -96,10 +112,14 @@ class OutboxStore:
         try:
             with conn.transaction():
                 rows = conn.execute(
-                    _DUE, {"grace": self._grace, "republish": self._republish, "limit": limit}
+                    _DUE, {"grace": self._grace, "republish": self._republish,
+                           "republish_max": self._republish_max, "limit": limit}
                 ).fetchall()
+                dead = [r["id"] for r in rows if r["dead"]]
+                if dead:
+                    conn.execute(_DROP, {"ids": dead})
                 messages = [OutboxMessage(r["id"], r["run_id"], r["seq"], r["workflow"],
-                                          r["workflow_version"]) for r in rows]
+                                          r["workflow_version"]) for r in rows if not r["dead"]]
                 for message in messages:
                     publish(message)
                 if messages and after_publish is not None:

@@ -60,6 +60,11 @@ class OnwardSettings(BaseSettings):
     outbox_republish_s: float = Field(
         default=30.0, gt=0, description="Republish a published row not consumed after this long."
     )
+    outbox_republish_max_s: float = Field(
+        default=120.0, gt=0,
+        description="Cap of the republish backoff (x2 per publish): a lost message is sent "
+        "again at most this long after its last publish.",
+    )
     dispatcher_poll_s: float = Field(
         default=1.0, gt=0, description="Polling fallback when no NOTIFY arrives."
     )

@@ -34,6 +34,7 @@ class Dispatcher:
             database_url(settings),
             grace_s=settings.outbox_grace_s,
             republish_s=settings.outbox_republish_s,
+            republish_max_s=settings.outbox_republish_max_s,
         )
         self.stopping = threading.Event()
         self.published = 0
