@@ -1,5 +1,5 @@
 """The outbox holds messages of running runs only, and a lost message comes back within the
-bound docs/guarantees.md gives (DESIGN.md section 13, invariant 3). Real PostgreSQL; the
+bound docs/guarantees.md gives (docs/design.md section 13, invariant 3). Real PostgreSQL; the
 dispatcher's sweep and the reaper's statements are called directly, time moved with the
 test clock (tests/support/clock.py)."""
 

@@ -5,7 +5,7 @@ Revises: 0008
 
 Every path that moves a run out of ``running`` (commit of a finish, a failure or a wait,
 a park, a cancel, a divergence, the reaper's deadline, expiry and timeout sweeps) fires
-this trigger, so no outbox row survives a run that stopped (DESIGN.md section 13,
+this trigger, so no outbox row survives a run that stopped (docs/design.md section 13,
 invariant 3). Rows already left behind by earlier versions are deleted here.
 """
 
