@@ -10,7 +10,6 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from console import verify_cmd
 from console.commands_approvals import approvals_app
@@ -18,6 +17,8 @@ from console.commands_audit import audit_app
 from console.commands_effects import effects_app
 from console.commands_runs import runs_app
 from console.commands_tools import tools_app
+from console.common import say_error
+from console.safe import console, line
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import OnwardError
 
@@ -34,8 +35,8 @@ app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.command("verify")(verify_cmd.verify)
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 EXIT_REFUSED = 2
 EXIT_FAILED = 1
@@ -48,7 +49,7 @@ def _settings() -> OnwardSettings:
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    say_error("error:", message)
     raise typer.Exit(code)
 
 
@@ -61,7 +62,7 @@ def db_upgrade() -> None:
 
     ledger = Ledger.from_env(_settings())
     upgrade(ledger.engine)
-    out.print(f"ledger schema at revision {current_revision(ledger.engine)}")
+    out.print(line("ledger schema at revision ", str(current_revision(ledger.engine))))
 
 
 @db_app.command("status")
@@ -73,7 +74,7 @@ def db_status(as_json: JsonFlag = False) -> None:
     if as_json:
         print(json.dumps({"database": found, "code": HEAD_REVISION}))
     else:
-        out.print(f"database: {found or '(empty)'}   code needs: {HEAD_REVISION}")
+        out.print(line("database: ", found or "(empty)", "   code needs: ", HEAD_REVISION))
     if found != HEAD_REVISION:
         raise typer.Exit(EXIT_REFUSED)
 
@@ -152,8 +153,8 @@ def embedded_up() -> None:
     from workers.broker import broker_url
 
     settings = _settings()
-    out.print(f"database: {database_url(settings)}")
-    out.print(f"broker:   {broker_url(settings)}")
+    out.print(line("database: ", database_url(settings)), soft_wrap=True)
+    out.print(line("broker:   ", broker_url(settings)), soft_wrap=True)
 
 
 @embedded_app.command("down")
@@ -163,7 +164,8 @@ def embedded_down() -> None:
     from workers.broker import stop_redis
 
     home = _settings().home_dir
-    out.print(f"postgres stopped: {stop_postgres(home)}  redis stopped: {stop_redis(home)}")
+    out.print(line(f"postgres stopped: {stop_postgres(home)}  "
+                   f"redis stopped: {stop_redis(home)}"))
 
 
 @app.command()
@@ -184,7 +186,7 @@ def metrics(
         _fail(str(exc), EXIT_REFUSED)
     stop = serve_metrics(engine, port, host)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    out.print(f"serving http://{host}:{port}/metrics")
+    out.print(line(f"serving http://{host}:{port}/metrics"))
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
 

@@ -4,9 +4,12 @@ the artifact hash it was taken on; an edited artifact needs a new approval."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import shutil
+import sys
+from typing import Annotated, Any, NoReturn
 from uuid import UUID
 
+import click
 import typer
 from rich.table import Table
 
@@ -22,15 +25,18 @@ from console.common import (
     short,
     when,
 )
+from console.safe import add_row, json_text, line
 from ledger.audit import AuditAction
-from ledger.exceptions import InvalidInput
+from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.exceptions import InvalidInput, OnwardError
 from ledger.schema import ApprovalStatus
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
 
 ApprovalArg = Annotated[UUID, typer.Argument(help="The approval's id.")]
 HashOpt = Annotated[str | None, typer.Option(
-    help="The artifact hash you reviewed (needed with --yes; otherwise the one shown).")]
+    help="The artifact hash you reviewed (needed with --yes; otherwise the one shown). It "
+         "must be the hash of the artifact printed now.")]
 CommentOpt = Annotated[str | None, typer.Option("--comment", "-m", help="Why (audited).")]
 RolesOpt = Annotated[list[str] | None, typer.Option(
     "--as-role", help="An approver role you hold, for approvals that name roles (repeatable).")]
@@ -53,43 +59,83 @@ def approvals_ls(
     table = Table("approval", "run", "seq", "action", "status", "approvers", "artifact",
                   "expires")
     for a in found:
-        table.add_row(str(a.id), str(a.run_id), str(a.seq), a.action, a.status.value,
-                      ", ".join(a.approvers) or "any operator", short(a.artifact_hash),
-                      when(a.expires_at))
+        add_row(table, a.id, a.run_id, a.seq, a.action, a.status.value,
+                ", ".join(a.approvers) or "any operator", short(a.artifact_hash),
+                when(a.expires_at))
     out.print(table)
 
 
 def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment: str | None,
             roles: list[str] | None, yes: bool) -> None:
     verb = "approve" if approve else "reject"
+    action = AuditAction.APPROVE if approve else AuditAction.REJECT
     ledger = open_ledger()
     with reported():
         approval = ledger.get_approval(approval_id)
-    out.print(f"{verb} [bold]{approval.action}[/bold] for run {approval.run_id} (seq "
-              f"{approval.seq}), as {ledger.actor.name}")
-    out.print(f"artifact {approval.artifact_hash}:")
-    out.print(json.dumps(approval.artifact, indent=2)[:4000])
-    if artifact_hash is None:
-        if yes:
-            with reported():
-                raise ledger.refuse(
-                    AuditAction.APPROVE if approve else AuditAction.REJECT,
-                    InvalidInput("with --yes, name what you reviewed: --artifact-hash HASH"),
-                    run_id=approval.run_id, approval_id=approval.id)
-        artifact_hash = approval.artifact_hash  # what was just shown is what is decided
+    out.print(line(f"{verb} ", (approval.action, "bold"), f" for run {approval.run_id} (seq "
+                   f"{approval.seq}), as ", ledger.actor.name), soft_wrap=True)
+
+    def refuse(error: OnwardError) -> NoReturn:
+        with reported():
+            raise ledger.refuse(action, error, run_id=approval.run_id, approval_id=approval.id)
+        raise AssertionError("unreachable")  # pragma: no cover - reported() exits
+
+    try:
+        shown = show_artifact(approval.artifact, approval.artifact_hash, page=not yes)
+    except ArtifactNotShown as exc:
+        refuse(exc)
+    if artifact_hash is None and yes:
+        refuse(InvalidInput("with --yes, name what you reviewed: --artifact-hash HASH"))
+    if artifact_hash is not None and artifact_hash != shown:
+        refuse(InvalidInput(f"you named artifact {artifact_hash[:12]}…, but the artifact shown "
+                            f"hashes to {shown[:12]}…; review it again"))
     with reported():
         confirm(f"{verb} it?", yes)
         decide = ledger.approve if approve else ledger.reject
-        decided = decide(approval_id, artifact_hash=artifact_hash, comment=comment,
+        # the decision names the hash of what was shown; the ledger refuses it unless it is
+        # the hash the run bound when it asked
+        decided = decide(approval_id, artifact_hash=shown, comment=comment,
                          roles=tuple(roles or ()))
-    out.print(f"[green]{decided.status.value}[/green] by {decided.decided_by}")
+    out.print(line((decided.status.value, "green"), " by ", decided.decided_by or "-"))
+
+
+class ArtifactNotShown(InvalidInput):
+    """The artifact could not be shown in full, so it cannot be decided here."""
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def show_artifact(artifact: Any, bound_hash: str, *, page: bool) -> str:
+    """Print the whole artifact as JSON (through a pager when long and interactive) and
+    return the sha256 of the canonical JSON of what was printed."""
+    text = json_text(artifact, indent=2)
+    try:
+        shown = sha256_hex(canonical_json(json.loads(text)))
+    except (ValueError, OnwardError) as exc:
+        raise ArtifactNotShown(f"the artifact could not be shown: {exc}") from exc
+    head = (f"--- artifact {bound_hash} ({len(text)} characters) ---\n"
+            if shown == bound_hash else
+            f"--- artifact: bound to {bound_hash}, but what is stored hashes to {shown} ---\n")
+    body = f"{head}{text}\n--- end of artifact ---"
+    try:
+        if page and _interactive() and body.count("\n") + 4 > shutil.get_terminal_size().lines:
+            click.echo_via_pager(body + "\n")
+        else:
+            click.echo(body)
+    except Exception as exc:  # a pager or terminal that failed: nothing was reviewed
+        raise ArtifactNotShown(f"the artifact could not be shown ({type(exc).__name__}: "
+                               f"{exc}); nothing was decided") from exc
+    return shown
 
 
 @approvals_app.command("approve")
 def approvals_approve(approval_id: ApprovalArg, artifact_hash: HashOpt = None,
                       comment: CommentOpt = None, as_role: RolesOpt = None,
                       yes: YesFlag = False) -> None:
-    """Approve: the run resumes at the approved step (in the same transaction)."""
+    """Approve: the run resumes at the approved step (in the same transaction). The whole
+    artifact is shown first (paged when long); the decision is bound to its hash."""
     _decide(approval_id, True, artifact_hash, comment, as_role, yes)
 
 
@@ -97,5 +143,6 @@ def approvals_approve(approval_id: ApprovalArg, artifact_hash: HashOpt = None,
 def approvals_reject(approval_id: ApprovalArg, artifact_hash: HashOpt = None,
                      comment: CommentOpt = None, as_role: RolesOpt = None,
                      yes: YesFlag = False) -> None:
-    """Reject: the run goes to its rejection step, or fails with approval_rejected."""
+    """Reject: the run goes to its rejection step, or fails with approval_rejected. The
+    whole artifact is shown first (paged when long); the decision is bound to its hash."""
     _decide(approval_id, False, artifact_hash, comment, as_role, yes)

@@ -20,6 +20,7 @@ from console.common import (
     short,
     when,
 )
+from console.safe import add_row, cell
 
 audit_app = typer.Typer(help="The audit log of operator commands.", no_args_is_help=True)
 
@@ -49,8 +50,9 @@ def audit_ls(
     for a in rows:
         seq = f"{a.before_seq}→{a.after_seq}" if a.before_seq is not None else "-"
         detail = (a.details or {}).get("error") or (a.details or {}).get("mode") or ""
-        table.add_row(when(a.at), a.actor, a.role, a.action,
-                      a.outcome if a.outcome == "done" else f"[red]{a.outcome}[/red]",
-                      str(a.run_id or "-"), str(a.new_run_id or ""), seq, short(a.reason, 40),
-                      short(detail, 60))
+        result = cell(a.outcome)
+        if a.outcome != "done":
+            result.stylize("red")
+        add_row(table, when(a.at), a.actor, a.role, a.action, result, a.run_id or "-",
+                a.new_run_id or "", seq, short(a.reason, 40), short(detail, 60))
     out.print(table)

@@ -4,7 +4,6 @@ or a continue."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 from uuid import UUID
 
@@ -26,6 +25,7 @@ from console.common import (
     short,
     when,
 )
+from console.safe import add_row, json_text, line
 from ledger.schema import EffectStatus
 
 effects_app = typer.Typer(help="External effects: list, inspect, repeat (admin).",
@@ -54,9 +54,9 @@ def effects_ls(
     table = Table("effect id", "type", "run", "command", "status", "attempts", "recipient",
                   "provider ref", "created")
     for e in found:
-        table.add_row(short(e.effect_id, 16), e.effect_type, str(e.run_id), e.command_id,
-                      e.status.value, str(e.attempts), e.recipient or "-",
-                      e.provider_ref or "-", when(e.created_at))
+        add_row(table, short(e.effect_id, 16), e.effect_type, e.run_id, e.command_id,
+                e.status.value, e.attempts, e.recipient or "-", e.provider_ref or "-",
+                when(e.created_at))
     out.print(table)
 
 
@@ -73,22 +73,22 @@ def effects_show(effect_id: EffectArg, effect_type: TypeOpt = None,
     if as_json:
         print_json({"effect": effect, "attempts": attempts})
         return
-    out.print(f"[bold]{effect.effect_type}[/bold] {effect.effect_id}")
-    out.print(f"run {effect.run_id} seq {effect.seq} step {effect.step} "
-              f"command {effect.command_id} ({effect.tool_class})")
-    out.print(f"status [bold]{effect.status.value}[/bold]  provider ref "
-              f"{effect.provider_ref or '-'}  recipient {effect.recipient or '-'}  "
-              f"reconciled {effect.reconciled}")
-    kept = json.dumps(effect.payload) if effect.payload is not None else "(not kept)"
-    out.print(f"payload: {kept}")
+    out.print(line((effect.effect_type, "bold"), " ", effect.effect_id))
+    out.print(line(f"run {effect.run_id} seq {effect.seq} step ", effect.step, " command ",
+                   effect.command_id, f" ({effect.tool_class})"), soft_wrap=True)
+    out.print(line("status ", (effect.status.value, "bold"), "  provider ref ",
+                   effect.provider_ref or "-", "  recipient ", effect.recipient or "-",
+                   f"  reconciled {effect.reconciled}"), soft_wrap=True)
+    kept = json_text(effect.payload) if effect.payload is not None else "(not kept)"
+    out.print(line("payload: ", kept), soft_wrap=True)
     if effect.error:
-        out.print(f"[red]error:[/red] {json.dumps(effect.error)}")
+        out.print(line(("error:", "red"), " ", json_text(effect.error)), soft_wrap=True)
     table = Table("attempt", "kind", "key", "worker", "started", "outcome", "provider ref",
                   "error", title="attempts")
     for a in attempts:
-        table.add_row(str(a.attempt), a.kind, short(a.idempotency_key, 16), a.worker,
-                      when(a.started_at), a.outcome or "(unknown)", a.provider_ref or "-",
-                      short((a.error or {}).get("message"), 40))
+        add_row(table, a.attempt, a.kind, short(a.idempotency_key, 16), a.worker,
+                when(a.started_at), a.outcome or "(unknown)", a.provider_ref or "-",
+                short((a.error or {}).get("message"), 40))
     out.print(table)
 
 
@@ -104,13 +104,15 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
         plan = plan_repeat(ledger, ledger.find_effect(effect_id, effect_type))
     shown = plan.as_dict()
     latest = shown["latest_attempt"] or {}
-    out.print(f"[bold]repeat[/bold] {shown['effect_type']} effect {shown['effect_id']}")
-    out.print(f"  recipient:      {shown['recipient'] or '-'}")
-    out.print(f"  payload:        {json.dumps(shown['payload'])}")
-    out.print(f"  status:         {shown['status']} (provider ref {shown['provider_ref'] or '-'})")
-    out.print(f"  latest attempt: {latest.get('kind', '-')} #{latest.get('attempt', '-')} → "
-              f"{latest.get('outcome') or 'unknown'}")
-    out.print(f"  dedup method:   {shown['dedup']}")
+    out.print(line(("repeat", "bold"), " ", shown["effect_type"], " effect ",
+                   shown["effect_id"]), soft_wrap=True)
+    out.print(line("  recipient:      ", shown["recipient"] or "-"), soft_wrap=True)
+    out.print(line("  payload:        ", json_text(shown["payload"])), soft_wrap=True)
+    out.print(line("  status:         ", shown["status"], " (provider ref ",
+                   shown["provider_ref"] or "-", ")"), soft_wrap=True)
+    out.print(line("  latest attempt: ", str(latest.get("kind", "-")),
+                   f" #{latest.get('attempt', '-')} → ", latest.get("outcome") or "unknown"))
+    out.print(line("  dedup method:   ", shown["dedup"]))
     out.print("  this sends the payload again under a NEW key: the provider will not "
               "deduplicate it against the original")
     with reported():
@@ -122,8 +124,9 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
                     "error": done.error, "effect": plain(done.effect)})
         return
     color = "green" if done.outcome == "completed" else "red"
-    out.print(f"[{color}]{done.outcome}[/{color}]: attempt {done.started.attempt} "
-              f"(repeat {done.started.number}) key {done.started.idempotency_key} → "
-              f"{done.provider_ref or '-'}" + (f"; {done.error['message']}" if done.error else ""))
+    out.print(line((done.outcome, color), f": attempt {done.started.attempt} (repeat "
+                   f"{done.started.number}) key ", done.started.idempotency_key, " → ",
+                   done.provider_ref or "-",
+                   f"; {done.error['message']}" if done.error else ""), soft_wrap=True)
     if done.outcome not in ("completed", "accepted"):
         raise typer.Exit(1)

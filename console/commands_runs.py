@@ -29,6 +29,7 @@ from console.common import (
     when,
 )
 from console.render import run_detail, show_run
+from console.safe import add_row, json_text, line
 from ledger import Ledger, RunStatus
 from ledger.api import REFUSALS
 from ledger.audit import AuditAction
@@ -86,11 +87,11 @@ def runs_ls(
     table = Table("run", "workflow", "status", "seq", "step", "mode", "parent", "created")
     for r in found:
         lineage = f"{r.parent_run_id}@{r.parent_seq}" if r.parent_run_id else ""
-        table.add_row(str(r.id), f"{r.workflow} v{r.workflow_version or '-'}", r.status.value,
-                      str(r.seq), r.step or "-", r.mode or "", lineage, when(r.created_at))
+        add_row(table, r.id, f"{r.workflow} v{r.workflow_version or '-'}", r.status.value,
+                r.seq, r.step or "-", r.mode or "", lineage, when(r.created_at))
     out.print(table)
     if len(found) == limit:
-        out.print(f"more: --before {found[-1].id}  (or --offset {offset + limit})")
+        out.print(line(f"more: --before {found[-1].id}  (or --offset {offset + limit})"))
 
 
 @runs_app.command("show")
@@ -130,20 +131,20 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
     Finished runs, replays and waits are refused with the command to use instead."""
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CONTINUE)
-    out.print(f"continue run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
-              f"next step {run.step or '(start)'}")
+    out.print(line(f"continue run {run.id} (", run.workflow, f"): {run.status.value} at seq "
+                   f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     if run.parked_reason or run.last_error:
-        out.print(f"  stopped because: {run.parked_reason or ''} "
-                  f"{(run.last_error or {}).get('message', '')}")
-    out.print("  the step runs again at the same seq; recorded model calls and effects are "
-              "reused, unknown effect outcomes are reconciled first")
+        out.print(line("  stopped because: ", run.parked_reason or "", " ",
+                       str((run.last_error or {}).get("message", ""))), soft_wrap=True)
+    out.print(line("  the step runs again at the same seq; recorded model calls and effects are "
+              "reused, unknown effect outcomes are reconciled first"))
     with reported():
         confirm("continue?", yes)
         done = ledger.continue_run(run_id, reason)
-    out.print(f"[green]continued[/green] run {done.run_id} at seq {done.seq} "
-              f"(was {done.previous_status.value})"
-              + (f"; reopened effects {', '.join(short(e) for e in done.reopened_effects)}"
-                 if done.reopened_effects else ""))
+    out.print(line(("continued", "green"), f" run {done.run_id} at seq {done.seq} "
+                   f"(was {done.previous_status.value})",
+                   f"; reopened effects {', '.join(short(e) for e in done.reopened_effects)}"
+                   if done.reopened_effects else ""), soft_wrap=True)
 
 
 @runs_app.command("replay")
@@ -170,10 +171,11 @@ def runs_replay(
         _refuse(ledger, AuditAction.REPLAY, InvalidInput(
             f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}"), run_id)
     launch_mode = LaunchMode(mode)
-    out.print(f"replay run {run.id} ({run.workflow}) from checkpoint {from_seq} as a new "
-              f"{launch_mode.value} run; budgets {budgets.value}"
-              + ("; irreversible effects WILL be sent" if allow_irreversible else ""))
-    out.print(_MODE_TEXT[launch_mode])
+    out.print(line(f"replay run {run.id} (", run.workflow, f") from checkpoint {from_seq} as a "
+                   f"new {launch_mode.value} run; budgets {budgets.value}",
+                   "; irreversible effects WILL be sent" if allow_irreversible else ""),
+              soft_wrap=True)
+    out.print(line(_MODE_TEXT[launch_mode]))
     with reported():
         confirm("start the replay?", yes)
         launched = ledger.replay(run_id, from_seq, launch_mode, reason, budgets=budgets,
@@ -196,11 +198,12 @@ def _launched(launched: Any, as_json: bool) -> None:
     if as_json:
         print_json(launched)
         return
-    out.print(f"[green]started[/green] {launched.mode.value} run {launched.run_id} from "
-              f"{launched.parent_run_id}@{launched.parent_seq}: {launched.status.value}, "
-              f"next step {launched.step or '(start)'}")
+    out.print(line(("started", "green"), f" {launched.mode.value} run {launched.run_id} from "
+                   f"{launched.parent_run_id}@{launched.parent_seq}: {launched.status.value}, "
+                   "next step ", launched.step or "(start)"), soft_wrap=True)
     if launched.last_error:
-        out.print(f"  [red]diverged at once:[/red] {launched.last_error.get('message')}")
+        out.print(line("  ", ("diverged at once:", "red"), " ",
+                       str(launched.last_error.get("message"))), soft_wrap=True)
 
 
 @runs_app.command("branch")
@@ -233,11 +236,12 @@ def runs_branch(
         diff = ledger.preview_branch(run_id, from_seq, operations)
     except REFUSALS as exc:
         _refuse(ledger, AuditAction.BRANCH, exc, run_id)
-    out.print(f"branch run {run.id} ({run.workflow}) from checkpoint {from_seq}, with:")
+    out.print(line(f"branch run {run.id} (", run.workflow, f") from checkpoint {from_seq}, "
+                   "with:"), soft_wrap=True)
     out.print(diff_table(diff))
-    out.print("  the branch calls for real under its own keys"
-              + ("; irreversible effects WILL be sent" if allow_irreversible
-                 else "; irreversible effects are refused (--allow-irreversible to send)"))
+    out.print(line("  the branch calls for real under its own keys"
+                   + ("; irreversible effects WILL be sent" if allow_irreversible
+                      else "; irreversible effects are refused (--allow-irreversible to send)")))
     with reported():
         confirm("start the branch?", yes)
         launched = ledger.branch(run_id, from_seq, operations, reason,
@@ -276,8 +280,8 @@ def diff_table(changes: list[PatchChange]) -> Table:
     table = Table("op", "path", "before", "after")
     for change in changes:
         path = change.path if change.from_path is None else f"{change.from_path} → {change.path}"
-        table.add_row(change.op, path, json.dumps(plain(change.before)),
-                      json.dumps(plain(change.after)))
+        add_row(table, change.op, path, json_text(plain(change.before)),
+                json_text(plain(change.after)))
     return table
 
 
@@ -287,13 +291,13 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
     approvals are invalidated."""
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CANCEL)
-    out.print(f"cancel run {run.id} ({run.workflow}): {run.status.value} at seq {run.seq}, "
-              f"next step {run.step or '(start)'}")
+    out.print(line(f"cancel run {run.id} (", run.workflow, f"): {run.status.value} at seq "
+                   f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     with reported():
         confirm("cancel it?", yes)
         done = ledger.cancel(run_id, reason)
-    out.print(f"[green]cancelled[/green] run {done.run_id} at seq {done.seq}"
-              + (f"; worker {done.was_leased_by} was mid-step (its commit will be refused)"
-                 if done.was_leased_by else "")
-              + (f"; invalidated approvals {', '.join(map(str, done.approvals_invalidated))}"
-                 if done.approvals_invalidated else ""))
+    out.print(line(("cancelled", "green"), f" run {done.run_id} at seq {done.seq}",
+                   f"; worker {done.was_leased_by} was mid-step (its commit will be refused)"
+                   if done.was_leased_by else "",
+                   f"; invalidated approvals {', '.join(map(str, done.approvals_invalidated))}"
+                   if done.approvals_invalidated else ""), soft_wrap=True)

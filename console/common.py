@@ -19,8 +19,9 @@ from typing import Annotated, Any, NoReturn
 from uuid import UUID
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
+from console.safe import console, visible
 from ledger import Ledger, OnwardSettings
 from ledger.api import REFUSALS
 from ledger.exceptions import OnwardError
@@ -28,8 +29,9 @@ from ledger.exceptions import OnwardError
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 
-out = Console()
-err = Console(stderr=True)
+# Data is never read as markup (console.safe): styled labels go in as (text, style) pieces.
+out = console()
+err = console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking.")]
@@ -44,8 +46,14 @@ def open_ledger() -> Ledger:
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}")
+    say_error("error:", message)
     raise typer.Exit(code)
+
+
+def say_error(label: str, message: object) -> None:
+    """``label`` in red, then ``message`` as data (its line breaks kept, controls escaped)."""
+    err.print(Text.assemble((label, "red"), " ", visible(message, newlines=True)),
+              soft_wrap=True)
 
 
 @contextmanager
@@ -54,7 +62,7 @@ def reported() -> Iterator[None]:
     try:
         yield
     except REFUSALS as exc:
-        err.print(f"[red]refused:[/red] {exc}")
+        say_error("refused:", exc)
         raise typer.Exit(EXIT_REFUSED) from exc
     except OnwardError as exc:
         fail(f"{type(exc).__name__}: {exc}")

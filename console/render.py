@@ -3,13 +3,13 @@ checkpoints, effects, approvals, audit."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from uuid import UUID
 
 from rich.table import Table
 
 from console.common import out, plain, short
+from console.safe import add_row, json_text, line
 from ledger import Ledger
 
 
@@ -58,29 +58,32 @@ def run_detail(ledger: Ledger, run_id: UUID) -> dict[str, Any]:
 
 def show_run(detail: dict[str, Any]) -> None:
     run = detail["run"]
-    out.print(f"[bold]{run['id']}[/bold]  {run['workflow']} v{run['version'] or '-'}  "
-              f"[bold]{run['status']}[/bold]  seq={run['seq']}  "
-              f"next={_next(run)}  attempt={run['attempt']}/{run['max_attempts']}"
-              f"  restores={run['restores']}")
-    out.print(f"created {run['created_at']}  finished {run['finished_at'] or '-'}  "
-              f"conversation={run['conversation_id'] or '-'}  "
-              f"key={run['idempotency_key'] or '-'}")
-    out.print(f"spent: {run['attempts_total']} step executions, {run['used_tokens']} tokens, "
-              f"${run['used_cost_usd']:.4f}")
+    say((run["id"], "bold"), "  ", run["workflow"], f" v{run['version'] or '-'}  ",
+        (run["status"], "bold"), f"  seq={run['seq']}  next=", _next(run),
+        f"  attempt={run['attempt']}/{run['max_attempts']}  restores={run['restores']}")
+    say(f"created {run['created_at']}  finished {run['finished_at'] or '-'}  conversation=",
+        run["conversation_id"] or "-", "  key=", run["idempotency_key"] or "-")
+    say(f"spent: {run['attempts_total']} step executions, {run['used_tokens']} tokens, "
+        f"${run['used_cost_usd']:.4f}")
     _lineage(detail)
     if run["waiting_on"]:
-        out.print(f"waiting on: {run['waiting_on']}")
+        say("waiting on: ", run["waiting_on"])
     if run["parked_reason"]:
-        out.print(f"[yellow]parked:[/yellow] {run['parked_reason']}")
+        say(("parked:", "yellow"), " ", run["parked_reason"])
     if run["last_error"]:
-        out.print(f"[red]last error:[/red] {json.dumps(run['last_error'])[:600]}")
+        say(("last error:", "red"), " ", json_text(run["last_error"]))
     if run["result"] is not None:
-        out.print(f"result: {json.dumps(run['result'])[:600]}")
+        say("result: ", json_text(run["result"]))
     _timeline(detail["timeline"])
     _checkpoints(detail["checkpoints"])
     _effects(detail["effects"])
     _approvals(detail["approvals"])
     _audit(detail["audit"])
+
+
+def say(*parts: str | tuple[str, str]) -> None:
+    """One line of the run's header; data is printed literally and whole."""
+    out.print(line(*parts), soft_wrap=True)
 
 
 def _next(run: dict[str, Any]) -> str:
@@ -93,15 +96,15 @@ def _lineage(detail: dict[str, Any]) -> None:
     run = detail["run"]
     if run["parent_run_id"]:
         parent = detail["parent"] or {}
-        out.print(f"[bold]{run['mode']}[/bold] of {run['parent_run_id']} from checkpoint "
-                  f"{run['parent_seq']} (parent now {parent.get('status')} at seq "
-                  f"{parent.get('seq')}); reason: {run['launch_reason']}"
-                  + ("; irreversible effects allowed" if run["allow_irreversible"] else ""))
+        say((str(run["mode"]), "bold"), f" of {run['parent_run_id']} from checkpoint "
+            f"{run['parent_seq']} (parent now {parent.get('status')} at seq "
+            f"{parent.get('seq')}); reason: ", run["launch_reason"] or "",
+            "; irreversible effects allowed" if run["allow_irreversible"] else "")
         if run["branch_patch"]:
-            out.print(f"patch: {json.dumps(run['branch_patch'])}")
+            say("patch: ", json_text(run["branch_patch"]))
     for child in detail["children"]:
-        out.print(f"  └─ {child['mode']} {child['id']} from seq {child['from_seq']}: "
-                  f"{child['status']} ({child['reason']})")
+        say(f"  └─ {child['mode']} {child['id']} from seq {child['from_seq']}: "
+            f"{child['status']} (", child["reason"] or "", ")")
 
 
 def _timeline(entries: list[dict[str, Any]]) -> None:
@@ -109,16 +112,16 @@ def _timeline(entries: list[dict[str, Any]]) -> None:
                   title="steps")
     for e in entries:
         ms = f"{e['duration_ms']:.1f}" if e["duration_ms"] is not None else "-"
-        table.add_row(str(e["seq"]), e["step"] or "(start)", str(e["attempt"]), e["worker"],
-                      e["outcome"] or "(running)", ms, short(e["error"], 60))
+        add_row(table, e["seq"], e["step"] or "(start)", e["attempt"], e["worker"],
+                e["outcome"] or "(running)", ms, short(e["error"], 60))
     out.print(table)
 
 
 def _checkpoints(rows: list[dict[str, Any]]) -> None:
     table = Table("seq", "produced by", "next", "outcome", "hash", "at", title="checkpoints")
     for c in rows:
-        table.add_row(str(c["seq"]), c["step"] or "-", c["next_step"] or "-", c["outcome"],
-                      short(c["hash"]), c["created_at"][:19])
+        add_row(table, c["seq"], c["step"] or "-", c["next_step"] or "-", c["outcome"],
+                short(c["hash"]), c["created_at"][:19])
     out.print(table)
 
 
@@ -128,9 +131,9 @@ def _effects(rows: list[dict[str, Any]]) -> None:
     table = Table("effect", "id", "command", "status", "attempts", "recipient", "provider ref",
                   title="effects")
     for e in rows:
-        table.add_row(e["effect_type"], short(e["effect_id"], 16), e["command_id"],
-                      e["status"] + (" (reconciled)" if e["reconciled"] else ""),
-                      str(e["attempts"]), e["recipient"] or "-", e["provider_ref"] or "-")
+        add_row(table, e["effect_type"], short(e["effect_id"], 16), e["command_id"],
+                e["status"] + (" (reconciled)" if e["reconciled"] else ""),
+                e["attempts"], e["recipient"] or "-", e["provider_ref"] or "-")
     out.print(table)
 
 
@@ -139,8 +142,8 @@ def _approvals(rows: list[dict[str, Any]]) -> None:
         return
     table = Table("approval", "seq", "action", "status", "by", "expires", title="approvals")
     for a in rows:
-        table.add_row(a["id"], str(a["seq"]), a["action"], a["status"], a["decided_by"] or "-",
-                      str(a["expires_at"])[:19])
+        add_row(table, a["id"], a["seq"], a["action"], a["status"], a["decided_by"] or "-",
+                str(a["expires_at"])[:19])
     out.print(table)
 
 
@@ -150,6 +153,6 @@ def _audit(rows: list[dict[str, Any]]) -> None:
     table = Table("at", "actor", "role", "action", "outcome", "reason", "seq", title="audit")
     for a in reversed(rows):
         seq = f"{a['before_seq']}→{a['after_seq']}" if a["before_seq"] is not None else "-"
-        table.add_row(str(a["at"])[:19], a["actor"], a["role"], a["action"], a["outcome"],
-                      short(a["reason"], 40), seq)
+        add_row(table, str(a["at"])[:19], a["actor"], a["role"], a["action"], a["outcome"],
+                short(a["reason"], 40), seq)
     out.print(table)

@@ -51,7 +51,8 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
     """JSON of ``value`` that is still valid JSON for the same value, with hidden characters
     written as JSON escapes (``\\u202e``): what is shown parses back to what is stored."""
     text = json.dumps(value, indent=indent, ensure_ascii=False)
-    return "".join(_json_escape(c) if _hidden(c) else c for c in text)
+    # json.dumps already escapes C0 controls inside strings: a raw line break is indentation
+    return "".join(_json_escape(c) if _hidden(c) and c != "\n" else c for c in text)
 
 
 def _json_escape(char: str) -> str:

@@ -7,11 +7,11 @@ from typing import Annotated
 from uuid import UUID
 
 import typer
-from rich.console import Console
 
+from console.safe import console, line
 from ledger import Ledger, OnwardSettings
 
-out = Console()
+out = console()
 
 
 def verify(
@@ -22,7 +22,7 @@ def verify(
     """Verify checkpoint MACs, the hash chain, the head and artifact hashes. Exit 3 when a
     problem is found."""
     if (run_id is None) == (not all_runs):
-        out.print("[red]error:[/red] give a RUN or --all")
+        out.print(line(("error:", "red"), " give a RUN or --all"))
         raise typer.Exit(2)
     ledger = Ledger.from_env(OnwardSettings())
     checked = 0
@@ -37,10 +37,10 @@ def verify(
                 print(json.dumps({"run_id": str(problem.run_id), "seq": problem.seq,
                                   "kind": problem.kind, "detail": problem.detail}))
             else:
-                out.print(f"[red]✗[/red] {problem}")
+                out.print(line(("✗", "red"), " ", str(problem)), soft_wrap=True)
         if not as_json and not problems and run_id is not None:
-            out.print(f"[green]✓[/green] {current}: history verifies")
+            out.print(line(("✓", "green"), f" {current}: history verifies"))
     if not as_json:
-        out.print(f"checked {checked} run(s), {found} problem(s)")
+        out.print(line(f"checked {checked} run(s), {found} problem(s)"))
     if found:
         raise typer.Exit(3)
