@@ -5,13 +5,18 @@ independently (docs/design.md sections 4, 5 and 7; docs/guarantees.md).
 
     .venv/bin/python bench/chaos.py                      # defaults: 40 runs x 5 steps, seed 1
     .venv/bin/python bench/chaos.py --seed 7 --runs 60 --steps 4
+    .venv/bin/python bench/chaos.py --runs 1000          # window, settle and chaos scale up
     .venv/bin/python bench/chaos.py --json               # quieter stderr; JSON on stdout
 
 What it sets up (nothing shared with other users of the servers is touched):
 
-* its own database on the configured PostgreSQL server (embedded by default, or the server of
-  ONWARD_DATABASE_URL), migrated with ``ledger.migrate.upgrade``; dropped at the end when the
-  pass bar holds, kept (name printed) when it does not;
+* its own PostgreSQL server whenever it restarts PostgreSQL (``--pg-restarts``, 1 or more by
+  default): a throwaway cluster initdb'd in a temporary directory with the binaries the
+  ``pgserver`` package ships, on a free loopback port (harness/postgres.py), removed at the
+  end. A server somebody else uses is never restarted. With ``--pg-restarts 0`` it uses the
+  configured server (embedded by default, or the server of ONWARD_DATABASE_URL);
+* its own database on that server, migrated with ``ledger.migrate.upgrade``; dropped at the
+  end when the pass bar holds, kept (name printed) when it does not;
 * its own queue name, on its own Redis database number of the configured broker (the first
   empty one of 1..14 unless ``--broker-db``), because it FLUSHDBs that database once;
 * the reference provider (examples/provider.py, a real HTTP service with its own store),
@@ -35,8 +40,20 @@ Chaos, at seeded random moments (``--seed``):
   worker replaces it);
 * SIGKILL of a dispatcher, restarted (once with dispatcher_after_publish_before_mark armed);
 * FLUSHDB of the broker's Redis database, once;
+* PostgreSQL stopped mid-batch (``pg_ctl stop -m immediate``: a crash, recovered from the
+  WAL) and started again after 0.5-3 s (``--pg-restarts``);
+* ``pg_terminate_backend`` of one database connection of a worker (pool children and
+  master) or of a dispatcher, alternately (``--backend-kills``; each process's connections
+  carry ``application_name`` chaos-<role><slot>.g<gen> through PGAPPNAME);
+* effect calls longer than the lease: the provider holds the next few creates
+  ``--long-call-s`` seconds (the lease TTL + 1 s by default) before acting
+  (``--long-calls``);
 * provider faults: dropped responses and HTTP 500s on the lookup tool's collection, and a
   period of asynchronous completion (202 + status polling);
+
+The counts of each kind of chaos are given per minute of chaos window (``--window``, by
+default 60 s or 0.1 s per step of work, whichever is longer), so ``--runs 1000`` gets
+proportionally more of each; a count given on the command line is used as is.
 * opt-in, a stale lease holder: ``--pauses N`` SIGSTOPs lease holders, ``--stop-point``
   arms ``after_effect_pending:stop:once`` (the child stops itself after recording the intent,
   before calling); each is SIGCONTed once another worker has taken the step over and
@@ -53,6 +70,8 @@ from the provider separately, and prints progress to stderr and ONE JSON line to
 * ``orphan_pending_effects``: effects still pending/accepted after settling, other than the
   one unknown write of each expected park;
 * ``parked`` / ``expected_parked``;
+* ``postgres_restarts``, ``backend_kills``, ``long_calls`` (creates the provider held past
+  the lease): how much of the heavier chaos happened;
 * cross-checks: every provider object's key is a completed effect in the ledger (or the
   unconfirmed write of an expected park) and every completed effect has its object, with
   the same provider id; every completed run's result lists the provider's ids;
@@ -81,10 +100,10 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
@@ -94,6 +113,7 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+import psycopg  # noqa: E402
 import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.engine import Engine, make_url  # noqa: E402
@@ -104,8 +124,10 @@ from bench.chaos_agent import (  # noqa: E402
     MAX_ATTEMPTS,
     WORKFLOW,
 )
+from harness.postgres import PrivatePostgres  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url  # noqa: E402
+from ledger.exceptions import LedgerUnavailable  # noqa: E402
 from ledger.migrate import upgrade  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
 
@@ -117,11 +139,14 @@ WORKER_POINTS = [
     "after_commit_before_publish",
 ]
 DISPATCHER_POINT = "dispatcher_after_publish_before_mark"
+APP_PREFIX = "chaos-"  # application_name of the fleet's database connections
 CHECKPOINT_KEY = "chaos-bench-checkpoint-key"
 OWNER_KEY = "onward-chaos-bench:owner"  # marks the Redis DB as taken while the bench runs
 OWNER_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 VERBOSE = True
+DB_ERRORS = (sa.exc.DBAPIError, psycopg.Error, LedgerUnavailable)
+T = TypeVar("T")
 
 
 def log(message: str, *, always: bool = False) -> None:
@@ -221,7 +246,8 @@ class Fleet:
         fault_dir = self.faults_root / f"{role}{slot}.g{gen}"
         fault_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "ONWARD_FAULTS": faults,
-               "ONWARD_FAULTS_DIR": str(fault_dir)}
+               "ONWARD_FAULTS_DIR": str(fault_dir),
+               "PGAPPNAME": f"{APP_PREFIX}{role}{slot}.g{gen}"}  # finds its connections
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         log_path = self.log_dir / f"{next(self.counter):03d}-{role}{slot}.g{gen}.log"
         handle = open(log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
@@ -331,7 +357,7 @@ class Provider:
     def configure(self, **values: Any) -> None:
         self.http.post("/admin/config", json=values).raise_for_status()
 
-    def arm(self, collection: str, **faults: int) -> None:
+    def arm(self, collection: str, **faults: float) -> None:
         self.http.post("/admin/faults",
                        json={"collection": collection, **faults}).raise_for_status()
 
@@ -406,6 +432,10 @@ def choose_broker_db(base_url: str, requested: int | None) -> tuple[str, bool]:
 
 
 # -- the plan -------------------------------------------------------------------------------
+PER_MINUTE = {  # default counts of each kind of chaos per minute of chaos window
+    "child_kills": 8, "tree_kills": 3, "dispatcher_kills": 2, "drop_waves": 5,
+    "error_waves": 5, "pg_restarts": 0.5, "backend_kills": 6, "long_calls": 3,
+}
 @dataclass
 class Config:
     runs: int
@@ -429,6 +459,10 @@ class Config:
     keep: bool
     pauses: int = 0
     stop_point: bool = False
+    pg_restarts: int = 0
+    backend_kills: int = 0
+    long_calls: int = 0
+    long_call_s: float = 4.0
 
 
 @dataclass
@@ -449,6 +483,7 @@ class Item:
     order: int
     kind: str = field(compare=False)
     arg: Any = field(compare=False, default=None)
+    retries: int = field(compare=False, default=0)
 
 
 def make_plan(cfg: Config, rng: random.Random) -> list[Item]:
@@ -498,7 +533,21 @@ def make_plan(cfg: Config, rng: random.Random) -> list[Item]:
         start = rng.uniform(cfg.window_s * 0.2, cfg.window_s * 0.5)
         items.append(Item(start, next(order), "provider_async", 0.4))
         items.append(Item(start + cfg.window_s * 0.2, next(order), "provider_async", 0.0))
+    items.extend(heavier_items(cfg, rng, order))
     items.sort()
+    return items
+
+
+def heavier_items(cfg: Config, rng: random.Random, order: Iterator[int]) -> list[Item]:
+    """PostgreSQL restarts, backend terminations and calls longer than the lease."""
+    def at() -> float:
+        return rng.uniform(cfg.window_s * 0.05, cfg.window_s * 0.85)
+
+    items = [Item(rng.uniform(cfg.window_s * 0.2, cfg.window_s * 0.7), next(order),
+                  "restart_postgres") for _ in range(cfg.pg_restarts)]
+    items += [Item(at(), next(order), "kill_backend", ("worker", "dispatcher")[i % 2])
+              for i in range(cfg.backend_kills)]
+    items += [Item(at(), next(order), "provider_slow", 1) for _ in range(cfg.long_calls)]
     return items
 
 
@@ -520,6 +569,9 @@ class Chaos:
         self.stopped: dict[int, Stopped] = {}  # SIGSTOPped pool children
         self.stop_markers_seen: set[Path] = set()
         self.unexpected_exits: list[str] = []
+        self.exits_while_db_down: list[str] = []
+        self.pg: PrivatePostgres | None = None
+        self.db_down: tuple[float, float | None] | None = None  # (stopped at, started at)
         self.fleet: Fleet
         self.provider: Provider
         self.engine: Engine
@@ -531,7 +583,13 @@ class Chaos:
     def setup(self) -> None:
         cfg = self.cfg
         admin_settings = OnwardSettings()
-        self.admin_url = database_url(admin_settings)
+        if cfg.pg_restarts:  # never restart a server somebody else uses: run our own
+            self.pg = PrivatePostgres(prefix="onward-chaos-pg-").init()
+            self.pg.start()
+            self.admin_url = self.pg.url
+            log(f"private PostgreSQL at 127.0.0.1:{self.pg.port} ({self.pg.root})")
+        else:
+            self.admin_url = database_url(admin_settings)
         self.db_name = f"onward_chaos_{secrets.token_hex(4)}"
         log(f"creating database {self.db_name}")
         self.db_url = create_database(self.admin_url, self.db_name)
@@ -794,6 +852,64 @@ class Chaos:
         self.provider.configure(async_complete_s=seconds)
         log(f"t={self.now():5.1f}s provider: async_complete_s={seconds}")
 
+    def provider_slow(self, count: int) -> None:
+        """The next ``count`` creates wait past the lease before the provider acts."""
+        self.provider.arm(COLLECTION, slow=count, slow_s=self.cfg.long_call_s)
+        self.events["armed_slow"] += count
+        log(f"t={self.now():5.1f}s provider: next {count} creates in {COLLECTION!r} held "
+            f"{self.cfg.long_call_s:.1f}s before acting (lease {self.cfg.lease_ttl_s}s)")
+
+    def restart_postgres(self) -> None:
+        """Crash our own PostgreSQL (``immediate``: no checkpoint, WAL recovery on start)
+        and start it again a little later."""
+        if self.pg is None:
+            return
+        if self.db_down is not None and self.db_down[1] is None:
+            self.schedule(1.0, "restart_postgres")  # still down from the previous one
+            return
+        self.pg.stop("immediate")
+        self.db_down = (self.now(), None)
+        delay = self.rng.uniform(0.5, 3.0)
+        log(f"t={self.now():5.1f}s PostgreSQL stopped (immediate); start in {delay:.1f}s")
+        self.schedule(delay, "start_postgres")
+
+    def start_postgres(self) -> None:
+        assert self.pg is not None and self.db_down is not None
+        self.pg.start()
+        self.db_down = (self.db_down[0], self.now())
+        self.events["postgres_restarts"] += 1
+        log(f"t={self.now():5.1f}s PostgreSQL started again "
+            f"(down {self.now() - self.db_down[0]:.1f}s)")
+
+    def db_is_down(self, grace_s: float = 10.0) -> bool:
+        """Whether PostgreSQL is down, or came back less than ``grace_s`` ago."""
+        if self.db_down is None:
+            return False
+        _stopped, started = self.db_down
+        return started is None or self.now() < started + grace_s
+
+    def kill_backend(self, arg: str | tuple[str, int]) -> None:
+        """``pg_terminate_backend`` of one database connection of a worker or dispatcher
+        (connections are told apart by the application_name each process was given)."""
+        role, tries = (arg, 0) if isinstance(arg, str) else arg
+        with self.engine.connect() as conn:
+            backends = conn.execute(sa.text(
+                "SELECT pid, application_name, state FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name LIKE :app"),
+                {"app": f"{APP_PREFIX}{role}%"}).all()
+            if not backends:
+                if tries < 40:
+                    self.schedule(0.25, "kill_backend", (role, tries + 1))
+                return
+            victim = self.rng.choice(backends)
+            done = conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"),
+                                {"pid": victim.pid}).scalar()
+        if done:
+            self.events["backend_kills"] += 1
+            self.events[f"backend_kills_{role}"] += 1
+        log(f"t={self.now():5.1f}s pg_terminate_backend({victim.pid}) of "
+            f"{victim.application_name} ({victim.state}): {'done' if done else 'gone already'}")
+
     def check_processes(self) -> None:
         """Restart what died without us killing it (a dispatcher at its fault point, ...)."""
         for (role, slot), proc in list(self.fleet.current.items()):
@@ -806,16 +922,23 @@ class Chaos:
                     "restarting it")
                 self.schedule(self.rng.uniform(0.3, 1.5), "restart_dispatcher", (slot, ""))
                 continue
-            self.unexpected_exits.append(f"{proc.name} exited {code}")
-            log(f"t={self.now():5.1f}s WARNING {proc.name} exited unexpectedly ({code}):\n"
-                f"{proc.log_text()[-2000:]}", always=True)
+            delay = 0.5
+            if self.db_is_down():  # e.g. started while PostgreSQL was down: it refuses to run
+                delay = 2.0
+                self.exits_while_db_down.append(f"{proc.name} exited {code}")
+                log(f"t={self.now():5.1f}s {proc.name} exited ({code}) while PostgreSQL was "
+                    f"down or just back; restarting it:\n{proc.log_text()[-600:]}")
+            else:
+                self.unexpected_exits.append(f"{proc.name} exited {code}")
+                log(f"t={self.now():5.1f}s WARNING {proc.name} exited unexpectedly ({code}):\n"
+                    f"{proc.log_text()[-2000:]}", always=True)
             if role == "worker":  # arm again what never fired
                 faults = self.fleet.unfired(proc)
-                self.schedule(0.5, "restart_worker", (slot, faults))
+                self.schedule(delay, "restart_worker", (slot, faults))
             elif role == "dispatcher":
-                self.schedule(0.5, "restart_dispatcher", (slot, ""))
+                self.schedule(delay, "restart_dispatcher", (slot, ""))
             else:
-                self.schedule(0.5, "restart_reaper", slot)
+                self.schedule(delay, "restart_reaper", slot)
 
     def dispatch(self, item: Item) -> None:
         actions: dict[str, Callable[[Any], None]] = {
@@ -831,8 +954,35 @@ class Chaos:
             "provider_drop": lambda n: self.provider_fault("provider_drop", n),
             "provider_500": lambda n: self.provider_fault("provider_500", n),
             "provider_async": self.provider_async,
+            "provider_slow": self.provider_slow,
+            "restart_postgres": lambda _arg: self.restart_postgres(),
+            "start_postgres": lambda _arg: self.start_postgres(),
+            "kill_backend": self.kill_backend,
         }
         actions[item.kind](item.arg)
+
+    def run_item(self, item: Item) -> None:
+        """Do one planned action; one that failed on the database (down, restarting, its
+        connection terminated) is tried again shortly, so no run wave or kill is lost."""
+        try:
+            self.dispatch(item)
+        except Exception as exc:
+            retry = (isinstance(exc, DB_ERRORS) or self.db_is_down()) and item.retries < 120
+            log(f"t={self.now():5.1f}s action {item.kind} failed: {exc!r}"
+                + ("; trying again in 0.5 s" if retry else ""), always=not retry)
+            self.events[f"{item.kind}_{'retried' if retry else 'failed'}"] += 1
+            if retry:
+                heapq.heappush(self.heap, Item(self.now() + 0.5, next(self.order), item.kind,
+                                               item.arg, item.retries + 1))
+
+    def tolerant(self, read: Callable[[], T]) -> T | None:
+        """``read()``, or None when the database does not answer right now."""
+        try:
+            return read()
+        except DB_ERRORS as exc:
+            log(f"t={self.now():5.1f}s database read failed ({type(exc).__name__}); "
+                "next time")
+            return None
 
     # -- progress ------------------------------------------------------------------------
     def status_counts(self) -> dict[str, int]:
@@ -875,25 +1025,19 @@ class Chaos:
         settled = False
         while True:
             now = self.now()
-            self.continue_stopped()
+            self.tolerant(self.continue_stopped)
             while self.heap and self.heap[0].at <= now:
-                item = heapq.heappop(self.heap)
-                try:
-                    self.dispatch(item)
-                except Exception as exc:
-                    log(f"t={now:5.1f}s action {item.kind} failed: {exc!r}", always=True)
-                    self.events[f"{item.kind}_failed"] += 1
+                self.run_item(heapq.heappop(self.heap))
             self.check_processes()
+            counts = None
             if now - last_progress >= 5.0:
                 last_progress = now
-                counts = self.progress()
-            else:
-                counts = None
-            chaos_over = (not self.heap and not self.stopped
+                counts = self.tolerant(self.progress)
+            chaos_over = (not self.heap and not self.stopped and not self.db_is_down(0.0)
                           and len(self.run_ids) == cfg.runs)
             if chaos_over and now >= cfg.window_s * 0.5:
-                counts = counts or self.status_counts()
-                if counts.get("running", 0) == 0:
+                counts = counts or self.tolerant(self.status_counts)
+                if counts is not None and counts.get("running", 0) == 0:
                     settled = True
                     break
             if now > settle_deadline:
@@ -901,7 +1045,7 @@ class Chaos:
                     always=True)
                 break
             time.sleep(0.1)
-        self.progress()
+        self.tolerant(self.progress)
         # Let reconcile and polls that are still in flight land before counting.
         time.sleep(1.0)
         report = self.count(settled)
@@ -1065,6 +1209,12 @@ class Chaos:
             "named_points_armed": armed_points,
             "named_points_fired": fired_points,
             "broker_flushes": self.events.get("broker_flushes", 0),
+            "postgres_restarts": self.events.get("postgres_restarts", 0),
+            "backend_kills": self.events.get("backend_kills", 0),
+            "backend_kills_by_role": {role: self.events.get(f"backend_kills_{role}", 0)
+                                      for role in ("worker", "dispatcher")},
+            "long_calls": int(pstats.get("slow_requests", 0)),
+            "long_call_s": cfg.long_call_s,
             "pauses": self.events.get("pauses", 0) + self.events.get("pauses_at_point", 0),
             "stale_holders_resumed_after_takeover":
                 self.events.get("stale_holders_resumed_after_takeover", 0),
@@ -1076,6 +1226,8 @@ class Chaos:
             "outbox_rows_of_finished_runs": outbox_left,
             "worker_log_events": dict(sorted(seen_in_logs.items())),
             "unexpected_exits": self.unexpected_exits,
+            "exits_while_postgres_down": self.exits_while_db_down,
+            "private_postgres": self.pg is not None,
             "settled": settled,
             "seed": cfg.seed,
             "database": self.db_name,
@@ -1140,7 +1292,12 @@ class Chaos:
                 client.close()
         with contextlib.suppress(Exception):
             self.engine.dispose()
-        if hasattr(self, "db_name"):
+        if self.pg is not None:  # stopped either way; its files kept for inspection
+            self.pg.destroy(keep=keep_db)
+            if keep_db:
+                log(f"kept the private PostgreSQL cluster {self.pg.data} (database "
+                    f"{self.db_name}); start it with: {self.pg.start_command()}", always=True)
+        elif hasattr(self, "db_name"):
             if keep_db:
                 log(f"kept database {self.db_name} for inspection "
                     f"(ONWARD_DATABASE_URL={self.db_url})", always=True)
@@ -1153,7 +1310,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     keys = ["runs", "kills", "lost_runs", "duplicate_provider_objects", "duplicate_commits",
             "orphan_pending_effects", "parked", "expected_parked", "provider_objects",
             "expected_provider_objects", "provider_objects_unconfirmed", "restores",
-            "stale_deliveries", "elapsed_s"]
+            "stale_deliveries", "postgres_restarts", "backend_kills", "long_calls",
+            "elapsed_s"]
     lines = [f"  {k:28s} {report.get(k)}" for k in keys]
     lines.append(f"  {'kills_by_kind':28s} {report.get('kills_by_kind')}")
     lines.append(f"  {'named_points_fired':28s} {report.get('named_points_fired')}")
@@ -1168,24 +1326,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", "-R", type=int, default=40)
     p.add_argument("--steps", "-K", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--window", type=float, default=60.0,
-                   help="seconds of chaos (runs are started during the first 70%%)")
-    p.add_argument("--settle", type=float, default=150.0,
-                   help="seconds after the window to wait for every run to settle")
+    p.add_argument("--window", type=float, default=None,
+                   help="seconds of chaos (runs are started during the first 70%%); default: "
+                        "60 or 0.1 s per step of work (runs x steps), whichever is longer")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds after the window to wait for every run to settle; default: "
+                        "150 or 30%% of the window, whichever is longer")
     p.add_argument("--pause-ms", type=int, default=300,
                    help="time each step spends around its effect (must stay under the lease)")
-    p.add_argument("--child-kills", type=int, default=8)
-    p.add_argument("--tree-kills", type=int, default=3,
+    per_minute = " (default: %s per minute of window)"
+    p.add_argument("--child-kills", type=int, default=None,
+                   help="SIGKILLs of a pool child" + per_minute % PER_MINUTE["child_kills"])
+    p.add_argument("--tree-kills", type=int, default=None,
                    help="whole-worker kills; the 5 named worker points are armed, round-robin, "
-                        "on the workers restarted after them")
-    p.add_argument("--dispatcher-kills", type=int, default=2,
-                   help="the first restarts with dispatcher_after_publish_before_mark armed")
+                        "on the workers restarted after them" + per_minute
+                        % PER_MINUTE["tree_kills"])
+    p.add_argument("--dispatcher-kills", type=int, default=None,
+                   help="the first restarts with dispatcher_after_publish_before_mark armed"
+                        + per_minute % PER_MINUTE["dispatcher_kills"])
     p.add_argument("--dispatchers", type=int, default=2)
     p.add_argument("--blind-runs", type=int, default=2,
                    help="runs with one write through a tool without lookup whose response "
                         "the provider drops: they must park (expected_parked)")
-    p.add_argument("--drop-waves", type=int, default=5)
-    p.add_argument("--error-waves", type=int, default=5)
+    p.add_argument("--drop-waves", type=int, default=None,
+                   help="provider drops a response" + per_minute % PER_MINUTE["drop_waves"])
+    p.add_argument("--error-waves", type=int, default=None,
+                   help="provider answers 500" + per_minute % PER_MINUTE["error_waves"])
+    p.add_argument("--pg-restarts", type=int, default=None,
+                   help="PostgreSQL crashes and restarts, on a private server (0: use the "
+                        "configured server, never restarted)"
+                        + per_minute % PER_MINUTE["pg_restarts"] + ", at least 1")
+    p.add_argument("--backend-kills", type=int, default=None,
+                   help="pg_terminate_backend of a worker's or dispatcher's connection"
+                        + per_minute % PER_MINUTE["backend_kills"])
+    p.add_argument("--long-calls", type=int, default=None,
+                   help="creates the provider holds --long-call-s before acting"
+                        + per_minute % PER_MINUTE["long_calls"])
+    p.add_argument("--long-call-s", type=float, default=None,
+                   help="how long a long call is held (default: the lease TTL + 1 s)")
     p.add_argument("--no-flush", action="store_true", help="do not FLUSHDB the broker")
     p.add_argument("--no-async", action="store_true", help="no asynchronous-completion period")
     p.add_argument("--key-ttl", type=float, default=0.2,
@@ -1208,18 +1386,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def config_of(a: argparse.Namespace) -> Config:
+    """The bench's configuration; counts not given scale with the chaos window."""
+    window = a.window if a.window is not None else max(60.0, a.runs * a.steps * 0.1)
+    settle = a.settle if a.settle is not None else max(150.0, window * 0.3)
+
+    def scaled(name: str, minimum: int = 0) -> int:
+        given = getattr(a, name)
+        if given is not None:
+            return int(given)
+        return max(minimum, round(PER_MINUTE[name] * window / 60.0))
+
+    return Config(
+        runs=a.runs, steps=a.steps, seed=a.seed, window_s=window, settle_s=settle,
+        pause_ms=a.pause_ms, child_kills=scaled("child_kills"),
+        tree_kills=scaled("tree_kills"), dispatcher_kills=scaled("dispatcher_kills"),
+        dispatchers=max(1, a.dispatchers), blind_runs=a.blind_runs,
+        drop_waves=scaled("drop_waves"), error_waves=scaled("error_waves"),
+        flush=not a.no_flush, async_period=not a.no_async, key_ttl_s=a.key_ttl,
+        lease_ttl_s=a.lease_ttl, broker_db=a.broker_db, keep=a.keep, pauses=a.pauses,
+        stop_point=a.stop_point, pg_restarts=scaled("pg_restarts", minimum=1),
+        backend_kills=scaled("backend_kills"), long_calls=scaled("long_calls"),
+        long_call_s=a.long_call_s if a.long_call_s is not None else a.lease_ttl + 1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     global VERBOSE
     a = parse_args(argv)
     VERBOSE = not a.json
-    cfg = Config(
-        runs=a.runs, steps=a.steps, seed=a.seed, window_s=a.window, settle_s=a.settle,
-        pause_ms=a.pause_ms, child_kills=a.child_kills, tree_kills=a.tree_kills,
-        dispatcher_kills=a.dispatcher_kills, dispatchers=max(1, a.dispatchers),
-        blind_runs=a.blind_runs, drop_waves=a.drop_waves, error_waves=a.error_waves,
-        flush=not a.no_flush, async_period=not a.no_async, key_ttl_s=a.key_ttl,
-        lease_ttl_s=a.lease_ttl, broker_db=a.broker_db, keep=a.keep, pauses=a.pauses,
-        stop_point=a.stop_point)
+    cfg = config_of(a)
     if cfg.pause_ms / 1000.0 >= cfg.lease_ttl_s / 2:
         print("--pause-ms must stay well under the lease TTL", file=sys.stderr)
         return 2

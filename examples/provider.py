@@ -17,7 +17,9 @@ API
   POST /admin/config               {"key_ttl_s", "async_complete_s", "lookup", "slow_s"}
   POST /admin/faults               {"collection", "drop_response": n, "error_500": n} — the next
                                    n creates in that collection act then drop the response /
-                                   answer 500 without acting
+                                   answer 500 without acting; {"collection", "slow": n,
+                                   "slow_s": s} — the next n creates wait s seconds before
+                                   acting (a call longer than the caller's lease)
   POST /admin/reset                forget everything
 A request may also carry ``X-Fault: drop-response | error-500 | slow=<s>``.
 """
@@ -100,6 +102,16 @@ class Store:
     def arm_fault(self, collection: str, fault: str, count: int) -> None:
         self.db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)",
                         (f"fault:{collection}:{fault}", count))
+
+    def take_slow(self, collection: str) -> float:
+        """Seconds to hold this create before acting: an armed ``slow`` fault, or 0."""
+        with self.lock:
+            if not self.take_fault(collection, "slow"):
+                return 0.0
+            self.bump("slow_requests")
+            row = self.db.execute("SELECT value FROM counters WHERE name = ?",
+                                  (f"fault:{collection}:slow_ms",)).fetchone()
+            return (row[0] if row else 0) / 1000.0
 
     def view(self, row: tuple[Any, ...]) -> dict[str, Any]:
         object_id, collection, key, _hash, body, status, created, complete_at = row
@@ -236,9 +248,12 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 return self._send(400, {"error": str(exc)})
         if parts == ["admin", "faults"]:
-            for fault in ("drop_response", "error_500"):
+            for fault in ("drop_response", "error_500", "slow"):
                 if fault in body:
                     self.store.arm_fault(body["collection"], fault, int(body[fault]))
+            if "slow_s" in body:
+                self.store.arm_fault(body["collection"], "slow_ms",
+                                     round(float(body["slow_s"]) * 1000))
             return self._send(200, {"armed": body})
         if parts == ["admin", "reset"]:
             self.store.reset()
@@ -250,6 +265,7 @@ class Handler(BaseHTTPRequestHandler):
             slow = float(self.store.setting("slow_s"))
             if fault.startswith("slow="):
                 slow = float(fault.split("=", 1)[1])
+            slow = max(slow, self.store.take_slow(parts[1]))
             if slow:
                 time.sleep(slow)
             try:
