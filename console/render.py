@@ -41,6 +41,9 @@ def run_detail(ledger: Ledger, run_id: UUID) -> dict[str, Any]:
                          "next_step": c.position.next_step,
                          "outcome": c.position.outcome.value, "hash": c.identity.hash,
                          "parent_hash": c.identity.parent_hash,
+                         "workflow_version": c.compatibility.workflow_version,
+                         "migrated_from": (c.compatibility.migrated_from.model_dump()
+                                           if c.compatibility.migrated_from else None),
                          "created_at": plain(c.created_at)}
                         for c in ledger.checkpoints(run_id)],
         "effects": [{"effect_type": e.effect_type, "effect_id": e.effect_id, "seq": e.seq,
@@ -120,7 +123,10 @@ def _timeline(entries: list[dict[str, Any]]) -> None:
 def _checkpoints(rows: list[dict[str, Any]]) -> None:
     table = Table("seq", "produced by", "next", "outcome", "hash", "at", title="checkpoints")
     for c in rows:
-        add_row(table, c["seq"], c["step"] or "-", c["next_step"] or "-", c["outcome"],
+        migrated = c.get("migrated_from")
+        outcome = c["outcome"] + (f" (migrated from v{migrated['workflow_version']})"
+                                  if migrated else "")
+        add_row(table, c["seq"], c["step"] or "-", c["next_step"] or "-", outcome,
                 short(c["hash"]), c["created_at"][:19])
     out.print(table)
 

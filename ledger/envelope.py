@@ -65,10 +65,19 @@ class Budgets(_Group):
     cost_usd: float | None = None
 
 
+class MigratedFrom(_Group):
+    """The stored version and state schema newer code migrated the step's state from."""
+
+    workflow_version: int
+    state_schema_version: int
+
+
 class Compatibility(_Group):
     envelope_version: int
     workflow_version: int | None
     state_schema_version: int | None
+    migrated_from: MigratedFrom | None = Field(
+        default=None, description="set when the step ran on a state migrated by newer code")
 
 
 class CheckpointEnvelope(_Group):
@@ -107,7 +116,8 @@ class CheckpointEnvelope(_Group):
             control=row["control"],
             compatibility=Compatibility(envelope_version=row["envelope_version"],
                                         workflow_version=row["workflow_version"],
-                                        state_schema_version=row["state_schema_version"]),
+                                        state_schema_version=row["state_schema_version"],
+                                        migrated_from=refs.get("migrated_from")),
             lease_epoch=row["lease_epoch"],
             created_at=row["created_at"],
             state=row["state"],

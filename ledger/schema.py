@@ -70,7 +70,9 @@ class OutcomeKind(StrEnum):
     FINISH = "finish"
     FAIL = "fail"
     WAIT = "wait"  # the step asked for an approval, a signal or a timer
-    MIGRATION = "migration"  # the state was migrated to a newer schema before a step ran
+    # Written by older releases: the migrated state as its own checkpoint. A migration now
+    # happens in memory at the run's seq and the step's checkpoint records ``migrated_from``.
+    MIGRATION = "migration"
     FORK = "fork"  # the first checkpoint of a replay or branch: a copy of its parent's
 
 

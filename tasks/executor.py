@@ -29,7 +29,7 @@ from tasks.control import DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
-from tasks.restore import Refusal, Upgrade, restore
+from tasks.restore import Refusal, restore
 from tasks.routing import version_queue
 from tasks.services import StepServices
 from tasks.waiting import build_wait
@@ -136,8 +136,6 @@ def _run_claimed(
         bound.error("run parked for review", reason=restored.reason, detail=restored.message)
         store.park(claim, claim.step, restored.reason, refusal)
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
-    if isinstance(restored, Upgrade):
-        return _commit_migration(store, config, claim, restored, bound)
     workflow, step, state = restored.workflow, restored.step, restored.state
     limits = Limits.of(claim.budget, workflow.budgets)
     refused = recheck(claim, limits, effects)
@@ -189,7 +187,10 @@ def _run_claimed(
         return _record_failure(store, effects, config, claim, step, error, bound)
     try:
         advance = _advance(config, workflow, step, state, outcome, limits)
-        advance = replace(advance, refs=services.refs(claim.budget.spent()))
+        refs = services.refs(claim.budget.spent())
+        if restored.migrated is not None:
+            refs["migrated_from"] = restored.migrated.as_ref()
+        advance = replace(advance, refs=refs)
     except OutcomeError as exc:
         return _record_failure(store, effects, config, claim, step, exc, bound)
     replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
@@ -204,28 +205,17 @@ def _run_claimed(
     faults.point("after_checkpoint_commit", step.name)
     bound.debug("step committed", step=step.name, next_step=advance.next_step,
                 ms=round((time.perf_counter() - started) * 1000, 2))
+    if restored.migrated is not None:
+        bound.warning("run migrated to newer code", workflow=workflow.name,
+                      from_version=restored.migrated.workflow_version,
+                      to_version=workflow.version,
+                      from_schema=restored.migrated.state_schema_version,
+                      to_schema=workflow.state_schema_version)
     wait = advance.wait
     fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
     next_seq = claim.seq + 1 if fast_path else None
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
                       queue=version_queue(config.queue, workflow.name, workflow.version))
-
-
-def _commit_migration(store: StepStore, config: ExecutorConfig, claim: Claim, upgrade: Upgrade,
-                      bound: Any) -> StepReport:
-    """Write the migrated state as its own checkpoint; the step runs on the next message."""
-    workflow = upgrade.workflow
-    advance = Advance(upgrade.step.name, OutcomeKind.MIGRATION, upgrade.step.name,
-                      upgrade.state, workflow.version, workflow.attempts_for(upgrade.step),
-                      state_schema_version=workflow.state_schema_version)
-    if not store.commit(claim, advance):
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    bound.warning("run migrated to newer code", workflow=workflow.name,
-                  from_version=upgrade.from_version, to_version=workflow.version,
-                  from_schema=upgrade.from_schema, to_schema=workflow.state_schema_version)
-    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=claim.seq + 1,
-                      queue=version_queue(config.queue, workflow.name, workflow.version),
-                      detail="migration")
 
 
 def _diverge(services: StepServices, claim: Claim, decision: DivergeFor,

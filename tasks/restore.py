@@ -1,6 +1,11 @@
 """Restore is a validated procedure (docs/design.md section 7): verify the checkpoint, find code
 that may continue the run (same version, a declared-compatible one, or one with a complete
-state migration path), resolve the step, validate the state. Anything else is refused."""
+state migration path), resolve the step, validate the state. Anything else is refused.
+
+A migration happens in memory, at the seq the run is at: the step then runs in the same
+claim with the command ids of that seq (a migration never renumbers a step, so its
+recorded effects, model answers and signal are found again), and the checkpoint it commits
+records where the state came from (``Migrated``, bound under the checkpoint's MAC)."""
 
 from __future__ import annotations
 
@@ -16,22 +21,23 @@ from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
 
 @dataclass(frozen=True)
+class Migrated:
+    """The stored run's version and state schema, when newer code migrated its state."""
+
+    workflow_version: int
+    state_schema_version: int
+
+    def as_ref(self) -> dict[str, int]:
+        return {"workflow_version": self.workflow_version,
+                "state_schema_version": self.state_schema_version}
+
+
+@dataclass(frozen=True)
 class Restored:
     workflow: Workflow[Any]
     step: Step
     state: BaseModel
-
-
-@dataclass(frozen=True)
-class Upgrade:
-    """Newer code continues the run after migrating its state; written as its own
-    checkpoint (outcome ``migration``) before any step runs."""
-
-    workflow: Workflow[Any]
-    step: Step
-    state: dict[str, Any]  # migrated and validated, as JSON
-    from_version: int
-    from_schema: int
+    migrated: Migrated | None = None  # set when the state was migrated to this code's schema
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class Refusal:
 
 
 def restore(keys: CheckpointKeys, registry: Registry,
-            claim: Claim) -> Restored | Upgrade | Refusal:
+            claim: Claim) -> Restored | Refusal:
     checkpoint = claim.checkpoint
     if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
         return Refusal("integrity", "IntegrityViolation",
@@ -86,9 +92,8 @@ def restore(keys: CheckpointKeys, registry: Registry,
                        f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
                        f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
     if path:
-        return Upgrade(workflow, step, state.model_dump(mode="json"),
-                       from_version=claim.workflow_version or 0,
-                       from_schema=_run_schema(claim))
+        return Restored(workflow, step, state,
+                        Migrated(claim.workflow_version or 0, _run_schema(claim)))
     return Restored(workflow, step, state)
 
 

@@ -61,9 +61,10 @@ def test_versions__old_and_new_runs_finish_on_their_own_code(ledger: Ledger,
 
 
 def test_versions__migration_chain_applied_on_resume(ledger: Ledger, cluster: Cluster) -> None:
-    """Invariant: a v1 run (state schema 1) resumed by v3 code (schema 3) is migrated 1→2→3,
-    the migrated state is written as its own checkpoint marked `migration` before the next
-    step runs, and the run finishes under v3 with the migrated state."""
+    """Invariant: a v1 run (state schema 1) resumed by v3 code (schema 3) is migrated 1→2→3
+    at the seq it waited at (no checkpoint is added, no step renumbered), the step runs
+    on the migrated state, its checkpoint records where the state came from, and the run
+    finishes under v3 with the migrated state."""
     services(cluster)
     old_worker = deploy(cluster, "tests.versions.v1", "v1")
     run_id = ledger.start_run("test_versioned", {"name": "grace"})
@@ -78,7 +79,10 @@ def test_versions__migration_chain_applied_on_resume(ledger: Ledger, cluster: Cl
     assert run.result["state"]["full_name"] == "grace"
     assert run.result["state"]["greeting"] == "hello grace"
     outcomes = reads.checkpoint_outcomes(ledger.engine, run_id)
-    assert outcomes == ["start", "wait", "migration", "finish"]
+    assert outcomes == ["start", "wait", "finish"]
+    migrated = ledger.checkpoints(run_id)[-1].compatibility.migrated_from
+    assert migrated is not None
+    assert (migrated.workflow_version, migrated.state_schema_version) == (1, 1)
     assert ledger.verify_run(run_id) == []
 
 

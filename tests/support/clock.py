@@ -13,6 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from ledger.steps import StepStore
+
 SETTING = "onward.clock_offset"
 
 
@@ -37,3 +39,9 @@ def follow_engine(engine: Engine, offset: list[timedelta]) -> None:
     def _checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         with dbapi_conn.cursor() as cursor:
             cursor.execute("SELECT set_config(%s, %s, false)", (SETTING, interval(offset[0])))
+
+
+def set_on_store(store: StepStore, offset: timedelta) -> None:
+    """Move a worker's hot connection (its claims, commits and step reads) ``offset`` ahead."""
+    store.conn.one("SELECT set_config(%(name)s, %(value)s, false)",
+                   {"name": SETTING, "value": interval(offset)})
