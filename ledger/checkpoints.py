@@ -22,7 +22,11 @@ import rfc8785
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.settings import OnwardSettings
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
+"""The envelope new checkpoints are written with. 2: the MAC'd body names the run's
+workflow. A checkpoint keeps the version it was written with and verifies as such, so
+version 1 checkpoints (no workflow in the body) still verify; the version is itself in the
+body, so a checkpoint cannot be passed off as an older version."""
 ARTIFACT_KEY = "$artifact"
 """A state stored apart is ``{"$artifact": {"sha256": …, "size": …}}`` in its checkpoint."""
 
@@ -140,10 +144,27 @@ class CheckpointBody:
     control: dict[str, Any] | None = None  # a wait's continuations (approval, signal, timer)
     state_schema_version: int | None = None
     refs: dict[str, Any] | None = None  # evidence and effects the step used, budgets at start
+    workflow: str | None = None  # envelope 2 on
+    envelope_version: int = ENVELOPE_VERSION
+
+    @classmethod
+    def from_row(cls, row: Any) -> CheckpointBody:
+        """The body of a stored ``onward.checkpoints`` row, as it was MAC'd."""
+        return cls(run_id=row["run_id"], seq=row["seq"], parent_hash=row["parent_hash"],
+                   step=row["step"], next_step=row["next_step"], outcome=row["outcome"],
+                   state=row["state"], workflow_version=row["workflow_version"],
+                   control=row["control"], state_schema_version=row["state_schema_version"],
+                   refs=row["refs"], workflow=row["workflow"],
+                   envelope_version=row["envelope_version"])
 
     def as_dict(self) -> dict[str, Any]:
-        body = {
-            "envelope_version": ENVELOPE_VERSION,
+        if not 1 <= self.envelope_version <= ENVELOPE_VERSION:
+            raise IntegrityViolation(
+                f"run {self.run_id}: checkpoint {self.seq} has envelope version "
+                f"{self.envelope_version}, which this code does not know (1..{ENVELOPE_VERSION}):"
+                " run the onward version that wrote it")
+        body: dict[str, Any] = {
+            "envelope_version": self.envelope_version,
             "run_id": str(self.run_id),
             "seq": self.seq,
             "parent_hash": self.parent_hash,
@@ -156,6 +177,8 @@ class CheckpointBody:
             "state_schema_version": self.state_schema_version,
             "refs": self.refs,
         }
+        if self.envelope_version >= 2:
+            body["workflow"] = self.workflow
         return body
 
 

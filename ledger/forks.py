@@ -150,22 +150,23 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     parent = _parent(conn, actor, request.parent_run_id)
     cp = _checkpoint(conn, parent, request.from_seq)
     verify_source_txn(conn, keys, parent, cp["seq"])
+    workflow = _signed_workflow(parent, cp)
     state = dict(cp["state"])  # a replay copies a state stored apart as its reference
     if branch:
         refuse_patch_at_approval(cp, parent["id"])
         state = apply_patch(resolve_state_txn(conn, state), request.patch, max_state_bytes)
         if check_state is not None:
-            check_state(parent["workflow"], cp["workflow_version"], state)
+            check_state(workflow, cp["workflow_version"], state)
     run_id = uuid7()
     start = _start(conn, parent, cp, request.mode, run_id)
     body = CheckpointBody(
         run_id=run_id, seq=cp["seq"], parent_hash=None, step=cp["step"],
         next_step=cp["next_step"], outcome=OutcomeKind.FORK.value, state=state,
         workflow_version=cp["workflow_version"], control=start.control,
-        state_schema_version=cp["state_schema_version"])
+        state_schema_version=cp["state_schema_version"], workflow=workflow)
     digest = keys.mac(body.as_dict())
     conn.execute(runs.insert().values(
-        id=run_id, tenant_id=parent["tenant_id"], workflow=parent["workflow"],
+        id=run_id, tenant_id=parent["tenant_id"], workflow=workflow,
         workflow_version=cp["workflow_version"], conversation_id=parent["conversation_id"],
         status=start.status.value, seq=cp["seq"], step=start.step,
         max_attempts=default_max_attempts, head_hash=digest, waiting_on=start.waiting_on,
@@ -181,7 +182,8 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         run_id=run_id, seq=cp["seq"], parent_hash=None, hash=digest, key_id=keys.current,
         envelope_version=ENVELOPE_VERSION, step=cp["step"], next_step=cp["next_step"],
         outcome=OutcomeKind.FORK.value, state=state, workflow_version=cp["workflow_version"],
-        lease_epoch=0, control=start.control, state_schema_version=cp["state_schema_version"]))
+        lease_epoch=0, control=start.control, state_schema_version=cp["state_schema_version"],
+        workflow=workflow))
     if start.approval is not None:
         conn.execute(approvals.insert().values(id=start.approval["id"], run_id=run_id,
                                                tenant_id=parent["tenant_id"], seq=cp["seq"],
@@ -193,7 +195,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     details: dict[str, Any] = {
         "mode": request.mode.value, "budgets": request.budgets.value,
         "allow_irreversible": request.allow_irreversible, "status": start.status.value,
-        "step": start.step, "workflow": parent["workflow"]}
+        "step": start.step, "workflow": workflow}
     if branch and request.patch is not None:
         details["patch"] = request.patch
         details["diff"] = [c.__dict__ for c in describe_patch(
@@ -204,6 +206,17 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         action, AuditOutcome.DONE, reason, run_id=parent["id"], new_run_id=run_id,
         before_seq=parent["seq"], after_seq=cp["seq"], details=details))
     return launched
+
+
+def _signed_workflow(parent: RowMapping, cp: RowMapping) -> str:
+    """The workflow the copy runs: the one the verified checkpoint's MAC names (envelope 2
+    on), which the parent's row must agree with."""
+    signed = cp["workflow"]
+    if signed is not None and signed != parent["workflow"]:
+        raise IntegrityViolation(
+            f"run {parent['id']} names workflow {parent['workflow']!r} but its checkpoint "
+            f"{cp['seq']} was signed for {signed!r}: the run's row was edited outside onward")
+    return str(signed or parent["workflow"])
 
 
 def resolve_state_txn(conn: Connection, state: dict[str, Any]) -> dict[str, Any]:

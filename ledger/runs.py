@@ -128,6 +128,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
         outcome=OutcomeKind.START.value,
         state=request.input,
         workflow_version=None,
+        workflow=request.workflow,
     )
     digest = keys.mac(body.as_dict())
     inserted = conn.execute(
@@ -168,6 +169,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             outcome=OutcomeKind.START.value,
             state=request.input,
             workflow_version=None,
+            workflow=request.workflow,
             lease_epoch=0,
         )
     )

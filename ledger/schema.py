@@ -218,6 +218,7 @@ checkpoints = Table(
     Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
     Column("state_schema_version", Integer, nullable=True),
     Column("refs", JSONB, nullable=True),  # evidence, effects and budgets of the step (MAC'd)
+    Column("workflow", Text, nullable=True),  # the run's workflow (MAC'd from envelope 2 on)
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),

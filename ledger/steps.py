@@ -115,6 +115,8 @@ class Claim:
                 control=row["cp_control"],
                 state_schema_version=row["cp_state_schema_version"],
                 refs=row["cp_refs"],
+                workflow=row["cp_workflow"],
+                envelope_version=row["cp_envelope_version"],
             )
         return cls(
             run_id=row["id"],
@@ -244,7 +246,7 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
        cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
        cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
        cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
-       cp.refs AS cp_refs,
+       cp.refs AS cp_refs, cp.workflow AS cp_workflow, cp.envelope_version AS cp_envelope_version,
        parent.hash AS parent_found_hash
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
@@ -310,10 +312,11 @@ WITH early_signal AS (
 ), checkpoint AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
                                     step, next_step, outcome, state, workflow_version,
-                                    lease_epoch, control, state_schema_version, refs)
+                                    lease_epoch, control, state_schema_version, refs,
+                                    workflow)
     SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
            %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
-           %(control)s, %(state_schema_version)s, %(refs)s
+           %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
@@ -531,6 +534,7 @@ class StepStore:
             control=wait.control if wait else None,
             state_schema_version=advance.state_schema_version,
             refs=advance.refs,
+            workflow=claim.workflow,
         )
         digest = self._keys.mac(body.as_dict())
         approval = wait.approval if wait else None
@@ -566,6 +570,7 @@ class StepStore:
                 "parent_hash": claim.head_hash,
                 "key_id": self._keys.current,
                 "envelope_version": ENVELOPE_VERSION,
+                "workflow": claim.workflow,
                 "step": advance.step,
                 "outcome": advance.outcome.value,
                 "state": Jsonb(state),

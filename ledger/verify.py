@@ -22,7 +22,7 @@ from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
 class Problem:
     run_id: UUID
     seq: int | None
-    kind: str  # mac, chain, gap, head, first, artifact, key
+    kind: str  # mac, chain, gap, head, first, artifact, key, run
     detail: str
 
     def __str__(self) -> str:
@@ -48,9 +48,38 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     elif last["hash"] != run["head_hash"]:
         problems.append(Problem(run_id, last["seq"], "head",
                                 "the last checkpoint is not the run's recorded head"))
+    else:
+        problems.extend(_check_run_row(run, last))
     problems.extend(_check_artifacts(conn, run_id))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
+
+
+def head_disagreement(head: CheckpointBody, *, workflow: str, workflow_version: int | None,
+                      state_schema_version: int | None, step: str | None) -> str | None:
+    """How a run's row disagrees with its MAC'd head checkpoint about what runs next, or
+    None: the workflow (envelope 2 on), workflow version, state schema version and, unless
+    the head is a wait (whose continuations its control names), the next step."""
+    edited = "(the run's row was edited outside onward)"
+    if head.workflow is not None and workflow != head.workflow:
+        return (f"the run names workflow {workflow!r}, its head checkpoint was signed for "
+                f"workflow {head.workflow!r} {edited}")
+    if workflow_version != head.workflow_version:
+        return (f"the run names workflow version {workflow_version}, its head checkpoint was "
+                f"signed for workflow version {head.workflow_version} {edited}")
+    if state_schema_version != head.state_schema_version:
+        return (f"the run names state schema version {state_schema_version}, its head "
+                f"checkpoint was signed for state schema version {head.state_schema_version} "
+                f"{edited}")
+    control = head.control or {}
+    if not control.get("kind") and step != head.next_step:
+        return (f"the run is routed to step {step!r}, its head checkpoint names step "
+                f"{head.next_step!r} {edited}")
+    continuations = {control.get(k) for k in ("then", "on_reject", "on_expire", "on_timeout")}
+    if control.get("kind") and step not in continuations - {None}:
+        return (f"the run is routed to step {step!r}, which its head checkpoint's wait does "
+                f"not name {edited}")
+    return None
 
 
 def chain_problems(keys: CheckpointKeys, run_id: UUID, rows: Sequence[sa.RowMapping], *,
@@ -91,6 +120,15 @@ def verify_source_txn(conn: Connection, keys: CheckpointKeys, run: sa.RowMapping
             "whole history; the run needs investigation, not a copy)")
 
 
+def _check_run_row(run: sa.RowMapping, head: sa.RowMapping) -> Iterator[Problem]:
+    found = head_disagreement(CheckpointBody.from_row(head), workflow=run["workflow"],
+                              workflow_version=run["workflow_version"],
+                              state_schema_version=run["state_schema_version"],
+                              step=run["step"])
+    if found is not None:
+        yield Problem(run["id"], head["seq"], "run", found)
+
+
 def _check_state_artifacts(conn: Connection, run_id: UUID,
                            rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
     for row in rows:
@@ -110,13 +148,7 @@ def _check_state_artifacts(conn: Connection, run_id: UUID,
 def _check_one(keys: CheckpointKeys, run_id: UUID, row: sa.RowMapping,
                previous: sa.RowMapping | None) -> Iterator[Problem]:
     seq = row["seq"]
-    body = CheckpointBody(
-        run_id=row["run_id"], seq=seq, parent_hash=row["parent_hash"], step=row["step"],
-        next_step=row["next_step"], outcome=row["outcome"], state=row["state"],
-        workflow_version=row["workflow_version"], control=row["control"],
-        state_schema_version=row["state_schema_version"],
-        refs=row["refs"],
-    )
+    body = CheckpointBody.from_row(row)
     try:
         expected = keys.mac(body.as_dict(), row["key_id"])
     except IntegrityViolation as exc:

@@ -76,6 +76,10 @@ def recheck(claim: Claim, limits: Limits, effects: EffectStore) -> FailFor | Par
 
 
 def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor | None:
+    """After a wait, the run's step must be the continuation its MAC'd control names for
+    what happened: an approval's ``then`` only when approved (and unexpired, and for the
+    artifact asked about), ``on_reject`` only when rejected, ``on_expire`` only when
+    expired."""
     control: dict[str, Any] = (claim.checkpoint.control if claim.checkpoint else None) or {}
     if control.get("kind") is None:
         return None
@@ -84,14 +88,30 @@ def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor |
         return ParkFor("integrity", "IntegrityViolation",
                        f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
-    if control["kind"] != "approval" or claim.step != control["then"]:
+    if control["kind"] != "approval":
         return None
     approval = effects.approval(control["approval_id"])
-    if approval is None or approval["status"] != "approved":
-        status = approval["status"] if approval else "missing"
+    status = approval["status"] if approval else "missing"
+    if status == "pending" and approval is not None and not approval["unexpired"]:
+        status = "expired"  # the reaper has not swept it yet
+    if approval is not None and status == "approved" and claim.step == control["then"]:
+        return _recheck_approved(claim, control, approval)
+    decided = {"rejected": control.get("on_reject"), "expired": control.get("on_expire")}
+    if status in decided and claim.step == decided[status]:
+        return None
+    if claim.step == control["then"]:
         return FailFor("approval_invalid",
                        f"step {claim.step} needs approval {control['approval_id']}, which is "
                        f"{status}", {})
+    return ParkFor("integrity", "IntegrityViolation",
+                   f"run is routed to step {claim.step!r} after approval "
+                   f"{control['approval_id']}, which is {status}: that is not the step "
+                   f"checkpoint {claim.seq}'s wait names for it (the run's row was edited "
+                   "outside onward)")
+
+
+def _recheck_approved(claim: Claim, control: dict[str, Any],
+                      approval: dict[str, Any]) -> FailFor | ParkFor | None:
     if approval["artifact_hash"] != control["artifact_hash"]:
         return ParkFor("integrity", "IntegrityViolation",
                        f"approval {approval['id']} is for artifact "

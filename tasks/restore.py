@@ -14,9 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ledger.checkpoints import CheckpointKeys, verify
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify
 from ledger.exceptions import IntegrityViolation
+from ledger.schema import OutcomeKind
 from ledger.steps import Claim
+from ledger.verify import head_disagreement
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
 
@@ -62,6 +64,9 @@ def restore(keys: CheckpointKeys, registry: Registry,
                parent_found=claim.parent_found_hash)
     except IntegrityViolation as exc:
         return Refusal("integrity", "IntegrityViolation", str(exc))
+    unsigned = _unsigned_difference(claim, checkpoint)
+    if unsigned is not None:
+        return Refusal("integrity", "IntegrityViolation", unsigned)
     code = _choose_code(registry, claim)
     if isinstance(code, Refusal):
         return code
@@ -95,6 +100,20 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Restored(workflow, step, state,
                         Migrated(claim.workflow_version or 0, _run_schema(claim)))
     return Restored(workflow, step, state)
+
+
+def _unsigned_difference(claim: Claim, head: CheckpointBody) -> str | None:
+    """What the run's row (the claim) would run that its MAC'd head checkpoint did not sign
+    (ledger/verify.py ``head_disagreement``), or a head that ended the run. After a wait the
+    step is one of the head's continuations; tasks/policy.py checks it against the decision."""
+    where = f"run {claim.run_id} at seq {claim.seq}"
+    if head.outcome in (OutcomeKind.FINISH.value, OutcomeKind.FAIL.value):
+        return (f"{where}: checkpoint {claim.seq} ended the run ({head.outcome}): nothing runs "
+                "after it (the run's row was set runnable outside onward)")
+    found = head_disagreement(head, workflow=claim.workflow,
+                              workflow_version=claim.workflow_version,
+                              state_schema_version=claim.state_schema_version, step=claim.step)
+    return f"{where}: {found}" if found else None
 
 
 def _run_schema(claim: Claim) -> int:

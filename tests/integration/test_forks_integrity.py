@@ -1,5 +1,5 @@
 """Replays and branches copy only what verifies, and never let a person approve one thing
-while the run acts on another (DESIGN.md sections 6 and 8, invariants 5 and 6). Steps run
+while the run acts on another (docs/design.md sections 6 and 8, invariants 5 and 6). Steps run
 in the test process (tests/support/driver.py) against a real PostgreSQL; the outside world
 is counted by the local tool's and the fake model's call logs."""
 

@@ -6,6 +6,7 @@ checkpoint) wherever it is. Key rotation keeps old checkpoints verifiable."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -15,6 +16,8 @@ from ledger.checkpoints import CheckpointKeys
 from tasks.executor import ReportKind
 from tests.integration.test_integrity import Harness, calls, harness  # noqa: F401 - fixture
 from tests.support import reads
+from tests.support.driver import driver
+from tests.workflows_ops import calls as ops_calls
 
 STEPS_BEFORE = 3  # checkpoints 0..3 exist, the run waits at seq 3
 
@@ -154,3 +157,76 @@ def test_key_rotation__old_checkpoints_verify_under_old_key_id(
     row = reads.run_row(ledger.engine, stranded)
     assert row["parked_reason"] == "integrity"
     assert "key id 'k1' is not configured" in row["last_error"]["message"]
+
+
+# -- what runs is what was signed (the runs row against the MAC'd head) ------------------
+RUN_ROW_EDITS = {
+    # name: (SQL on the runs row at seq 1, what the message names)
+    "step_skips_the_approval": ("UPDATE onward.runs SET step = 'post' WHERE id = :r",
+                                "step 'post'"),
+    "workflow": ("UPDATE onward.runs SET workflow = 'test_ops_fragile' WHERE id = :r",
+                 "workflow 'test_ops_fragile'"),
+    "workflow_version": ("UPDATE onward.runs SET workflow_version = 2 WHERE id = :r",
+                         "workflow version 2"),
+    "state_schema_version": ("UPDATE onward.runs SET state_schema_version = 7 WHERE id = :r",
+                             "state schema version 7"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_ROW_EDITS))
+def test_run_row_edit__the_claim_runs_only_what_the_head_signed(
+        ledger: Ledger, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: the step, workflow, workflow version and state schema version a claim runs
+    are the ones the head checkpoint's MAC covers. Editing them on the runs row (here: to
+    skip the approval step and publish at once) parks the run `integrity` before anything
+    runs: no tool call, no new checkpoint; `verify` reports the edit."""
+    sql, named = RUN_ROW_EDITS[case]
+    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(tmp_path / "tool.log"))
+    with driver(ledger, ["tests.workflows_ops"]) as drv:
+        run_id = ledger.start_run("test_ops_notes", {"approve": True})
+        assert drv.step(run_id, 0).kind is ReportKind.COMMITTED  # summarize; next: review
+        assert reads.execute(ledger.engine, sql, r=run_id) == 1
+        report = drv.step(run_id, 1)
+    assert report.kind is ReportKind.PARKED, report
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"], row["seq"]) == ("needs_review", "integrity", 1)
+    assert row["last_error"]["type"] == "IntegrityViolation"
+    assert named in row["last_error"]["message"]
+    assert ops_calls(tmp_path / "tool.log") == []
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]
+    assert [(p.seq, p.kind) for p in ledger.verify_run(run_id)] == [(1, "run")]
+
+
+def test_finished_run_set_running_again__never_runs_a_step(ledger: Ledger,
+                                                            harness: Harness) -> None:  # noqa: F811
+    """Invariant: a run whose head checkpoint ends it (finish) never runs another step, even
+    if its row is set back to running with a message queued: the claim parks it."""
+    run_id = ledger.start_run("integrity_probe", {"n": 3})
+    assert harness.deliver(run_id, 0).kind is ReportKind.COMMITTED
+    assert reads.run_row(ledger.engine, run_id)["status"] == "completed"
+    calls.clear()
+    assert reads.execute(ledger.engine, "UPDATE onward.runs SET status = 'running', "
+                         "finished_at = NULL WHERE id = :r", r=run_id) == 1
+    assert harness.deliver(run_id, 1).kind is ReportKind.PARKED
+    assert calls == []
+    row = reads.run_row(ledger.engine, run_id)
+    assert row["parked_reason"] == "integrity"
+    assert "ended the run" in row["last_error"]["message"]
+
+
+def test_run_row_edit__continuation_must_match_the_decision(ledger: Ledger) -> None:
+    """Invariant: after an approval wait the run's step is the continuation the MAC'd
+    control names for the decision taken: an approved run routed to the rejection step in
+    SQL is parked `integrity`, the rejection step does not run."""
+    with driver(ledger, ["tests.workflows_waits"]) as drv:
+        run_id = ledger.start_run("test_review", {})
+        assert drv.step(run_id, 0).kind is ReportKind.COMMITTED
+        [asked] = ledger.approvals(run_id=run_id)
+        ledger.approve(asked.id, "alice", artifact_hash=asked.artifact_hash)
+        assert reads.execute(ledger.engine, "UPDATE onward.runs SET step = 'rejected' "
+                             "WHERE id = :r", r=run_id) == 1
+        assert drv.step(run_id, 1).kind is ReportKind.PARKED
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
+    assert "which is approved" in row["last_error"]["message"]
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]

@@ -54,6 +54,8 @@ def _changed(body: CheckpointBody, field: str, data: st.DataObject) -> Checkpoin
                                                       "then": names}),
         "state_schema_version": st.none() | st.integers(1, 50),
         "refs": st.none() | st.dictionaries(names, json_values, min_size=1, max_size=3),
+        "workflow": st.none() | names,
+        "envelope_version": st.sampled_from([1, 2]),
     }
     # A field added later without an entry above still gets changed (to other JSON), so the
     # property keeps covering every field of the envelope.
@@ -168,3 +170,21 @@ def test_canonical_json__edge_cases_match_rfc8785(value: Any) -> None:
     """Escapes, key order outside the BMP, the I-JSON integer bounds, lone surrogates and
     ECMAScript number formatting come out as rfc8785 writes them (or are refused alike)."""
     assert _ours_or_error(value) == _rfc8785_or_error(value)
+
+
+def test_checkpoint_envelope__version_1_still_verifies_and_cannot_be_claimed() -> None:
+    """Checkpoints written before envelope 2 (no workflow in the MAC'd body) still verify
+    as version 1; a version 2 checkpoint relabelled as version 1 (to drop its workflow from
+    the MAC) does not; a version this code does not know is refused, not guessed."""
+    old = CheckpointBody(UUID(int=4), 2, None, "s", "t", "goto", {}, 1, envelope_version=1)
+    assert "workflow" not in old.as_dict()
+    mac = KEYS.mac(old.as_dict())
+    verify(KEYS, dataclasses.replace(old, workflow="anything"), mac, "k1", head_hash=mac)
+    new = dataclasses.replace(old, envelope_version=2, workflow="offers")
+    new_mac = KEYS.mac(new.as_dict())
+    with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+        verify(KEYS, dataclasses.replace(new, envelope_version=1), new_mac, "k1",
+               head_hash=new_mac)
+    with pytest.raises(IntegrityViolation, match="envelope version 3"):
+        verify(KEYS, dataclasses.replace(new, envelope_version=3), new_mac, "k1",
+               head_hash=new_mac)
