@@ -425,8 +425,8 @@ def _approve_chunk(chunk: list[tuple[UUID, Any]]) -> int:
     bound to the hash of that artifact."""
     assert _client is not None
     for approval_id, artifact in chunk:
-        _client.approve(approval_id, "bench", artifact_hash=artifact_hash(artifact),
-                        roles=(APPROVER_ROLE,))
+        _client.acting_as("bench", "approver", (APPROVER_ROLE,)).approve(
+            approval_id, artifact_hash=artifact_hash(artifact))
     return len(chunk)
 
 

@@ -16,11 +16,13 @@ from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_effects import effects_app
 from console.commands_runs import runs_app
+from console.commands_tokens import tokens_app
 from console.commands_tools import tools_app
-from console.common import say_error
+from console.common import open_ledger, reported, say_error
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
-from ledger.exceptions import OnwardError
+from ledger.audit import AuditAction
+from ledger.exceptions import InvalidInput, OnwardError
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
@@ -33,6 +35,7 @@ app.add_typer(approvals_app, name="approvals")
 app.add_typer(audit_app, name="audit")
 app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
+app.add_typer(tokens_app, name="tokens")
 app.command("verify")(verify_cmd.verify)
 
 out = console()
@@ -198,13 +201,20 @@ def start(
     idempotency_key: Annotated[str | None, typer.Option()] = None,
     conversation: Annotated[str | None, typer.Option()] = None,
 ) -> None:
-    """Start a run of WORKFLOW and print its id."""
-    try:
-        payload = json.loads(input_json)
-        run_id = Ledger.from_env(_settings()).start_run(
-            workflow, payload, idempotency_key=idempotency_key, conversation_id=conversation)
-    except (ValueError, OnwardError) as exc:
-        _fail(str(exc), EXIT_REFUSED)
+    """Start a run of WORKFLOW and print its id (operator role; audited)."""
+    ledger = open_ledger(AuditAction.START)
+    with reported():
+        try:
+            payload = json.loads(input_json)
+        except ValueError as exc:
+            raise ledger.refuse(AuditAction.START, InvalidInput(
+                f"--input must be JSON, an object such as '{{\"topic\": \"x\"}}' ({exc})"
+            )) from None
+        if not isinstance(payload, dict):
+            raise ledger.refuse(AuditAction.START, InvalidInput(
+                f"--input must be a JSON object, not {type(payload).__name__}"))
+        run_id = ledger.start_run_command(workflow, payload, idempotency_key=idempotency_key,
+                                          conversation_id=conversation)
     print(run_id)
 
 

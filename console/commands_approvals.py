@@ -30,6 +30,7 @@ from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.exceptions import InvalidInput, OnwardError
 from ledger.schema import ApprovalStatus
+from ledger.waits import ApprovalRefused, may_decide
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
 
@@ -38,21 +39,23 @@ HashOpt = Annotated[str | None, typer.Option(
     help="The artifact hash you reviewed (needed with --yes; otherwise the one shown). It "
          "must be the hash of the artifact printed now.")]
 CommentOpt = Annotated[str | None, typer.Option("--comment", "-m", help="Why (audited).")]
-RolesOpt = Annotated[list[str] | None, typer.Option(
-    "--as-role", help="An approver role you hold, for approvals that name roles (repeatable).")]
 
 
 @approvals_app.command("ls")
 def approvals_ls(
     status: Annotated[ApprovalStatus | None, typer.Option(help="Default: pending.")]
     = ApprovalStatus.PENDING,
-    run: Annotated[UUID | None, typer.Option(help="Only this run's approvals.")] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run's approvals (id or prefix).")]
+    = None,
+    mine: Annotated[bool, typer.Option("--mine", help="Only those you may decide.")] = False,
     limit: LimitOpt = 50,
     as_json: JsonFlag = False,
 ) -> None:
     """List approvals, newest first."""
+    ledger = open_ledger()
     with reported():
-        found = open_ledger().approvals(status=status, run_id=run, limit=limit)
+        run_id = ledger.resolve_run(run) if run else None
+        found = ledger.approvals(status=status, run_id=run_id, limit=limit, approver=mine)
     if as_json:
         print_json(found)
         return
@@ -66,12 +69,19 @@ def approvals_ls(
 
 
 def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment: str | None,
-            roles: list[str] | None, yes: bool) -> None:
+            yes: bool) -> None:
     verb = "approve" if approve else "reject"
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     ledger = open_ledger()
     with reported():
+        ledger.require(action, approval_id=approval_id)
         approval = ledger.get_approval(approval_id)
+        if not may_decide(approval, ledger.actor.name, ledger.actor.approver_roles):
+            raise ledger.refuse(action, ApprovalRefused(
+                f"{ledger.actor.name} may not {verb} approval {approval_id}: it names "
+                f"{', '.join(approval.approvers)}; your token's approver roles: "
+                f"{', '.join(ledger.actor.approver_roles) or 'none'}"),
+                run_id=approval.run_id, approval_id=approval_id)
     out.print(line(f"{verb} ", (approval.action, "bold"), f" for run {approval.run_id} (seq "
                    f"{approval.seq}), as ", ledger.actor.name), soft_wrap=True)
 
@@ -94,8 +104,7 @@ def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment
         decide = ledger.approve if approve else ledger.reject
         # the decision names the hash of what was shown; the ledger refuses it unless it is
         # the hash the run bound when it asked
-        decided = decide(approval_id, artifact_hash=shown, comment=comment,
-                         roles=tuple(roles or ()))
+        decided = decide(approval_id, artifact_hash=shown, comment=comment)
     out.print(line((decided.status.value, "green"), " by ", decided.decided_by or "-"))
 
 
@@ -132,17 +141,17 @@ def show_artifact(artifact: Any, bound_hash: str, *, page: bool) -> str:
 
 @approvals_app.command("approve")
 def approvals_approve(approval_id: ApprovalArg, artifact_hash: HashOpt = None,
-                      comment: CommentOpt = None, as_role: RolesOpt = None,
-                      yes: YesFlag = False) -> None:
+                      comment: CommentOpt = None, yes: YesFlag = False) -> None:
     """Approve: the run resumes at the approved step (in the same transaction). The whole
-    artifact is shown first (paged when long); the decision is bound to its hash."""
-    _decide(approval_id, True, artifact_hash, comment, as_role, yes)
+    artifact is shown first (paged when long); the decision is bound to its hash. Needs the
+    approver role; an approval that names approvers needs you among them, by name or by an
+    approver role of your token."""
+    _decide(approval_id, True, artifact_hash, comment, yes)
 
 
 @approvals_app.command("reject")
 def approvals_reject(approval_id: ApprovalArg, artifact_hash: HashOpt = None,
-                     comment: CommentOpt = None, as_role: RolesOpt = None,
-                     yes: YesFlag = False) -> None:
+                     comment: CommentOpt = None, yes: YesFlag = False) -> None:
     """Reject: the run goes to its rejection step, or fails with approval_rejected. The
     whole artifact is shown first (paged when long); the decision is bound to its hash."""
-    _decide(approval_id, False, artifact_hash, comment, as_role, yes)
+    _decide(approval_id, False, artifact_hash, comment, yes)

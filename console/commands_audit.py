@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Annotated
-from uuid import UUID
 
 import typer
 from rich.table import Table
@@ -27,7 +26,7 @@ audit_app = typer.Typer(help="The audit log of operator commands.", no_args_is_h
 
 @audit_app.command("ls")
 def audit_ls(
-    run: Annotated[UUID | None, typer.Option(help="Rows about this run (or runs it made).")]
+    run: Annotated[str | None, typer.Option(help="Rows about this run (or runs it made).")]
     = None,
     action: Annotated[str | None, typer.Option(help="continue, replay, branch, cancel, "
                                                "approve, reject, repeat_effect, park")] = None,
@@ -39,9 +38,11 @@ def audit_ls(
     as_json: JsonFlag = False,
 ) -> None:
     """List audit rows, newest first."""
+    ledger = open_ledger()
     with reported():
-        rows = open_ledger().audit(run_id=run, action=action, actor=actor, outcome=outcome,
-                                   since=parse_since(since), limit=limit, offset=offset)
+        rows = ledger.audit(run_id=ledger.resolve_run(run) if run else None, action=action,
+                            actor=actor, outcome=outcome, since=parse_since(since),
+                            limit=limit, offset=offset)
     if as_json:
         print_json(rows)
         return

@@ -5,7 +5,6 @@ or a continue."""
 from __future__ import annotations
 
 from typing import Annotated
-from uuid import UUID
 
 import typer
 from rich.table import Table
@@ -26,6 +25,7 @@ from console.common import (
     when,
 )
 from console.safe import add_row, json_text, line
+from ledger.audit import AuditAction
 from ledger.schema import EffectStatus
 
 effects_app = typer.Typer(help="External effects: list, inspect, repeat (admin).",
@@ -37,7 +37,8 @@ TypeOpt = Annotated[str | None, typer.Option("--type", help="The effect type (to
 
 @effects_app.command("ls")
 def effects_ls(
-    run: Annotated[UUID | None, typer.Option(help="Only this run's effects.")] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run's effects (id or prefix).")]
+    = None,
     status: Annotated[EffectStatus | None, typer.Option(help="Only in this status.")] = None,
     effect_type: TypeOpt = None,
     limit: LimitOpt = 50,
@@ -45,9 +46,11 @@ def effects_ls(
     as_json: JsonFlag = False,
 ) -> None:
     """List effects, newest first."""
+    ledger = open_ledger()
     with reported():
-        found = open_ledger().find_effects(run_id=run, status=status, effect_type=effect_type,
-                                           limit=limit, offset=offset)
+        run_id = ledger.resolve_run(run) if run else None
+        found = ledger.find_effects(run_id=run_id, status=status, effect_type=effect_type,
+                                    limit=limit, offset=offset)
     if as_json:
         print_json(found)
         return
@@ -65,8 +68,8 @@ def effects_show(effect_id: EffectArg, effect_type: TypeOpt = None,
                  as_json: JsonFlag = False) -> None:
     """One effect: what was asked, of whom, and every call, lookup, poll and repeat.
     Each inspection is itself audited."""
+    ledger = open_ledger(AuditAction.INSPECT)
     with reported():
-        ledger = open_ledger()
         effect = ledger.find_effect(effect_id, effect_type)
         ledger.inspected(run_id=effect.run_id, effect_id=effect.effect_id)
         attempts = ledger.effect_attempts(effect)
@@ -99,8 +102,8 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
     provider will create a new object. Shows what will be sent first."""
     from tasks.operator import plan_repeat, repeat_effect
 
+    ledger = open_ledger(AuditAction.REPEAT_EFFECT)
     with reported():
-        ledger = open_ledger()
         plan = plan_repeat(ledger, ledger.find_effect(effect_id, effect_type))
     shown = plan.as_dict()
     latest = shown["latest_attempt"] or {}

@@ -18,13 +18,14 @@ from console.common import (
     ReasonOpt,
     YesFlag,
     confirm,
-    fail,
+    err,
     open_ledger,
     out,
     parse_since,
     plain,
     print_json,
     reported,
+    resolve_run,
     short,
     when,
 )
@@ -35,12 +36,14 @@ from ledger.api import REFUSALS
 from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
+from ledger.inspect import RunFilter
 from ledger.schema import LaunchMode
 
 runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",
                        no_args_is_help=True)
 
-RunArg = Annotated[UUID, typer.Argument(help="The run's id.")]
+RunArg = Annotated[str, typer.Argument(help="The run's id, or a unique prefix of it "
+                                              "(6+ hex digits, as `runs ls` shows).")]
 FromSeq = Annotated[int, typer.Option("--from-seq", "--from", min=0,
                                       help="The parent's checkpoint to start from.")]
 
@@ -67,7 +70,9 @@ def runs_ls(
     conversation: Annotated[str | None, typer.Option(help="Only this conversation.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="The run started with this key.")]
     = None,
-    parent: Annotated[UUID | None, typer.Option(help="Replays and branches of this run.")]
+    parent: Annotated[str | None, typer.Option(help="Replays and branches of this run.")]
+    = None,
+    version: Annotated[int | None, typer.Option(help="Only runs of this workflow version.")]
     = None,
     before: Annotated[UUID | None, typer.Option(help="Page cursor: runs older than this one.")]
     = None,
@@ -76,11 +81,14 @@ def runs_ls(
     as_json: JsonFlag = False,
 ) -> None:
     """List runs, newest first. Page with --limit/--offset, or --before the last id shown."""
+    ledger = open_ledger()
     with reported():
-        found = open_ledger().list_runs(
-            status=status, workflow=workflow, conversation_id=conversation,
-            idempotency_key=idempotency_key, since=parse_since(since), parent_run_id=parent,
-            before=before, limit=limit, offset=offset)
+        where = RunFilter(
+            status=status, workflow=workflow, workflow_version=version,
+            conversation_id=conversation, idempotency_key=idempotency_key,
+            since=parse_since(since), before=before,
+            parent_run_id=resolve_run(ledger, parent) if parent else None)
+        found = ledger.find_runs(where, limit=limit, offset=offset)
     if as_json:
         print_json([run_row(r) for r in found])
         return
@@ -98,23 +106,37 @@ def runs_ls(
 def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
     """A run: header, lineage (parent, children), step timeline, checkpoints, effects,
     approvals and its audit trail. Each inspection is itself audited."""
+    ledger = open_ledger(AuditAction.INSPECT)
+    found = resolve_run(ledger, run_id)
     with reported():
-        ledger = open_ledger()
-        if ledger.get_run(run_id) is None:
-            fail(f"no run {run_id}", 2)
-        ledger.inspected(run_id=run_id)
-        detail = run_detail(ledger, run_id)
+        ledger.inspected(run_id=found)
+        detail = run_detail(ledger, found)
     if as_json:
         print_json(detail)
         return
     show_run(detail)
 
 
-def _get(ledger: Ledger, run_id: UUID, action: AuditAction) -> Any:
+def _get(ledger: Ledger, text: str, action: AuditAction) -> Any:
+    """The run ``text`` names (id or unique prefix), once the actor's role allows
+    ``action`` (checked first); refusals are audited."""
+    with reported():
+        ledger.require(action, run_id=_uuid_or_none(text))
+    try:
+        run_id = ledger.resolve_run(text)
+    except (UnknownRun, InvalidInput) as exc:
+        _refuse(ledger, action, exc, _uuid_or_none(text))
     run = ledger.get_run(run_id)
     if run is None:
         _refuse(ledger, action, UnknownRun(f"no run {run_id}"), run_id)
     return run
+
+
+def _uuid_or_none(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None
 
 
 def _refuse(ledger: Ledger, action: AuditAction, error: Exception,
@@ -140,7 +162,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
               "reused, unknown effect outcomes are reconciled first"))
     with reported():
         confirm("continue?", yes)
-        done = ledger.continue_run(run_id, reason)
+        done = ledger.continue_run(run.id, reason)
     out.print(line(("continued", "green"), f" run {done.run_id} at seq {done.seq} "
                    f"(was {done.previous_status.value})",
                    f"; reopened effects {', '.join(short(e) for e in done.reopened_effects)}"
@@ -169,16 +191,17 @@ def runs_replay(
     run = _get(ledger, run_id, AuditAction.REPLAY)
     if mode not in {m.value for m in _MODE_TEXT}:
         _refuse(ledger, AuditAction.REPLAY, InvalidInput(
-            f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}"), run_id)
+            f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}"), run.id)
     launch_mode = LaunchMode(mode)
-    out.print(line(f"replay run {run.id} (", run.workflow, f") from checkpoint {from_seq} as a "
+    say = err if as_json else out  # with --json, stdout carries the JSON only
+    say.print(line(f"replay run {run.id} (", run.workflow, f") from checkpoint {from_seq} as a "
                    f"new {launch_mode.value} run; budgets {budgets.value}",
                    "; irreversible effects WILL be sent" if allow_irreversible else ""),
               soft_wrap=True)
-    out.print(line(_MODE_TEXT[launch_mode]))
+    say.print(line(_MODE_TEXT[launch_mode]))
     with reported():
         confirm("start the replay?", yes)
-        launched = ledger.replay(run_id, from_seq, launch_mode, reason, budgets=budgets,
+        launched = ledger.replay(run.id, from_seq, launch_mode, reason, budgets=budgets,
                                  allow_irreversible=allow_irreversible)
     _launched(launched, as_json)
 
@@ -231,20 +254,21 @@ def runs_branch(
     try:
         operations = _patch(patch, patch_file, set_values or [])
     except InvalidInput as exc:
-        _refuse(ledger, AuditAction.BRANCH, exc, run_id)
+        _refuse(ledger, AuditAction.BRANCH, exc, run.id)
     try:
-        diff = ledger.preview_branch(run_id, from_seq, operations)
+        diff = ledger.preview_branch(run.id, from_seq, operations)
     except REFUSALS as exc:
-        _refuse(ledger, AuditAction.BRANCH, exc, run_id)
-    out.print(line(f"branch run {run.id} (", run.workflow, f") from checkpoint {from_seq}, "
+        _refuse(ledger, AuditAction.BRANCH, exc, run.id)
+    say = err if as_json else out  # with --json, stdout carries the JSON only
+    say.print(line(f"branch run {run.id} (", run.workflow, f") from checkpoint {from_seq}, "
                    "with:"), soft_wrap=True)
-    out.print(diff_table(diff))
-    out.print(line("  the branch calls for real under its own keys"
+    say.print(diff_table(diff))
+    say.print(line("  the branch calls for real under its own keys"
                    + ("; irreversible effects WILL be sent" if allow_irreversible
                       else "; irreversible effects are refused (--allow-irreversible to send)")))
     with reported():
         confirm("start the branch?", yes)
-        launched = ledger.branch(run_id, from_seq, operations, reason,
+        launched = ledger.branch(run.id, from_seq, operations, reason,
                                  allow_irreversible=allow_irreversible, budgets=budgets,
                                  check_state=state_check(ledger.settings.workflows))
     _launched(launched, as_json)
@@ -295,7 +319,7 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
                    f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     with reported():
         confirm("cancel it?", yes)
-        done = ledger.cancel(run_id, reason)
+        done = ledger.cancel(run.id, reason)
     out.print(line(("cancelled", "green"), f" run {done.run_id} at seq {done.seq}",
                    f"; worker {done.was_leased_by} was mid-step (its commit will be refused)"
                    if done.was_leased_by else "",

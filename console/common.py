@@ -2,7 +2,8 @@
 error reporting, JSON output, confirmation, and time filters.
 
 Exit codes: 0 done, 1 failed (or declined at the prompt: nothing was done), 2 refused
-(the command was not allowed: role, state, input; the refusal is in the audit log).
+(the command was not allowed: no valid token, role, state, input; a refusal by a known actor
+is in the audit log). Each command checks the actor's role before it shows or asks anything.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from uuid import UUID
 import typer
 from rich.text import Text
 
+from console.auth import cli_ledger
 from console.safe import console, visible
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.api import REFUSALS
+from ledger.audit import AuditAction
 from ledger.exceptions import OnwardError
+from ledger.tokens import Unauthenticated
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -41,8 +45,22 @@ LimitOpt = Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")]
 OffsetOpt = Annotated[int, typer.Option(min=0, help="Rows to skip (the page start).")]
 
 
-def open_ledger() -> Ledger:
-    return Ledger.from_env(OnwardSettings())
+def open_ledger(action: AuditAction | None = None) -> Ledger:
+    """The ledger acting as this CLI's caller (console/auth.py); with ``action``, refused
+    (audited, exit 2) unless the caller's role allows it, before anything else happens."""
+    with reported():
+        ledger = cli_ledger(warn=lambda text: err.print(f"note: {text}", markup=False,
+                                                        highlight=False))
+        if action is not None:
+            ledger.require(action)
+    return ledger
+
+
+def resolve_run(ledger: Ledger, text: str) -> UUID:
+    """A run id from the id or a unique prefix of it (as ``runs ls`` prints)."""
+    with reported():
+        return ledger.resolve_run(text)
+    raise AssertionError("unreachable")  # pragma: no cover - reported() exits
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
@@ -61,6 +79,9 @@ def reported() -> Iterator[None]:
     """Turn onward errors into a message and the exit code: 2 refused, 1 failed."""
     try:
         yield
+    except Unauthenticated as exc:
+        err.print(f"[red]not authenticated:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_REFUSED) from exc
     except REFUSALS as exc:
         say_error("refused:", exc)
         raise typer.Exit(EXIT_REFUSED) from exc

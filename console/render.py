@@ -63,7 +63,7 @@ def show_run(detail: dict[str, Any]) -> None:
     run = detail["run"]
     say((run["id"], "bold"), "  ", run["workflow"], f" v{run['version'] or '-'}  ",
         (run["status"], "bold"), f"  seq={run['seq']}  next=", _next(run),
-        f"  attempt={run['attempt']}/{run['max_attempts']}  restores={run['restores']}")
+        f"  {_attempt(run)}  restores={run['restores']}")
     say(f"created {run['created_at']}  finished {run['finished_at'] or '-'}  conversation=",
         run["conversation_id"] or "-", "  key=", run["idempotency_key"] or "-")
     say(f"spent: {run['attempts_total']} step executions, {run['used_tokens']} tokens, "
@@ -87,6 +87,12 @@ def show_run(detail: dict[str, Any]) -> None:
 def say(*parts: str | tuple[str, str]) -> None:
     """One line of the run's header; data is printed literally and whole."""
     out.print(line(*parts), soft_wrap=True)
+def _attempt(run: dict[str, Any]) -> str:
+    """A finished run has no current attempt (the counter restarts at each step): say how
+    many step executions it took; the timeline lists each one."""
+    if run["finished_at"]:
+        return f"executions={run['attempts_total']}"
+    return f"attempt={run['attempt']}/{run['max_attempts']}"
 
 
 def _next(run: dict[str, Any]) -> str:

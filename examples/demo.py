@@ -483,9 +483,10 @@ def approve_offers(ledger: Ledger, run_ids: list[UUID]) -> int:
     edited = {**seen, "amount": seen["amount"] - 200}
     phase("10. approvals", f"through Ledger.approve as {APPROVER} "
           f"(roles {', '.join(APPROVER_ROLES)})")
+    dana = ledger.acting_as(APPROVER, "approver", APPROVER_ROLES)
     try:
-        ledger.approve(first.id, APPROVER, artifact_hash=artifact_hash(edited),
-                       roles=APPROVER_ROLES, comment="ok at the edited price")
+        dana.approve(first.id, artifact_hash=artifact_hash(edited),
+                     comment="ok at the edited price")
     except ApprovalRefused as exc:
         refused += 1
         console.print(f"   approving an edited draft ({edited['amount']} EUR instead of "
@@ -495,8 +496,7 @@ def approve_offers(ledger: Ledger, run_ids: list[UUID]) -> int:
         approval = approvals[run_id]
         seen_hash = artifact_hash(approval.artifact)  # what dana read, hashed on her side
         try:
-            decided = ledger.approve(approval.id, APPROVER, artifact_hash=seen_hash,
-                                     roles=APPROVER_ROLES, comment="ok to send")
+            decided = dana.approve(approval.id, artifact_hash=seen_hash, comment="ok to send")
         except ApprovalRefused as exc:  # only if the edited draft was wrongly approved
             console.print(f"   [bold red]refused[/bold red] {approval.id}: {exc}")
             continue

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger import forks, inspect, operations, verify, waits
 from ledger import runs as run_ops
+from ledger import tokens as token_ops
 from ledger.audit import (
     Actor,
     AuditAction,
@@ -33,7 +34,9 @@ from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effect
 from ledger.envelope import CheckpointEnvelope
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
+from ledger.schema import approvals as approvals_table
 from ledger.schema import checkpoints as checkpoints_table
+from ledger.schema import runs as runs_table
 from ledger.settings import OnwardSettings
 from ledger.stats import BatchStats, batch_stats
 
@@ -41,7 +44,7 @@ T = TypeVar("T")
 
 REFUSALS: tuple[type[Exception], ...] = (
     OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, waits.ApprovalRefused,
-    waits.UnknownApproval)
+    waits.UnknownApproval, token_ops.UnknownToken)
 """Errors that mean "refused, nothing changed" (the CLI exits 2 for these). An operator
 command that meets history that does not verify (a replay of a tampered checkpoint) is
 refused like any other, and audited."""
@@ -50,20 +53,34 @@ refused like any other, and audited."""
 class Ledger:
     """Transactional operations on the onward ledger (docs/design.md section 3).
 
-    Operator commands act as ``settings.actor`` in ``settings.role`` (``ONWARD_ACTOR``,
-    ``ONWARD_ROLE``); each one writes one audit row, refusals included.
+    Operator commands act as ``actor``: the token's actor (``authenticate``), or, for code
+    that holds the database's credentials and so may do anything anyway, ``settings.actor``
+    as an admin of ``settings.tenant_id``. Each command checks the actor's role before
+    anything else and writes one audit row, refusals included; every read is scoped to the
+    actor's tenant.
     """
 
-    def __init__(self, engine: Engine, settings: OnwardSettings) -> None:
+    def __init__(self, engine: Engine, settings: OnwardSettings,
+                 actor: Actor | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.keys = CheckpointKeys.from_settings(settings)
-        self.actor = Actor(settings.actor, Role(settings.role), settings.tenant_id)
+        self.actor = actor or Actor(settings.actor, Role.ADMIN, settings.tenant_id)
 
-    def acting_as(self, actor: str, role: Role | str) -> Ledger:
-        """The same ledger, with operator commands done by ``actor`` in ``role``."""
-        return Ledger(self.engine, self.settings.model_copy(
-            update={"actor": actor, "role": Role(role).value}))
+    def acting_as(self, actor: str, role: Role | str, approver_roles: tuple[str, ...] = (),
+                  *, tenant_id: str | None = None) -> Ledger:
+        """The same ledger, with commands done by ``actor`` in ``role`` (trusted code only:
+        people and services authenticate with a token instead)."""
+        return self.with_actor(Actor(actor, Role(role), tenant_id or self.actor.tenant_id,
+                                     tuple(approver_roles)))
+
+    def with_actor(self, actor: Actor) -> Ledger:
+        return Ledger(self.engine, self.settings, actor)
+
+    def authenticate(self, secret: str) -> Ledger:
+        """The same ledger acting as the token ``secret`` names; raises Unauthenticated."""
+        with wrap_driver_errors("checking a token"), self.engine.begin() as conn:
+            return self.with_actor(token_ops.authenticate_txn(conn, secret).actor_of())
 
     @classmethod
     def from_env(cls, settings: OnwardSettings | None = None) -> Ledger:
@@ -129,8 +146,22 @@ class Ledger:
 
     # -- reads -----------------------------------------------------------------------------
     def get_run(self, run_id: UUID) -> run_ops.Run | None:
+        """The run, if it exists in the actor's tenant."""
         with wrap_driver_errors("reading a run"), self.engine.connect() as conn:
-            return run_ops.get_run(conn, run_id)
+            run = run_ops.get_run(conn, run_id)
+        return run if run is not None and run.tenant_id == self.actor.tenant_id else None
+
+    def resolve_run(self, text: str) -> UUID:
+        """A run id from its full text or a unique prefix (6+ hex digits), in the actor's
+        tenant: what ``runs ls`` prints short is enough to name a run."""
+        with wrap_driver_errors("finding a run"), self.engine.connect() as conn:
+            return inspect.resolve_run_txn(conn, text, self.actor.tenant_id)
+
+    def _own_run(self, conn: Connection, run_id: UUID) -> None:
+        found = conn.execute(sa.select(runs_table.c.tenant_id)
+                             .where(runs_table.c.id == run_id)).scalar()
+        if found != self.actor.tenant_id:
+            raise UnknownRun(f"no run {run_id}")
 
     def list_runs(
         self,
@@ -150,8 +181,19 @@ class Ledger:
                                   conversation_id=conversation_id,
                                   idempotency_key=idempotency_key, since=since,
                                   parent_run_id=parent_run_id, before=before)
+        return self.find_runs(where, limit=limit, offset=offset)
+
+    def find_runs(self, where: inspect.RunFilter, *, limit: int = 50,
+                  offset: int = 0) -> list[run_ops.Run]:
+        """Runs of the actor's tenant matching ``where``, newest first."""
+        where = inspect.RunFilter(**{**where.__dict__, "tenant_id": self.actor.tenant_id})
         with wrap_driver_errors("listing runs"), self.engine.connect() as conn:
             return inspect.list_runs_txn(conn, where, limit=limit, offset=offset)
+
+    def run_counts(self) -> dict[str, int]:
+        """How many runs of the actor's tenant are in each status that needs attention."""
+        with wrap_driver_errors("counting runs"), self.engine.connect() as conn:
+            return inspect.attention_counts_txn(conn, self.actor.tenant_id)
 
     def children(self, run_id: UUID) -> list[run_ops.Run]:
         """The replays and branches started from ``run_id``."""
@@ -159,6 +201,7 @@ class Ledger:
 
     def checkpoint(self, run_id: UUID, seq: int) -> inspect.CheckpointView | None:
         with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
             return inspect.get_checkpoint_txn(conn, run_id, seq)
 
     def find_effects(self, *, run_id: UUID | None = None, status: EffectStatus | None = None,
@@ -166,24 +209,28 @@ class Ledger:
                      offset: int = 0) -> list[Effect]:
         with wrap_driver_errors("listing effects"), self.engine.connect() as conn:
             return inspect.list_effects_txn(conn, run_id=run_id, status=status,
-                                            effect_type=effect_type, limit=limit, offset=offset)
+                                            effect_type=effect_type, limit=limit, offset=offset,
+                                            tenant_id=self.actor.tenant_id)
 
     def find_effect(self, effect_id: str, effect_type: str | None = None) -> Effect:
         """One effect by id (or a unique prefix of at least 8 characters)."""
         with wrap_driver_errors("reading an effect"), self.engine.connect() as conn:
-            return inspect.find_effect_txn(conn, effect_id, effect_type)
+            return inspect.find_effect_txn(conn, effect_id, effect_type,
+                                           tenant_id=self.actor.tenant_id)
 
     def audit(self, *, run_id: UUID | None = None, action: str | None = None,
               actor: str | None = None, outcome: str | None = None,
               since: datetime | None = None, limit: int = 50,
-              offset: int = 0) -> list[AuditEntry]:
-        """The audit log, newest first."""
+              offset: int = 0, before: int | None = None) -> list[AuditEntry]:
+        """The actor's tenant's audit log, newest first (``before``: an id cursor)."""
         with wrap_driver_errors("reading the audit log"), self.engine.connect() as conn:
-            return list_audit_txn(conn, run_id=run_id, action=action, actor=actor,
-                                  outcome=outcome, since=since, limit=limit, offset=offset)
+            return list_audit_txn(conn, tenant_id=self.actor.tenant_id, run_id=run_id,
+                                  action=action, actor=actor, outcome=outcome, since=since,
+                                  limit=limit, offset=offset, before=before)
 
     def timeline(self, run_id: UUID) -> list[run_ops.TimelineEntry]:
         with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
             return run_ops.timeline(conn, run_id)
 
     def batch_stats(self, run_ids: list[UUID]) -> BatchStats:
@@ -193,6 +240,7 @@ class Ledger:
     def effects(self, run_id: UUID) -> list[Effect]:
         """The run's effects, in the order its steps requested them."""
         with wrap_driver_errors("reading effects"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
             return list_effects_txn(conn, run_id)
 
     def effect_attempts(self, effect: Effect) -> list[EffectAttempt]:
@@ -204,9 +252,10 @@ class Ledger:
     def _command(self, action: AuditAction, body: Callable[[Connection], T], *,
                  reason: str | None = None, run_id: UUID | None = None,
                  effect_id: str | None = None, approval_id: UUID | None = None) -> T:
-        """Run one command in one transaction (it writes its own audit row); a refusal is
-        recorded in a transaction of its own and raised again."""
+        """Check the actor's role, then run one command in one transaction (it writes its
+        own audit row); a refusal is recorded in a transaction of its own and raised again."""
         try:
+            self.actor.require(action)
             with wrap_driver_errors(f"{action.value}"), self.engine.begin() as conn:
                 return body(conn)
         except REFUSALS as exc:
@@ -241,10 +290,38 @@ class Ledger:
         self._command(AuditAction.INSPECT, body, run_id=run_id, effect_id=effect_id)
 
     def require(self, action: AuditAction, *, run_id: UUID | None = None,
-                effect_id: str | None = None) -> None:
-        """Raise (audited) PermissionDenied unless the actor's role allows ``action``."""
-        self._command(action, lambda conn: self.actor.require(action), run_id=run_id,
-                      effect_id=effect_id)
+                effect_id: str | None = None, approval_id: UUID | None = None) -> None:
+        """Raise (audited) PermissionDenied unless the actor's role allows ``action``: a
+        command asks this before it shows or asks anything."""
+        if not self.actor.may(action):
+            self._command(action, lambda conn: None, run_id=run_id, effect_id=effect_id,
+                          approval_id=approval_id)
+
+    def verified(self, run_id: UUID | None, checked: int, problems: int) -> None:
+        """Record that the actor verified ``run_id`` (None: every run of the tenant)."""
+        def body(conn: Connection) -> None:
+            record_txn(conn, self.actor, AuditRecord(
+                AuditAction.VERIFY, AuditOutcome.DONE, run_id=run_id,
+                details={"checked": checked, "problems": problems}))
+
+        self._command(AuditAction.VERIFY, body, run_id=run_id)
+
+    def start_run_command(self, workflow: str, input: dict[str, Any], *,
+                          conversation_id: str | None = None,
+                          idempotency_key: str | None = None) -> UUID:
+        """Start a run for an operator or a service (CLI, HTTP API): needs the operator role,
+        runs in the actor's tenant, and writes one audit row with the run it started."""
+        def body(conn: Connection) -> UUID:
+            scoped = self.settings.model_copy(update={"tenant_id": self.actor.tenant_id})
+            run_id = Ledger(self.engine, scoped, self.actor).start_run_txn(
+                conn, workflow, input, conversation_id=conversation_id,
+                idempotency_key=idempotency_key)
+            record_txn(conn, self.actor, AuditRecord(
+                AuditAction.START, AuditOutcome.DONE, run_id=run_id, new_run_id=run_id,
+                details={"workflow": workflow, "idempotency_key": idempotency_key}))
+            return run_id
+
+        return self._command(AuditAction.START, body)
 
     def continue_run(self, run_id: UUID, reason: str | None) -> operations.Continued:
         """Resume the original run at its current seq (parked, failed by an error, or stalled).
@@ -317,56 +394,112 @@ class Ledger:
                                                 error=error)
 
     # -- approvals and signals (docs/design.md section 6) ------------------------------------------
-    def approve(self, approval_id: UUID, actor: str | None = None, *, artifact_hash: str,
-                comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
+    def approve(self, approval_id: UUID, *, artifact_hash: str,
+                comment: str | None = None) -> waits.Approval:
         """Approve what ``artifact_hash`` names; resumes the run in the same transaction.
 
-        ``actor`` is who decides (default: ``settings.actor``); the approval's approvers list
-        says who may, and one that names nobody may be decided by any operator."""
-        return self._decide(approval_id, True, actor, artifact_hash, comment, roles)
+        Needs the approver role (or above); when the approval names approvers, the actor
+        must be one of them by name or hold one of the ``role:<name>`` it names among its
+        approver roles (from its token, never from the caller)."""
+        return self._decide(approval_id, True, artifact_hash, comment)
 
-    def reject(self, approval_id: UUID, actor: str | None = None, *, artifact_hash: str,
-               comment: str | None = None, roles: tuple[str, ...] = ()) -> waits.Approval:
+    def reject(self, approval_id: UUID, *, artifact_hash: str,
+               comment: str | None = None) -> waits.Approval:
         """Reject; the run goes to its declared rejection step or fails (approval_rejected)."""
-        return self._decide(approval_id, False, actor, artifact_hash, comment, roles)
+        return self._decide(approval_id, False, artifact_hash, comment)
 
-    def _decide(self, approval_id: UUID, approve: bool, actor: str | None, artifact_hash: str,
-                comment: str | None, roles: tuple[str, ...]) -> waits.Approval:
-        ledger = self.acting_as(actor, self.actor.role) if actor else self
-        return ledger._command(
+    def _decide(self, approval_id: UUID, approve: bool, artifact_hash: str,
+                comment: str | None) -> waits.Approval:
+        return self._command(
             AuditAction.APPROVE if approve else AuditAction.REJECT,
-            lambda c: operations.decide_txn(c, ledger.actor, approval_id, approve=approve,
-                                            artifact_hash=artifact_hash, comment=comment,
-                                            roles=roles),
+            lambda c: operations.decide_txn(c, self.actor, approval_id, approve=approve,
+                                            artifact_hash=artifact_hash, comment=comment),
             reason=comment, approval_id=approval_id)
 
     def get_approval(self, approval_id: UUID) -> waits.Approval:
         with wrap_driver_errors("reading an approval"), self.engine.connect() as conn:
-            return waits.get_approval_txn(conn, approval_id)
+            approval = waits.get_approval_txn(conn, approval_id)
+            tenant = conn.execute(sa.select(approvals_table.c.tenant_id).where(
+                approvals_table.c.id == approval_id)).scalar()
+        if tenant != self.actor.tenant_id:
+            raise waits.UnknownApproval(f"no approval {approval_id}")
+        return approval
 
     def approvals(self, *, status: ApprovalStatus | None = None, run_id: UUID | None = None,
-                  limit: int = 100) -> list[waits.Approval]:
+                  limit: int = 100, before: tuple[datetime, UUID] | None = None,
+                  approver: bool = False) -> list[waits.Approval]:
+        """Approvals of the actor's tenant, newest first; ``before`` is a (created_at, id)
+        cursor; ``approver`` keeps only those the actor may decide."""
+        mine = (self.actor.name, self.actor.approver_roles) if approver else None
         with wrap_driver_errors("listing approvals"), self.engine.connect() as conn:
-            return waits.list_approvals_txn(conn, status=status, run_id=run_id, limit=limit)
+            return waits.list_approvals_txn(conn, status=status, run_id=run_id, limit=limit,
+                                            tenant_id=self.actor.tenant_id, before=before,
+                                            decidable_by=mine)
 
     def signal(self, run_id: UUID, name: str, payload: Any = None) -> bool:
-        """Send a named signal to a run; returns whether it woke the run now. A signal sent
-        before the run waits for it is kept, not lost."""
-        with wrap_driver_errors("signalling"), self.engine.begin() as conn:
-            return waits.signal_txn(conn, run_id, name, payload if payload is not None else {})
+        """Send a named signal to a run (operator role; audited); returns whether it woke the
+        run now. A signal sent before the run waits for it is kept, not lost."""
+        def body(conn: Connection) -> bool:
+            self._own_run(conn, run_id)
+            woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {})
+            record_txn(conn, self.actor, AuditRecord(
+                AuditAction.SIGNAL, AuditOutcome.DONE, run_id=run_id,
+                details={"name": name, "woke": woke}))
+            return woke
+
+        return self._command(AuditAction.SIGNAL, body, run_id=run_id)
+
+    # -- tokens (admin) --------------------------------------------------------------------
+    def create_token(self, request: token_ops.TokenRequest) -> token_ops.Issued:
+        """A new token in the actor's own tenant; its secret is in the result only."""
+        def body(conn: Connection) -> token_ops.Issued:
+            if request.tenant_id != self.actor.tenant_id:
+                raise OperationRefused(f"{self.actor.name} administers tenant "
+                                       f"{self.actor.tenant_id!r}, not {request.tenant_id!r}")
+            issued = token_ops.issue_txn(conn, request, self.actor.name)
+            record_txn(conn, self.actor, AuditRecord(
+                AuditAction.TOKEN_CREATE, AuditOutcome.DONE, request.note,
+                details={"token": str(issued.token.id), "actor": request.actor,
+                         "role": request.role.value,
+                         "approver_roles": list(request.approver_roles),
+                         "expires_at": issued.token.expires_at.isoformat()}))
+            return issued
+
+        return self._command(AuditAction.TOKEN_CREATE, body, reason=request.note)
+
+    def tokens(self, *, include_inactive: bool = False) -> list[token_ops.Token]:
+        """The tenant's tokens (admin): who holds what, until when, last used when."""
+        self.require(AuditAction.TOKEN_CREATE)
+        with wrap_driver_errors("listing tokens"), self.engine.connect() as conn:
+            return token_ops.list_txn(conn, self.actor.tenant_id,
+                                      include_inactive=include_inactive)
+
+    def revoke_token(self, token_id: str, reason: str | None = None) -> token_ops.Token:
+        """Revoke a token (by id or a unique prefix of it) now."""
+        def body(conn: Connection) -> token_ops.Token:
+            found = token_ops.find_txn(conn, token_id, self.actor.tenant_id)
+            revoked = token_ops.revoke_txn(conn, found, self.actor.tenant_id, self.actor.name)
+            record_txn(conn, self.actor, AuditRecord(
+                AuditAction.TOKEN_REVOKE, AuditOutcome.DONE, reason,
+                details={"token": str(found), "actor": revoked.actor}))
+            return revoked
+
+        return self._command(AuditAction.TOKEN_REVOKE, body, reason=reason)
 
     # -- verification --------------------------------------------------------------------------
     def verify_run(self, run_id: UUID) -> list[verify.Problem]:
         """Check a run's stored history offline; an empty list means it verifies."""
         with wrap_driver_errors("verifying a run"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
             return verify.verify_run_txn(conn, self.keys, run_id)
 
     def verify_all(self, batch: int = 500) -> Iterator[tuple[UUID, list[verify.Problem]]]:
-        """Every run, in id order, with its problems (streamed in batches)."""
+        """Every run of the actor's tenant, in id order, with its problems (in batches)."""
         after: UUID | None = None
         while True:
             with wrap_driver_errors("listing runs to verify"), self.engine.connect() as conn:
-                ids = verify.run_ids_txn(conn, after=after, limit=batch)
+                ids = verify.run_ids_txn(conn, after=after, limit=batch,
+                                         tenant_id=self.actor.tenant_id)
             if not ids:
                 return
             for run_id in ids:
@@ -376,6 +509,7 @@ class Ledger:
     def checkpoints(self, run_id: UUID) -> list[CheckpointEnvelope]:
         """The run's checkpoints as validated envelopes (docs/design.md section 9), oldest first."""
         with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
             rows = conn.execute(
                 sa.select(checkpoints_table).where(checkpoints_table.c.run_id == run_id)
                 .order_by(checkpoints_table.c.seq)).mappings().all()

@@ -23,9 +23,10 @@ from ledger.schema import audit
 class Role(StrEnum):
     """What an operator may do (docs/design.md section 10); each role includes the ones before."""
 
-    VIEWER = "viewer"  # reads
-    OPERATOR = "operator"  # continue, replay, branch, cancel, approve, reject
-    ADMIN = "admin"  # privileged: repeat an external effect
+    VIEWER = "viewer"  # reads (and the reads are audited where they show a run's detail)
+    APPROVER = "approver"  # decide approvals that name them or one of their approver roles
+    OPERATOR = "operator"  # start, signal, continue, replay, branch, cancel
+    ADMIN = "admin"  # privileged: repeat an external effect, manage tokens
 
     @property
     def rank(self) -> int:
@@ -44,6 +45,11 @@ class AuditAction(StrEnum):
     REJECT = "reject"
     REPEAT_EFFECT = "repeat_effect"
     INSPECT = "inspect"  # a run's or an effect's full detail was read
+    VERIFY = "verify"  # a run's stored history was checked
+    START = "start"  # a run started by an operator or a service (CLI, HTTP API)
+    SIGNAL = "signal"
+    TOKEN_CREATE = "token_create"
+    TOKEN_REVOKE = "token_revoke"
 
 
 class AuditOutcome(StrEnum):
@@ -56,20 +62,32 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.REPLAY: Role.OPERATOR,
     AuditAction.BRANCH: Role.OPERATOR,
     AuditAction.CANCEL: Role.OPERATOR,
-    AuditAction.APPROVE: Role.OPERATOR,
-    AuditAction.REJECT: Role.OPERATOR,
+    AuditAction.APPROVE: Role.APPROVER,
+    AuditAction.REJECT: Role.APPROVER,
     AuditAction.REPEAT_EFFECT: Role.ADMIN,
     AuditAction.INSPECT: Role.VIEWER,
+    AuditAction.VERIFY: Role.VIEWER,
+    AuditAction.START: Role.OPERATOR,
+    AuditAction.SIGNAL: Role.OPERATOR,
+    AuditAction.TOKEN_CREATE: Role.ADMIN,
+    AuditAction.TOKEN_REVOKE: Role.ADMIN,
 }
 
 
 @dataclass(frozen=True)
 class Actor:
-    """The person (or service) behind a command, with the role they act in."""
+    """The person (or service) behind a command: who, in which role, for which tenant, with
+    which approver roles (matched against the ``role:<name>`` entries an approval names),
+    and the token they presented (None for a local admin, who needs none)."""
 
     name: str
     role: Role
     tenant_id: str
+    approver_roles: tuple[str, ...] = ()
+    token_id: UUID | None = None
+
+    def may(self, action: AuditAction) -> bool:
+        return self.role.allows(REQUIRED_ROLE[action])
 
     def require(self, action: AuditAction) -> None:
         """Raise PermissionDenied unless this actor's role allows ``action``."""
@@ -77,7 +95,8 @@ class Actor:
         if not self.role.allows(needed):
             raise PermissionDenied(
                 f"{action.value} needs the {needed.value} role; {self.name} acts as "
-                f"{self.role.value} (set ONWARD_ROLE={needed.value} if you hold it)")
+                f"{self.role.value} (an admin can give you a token with that role: "
+                f"onward tokens create {self.name} --role {needed.value})")
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,7 @@ class AuditEntry:
     before_seq: int | None
     after_seq: int | None
     details: dict[str, Any] | None
+    token_id: UUID | None
 
     @classmethod
     def from_row(cls, row: Any) -> AuditEntry:
@@ -129,17 +149,23 @@ def record_txn(conn: Connection, actor: Actor, record: AuditRecord) -> int:
             action=record.action.value, outcome=record.outcome.value, reason=record.reason,
             run_id=record.run_id, new_run_id=record.new_run_id, effect_id=record.effect_id,
             approval_id=record.approval_id, before_seq=record.before_seq,
-            after_seq=record.after_seq, details=record.details,
+            after_seq=record.after_seq, details=record.details, token_id=actor.token_id,
         ).returning(audit.c.id)
     ).scalar_one())
 
 
-def list_audit_txn(conn: Connection, *, run_id: UUID | None = None, action: str | None = None,
+def list_audit_txn(conn: Connection, *, tenant_id: str | None = None,
+                   run_id: UUID | None = None, action: str | None = None,
                    actor: str | None = None, outcome: str | None = None,
                    since: datetime | None = None, limit: int = 50,
-                   offset: int = 0) -> list[AuditEntry]:
-    """Audit rows, newest first; ``run_id`` matches the run acted on or the run it created."""
+                   offset: int = 0, before: int | None = None) -> list[AuditEntry]:
+    """Audit rows, newest first; ``run_id`` matches the run acted on or the run it created;
+    ``before`` is a cursor (rows with a smaller id)."""
     query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit).offset(offset)
+    if tenant_id is not None:
+        query = query.where(audit.c.tenant_id == tenant_id)
+    if before is not None:
+        query = query.where(audit.c.id < before)
     if run_id is not None:
         query = query.where(sa.or_(audit.c.run_id == run_id, audit.c.new_run_id == run_id))
     if action is not None:

@@ -3,6 +3,7 @@ runs. Nothing here writes."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger.effects import Effect
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.operations import UnknownEffect
 from ledger.runs import Run
 from ledger.schema import EffectStatus, RunStatus, checkpoints, effects, runs
@@ -24,6 +25,10 @@ class RunFilter:
 
     status: RunStatus | None = None
     workflow: str | None = None
+    workflow_version: int | None = None
+    tenant_id: str | None = None
+    id_prefix: str | None = None  # hex digits a run id starts with
+    until: datetime | None = None
     conversation_id: str | None = None
     idempotency_key: str | None = None
     since: datetime | None = None
@@ -45,11 +50,59 @@ def list_runs_txn(conn: Connection, where: RunFilter, *, limit: int = 50,
         query = query.where(runs.c.idempotency_key == where.idempotency_key)
     if where.since is not None:
         query = query.where(runs.c.created_at >= where.since)
+    if where.until is not None:
+        query = query.where(runs.c.created_at < where.until)
+    if where.tenant_id is not None:
+        query = query.where(runs.c.tenant_id == where.tenant_id)
+    if where.workflow_version is not None:
+        query = query.where(runs.c.workflow_version == where.workflow_version)
+    if where.id_prefix is not None:
+        low, high = id_range(where.id_prefix)
+        query = query.where(runs.c.id.between(low, high))
     if where.parent_run_id is not None:
         query = query.where(runs.c.parent_run_id == where.parent_run_id)
     if where.before is not None:
         query = query.where(runs.c.id < where.before)
     return [Run.from_row(row) for row in conn.execute(query).mappings()]
+
+
+def id_range(prefix: str) -> tuple[UUID, UUID]:
+    """The first and last uuid starting with ``prefix`` (hex digits, dashes ignored): a
+    prefix search that the primary key's index answers."""
+    digits = prefix.strip().lower().replace("-", "")
+    if not re.fullmatch(r"[0-9a-f]{1,32}", digits):
+        raise InvalidInput(f"{prefix!r} is not a run id or the start of one (hex digits)")
+    return UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f"))
+
+
+def resolve_run_txn(conn: Connection, text: str, tenant_id: str) -> UUID:
+    """The one run of ``tenant_id`` whose id is ``text`` or starts with it (6+ hex digits)."""
+    if len(text.strip().replace("-", "")) < 6:
+        raise InvalidInput(f"run id {text!r}: give the id, or at least its first 6 digits")
+    low, high = id_range(text)
+    found = list(conn.execute(
+        sa.select(runs.c.id).where(runs.c.id.between(low, high), runs.c.tenant_id == tenant_id)
+        .order_by(runs.c.id).limit(3)).scalars())
+    if not found:
+        raise UnknownRun(f"no run {text}")
+    if len(found) > 1:
+        raise InvalidInput(f"run id prefix {text} is ambiguous ({', '.join(map(str, found))}"
+                           f"{', …' if len(found) > 2 else ''}): give more of it")
+    return UUID(str(found[0]))
+
+
+ATTENTION = (RunStatus.NEEDS_REVIEW, RunStatus.WAITING, RunStatus.RUNNING, RunStatus.FAILED)
+
+
+def attention_counts_txn(conn: Connection, tenant_id: str) -> dict[str, int]:
+    """Runs per status that needs a person or is in flight (parked, waiting, running, failed)."""
+    counts = dict.fromkeys((s.value for s in ATTENTION), 0)
+    for status in ATTENTION:  # one index probe each, rather than a scan grouped by status
+        counts[status.value] = conn.execute(
+            sa.select(sa.func.count()).select_from(runs)
+            .where(runs.c.tenant_id == tenant_id, runs.c.status == status.value)
+        ).scalar_one()
+    return counts
 
 
 @dataclass(frozen=True)
@@ -78,9 +131,12 @@ def get_checkpoint_txn(conn: Connection, run_id: UUID, seq: int) -> CheckpointVi
 
 def list_effects_txn(conn: Connection, *, run_id: UUID | None = None,
                      status: EffectStatus | None = None, effect_type: str | None = None,
-                     limit: int = 50, offset: int = 0) -> list[Effect]:
+                     limit: int = 50, offset: int = 0,
+                     tenant_id: str | None = None) -> list[Effect]:
     query = (sa.select(effects).order_by(effects.c.created_at.desc(), effects.c.effect_id)
              .limit(limit).offset(offset))
+    if tenant_id is not None:
+        query = query.where(effects.c.tenant_id == tenant_id)
     if run_id is not None:
         query = query.where(effects.c.run_id == run_id)
     if status is not None:
@@ -90,11 +146,14 @@ def list_effects_txn(conn: Connection, *, run_id: UUID | None = None,
     return [Effect.from_row(dict(r)) for r in conn.execute(query).mappings()]
 
 
-def find_effect_txn(conn: Connection, effect_id: str, effect_type: str | None = None) -> Effect:
+def find_effect_txn(conn: Connection, effect_id: str, effect_type: str | None = None, *,
+                    tenant_id: str | None = None) -> Effect:
     """An effect by its id, or by a unique prefix of at least 8 characters."""
     if len(effect_id) < 8:
         raise InvalidInput("give at least 8 characters of the effect id")
     query = sa.select(effects).where(effects.c.effect_id.startswith(effect_id, autoescape=True))
+    if tenant_id is not None:
+        query = query.where(effects.c.tenant_id == tenant_id)
     if effect_type is not None:
         query = query.where(effects.c.effect_type == effect_type)
     found = [Effect.from_row(dict(r)) for r in conn.execute(query.limit(2)).mappings()]

@@ -246,22 +246,21 @@ def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None)
 
 # -- approve / reject -----------------------------------------------------------------------
 def decide_txn(conn: Connection, actor: Actor, approval_id: UUID, *, approve: bool,
-               artifact_hash: str, comment: str | None, roles: tuple[str, ...],
-               approver: str | None = None) -> waits.Approval:
-    """``waits.decide_txn`` plus its audit row. The approval's own approvers list decides who
-    may decide; an approval that names nobody may be decided by any operator."""
+               artifact_hash: str, comment: str | None) -> waits.Approval:
+    """``waits.decide_txn`` plus its audit row. Deciding always needs the approve permission
+    (checked first); the approval's approvers list then says who among those may decide, by
+    name or by one of the actor's approver roles."""
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
-    name = approver or actor.name
+    actor.require(action)
     approval = waits.get_approval_txn(conn, approval_id)
     lock_run_txn(conn, approval.run_id, actor)
-    decided = waits.decide_txn(conn, approval_id, approve=approve, actor=name, roles=roles,
-                               artifact_hash=artifact_hash, comment=comment)
-    if not approval.approvers:
-        actor.require(action)  # after the approval's own checks; raising rolls it all back
+    decided = waits.decide_txn(conn, approval_id, approve=approve, actor=actor.name,
+                               roles=actor.approver_roles, artifact_hash=artifact_hash,
+                               comment=comment)
     record_txn(conn, actor, AuditRecord(
         action, AuditOutcome.DONE, comment, run_id=approval.run_id, approval_id=approval_id,
         before_seq=approval.seq, after_seq=approval.seq,
-        details={"decided_by": name, "approver_roles": list(roles),
+        details={"decided_by": actor.name, "approver_roles": list(actor.approver_roles),
                  "action": approval.action, "artifact_hash": artifact_hash}))
     return decided
 

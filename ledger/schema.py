@@ -401,6 +401,7 @@ audit = Table(
     Column("before_seq", Integer, nullable=True),
     Column("after_seq", Integer, nullable=True),
     Column("details", JSONB, nullable=True),
+    Column("token_id", UUID(as_uuid=True), nullable=True),  # the token the actor presented
     Index("ix_audit_run", "run_id"),
     Index("ix_audit_at", "at"),
 )
@@ -412,4 +413,24 @@ worker_queues = Table(
     Column("workflow", Text, nullable=False),
     Column("version", Integer, nullable=False),
     Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
+)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("token_hash", Text, nullable=False),  # sha256 of the secret; the secret is never kept
+    Column("actor", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("approver_roles", JSONB, nullable=False),  # e.g. ["sales_lead"]
+    Column("tenant_id", Text, nullable=False),
+    Column("note", Text, nullable=True),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("expires_at", TS, nullable=False),
+    Column("revoked_at", TS, nullable=True),
+    Column("revoked_by", Text, nullable=True),
+    Column("last_used_at", TS, nullable=True),
+    CheckConstraint("role IN ('viewer', 'approver', 'operator', 'admin')", name="role"),
+    Index("ix_tokens_hash", "token_hash", unique=True),
 )

@@ -7,11 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-ROLES = ("viewer", "operator", "admin")
-"""Operator roles, weakest first (ledger.audit.Role is the same list as an enum)."""
 
 
 def _os_user() -> str:
@@ -96,12 +93,23 @@ class OnwardSettings(BaseSettings):
     )
     actor: str = Field(
         default_factory=lambda: _os_user(),
-        description="Who runs operator commands (on every audit row); default: the OS user.",
+        description="The local admin's name on audit rows (embedded default, or auth off); "
+        "with a token, the token names the actor. Default: the OS user.",
     )
-    role: str = Field(
-        default="viewer",
-        description="The operator's role: viewer (reads), operator (continue, replay, branch, "
-        "cancel, approve, reject) or admin (also repeat an external effect).",
+    token: SecretStr | None = Field(
+        default=None,
+        description="The CLI's token (from `onward tokens create`); it names the actor, role, "
+        "approver roles and tenant. Read from token_file when unset.",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="A file holding the CLI's token (mode 0600); default "
+        "~/.config/onward/token when it exists.",
+    )
+    auth: bool = Field(
+        default=True,
+        description="Off (ONWARD_AUTH=off) lets the CLI act as the local admin on a configured "
+        "database without a token; it says so on every command. The HTTP API always needs one.",
     )
     eager_steps: int = Field(
         default=16, ge=0,
@@ -118,13 +126,6 @@ class OnwardSettings(BaseSettings):
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
     )
-
-    @field_validator("role")
-    @classmethod
-    def _known_role(cls, value: str) -> str:
-        if value not in ROLES:
-            raise ValueError(f"unknown role {value!r}; one of {', '.join(ROLES)}")
-        return value
 
     @field_validator("workflows", mode="before")
     @classmethod

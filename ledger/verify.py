@@ -181,8 +181,11 @@ def _check_artifacts(conn: Connection, run_id: UUID) -> Iterator[Problem]:
                           f"artifact {sha[:12]}… of {command_id} does not match its hash")
 
 
-def run_ids_txn(conn: Connection, *, after: UUID | None = None, limit: int = 500) -> list[UUID]:
+def run_ids_txn(conn: Connection, *, after: UUID | None = None, limit: int = 500,
+                tenant_id: str | None = None) -> list[UUID]:
     query = sa.select(runs.c.id).order_by(runs.c.id).limit(limit)
+    if tenant_id is not None:
+        query = query.where(runs.c.tenant_id == tenant_id)
     if after is not None:
         query = query.where(runs.c.id > after)
     return [row[0] for row in conn.execute(query)]

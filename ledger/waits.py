@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
 from ledger.checkpoints import canonical_json
@@ -128,13 +129,37 @@ def get_approval_txn(conn: Connection, approval_id: UUID, *, lock: bool = False)
 
 
 def list_approvals_txn(conn: Connection, *, status: ApprovalStatus | None = None,
-                       run_id: UUID | None = None, limit: int = 100) -> list[Approval]:
-    query = sa.select(approvals).order_by(approvals.c.created_at.desc()).limit(limit)
+                       run_id: UUID | None = None, limit: int = 100,
+                       tenant_id: str | None = None,
+                       before: tuple[datetime, UUID] | None = None,
+                       decidable_by: tuple[str, tuple[str, ...]] | None = None,
+                       ) -> list[Approval]:
+    """Approvals, newest first; ``before`` is a (created_at, id) cursor; ``decidable_by``
+    (a name and approver roles) keeps those naming nobody, the name or one of the roles."""
+    query = (sa.select(approvals)
+             .order_by(approvals.c.created_at.desc(), approvals.c.id.desc()).limit(limit))
+    if tenant_id is not None:
+        query = query.where(approvals.c.tenant_id == tenant_id)
+    if before is not None:
+        query = query.where(sa.tuple_(approvals.c.created_at, approvals.c.id) < before)
+    if decidable_by is not None:
+        name, roles = decidable_by
+        query = query.where(sa.or_(
+            approvals.c.approvers == sa.cast([], JSONB),
+            approvals.c.approvers.op("?|")(sa.cast([name, *(f"role:{r}" for r in roles)],
+                                                   ARRAY(sa.Text)))))
     if status is not None:
         query = query.where(approvals.c.status == status.value)
     if run_id is not None:
         query = query.where(approvals.c.run_id == run_id)
     return [Approval.from_row(r) for r in conn.execute(query).mappings()]
+
+
+def may_decide(approval: Approval, name: str, roles: tuple[str, ...]) -> bool:
+    """Whether ``name`` holding approver ``roles`` is among those the approval names (an
+    approval that names nobody may be decided by anyone with the approve permission)."""
+    allowed = approval.approvers
+    return not allowed or name in allowed or any(f"role:{r}" in allowed for r in roles)
 
 
 def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
@@ -153,7 +178,7 @@ def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str
         raise ApprovalRefused(f"approval {approval_id} expired at "
                               f"{approval.expires_at:%Y-%m-%d %H:%M:%S}; the run must ask again")
     allowed = approval.approvers
-    if allowed and actor not in allowed and not any(f"role:{r}" in allowed for r in roles):
+    if not may_decide(approval, actor, roles):
         raise ApprovalRefused(f"{actor} may not {verb} approval {approval_id}; allowed: "
                               f"{', '.join(allowed)}")
     if artifact_hash != approval.artifact_hash:

@@ -110,8 +110,8 @@ def test_replay_evidence__follows_the_recorded_approval(
     parent = sales_run(ops, require_approval=True)
     approval = wait_for(lambda: ops.approvals(run_id=parent), timeout=60,
                         what="the offer approval")[0]
-    ops.approve(approval.id, "sam", artifact_hash=approval.artifact_hash,
-                roles=("sales_lead",))
+    ops.acting_as("sam", "approver", ("sales_lead",)).approve(
+        approval.id, artifact_hash=approval.artifact_hash)
     assert wait_stopped(ops, parent) is RunStatus.COMPLETED
     before = (provider.stats()["requests"], model_calls(model_log))
     replay = ops.replay(parent, 0, "evidence", "check the approved path").run_id

@@ -21,6 +21,12 @@ WORKFLOWS = "tests.workflows_waits"
 ENV = {"ONWARD_WORKFLOWS": WORKFLOWS}
 
 
+
+def approver(ledger: Ledger, name: str, *roles: str) -> Ledger:
+    """``ledger`` acting as ``name`` with the approver role and these approver roles."""
+    return ledger.acting_as(name, "approver", roles)
+
+
 def fleet(cluster: Cluster) -> None:
     cluster.dispatcher(env=ENV)
     cluster.reaper(env=ENV)
@@ -53,7 +59,7 @@ def test_approval__approved_after_all_workers_restarted(ledger: Ledger,
     for proc in [p for p in cluster.procs if p.name == "worker"]:
         proc.kill_tree()
     cluster.worker(concurrency=2, env=ENV)
-    ledger.approve(approval.id, "alice", artifact_hash=DOC_HASH, comment="ship it")
+    approver(ledger, "alice").approve(approval.id, artifact_hash=DOC_HASH, comment="ship it")
     wait_status(ledger, run_id, RunStatus.COMPLETED)
     assert ledger.get_run(run_id).result == {"decided_by": "alice", "status": "approved",
                                              "comment": "ship it"}
@@ -66,13 +72,13 @@ def test_approval__refusals(ledger: Ledger, cluster: Cluster) -> None:
     run_id = ledger.start_run("test_review", {})
     approval = pending_approval(ledger, run_id)
     with pytest.raises(ApprovalRefused, match="artifact changed"):
-        ledger.approve(approval.id, "alice", artifact_hash=artifact_hash({"doc": "v0"}))
+        approver(ledger, "alice").approve(approval.id, artifact_hash=artifact_hash({"doc": "v0"}))
     with pytest.raises(ApprovalRefused, match="may not approve"):
-        ledger.approve(approval.id, "mallory", artifact_hash=DOC_HASH)
+        approver(ledger, "mallory").approve(approval.id, artifact_hash=DOC_HASH)
     assert ledger.get_approval(approval.id).status is ApprovalStatus.PENDING
-    ledger.approve(approval.id, "bob", artifact_hash=DOC_HASH, roles=("sales_lead",))
+    approver(ledger, "bob", "sales_lead").approve(approval.id, artifact_hash=DOC_HASH)
     with pytest.raises(ApprovalRefused, match="already approved by bob"):
-        ledger.reject(approval.id, "alice", artifact_hash=DOC_HASH)
+        approver(ledger, "alice").reject(approval.id, artifact_hash=DOC_HASH)
     wait_status(ledger, run_id, RunStatus.COMPLETED)
 
 
@@ -81,7 +87,7 @@ def test_approval__reject_goes_to_declared_step(ledger: Ledger, cluster: Cluster
     fleet(cluster)
     run_id = ledger.start_run("test_review", {})
     approval = pending_approval(ledger, run_id)
-    ledger.reject(approval.id, "alice", artifact_hash=DOC_HASH, comment="too cheap")
+    approver(ledger, "alice").reject(approval.id, artifact_hash=DOC_HASH, comment="too cheap")
     wait_status(ledger, run_id, RunStatus.FAILED)
     assert ledger.get_run(run_id).result == {"failed": {"reason": "rejected by reviewer",
                                                         "by": "alice"}}
@@ -97,7 +103,7 @@ def test_approval__expired_is_refused_and_fails_run(ledger: Ledger, cluster: Clu
     assert ledger.get_run(run_id).last_error["reason"] == "approval_expired"
     assert ledger.get_approval(approval.id).status is ApprovalStatus.EXPIRED
     with pytest.raises(ApprovalRefused):
-        ledger.approve(approval.id, "alice", artifact_hash=DOC_HASH)
+        approver(ledger, "alice").approve(approval.id, artifact_hash=DOC_HASH)
 
 
 def test_signal__sent_before_and_after_the_wait(ledger: Ledger, cluster: Cluster) -> None:

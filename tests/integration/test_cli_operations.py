@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from uuid import UUID
 
@@ -14,19 +15,31 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
+from ledger.audit import Role
+from ledger.tokens import TokenRequest
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_ops"]
 
 
+TOKENS: dict[str, str] = {}  # role -> a token naming olga in that role
+
+
 @pytest.fixture()
 def cli_env(settings_env: dict[str, str], tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {**settings_env, "ONWARD_WORKFLOWS": ",".join(MODULES), "ONWARD_ACTOR": "olga",
-           "ONWARD_ROLE": "operator", "ONWARD_TEST_OPS_CALLS": str(tmp_path / "tool.log"),
-           "ONWARD_FAKE_LLM_LOG": str(tmp_path / "llm.log")}
+    env = {**settings_env, "ONWARD_WORKFLOWS": ",".join(MODULES),
+           "ONWARD_TEST_OPS_CALLS": str(tmp_path / "tool.log"),
+           "ONWARD_FAKE_LLM_LOG": str(tmp_path / "llm.log"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("ONWARD_TOKEN", raising=False)
+    monkeypatch.delenv("ONWARD_AUTH", raising=False)
+    ledger = Ledger.from_env()
+    for role in ("viewer", "approver", "operator", "admin"):
+        TOKENS[role] = ledger.create_token(
+            TokenRequest("olga", Role(role), "default", timedelta(hours=1))).secret
     return env
 
 
@@ -36,9 +49,10 @@ def drv(cli_env: dict[str, str]) -> Iterator[Driver]:
         yield running
 
 
-def onward(*args: str, role: str | None = None, input: str | None = None,
+def onward(*args: str, role: str | None = "operator", input: str | None = None,
            code: int = 0) -> str:
-    env = {"COLUMNS": "220", **({"ONWARD_ROLE": role} if role else {})}
+    """Run the CLI with olga's token for ``role`` (None: no token at all)."""
+    env = {"COLUMNS": "220", **({"ONWARD_TOKEN": TOKENS[role]} if role else {})}
     result = CliRunner().invoke(app, list(args), env=env, input=input)
     assert result.exit_code == code, (result.exit_code, result.output)
     return result.output
@@ -138,10 +152,10 @@ def test_cli_cancel_approve_effects(drv: Driver) -> None:
     assert "attempts" in shown and "call" in shown
     plan = onward("effects", "repeat", publish["effect_id"], "--reason", "lost", "--yes",
                   code=2)
-    assert "dedup method:   lookup" in plan and "needs the admin role" in plan
+    assert "needs the admin role" in plan and "dedup method" not in plan  # checked first
     done = onward("effects", "repeat", publish["effect_id"], "--reason", "lost", "--yes",
                   role="admin")
-    assert "completed" in done
+    assert "dedup method:   lookup" in done and "completed" in done
     running = drv.ledger.start_run("test_ops_notes", {"topic": "cli"})
     assert "cancelled" in onward("runs", "cancel", str(running), "--reason", "stop", "--yes")
     onward("runs", "cancel", str(running), "--reason", "stop", "--yes", code=2)
