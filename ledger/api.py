@@ -233,6 +233,39 @@ class Ledger:
             self._own_run(conn, run_id)
             return run_ops.timeline(conn, run_id)
 
+    def timeline_page(self, run_id: UUID, *, limit: int = 200,
+                      before_epoch: int | None = None) -> inspect.TimelinePage:
+        """The run's newest step executions (a page; ``older`` pages back)."""
+        with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
+            return inspect.timeline_page_txn(conn, run_id, limit=limit,
+                                             before_epoch=before_epoch)
+
+    def checkpoint_summaries(self, run_id: UUID, *, limit: int = 200,
+                             before_seq: int | None = None) -> list[inspect.CheckpointSummary]:
+        with wrap_driver_errors("listing checkpoints"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
+            return inspect.checkpoint_summaries_txn(conn, run_id, limit=limit,
+                                                    before_seq=before_seq)
+
+    def model_calls(self, run_id: UUID, *, limit: int = 200) -> list[inspect.ModelCall]:
+        """The run's recorded model calls and reads (newest ``limit``), oldest first."""
+        with wrap_driver_errors("reading model calls"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
+            return inspect.model_calls_txn(conn, run_id, limit=limit)
+
+    def state_diff(self, run_id: UUID, from_seq: int,
+                   to_seq: int) -> list[forks.PatchChange]:
+        """What changed in the state between two checkpoints of the run."""
+        import jsonpatch
+
+        before, after = self.checkpoint(run_id, from_seq), self.checkpoint(run_id, to_seq)
+        if before is None or after is None:
+            missing = from_seq if before is None else to_seq
+            raise InvalidInput(f"run {run_id} has no checkpoint {missing}")
+        patch = jsonpatch.make_patch(before.state, after.state).patch
+        return forks.describe_patch(before.state, patch)
+
     def batch_stats(self, run_ids: list[UUID]) -> BatchStats:
         with wrap_driver_errors("counting runs"), self.engine.connect() as conn:
             return batch_stats(conn, run_ids)

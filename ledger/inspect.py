@@ -15,8 +15,16 @@ from sqlalchemy.engine import Connection
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.operations import UnknownEffect
-from ledger.runs import Run
-from ledger.schema import EffectStatus, RunStatus, checkpoints, effects, runs
+from ledger.runs import Run, TimelineEntry
+from ledger.schema import (
+    EffectStatus,
+    RunStatus,
+    checkpoints,
+    effects,
+    evidence,
+    runs,
+    step_attempts,
+)
 
 
 @dataclass(frozen=True)
@@ -162,3 +170,78 @@ def find_effect_txn(conn: Connection, effect_id: str, effect_type: str | None = 
     if len(found) > 1:
         raise InvalidInput(f"effect id prefix {effect_id} is ambiguous; give more of it")
     return found[0]
+
+
+@dataclass(frozen=True)
+class TimelinePage:
+    """The newest step executions of a run, oldest first, and the cursor to older ones."""
+
+    entries: list[TimelineEntry]
+    older: int | None  # pass as ``before_epoch`` for the previous page; None: no more
+    total: int
+
+
+def timeline_page_txn(conn: Connection, run_id: UUID, *, limit: int = 200,
+                      before_epoch: int | None = None) -> TimelinePage:
+    """Up to ``limit`` executions before ``before_epoch``, from the primary key's index."""
+    query = (sa.select(step_attempts).where(step_attempts.c.run_id == run_id)
+             .order_by(step_attempts.c.lease_epoch.desc()).limit(limit + 1))
+    if before_epoch is not None:
+        query = query.where(step_attempts.c.lease_epoch < before_epoch)
+    rows = list(conn.execute(query).mappings())
+    more = len(rows) > limit
+    rows = rows[:limit][::-1]
+    total = conn.execute(sa.select(sa.func.count()).select_from(step_attempts)
+                         .where(step_attempts.c.run_id == run_id)).scalar_one()
+    entries = [TimelineEntry(**{f: row[f] for f in TimelineEntry.__dataclass_fields__})
+               for row in rows]
+    return TimelinePage(entries, rows[0]["lease_epoch"] if more and rows else None, total)
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    seq: int
+    step: str | None
+    next_step: str | None
+    outcome: str
+    hash: str
+    created_at: datetime
+
+
+def checkpoint_summaries_txn(conn: Connection, run_id: UUID, *, limit: int = 200,
+                             before_seq: int | None = None) -> list[CheckpointSummary]:
+    """The newest ``limit`` checkpoints before ``before_seq`` (no state), oldest first."""
+    query = (sa.select(checkpoints.c.seq, checkpoints.c.step, checkpoints.c.next_step,
+                       checkpoints.c.outcome, checkpoints.c.hash, checkpoints.c.created_at)
+             .where(checkpoints.c.run_id == run_id)
+             .order_by(checkpoints.c.seq.desc()).limit(limit))
+    if before_seq is not None:
+        query = query.where(checkpoints.c.seq < before_seq)
+    rows = conn.execute(query).mappings().all()
+    return [CheckpointSummary(**dict(row)) for row in reversed(rows)]
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A recorded model call or read (evidence): what answered, at what cost."""
+
+    seq: int
+    step: str
+    command_id: str
+    kind: str
+    source: str
+    source_version: str | None
+    request_hash: str
+    response: Any  # None when the answer is kept as an artifact
+    artifact_sha256: str | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Any
+    created_at: datetime
+
+
+def model_calls_txn(conn: Connection, run_id: UUID, *, limit: int = 200) -> list[ModelCall]:
+    query = (sa.select(*(evidence.c[f] for f in ModelCall.__dataclass_fields__))
+             .where(evidence.c.run_id == run_id)
+             .order_by(evidence.c.seq.desc(), evidence.c.created_at.desc()).limit(limit))
+    return [ModelCall(**dict(row)) for row in reversed(conn.execute(query).mappings().all())]

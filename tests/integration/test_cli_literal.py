@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -17,7 +18,9 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
+from ledger.audit import Role
 from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.tokens import TokenRequest
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_display"]
@@ -30,16 +33,18 @@ ESCAPES = "\x1b[2J\x1b]0;pwned\x07 and \u202etxt.exe"
 def drv(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> Iterator[Driver]:
     env = {**settings_env, "ONWARD_WORKFLOWS": ",".join(MODULES), "ONWARD_ACTOR": "olga",
-           "ONWARD_ROLE": "operator"}
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    olga = TokenRequest("olga", Role.ADMIN, "default", timedelta(hours=1))
+    monkeypatch.setenv("ONWARD_TOKEN", Ledger.from_env().create_token(olga).secret)
     with driver(Ledger.from_env(), MODULES) as running:
         yield running
 
 
 def onward(*args: str, role: str | None = None, input: str | None = None,
            code: int = 0) -> str:
-    env = {"COLUMNS": "200", **({"ONWARD_ROLE": role} if role else {})}
+    env = {"COLUMNS": "200"}  # olga's admin token, whatever the role
     result = CliRunner().invoke(app, list(args), env=env, input=input)
     assert result.exit_code == code, (result.exit_code, result.output, result.exception)
     assert result.exception is None or isinstance(result.exception, SystemExit), \

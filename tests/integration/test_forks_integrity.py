@@ -85,7 +85,7 @@ def test_cli_branch__patch_at_an_approval_wait_refused_before_asking(
     parent = waiting_for_approval(drv, ops)
     [asked] = ops.approvals(run_id=parent)
     monkeypatch.setenv("ONWARD_ACTOR", "olga")
-    monkeypatch.setenv("ONWARD_ROLE", "operator")
+    monkeypatch.setenv("ONWARD_AUTH", "off")  # the local admin, no token
     runs_before = new_runs(ops)
     result = CliRunner().invoke(app, ["runs", "branch", str(parent), "--from", str(asked.seq),
                                       "--set", "/summary=\"pay more\"", "--reason", "r", "-y"],
