@@ -1,5 +1,7 @@
-"""Shared fixtures: a fresh, migrated PostgreSQL database for the session, a real Redis,
-a unique broker queue per test, and real onward processes (``cluster``).
+"""Shared fixtures: a fresh, migrated PostgreSQL database per test (a copy of a template
+migrated once per session), a real Redis, a unique broker queue per test, and real onward
+processes (``cluster``). Tests share no ledger state, so ``pytest -n 2`` runs them in
+parallel (pytest-xdist).
 
 With ONWARD_DATABASE_URL / ONWARD_BROKER_URL set, those servers are used; otherwise the
 embedded PostgreSQL and Redis under .onward/. Nothing is skipped when a service is missing:
@@ -47,25 +49,60 @@ def server_urls() -> dict[str, str]:
             "home": str(settings.home_dir)}
 
 
+def _admin_engine(server_urls: dict[str, str]) -> sa.engine.Engine:
+    return sa.create_engine(make_url(server_urls["database"]), isolation_level="AUTOCOMMIT")
+
+
+def _create_database(server_urls: dict[str, str], prefix: str,
+                     template: str | None = None) -> tuple[str, str]:
+    """A new database (a copy of ``template`` if given); returns (name, url)."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    admin = _admin_engine(server_urls)
+    try:
+        with admin.connect() as conn:
+            copy = f' TEMPLATE "{template}"' if template else ""
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
+    finally:
+        admin.dispose()
+    url = make_url(server_urls["database"]).set(database=name)
+    return name, url.render_as_string(hide_password=False)
+
+
+def _drop_database(server_urls: dict[str, str], name: str) -> None:
+    admin = _admin_engine(server_urls)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
 @pytest.fixture(scope="session")
-def database(server_urls: dict[str, str]) -> Iterator[str]:
-    """A new database with the onward schema, dropped at the end of the session."""
-    admin_url = make_url(server_urls["database"])
-    name = f"onward_test_{secrets.token_hex(4)}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin_url.set(database=name).render_as_string(hide_password=False)
+def template_database(server_urls: dict[str, str]) -> Iterator[str]:
+    """A database migrated once per session; every test's database is a copy of it."""
+    name, url = _create_database(server_urls, "onward_tpl")
     engine = sa.create_engine(url)
     upgrade(engine)
     engine.dispose()
+    yield name
+    _drop_database(server_urls, name)
+
+
+@pytest.fixture()
+def database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own (cloned from the template), dropped
+    afterwards: tests share no ledger state, so they can run in parallel."""
+    name, url = _create_database(server_urls, "onward_test", template_database)
     yield url
-    with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name})
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    _drop_database(server_urls, name)
+
+
+@pytest.fixture(scope="module")
+def module_database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
+    """One database for the tests of a module that share processes (``shared_cluster``)."""
+    name, url = _create_database(server_urls, "onward_mod", template_database)
+    yield url
+    _drop_database(server_urls, name)
 
 
 def make_settings_env(database: str, server_urls: dict[str, str],
@@ -120,6 +157,31 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+_TIERS = {"unit": "unit", "integration": "integration", "acceptance": "acceptance",
+          "model": "model"}
+_PROCESS_FIXTURES = {"cluster", "shared_cluster", "module_cluster"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test is marked with its tier (the directory it lives in), so ``-m`` selects a
+    tier; an acceptance module must say so itself, and an integration test starts no
+    processes (those are acceptance tests)."""
+    for item in items:
+        tier = _TIERS.get(Path(str(item.fspath)).parent.name)
+        if tier is None:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        module_marks = getattr(item.module, "pytestmark", [])
+        if tier == "acceptance" and not any(m.name == "acceptance" for m in
+                                            (module_marks if isinstance(module_marks, list)
+                                             else [module_marks])):
+            raise pytest.UsageError(f"{item.fspath}: an acceptance module sets "
+                                    "pytestmark = pytest.mark.acceptance")
+        if tier == "integration" and _PROCESS_FIXTURES & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid}: integration tests start no processes; "
+                                    "move it to tests/acceptance")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield
@@ -141,18 +203,17 @@ def cluster(settings_env: dict[str, str], tmp_path: Path,
 
 @pytest.fixture(autouse=True)
 def _no_leftover_runs(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test that used the ledger, cancel the runs it left unfinished and empty the
-    outbox: tests share one database, and a later test's dispatcher would otherwise publish
-    an earlier test's leftovers to its own workers (and provider)."""
+    """After a test that used a module's shared database, cancel the runs it left unfinished
+    and empty the outbox, so a later test's dispatcher never publishes an earlier test's
+    leftovers to its own workers (and provider). A test's own database is simply dropped."""
     yield
-    if "database" not in request.fixturenames:
+    if "module_env" not in request.fixturenames:
         return
-    url = request.getfixturevalue("database")
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(request.getfixturevalue("module_database"))
     with engine.begin() as conn:
         conn.execute(sa.text(
             "UPDATE onward.runs SET status = 'cancelled', lease_owner = NULL, "
-            "lease_expires_at = NULL, finished_at = now() "
+            "lease_expires_at = NULL, finished_at = onward.now() "
             "WHERE status IN ('running', 'waiting')"))
         conn.execute(sa.text("DELETE FROM onward.outbox"))
     engine.dispose()
@@ -164,9 +225,9 @@ def _no_leftover_runs(request: pytest.FixtureRequest) -> Iterator[None]:
 # ``settings_env`` with ``module_env`` and uses ``shared_cluster``; each test asserts on
 # its own runs only.
 @pytest.fixture(scope="module")
-def module_env(database: str, server_urls: dict[str, str],
+def module_env(module_database: str, server_urls: dict[str, str],
                tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return make_settings_env(database, server_urls, tmp_path_factory.mktemp("faults"))
+    return make_settings_env(module_database, server_urls, tmp_path_factory.mktemp("faults"))
 
 
 @pytest.fixture(scope="module")
@@ -197,15 +258,6 @@ def publisher(settings: OnwardSettings) -> Iterator[Publisher]:
 @pytest.fixture()
 def empty_database(server_urls: dict[str, str]) -> Iterator[str]:
     """A new database with no onward schema at all, dropped after the test."""
-    admin_url = make_url(server_urls["database"])
-    name = f"onward_empty_{secrets.token_hex(4)}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name})
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    name, url = _create_database(server_urls, "onward_empty")
+    yield url
+    _drop_database(server_urls, name)

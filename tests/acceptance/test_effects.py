@@ -14,6 +14,8 @@ from ledger.schema import EffectStatus
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider
 
+pytestmark = pytest.mark.acceptance
+
 WORKFLOWS = "examples.sales,tests.workflows_effects"
 
 

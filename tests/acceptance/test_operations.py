@@ -17,6 +17,8 @@ from tasks.operator import plan_repeat, repeat_effect
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider
 
+pytestmark = pytest.mark.acceptance
+
 WORKFLOWS = "examples.sales,tests.workflows_effects,tests.workflows_ops"
 
 

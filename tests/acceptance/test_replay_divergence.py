@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ledger import Ledger, RunStatus
 from tests.acceptance.test_operations import model_calls, wait_stopped
 from tests.support.cluster import Cluster
+
+pytestmark = pytest.mark.acceptance
 
 WORKFLOWS = "tests.workflows_ops"
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ledger import Ledger, RunStatus
 from tests.support.cluster import Cluster, wait_for
+
+pytestmark = pytest.mark.acceptance
 
 
 def test_engine__runs_complete_with_one_checkpoint_per_step(ledger: Ledger,

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from uuid import UUID
 
+import pytest
+
 from ledger import Ledger, RunStatus
 from tests.support import reads
 from tests.support.cluster import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.acceptance
 
 FAST = {"ONWARD_WORKER_QUEUE_TTL_S": "3"}
 

@@ -17,6 +17,8 @@ from tasks.waiting import artifact_hash
 from tests.support import reads
 from tests.support.cluster import Cluster, wait_for
 
+pytestmark = pytest.mark.acceptance
+
 WORKFLOWS = "tests.workflows_waits"
 ENV = {"ONWARD_WORKFLOWS": WORKFLOWS}
 

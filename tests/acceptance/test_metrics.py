@@ -3,19 +3,32 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ledger import Ledger, RunStatus
 from tests.support.cluster import Cluster, wait_for
 
+pytestmark = pytest.mark.acceptance
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
 
 def _scrape(port: int) -> dict[str, float]:
+    """Samples by name and labels, e.g. ``onward_runs{status="completed"}``."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return values
 
 
@@ -27,7 +40,7 @@ def test_metrics__scrape_reports_ledger_counts(ledger: Ledger, cluster: Cluster)
     run_ids = [ledger.start_run("test_chain", {"steps": 4}) for _ in range(3)]
     wait_for(lambda: all(ledger.get_run(r).status is RunStatus.COMPLETED for r in run_ids),
              timeout=60, what="3 runs to complete")
-    port = 19464 + (abs(hash(cluster.env["ONWARD_QUEUE"])) % 500)
+    port = _free_port()
     exporter = cluster.command("metrics", ["metrics", "--port", str(port)])
     values = wait_for(lambda: _try(port), timeout=30, what="the exporter to answer",
                       seen=exporter.log)
