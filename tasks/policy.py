@@ -1,5 +1,5 @@
-"""Time-bound policy, re-checked after the claim and before a step runs (docs/design.md section 7, step 6):
-budgets, the run's deadline, and the approval a resumed step acts on."""
+"""Time-bound policy, re-checked after the claim and before a step runs (docs/design.md
+section 7, step 6): budgets, the run's deadline, and the approval a resumed step acts on."""
 
 from __future__ import annotations
 

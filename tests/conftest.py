@@ -29,6 +29,11 @@ from tests.support.cluster import ROOT, Cluster
 from tests.support.messages import Publisher
 from workers.broker import broker_url
 
+# pytest-xdist workers inherit COLUMNS=80/LINES=24; rich would fix every console's width
+# at import from them, so the CLI would render differently under -n than serially.
+for _variable in ("COLUMNS", "LINES"):
+    os.environ.pop(_variable, None)
+
 TEST_WORKFLOWS = "examples.research,tests.workflows"
 
 # The machine running the suite may be busy (benchmarks, other suites): no per-example

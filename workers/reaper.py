@@ -1,4 +1,5 @@
-"""The reaper: restores runs whose worker is gone and parks crash loops (docs/design.md section 7)."""
+"""The reaper: restores runs whose worker is gone and parks crash loops (docs/design.md
+section 7)."""
 
 from __future__ import annotations
 
