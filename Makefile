@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test test-fast lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,9 +15,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-# PYTEST_ARGS narrows the run, e.g. make test PYTEST_ARGS="tests/integration -x"
+# PYTEST_ARGS narrows the run, e.g. make test PYTEST_ARGS="tests/integration -x";
+# PYTEST_WORKERS sets the parallelism (pytest-xdist; every test has its own database).
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(if $(PYTEST_ARGS),$(PYTEST_ARGS),tests)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(if $(PYTEST_ARGS),$(PYTEST_ARGS),tests)
+
+# unit and integration tiers only: no processes started, under two minutes
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit tests/integration
 
 lint: $(STAMP)
 	$(BIN)/ruff check ledger tasks workers console examples bench tests
