@@ -121,7 +121,7 @@ def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
     moved = conn.execute(
         runs.update()
         .where(runs.c.id == run_id, runs.c.seq == run["seq"], runs.c.status == status.value)
-        .values(status=RunStatus.RUNNING.value, attempt=0, lease_owner=None,
+        .values(status=RunStatus.RUNNING.value, attempt=0, handbacks=0, lease_owner=None,
                 lease_expires_at=None, parked_reason=None, last_error=None, finished_at=None,
                 updated_at=sa.func.onward.now())
         .returning(runs.c.id)

@@ -48,6 +48,7 @@ class Run:
     lease_expires_at: datetime | None
     restore_count: int
     stale_deliveries: int
+    handbacks: int
     last_error: dict[str, Any] | None
     parked_reason: str | None
     result: dict[str, Any] | None

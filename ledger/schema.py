@@ -162,6 +162,8 @@ runs = Table(
     Column("head_hash", Text, nullable=False),
     Column("restore_count", Integer, nullable=False, server_default=text("0")),
     Column("stale_deliveries", Integer, nullable=False, server_default=text("0")),
+    # hand-backs by workers lacking the run's version since its last commit or continue
+    Column("handbacks", Integer, nullable=False, server_default=text("0")),
     Column("last_error", JSONB, nullable=True),
     Column("parked_reason", Text, nullable=True),
     Column("result", JSONB, nullable=True),

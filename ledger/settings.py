@@ -76,6 +76,12 @@ class OnwardSettings(BaseSettings):
         default=30.0, gt=0,
         description="A version queue counts as served this long after a worker advertised it.",
     )
+    handback_limit: int = Field(
+        default=10, ge=1,
+        description="A run bound to a workflow version no worker that claims it has is handed "
+        "back (its attempts unspent, backing off 1 s, 2 s, 4 s ... up to worker_queue_ttl_s); "
+        "after this many hand-backs in a row it is parked no_worker_for_version.",
+    )
     checkpoint_key: str | None = Field(
         default=None,
         description="Secret for checkpoint MACs; unset means a key generated under home.",

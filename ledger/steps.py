@@ -90,6 +90,7 @@ class Claim:
     claimed_at: datetime
     launch: Launch = field(default_factory=Launch)  # replay / branch mode, parent, permission
     state_schema_version: int | None = None
+    handbacks: int = 0  # hand-backs by workers lacking the run's version, since its last commit
     parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
     state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
 
@@ -145,6 +146,7 @@ class Claim:
             claimed_at=row["claimed_at"],
             launch=Launch.from_row(row),
             state_schema_version=row["state_schema_version"],
+            handbacks=row["handbacks"],
             parent_found_hash=row["parent_found_hash"],
         )
 
@@ -230,7 +232,7 @@ WITH claimed AS (
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
-           state_schema_version, mode, parent_run_id, allow_irreversible,
+           state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
            onward.now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
@@ -291,7 +293,7 @@ WITH early_signal AS (
            updated_at = onward.now(),
            used_tokens = used_tokens + (SELECT tokens FROM usage),
            used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
-           state_schema_version = %(state_schema_version)s,
+           state_schema_version = %(state_schema_version)s, handbacks = 0,
            budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
            budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
            budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
@@ -406,6 +408,43 @@ WITH released AS (
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM released)
 )
 SELECT count(*) AS released FROM released
+"""
+
+# A worker that lacks the run's (newer) version gives the step back: the claim's attempt is
+# not spent (neither ``attempt`` nor ``attempts_total``), the hand-back is counted, and the
+# step is queued again after ``delay`` for the dispatcher to route; the last allowed
+# hand-back parks the run instead (its outbox row goes with it, migration 0009's trigger).
+_HAND_BACK = """
+WITH handed AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           attempts_total = attempts_total - 1, handbacks = handbacks + 1,
+           status = CASE WHEN %(park)s THEN 'needs_review' ELSE status END,
+           parked_reason = CASE WHEN %(park)s THEN 'no_worker_for_version'
+                                ELSE parked_reason END,
+           last_error = %(error)s, updated_at = onward.now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id, tenant_id, seq
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, seq, onward.now() + %(delay)s * interval '1 second' FROM handed
+     WHERE NOT %(park)s
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+), audited AS (
+    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
+                              before_seq, after_seq, details)
+    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', 'no_worker_for_version', id,
+           seq, seq, %(error)s
+      FROM handed WHERE %(park)s
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = onward.now(),
+           outcome = CASE WHEN %(park)s THEN 'parked' ELSE 'released' END,
+           error_type = %(error_type)s, error_message = %(error_message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM handed)
+)
+SELECT count(*) AS handed FROM handed
 """
 
 _DEFER = """
@@ -631,7 +670,8 @@ class StepStore:
                 resend_in_s: float | None = None, spend_attempt: bool = False) -> bool:
         """Give the lease back without running; with ``resend_in_s``, also queue the step
         again for the dispatcher to route. ``spend_attempt`` keeps the claim counted, so
-        a message no worker can run ends parked instead of circulating forever."""
+        a message no worker can run ends parked instead of circulating forever. (A run
+        bound to a version this worker lacks is handed back with ``hand_back``.)"""
         row = self._one(
             _RELEASE,
             {
@@ -645,6 +685,25 @@ class StepStore:
             },
         )
         return (row is not None and row["released"] == 1) or self._lost(claim)
+
+    def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
+                  park: bool) -> bool:
+        """Give the step back to the fleet for a worker with the run's version, without
+        spending an attempt; ``park`` parks it ``no_worker_for_version`` instead. False
+        means the lease was lost."""
+        row = self._one(
+            _HAND_BACK,
+            {
+                "run_id": claim.run_id,
+                "epoch": claim.epoch,
+                "delay": delay_s,
+                "park": park,
+                "error": Jsonb(error),
+                "error_type": error.get("type"),
+                "error_message": error.get("message"),
+            },
+        )
+        return (row is not None and row["handed"] == 1) or self._lost(claim)
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,
               detail: str) -> bool:

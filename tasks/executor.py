@@ -77,6 +77,8 @@ class ExecutorConfig:
     retry_max_s: float
     max_artifact_bytes: int = 10_000_000
     queue: str = "onward.steps"  # the base queue; version queues hang off it
+    handback_limit: int = 10  # hand-backs in a row before the run parks no_worker_for_version
+    handback_max_delay_s: float = 30.0  # cap of the hand-back backoff (1 s, 2 s, 4 s, ...)
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -126,11 +128,12 @@ def _run_claimed(
     restored = restore(config.keys, registry, claim)
     if isinstance(restored, Refusal):
         refusal = error_record(restored.error_type, restored.message)
+        if restored.resend:
+            return _hand_back(store, config, claim, restored, bound)
         if not restored.park:
             bound.error("message handed back, run left unchanged", reason=restored.reason,
                         detail=restored.message)
-            store.release(claim, refusal, resend_in_s=1.0 if restored.resend else None,
-                          spend_attempt=not restored.resend)
+            store.release(claim, refusal, spend_attempt=True)
             return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq,
                               detail=restored.message)
         bound.error("run parked for review", reason=restored.reason, detail=restored.message)
@@ -216,6 +219,33 @@ def _run_claimed(
     next_seq = claim.seq + 1 if fast_path else None
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
                       queue=version_queue(config.queue, workflow.name, workflow.version))
+
+
+def _hand_back(store: StepStore, config: ExecutorConfig, claim: Claim, refusal: Refusal,
+               bound: Any) -> StepReport:
+    """The run is bound to a version this worker lacks: give it back to the fleet without
+    spending an attempt, backing off; after ``handback_limit`` hand-backs in a row (no
+    worker with that version took it meanwhile), park it ``no_worker_for_version``."""
+    handbacks = claim.handbacks + 1
+    park = handbacks >= config.handback_limit
+    delay = min(config.handback_max_delay_s, 2.0 ** min(handbacks - 1, 30))
+    message = refusal.message
+    if park:
+        wanted = f"{claim.workflow} v{claim.workflow_version}"
+        message = (f"no worker with {wanted} took the run: it was handed back {handbacks} "
+                   f"times in a row by workers without it (last: {refusal.message}); deploy "
+                   f"workers with {wanted} (ONWARD_WORKFLOWS), then `onward runs continue "
+                   f"{claim.run_id}`")
+    error = error_record("NoWorkerForVersion" if park else refusal.error_type, message,
+                         handbacks=handbacks, workflow_version=claim.workflow_version)
+    if not store.hand_back(claim, error, delay_s=delay, park=park):
+        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
+    if park:
+        bound.error("run parked for review", reason="no_worker_for_version", detail=message)
+        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
+    bound.warning("step handed back for a worker with the run's version", detail=message,
+                  handbacks=handbacks, resend_in_s=delay)
+    return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq, detail=message)
 
 
 def _diverge(services: StepServices, claim: Claim, decision: DivergeFor,

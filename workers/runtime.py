@@ -60,6 +60,8 @@ class WorkerRuntime:
             retry_max_s=self.settings.retry_max_s,
             max_artifact_bytes=self.settings.max_artifact_bytes,
             queue=self.settings.queue,
+            handback_limit=self.settings.handback_limit,
+            handback_max_delay_s=self.settings.worker_queue_ttl_s,
         )
         self._producer = None
         faults.arm_from_env()
