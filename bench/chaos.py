@@ -53,7 +53,9 @@ Chaos, at seeded random moments (``--seed``):
 
 The counts of each kind of chaos are given per minute of chaos window (``--window``, by
 default 60 s or 0.1 s per step of work, whichever is longer), so ``--runs 1000`` gets
-proportionally more of each; a count given on the command line is used as is.
+proportionally more of each (whole-worker, dispatcher and PostgreSQL restarts, which cost
+seconds of CPU each, up to a bound); a count given on the command line is used as is.
+Above 1,000 steps of work each worker runs 4 pool children instead of 2 (``--concurrency``).
 * opt-in, a stale lease holder: ``--pauses N`` SIGSTOPs lease holders, ``--stop-point``
   arms ``after_effect_pending:stop:once`` (the child stops itself after recording the intent,
   before calling); each is SIGCONTed once another worker has taken the step over and
@@ -97,6 +99,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -436,6 +439,10 @@ PER_MINUTE = {  # default counts of each kind of chaos per minute of chaos windo
     "child_kills": 8, "tree_kills": 3, "dispatcher_kills": 2, "drop_waves": 5,
     "error_waves": 5, "pg_restarts": 0.5, "backend_kills": 6, "long_calls": 3,
 }
+# Restarting a whole worker, a dispatcher or PostgreSQL costs seconds of CPU on a small
+# machine: by default a long window gets at most this many.
+DEFAULT_AT_MOST = {"tree_kills": 10, "dispatcher_kills": 6, "pg_restarts": 4}
+BIG_BATCH_STEPS = 1000  # above runs x steps = this, each worker runs 4 pool children, not 2
 @dataclass
 class Config:
     runs: int
@@ -463,6 +470,7 @@ class Config:
     backend_kills: int = 0
     long_calls: int = 0
     long_call_s: float = 4.0
+    concurrency: int = 2
 
 
 @dataclass
@@ -475,6 +483,20 @@ class Stopped:
     run_id: UUID | None
     seq: int | None
     taken_over_at: float | None = None
+
+
+@dataclass
+class Starting:
+    """A server start running in a thread, and how it ended."""
+
+    thread: threading.Thread
+    error: BaseException | None = None
+
+    def run(self, start: Callable[[], None]) -> None:
+        try:
+            start()
+        except BaseException as exc:  # reported by poll_postgres
+            self.error = exc
 
 
 @dataclass(order=True)
@@ -572,6 +594,7 @@ class Chaos:
         self.exits_while_db_down: list[str] = []
         self.pg: PrivatePostgres | None = None
         self.db_down: tuple[float, float | None] | None = None  # (stopped at, started at)
+        self.pg_starting: Starting | None = None
         self.fleet: Fleet
         self.provider: Provider
         self.engine: Engine
@@ -624,7 +647,8 @@ class Chaos:
                                   checkpoint_key=CHECKPOINT_KEY)
         self.ledger = Ledger.from_env(settings)
         self.engine = self.ledger.engine
-        self.fleet = Fleet(env, self.workdir / "logs", self.workdir / "faults", concurrency=2)
+        self.fleet = Fleet(env, self.workdir / "logs", self.workdir / "faults",
+                           concurrency=cfg.concurrency)
         (self.workdir / "logs").mkdir(exist_ok=True)
         for slot in range(cfg.dispatchers):
             self.fleet.dispatcher(slot)
@@ -641,7 +665,7 @@ class Chaos:
                 raise RuntimeError("workers not ready after 180 s:\n" + "\n".join(
                     p.log_text()[-2000:] for p in self.fleet.live("worker")))
             time.sleep(0.2)
-        log("fleet ready: 2 workers x 2 children, "
+        log(f"fleet ready: 2 workers x {cfg.concurrency} children, "
             f"{cfg.dispatchers} dispatchers, 1 reaper; lease {cfg.lease_ttl_s}s")
 
     # -- scheduling ----------------------------------------------------------------------
@@ -864,8 +888,8 @@ class Chaos:
         and start it again a little later."""
         if self.pg is None:
             return
-        if self.db_down is not None and self.db_down[1] is None:
-            self.schedule(1.0, "restart_postgres")  # still down from the previous one
+        if self.db_is_down():  # down, or back less than 10 s ago: one outage at a time
+            self.schedule(5.0, "restart_postgres")
             return
         self.pg.stop("immediate")
         self.db_down = (self.now(), None)
@@ -874,8 +898,25 @@ class Chaos:
         self.schedule(delay, "start_postgres")
 
     def start_postgres(self) -> None:
-        assert self.pg is not None and self.db_down is not None
-        self.pg.start()
+        """Start it in the background (crash recovery takes seconds on a busy machine, and
+        the chaos goes on meanwhile); poll_postgres() notices when it is up."""
+        assert self.pg is not None
+        pg = self.pg
+        starting = Starting(threading.Thread(target=lambda: starting.run(pg.start), daemon=True))
+        self.pg_starting = starting
+        starting.thread.start()
+
+    def poll_postgres(self) -> None:
+        starting = self.pg_starting
+        if starting is None or starting.thread.is_alive():
+            return
+        self.pg_starting = None
+        if starting.error is not None:
+            log(f"t={self.now():5.1f}s PostgreSQL did not start ({starting.error!r}); "
+                "trying again", always=True)
+            self.schedule(1.0, "start_postgres")
+            return
+        assert self.db_down is not None
         self.db_down = (self.db_down[0], self.now())
         self.events["postgres_restarts"] += 1
         log(f"t={self.now():5.1f}s PostgreSQL started again "
@@ -1025,6 +1066,7 @@ class Chaos:
         settled = False
         while True:
             now = self.now()
+            self.poll_postgres()
             self.tolerant(self.continue_stopped)
             while self.heap and self.heap[0].at <= now:
                 self.run_item(heapq.heappop(self.heap))
@@ -1292,6 +1334,8 @@ class Chaos:
                 client.close()
         with contextlib.suppress(Exception):
             self.engine.dispose()
+        if self.pg_starting is not None:  # a start still under way: let it end first
+            self.pg_starting.thread.join(timeout=70)
         if self.pg is not None:  # stopped either way; its files kept for inspection
             self.pg.destroy(keep=keep_db)
             if keep_db:
@@ -1340,11 +1384,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-kills", type=int, default=None,
                    help="whole-worker kills; the 5 named worker points are armed, round-robin, "
                         "on the workers restarted after them" + per_minute
-                        % PER_MINUTE["tree_kills"])
+                        % PER_MINUTE["tree_kills"] + f", at most {DEFAULT_AT_MOST['tree_kills']}")
     p.add_argument("--dispatcher-kills", type=int, default=None,
                    help="the first restarts with dispatcher_after_publish_before_mark armed"
-                        + per_minute % PER_MINUTE["dispatcher_kills"])
+                        + per_minute % PER_MINUTE["dispatcher_kills"]
+                        + f", at most {DEFAULT_AT_MOST['dispatcher_kills']}")
     p.add_argument("--dispatchers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="pool children per worker (2 workers); default: 2, or 4 when runs x "
+                        f"steps is above {BIG_BATCH_STEPS}")
     p.add_argument("--blind-runs", type=int, default=2,
                    help="runs with one write through a tool without lookup whose response "
                         "the provider drops: they must park (expected_parked)")
@@ -1355,7 +1403,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pg-restarts", type=int, default=None,
                    help="PostgreSQL crashes and restarts, on a private server (0: use the "
                         "configured server, never restarted)"
-                        + per_minute % PER_MINUTE["pg_restarts"] + ", at least 1")
+                        + per_minute % PER_MINUTE["pg_restarts"]
+                        + f", at least 1, at most {DEFAULT_AT_MOST['pg_restarts']}")
     p.add_argument("--backend-kills", type=int, default=None,
                    help="pg_terminate_backend of a worker's or dispatcher's connection"
                         + per_minute % PER_MINUTE["backend_kills"])
@@ -1395,7 +1444,8 @@ def config_of(a: argparse.Namespace) -> Config:
         given = getattr(a, name)
         if given is not None:
             return int(given)
-        return max(minimum, round(PER_MINUTE[name] * window / 60.0))
+        count = max(minimum, round(PER_MINUTE[name] * window / 60.0))
+        return min(count, DEFAULT_AT_MOST.get(name, count))
 
     return Config(
         runs=a.runs, steps=a.steps, seed=a.seed, window_s=window, settle_s=settle,
@@ -1407,7 +1457,8 @@ def config_of(a: argparse.Namespace) -> Config:
         lease_ttl_s=a.lease_ttl, broker_db=a.broker_db, keep=a.keep, pauses=a.pauses,
         stop_point=a.stop_point, pg_restarts=scaled("pg_restarts", minimum=1),
         backend_kills=scaled("backend_kills"), long_calls=scaled("long_calls"),
-        long_call_s=a.long_call_s if a.long_call_s is not None else a.lease_ttl + 1.0)
+        long_call_s=a.long_call_s if a.long_call_s is not None else a.lease_ttl + 1.0,
+        concurrency=a.concurrency or (4 if a.runs * a.steps > BIG_BATCH_STEPS else 2))
 
 
 def main(argv: list[str] | None = None) -> int:
