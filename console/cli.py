@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -220,3 +221,43 @@ def start(
 
 def main() -> None:  # pragma: no cover - console script entry
     sys.exit(app())
+
+
+@app.command("console")
+def console_cmd(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")]
+    = "127.0.0.1",
+) -> None:
+    """Serve the HTTP API (/api/v1, OpenAPI at /api/docs) and the web page. On the embedded
+    default, prints a login link with a fresh admin token that lives 12 hours and is revoked
+    when the console stops; otherwise sign in with a token of your own."""
+    import uvicorn
+
+    from console.auth import local_admin, owns_embedded_database
+    from console.http.app import create_app
+    from ledger.audit import Role
+    from ledger.tokens import TokenRequest
+
+    settings = _settings()
+    ledger = Ledger.from_env(settings)
+    with reported():
+        ledger.require_current_schema()
+    issued = None
+    if settings.database_url is None and owns_embedded_database(settings):
+        admin = ledger.with_actor(local_admin(settings))
+        with reported():
+            issued = admin.create_token(TokenRequest(
+                settings.actor, Role.ADMIN, settings.tenant_id, timedelta(hours=12),
+                note="onward console login link"))
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    if issued is not None:
+        print(f"open {base}/login?token={issued.secret}", flush=True)
+    else:
+        print(f"open {base}/login and sign in with a token (onward tokens create)", flush=True)
+    try:
+        uvicorn.run(create_app(ledger), host=host, port=port, log_level="warning")
+    finally:
+        if issued is not None:
+            with contextlib.suppress(OnwardError):
+                admin.revoke_token(str(issued.token.id), "the console stopped")

@@ -1,0 +1,68 @@
+"""onward errors as RFC 9457 ``application/problem+json``: the status says what kind of
+refusal it was, ``detail`` says what to do (the error's own message)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from ledger.exceptions import (
+    InvalidInput,
+    LedgerUnavailable,
+    OnwardError,
+    PermissionDenied,
+    UnknownRun,
+)
+from ledger.operations import UnknownEffect
+from ledger.tokens import Unauthenticated, UnknownToken
+from ledger.waits import UnknownApproval
+
+PROBLEM = "application/problem+json"
+
+STATUS: list[tuple[type[Exception], int, str]] = [
+    (Unauthenticated, 401, "not authenticated"),
+    (PermissionDenied, 403, "forbidden"),
+    (UnknownRun, 404, "not found"),
+    (UnknownApproval, 404, "not found"),
+    (UnknownEffect, 404, "not found"),
+    (UnknownToken, 404, "not found"),
+    (InvalidInput, 422, "invalid input"),
+    (LedgerUnavailable, 503, "ledger unavailable"),
+    (OnwardError, 409, "refused"),  # the run's state, an approval's: nothing changed
+]
+
+
+def status_of(exc: Exception) -> tuple[int, str]:
+    for kind, status, title in STATUS:
+        if isinstance(exc, kind):
+            return status, title
+    return 500, "internal error"
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Bearer realm="onward"'} if status == 401 else None
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Every error the API answers is a problem document."""
+
+    @app.exception_handler(OnwardError)
+    async def onward_error(request: Request, exc: OnwardError) -> JSONResponse:
+        status, title = status_of(exc)
+        return problem(status, title, str(exc), error=type(exc).__name__)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in exc.errors()]
+        return problem(422, "invalid input", "the request does not match the API's schema",
+                       errors=errors)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return problem(exc.status_code, str(exc.detail), str(exc.detail))

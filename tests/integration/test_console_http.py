@@ -1,0 +1,154 @@
+"""The console over HTTP (in-process ASGI client, real PostgreSQL): the API's authentication
+(401), role checks before anything happens (403, audited), problem+json errors, cursor
+pages, tenant scope, approvals through the API, and the page's sign-in, CSRF and role-aware
+actions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from console.http.app import create_app
+from console.http.pages import COOKIE, csrf_of
+from ledger import Ledger, RunStatus
+from ledger.audit import Role
+from ledger.tokens import TokenRequest
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows_ops", "tests.workflows_waits"]
+
+
+@pytest.fixture()
+def drv(settings_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    env = {**settings_env, "ONWARD_WORKFLOWS": ",".join(MODULES),
+           "ONWARD_TEST_OPS_CALLS": str(tmp_path / "tool.log"),
+           "ONWARD_FAKE_LLM_LOG": str(tmp_path / "llm.log")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with driver(Ledger.from_env(), MODULES) as running:
+        yield running
+
+
+@pytest.fixture()
+def client(drv: Driver) -> Iterator[TestClient]:
+    with TestClient(create_app(Ledger.from_env())) as http:
+        yield http
+
+
+def token(ledger: Ledger, actor: str, role: str, *approver_roles: str,
+          tenant: str = "default") -> str:
+    admin = ledger.acting_as("root", "admin", tenant_id=tenant)
+    return admin.create_token(TokenRequest(actor, Role(role), tenant, timedelta(hours=1),
+                                           tuple(approver_roles))).secret
+
+
+def auth(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def test_api__401_without_a_token_and_problem_json(client: TestClient, drv: Driver) -> None:
+    """Invariant: every API route needs a token: none, or a bad one, is 401 with a problem
+    document and WWW-Authenticate, and nothing happens."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "http"})
+    for method, path in (("GET", "/api/v1/runs"), ("POST", f"/api/v1/runs/{run_id}/cancel")):
+        answer = client.request(method, path, json={"reason": "x"})
+        assert answer.status_code == 401
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+        assert answer.json()["status"] == 401
+    answer = client.get("/api/v1/runs", headers=auth("onw_guessed"))
+    assert answer.status_code == 401
+    assert drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+
+
+def test_api__viewer_403_audited_operator_acts(client: TestClient, drv: Driver) -> None:
+    """Invariant: a viewer's cancel is 403 before anything happens and leaves one refused
+    audit row naming the viewer; an operator's cancel works; bad input is 422."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "http"})
+    vic, olga = token(drv.ledger, "vic", "viewer"), token(drv.ledger, "olga", "operator")
+    answer = client.post(f"/api/v1/runs/{run_id}/cancel", json={"reason": "x"},
+                         headers=auth(vic))
+    assert answer.status_code == 403 and "operator role" in answer.json()["detail"]
+    assert drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+    assert client.post(f"/api/v1/runs/{run_id}/cancel", json={},
+                       headers=auth(olga)).status_code == 422
+    answer = client.post(f"/api/v1/runs/{str(run_id)[:13]}/cancel", json={"reason": "stop"},
+                         headers=auth(olga))
+    assert answer.status_code == 200, answer.text
+    rows = [(a.actor, a.action, a.outcome) for a in reversed(drv.ledger.audit(run_id=run_id))]
+    assert rows == [("vic", "cancel", "refused"), ("olga", "cancel", "done")]
+    assert client.post(f"/api/v1/runs/{run_id}/cancel", json={"reason": "again"},
+                       headers=auth(olga)).status_code == 409
+
+
+def test_api__pages_with_a_cursor_in_the_tenant(client: TestClient, drv: Driver) -> None:
+    """Invariant: lists page by cursor without repeats or gaps, and show the token's tenant
+    only."""
+    started = [drv.ledger.start_run("test_ops_notes", {"topic": f"p{i}"}) for i in range(5)]
+    olga = token(drv.ledger, "olga", "viewer")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"workflow": "test_ops_notes", "limit": 2, **({"cursor": cursor} if cursor
+                                                                 else {})}
+        body = client.get("/api/v1/runs", params=params, headers=auth(olga)).json()
+        seen += [r["id"] for r in body["items"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert set(map(str, started)) <= set(seen) and len(seen) == len(set(seen))
+    acme = token(drv.ledger, "olaf", "admin", tenant="acme")
+    assert client.get("/api/v1/runs", headers=auth(acme)).json()["items"] == []
+    assert client.get(f"/api/v1/runs/{started[0]}", headers=auth(acme)).status_code == 404
+
+
+def test_api__approve_with_the_tokens_approver_role(client: TestClient, drv: Driver) -> None:
+    """Invariant: an approval naming role:sales_lead is refused to an approver without it
+    (409, audited) and decided by one with it; the run resumes."""
+    run_id = drv.ledger.start_run("test_review", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    plain = token(drv.ledger, "dana", "approver")
+    lead = token(drv.ledger, "dana", "approver", "sales_lead")
+    [listed] = client.get("/api/v1/approvals", params={"mine": "true"},
+                          headers=auth(lead)).json()["items"]
+    assert client.get("/api/v1/approvals", params={"mine": "true"},
+                      headers=auth(plain)).json()["items"] == []
+    body = {"artifact_hash": listed["artifact_hash"], "comment": "ok"}
+    refused = client.post(f"/api/v1/approvals/{listed['id']}/approve", json=body,
+                          headers=auth(plain))
+    assert refused.status_code == 409 and "may not approve" in refused.json()["detail"]
+    done = client.post(f"/api/v1/approvals/{listed['id']}/approve", json=body,
+                       headers=auth(lead))
+    assert done.status_code == 200 and done.json()["decided_by"] == "dana"
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+
+
+def test_page__sign_in_csrf_and_role_aware_actions(client: TestClient, drv: Driver) -> None:
+    """Invariant: the page needs a sign-in; a viewer sees no action buttons and a POST made
+    anyway is 403 (audited); a POST without the CSRF value does nothing; an operator sees
+    the actions."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "page"})
+    vic, olga = token(drv.ledger, "vic", "viewer"), token(drv.ledger, "olga", "operator")
+    assert client.get("/", follow_redirects=False).headers["location"] == "/login"
+    signed = client.get(f"/login?token={vic}", follow_redirects=False)
+    assert signed.status_code == 303 and "httponly" in signed.headers["set-cookie"].lower()
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200 and str(run_id) in page.text
+    assert "cancel the run" not in page.text and "Actions" not in page.text
+    form = {"reason": "x", "confirm": "yes", "csrf": csrf_of(vic)}
+    assert client.post(f"/runs/{run_id}/cancel", data=form).status_code == 403
+    client.cookies.set(COOKIE, olga)
+    assert "cancel the run" in client.get(f"/runs/{run_id}").text
+    stale = client.post(f"/runs/{run_id}/cancel", data={**form, "csrf": "forged"})
+    assert stale.status_code == 403 and "CSRF" in stale.text
+    assert drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+    done = client.post(f"/runs/{run_id}/cancel", data={**form, "csrf": csrf_of(olga)},
+                       follow_redirects=False)
+    assert done.status_code == 303
+    assert drv.ledger.get_run(run_id).status is RunStatus.CANCELLED
+    assert client.get("/").status_code == 200 and client.get("/audit").status_code == 200
