@@ -114,6 +114,21 @@ class CheckpointKeys:
         return hmac.new(key, canonical_json(body), hashlib.sha256).hexdigest()
 
 
+    def sign(self, body: dict[str, Any]) -> str:
+        """``key_id:mac`` of ``body`` under the current key: what a row that is not a
+        checkpoint stores (ledger/signed.py builds the bodies)."""
+        return f"{self.current}:{self.mac(body)}"
+
+    def check(self, body: dict[str, Any], signature: str | None, what: str) -> None:
+        """Raise IntegrityViolation unless ``signature`` (``key_id:mac``) signs ``body``."""
+        if not signature:
+            raise IntegrityViolation(f"{what} is not signed (its MAC was removed, or it was "
+                                     "written outside onward)")
+        key_id, _, mac = signature.rpartition(":")
+        if not hmac.compare_digest(self.mac(body, key_id or None), mac):
+            raise IntegrityViolation(f"{what} does not match its MAC (edited outside onward)")
+
+
 def _local_key(path: Path) -> bytes:
     """A development key kept beside the embedded servers (set ONWARD_CHECKPOINT_KEY in prod)."""
     if not path.exists():

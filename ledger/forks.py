@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
+from ledger import signed
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
@@ -169,7 +170,8 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         id=run_id, tenant_id=parent["tenant_id"], workflow=workflow,
         workflow_version=cp["workflow_version"], conversation_id=parent["conversation_id"],
         status=start.status.value, seq=cp["seq"], step=start.step,
-        max_attempts=default_max_attempts, head_hash=digest, waiting_on=start.waiting_on,
+        max_attempts=default_max_attempts, head_hash=digest,
+        head_mac=keys.sign(signed.head(run_id, cp["seq"], digest)), waiting_on=start.waiting_on,
         wait_until=start.wait_until, last_error=start.last_error,
         finished_at=sa.func.onward.now() if start.status.terminal else None,
         state_schema_version=cp["state_schema_version"], parent_run_id=parent["id"],

@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
+from ledger import signed
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
     CheckpointBody,
@@ -143,6 +144,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             status=RunStatus.RUNNING.value,
             max_attempts=request.max_attempts,
             head_hash=digest,
+            head_mac=keys.sign(signed.head(run_id, 0, digest)),
             budget_attempts=request.budgets.attempts,
             budget_tokens=request.budgets.tokens,
             budget_cost_usd=request.budgets.cost_usd,

@@ -160,6 +160,7 @@ runs = Table(
     Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
     Column("lease_expires_at", TS, nullable=True),
     Column("head_hash", Text, nullable=False),
+    Column("head_mac", Text, nullable=True),  # key_id:MAC of (id, seq, head_hash): signed.head
     Column("restore_count", Integer, nullable=False, server_default=text("0")),
     Column("stale_deliveries", Integer, nullable=False, server_default=text("0")),
     # hand-backs by workers lacking the run's version since its last commit or continue

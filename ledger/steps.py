@@ -17,6 +17,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from ledger import signed
 from ledger.checkpoints import (
     ARTIFACT_KEY,
     ENVELOPE_VERSION,
@@ -93,6 +94,7 @@ class Claim:
     handbacks: int = 0  # hand-backs by workers lacking the run's version, since its last commit
     parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
     state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
+    head_mac: str | None = None  # signs (run, seq, head hash): ledger/signed.py head
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
@@ -148,6 +150,7 @@ class Claim:
             state_schema_version=row["state_schema_version"],
             handbacks=row["handbacks"],
             parent_found_hash=row["parent_found_hash"],
+            head_mac=row["head_mac"],
         )
 
 
@@ -230,7 +233,7 @@ WITH claimed AS (
                         WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
                           AND o.due_at > onward.now())
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
-           max_attempts, head_hash, attempts_total, budget_attempts, budget_tokens,
+           max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
            onward.now() AS claimed_at
@@ -285,6 +288,7 @@ WITH early_signal AS (
                          ELSE %(status)s END,
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
+           head_mac = %(head_mac)s,
            result = %(result)s, last_error = NULL,
            waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
                              ELSE %(waiting_on)s END,
@@ -606,6 +610,7 @@ class StepStore:
                 "next_max_attempts": advance.next_max_attempts,
                 "workflow_version": advance.workflow_version,
                 "hash": digest,
+                "head_mac": self._keys.sign(signed.head(claim.run_id, claim.seq + 1, digest)),
                 "parent_hash": claim.head_hash,
                 "key_id": self._keys.current,
                 "envelope_version": ENVELOPE_VERSION,

@@ -13,6 +13,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ledger import signed
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, artifact_ref
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
@@ -22,7 +23,7 @@ from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
 class Problem:
     run_id: UUID
     seq: int | None
-    kind: str  # mac, chain, gap, head, first, artifact, key, run
+    kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head
     detail: str
 
     def __str__(self) -> str:
@@ -50,6 +51,8 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
                                 "the last checkpoint is not the run's recorded head"))
     else:
         problems.extend(_check_run_row(run, last))
+    problems.extend(_check_head_mac(keys, run))
+    problems.extend(_beyond_head(conn, run))
     problems.extend(_check_artifacts(conn, run_id))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
@@ -118,6 +121,36 @@ def verify_source_txn(conn: Connection, keys: CheckpointKeys, run: sa.RowMapping
             f"checkpoint {seq} of run {run_id} does not verify, so it is not copied: {shown}"
             f"{' …' if len(problems) > 3 else ''} (`onward verify {run_id}` reports the "
             "whole history; the run needs investigation, not a copy)")
+
+
+def _check_head_mac(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:
+    try:
+        keys.check(signed.head(run["id"], run["seq"], run["head_hash"]), run["head_mac"],
+                   f"the run's head (seq {run['seq']})")
+    except IntegrityViolation as exc:
+        yield Problem(run["id"], run["seq"], "head", str(exc))
+
+
+_BEYOND_HEAD = sa.text("""
+SELECT 'step attempt' AS what, seq, count(*) AS n FROM onward.step_attempts
+ WHERE run_id = :run AND (seq > :seq OR (seq = :seq AND outcome = 'committed')) GROUP BY seq
+UNION ALL
+SELECT 'evidence', seq, count(*) FROM onward.evidence WHERE run_id = :run AND seq > :seq
+ GROUP BY seq
+UNION ALL
+SELECT 'effect', seq, count(*) FROM onward.effects WHERE run_id = :run AND seq > :seq
+ GROUP BY seq
+ORDER BY seq
+""")
+
+
+def _beyond_head(conn: Connection, run: sa.RowMapping) -> Iterator[Problem]:
+    """Work recorded past the run's head means the head was moved back: a step committed at
+    seq s made checkpoint s + 1, and nothing runs beyond the head."""
+    for what, seq, count in conn.execute(_BEYOND_HEAD, {"run": run["id"], "seq": run["seq"]}):
+        yield Problem(run["id"], seq, "beyond_head",
+                      f"{count} {what} row(s) at seq {seq}, beyond the run's head at seq "
+                      f"{run['seq']} (its history was cut back)")
 
 
 def _check_run_row(run: sa.RowMapping, head: sa.RowMapping) -> Iterator[Problem]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ledger import signed
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import OutcomeKind
@@ -62,6 +63,9 @@ def restore(keys: CheckpointKeys, registry: Registry,
     try:
         verify(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id, claim.head_hash,
                parent_found=claim.parent_found_hash)
+        keys.check(signed.head(claim.run_id, claim.seq, claim.head_hash), claim.head_mac,
+                   f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
+                   f"{claim.head_hash[:12]}…)")
     except IntegrityViolation as exc:
         return Refusal("integrity", "IntegrityViolation", str(exc))
     unsigned = _unsigned_difference(claim, checkpoint)

@@ -10,6 +10,7 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 
 from ledger import Ledger, OnwardSettings
 from ledger.checkpoints import CheckpointKeys
@@ -230,3 +231,46 @@ def test_run_row_edit__continuation_must_match_the_decision(ledger: Ledger) -> N
     assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
     assert "which is approved" in row["last_error"]["message"]
     assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1]
+
+
+# -- the head is authenticated -------------------------------------------------------------
+ROLL_BACK_TO_2 = """
+    DELETE FROM onward.checkpoints WHERE run_id = :r AND seq > 2;
+    DELETE FROM onward.outbox WHERE run_id = :r;
+    UPDATE onward.runs r SET seq = 2, head_hash = c.hash, status = 'running'
+      FROM onward.checkpoints c WHERE r.id = :r AND c.run_id = r.id AND c.seq = 2;
+"""
+
+
+def test_head__rolled_back_to_an_earlier_checkpoint_is_refused_and_reported(
+        ledger: Ledger, harness: Harness) -> None:  # noqa: F811
+    """Invariant: the run's head (seq and head hash) is authenticated by a keyed MAC on its
+    row. Deleting the last checkpoints and pointing the run at an earlier one, with values
+    copied from that checkpoint (no key needed), is refused by the claim (parked
+    `integrity`, the committed step does not run again) and reported by `verify` (the head
+    MAC, and the attempts and evidence beyond the head)."""
+    run_id = _history(ledger, harness)  # committed 0..2, the run waits at seq 3
+    calls.clear()
+    with ledger.engine.begin() as conn:
+        for statement in filter(str.strip, ROLL_BACK_TO_2.split(";")):
+            conn.execute(sa.text(statement), {"r": run_id})
+
+    assert harness.deliver(run_id, 2).kind is ReportKind.PARKED
+    assert calls == []  # step 2 committed once and is not executed again
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
+    assert "head" in row["last_error"]["message"]
+    assert "MAC" in row["last_error"]["message"]
+    kinds = {p.kind for p in ledger.verify_run(run_id)}
+    assert {"head", "beyond_head"} <= kinds, ledger.verify_run(run_id)
+
+
+def test_head__a_run_without_a_head_mac_is_refused(ledger: Ledger,
+                                                    harness: Harness) -> None:  # noqa: F811
+    """Invariant: the head MAC cannot be removed to make the head pass as unsigned."""
+    run_id = ledger.start_run("integrity_probe", {"n": 0})
+    assert reads.execute(ledger.engine, "UPDATE onward.runs SET head_mac = NULL WHERE id = :r",
+                         r=run_id) == 1
+    assert harness.deliver(run_id, 0).kind is ReportKind.PARKED
+    assert calls == []
+    assert "head" in {p.kind for p in ledger.verify_run(run_id)}

@@ -1,0 +1,58 @@
+"""Migrations that add a MAC sign the rows that already exist, with the key every onward
+process uses, and only rows that verify: an upgrade never launders a tampered row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from uuid import UUID, uuid4
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from ledger import signed
+from ledger.checkpoints import CheckpointBody, CheckpointKeys
+from ledger.migrate import upgrade
+
+KEY = "migration-test-key"
+
+
+@pytest.fixture()
+def old_engine(empty_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    monkeypatch.setenv("ONWARD_CHECKPOINT_KEY", KEY)
+    monkeypatch.setenv("ONWARD_CHECKPOINT_KEY_ID", "k1")
+    engine = sa.create_engine(empty_database)
+    yield engine
+    engine.dispose()
+
+
+def _insert_run(conn: sa.Connection, keys: CheckpointKeys, *, tampered: bool) -> UUID:
+    run_id = uuid4()
+    body = CheckpointBody(run_id, 0, None, None, None, "start", {"n": 1}, None,
+                          workflow="wf")
+    digest = keys.mac(body.as_dict())
+    conn.execute(sa.text(
+        "INSERT INTO onward.runs (id, tenant_id, workflow, status, max_attempts, head_hash) "
+        "VALUES (:id, 'default', 'wf', 'running', 3, :h)"), {"id": run_id, "h": digest})
+    conn.execute(sa.text(
+        "INSERT INTO onward.checkpoints (run_id, seq, hash, key_id, envelope_version, outcome, "
+        "state, lease_epoch, workflow) VALUES (:id, 0, :h, 'k1', 2, 'start', :state, 0, 'wf')"),
+        {"id": run_id, "h": digest, "state": '{"n": 2}' if tampered else '{"n": 1}'})
+    return run_id
+
+
+def test_migration_0013__signs_existing_heads_that_verify(old_engine: Engine) -> None:
+    """Invariant: upgrading a database with runs signs each run's head when its head
+    checkpoint verifies under the configured key, and leaves a tampered one unsigned (the
+    next claim refuses it, verify reports it)."""
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0012")
+    with old_engine.begin() as conn:
+        good = _insert_run(conn, keys, tampered=False)
+        bad = _insert_run(conn, keys, tampered=True)
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.text(
+            "SELECT id, seq, head_hash, head_mac FROM onward.runs"))}
+    keys.check(signed.head(good, 0, rows[good].head_hash), rows[good].head_mac, "head")
+    assert rows[bad].head_mac is None
