@@ -223,7 +223,7 @@ def test_run_row_edit__continuation_must_match_the_decision(ledger: Ledger) -> N
         run_id = ledger.start_run("test_review", {})
         assert drv.step(run_id, 0).kind is ReportKind.COMMITTED
         [asked] = ledger.approvals(run_id=run_id)
-        ledger.approve(asked.id, "alice", artifact_hash=asked.artifact_hash)
+        ledger.acting_as("alice", "approver").approve(asked.id, artifact_hash=asked.artifact_hash)
         assert reads.execute(ledger.engine, "UPDATE onward.runs SET step = 'rejected' "
                              "WHERE id = :r", r=run_id) == 1
         assert drv.step(run_id, 1).kind is ReportKind.PARKED
