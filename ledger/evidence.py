@@ -1,5 +1,9 @@
 """Evidence: recorded model calls and reads, and the content-addressed artifacts that hold
 large bodies. A re-executed step gets the recorded response for the same ``command_id``.
+
+Recording an answer debits its tokens and cost from the run's budgets in the same
+statement, under the step's lease: what was paid is spent whether or not the step ever
+commits (a crash, an error, a refusal), so no restore refills a budget.
 """
 
 from __future__ import annotations
@@ -62,21 +66,45 @@ SELECT e.*, a.body AS artifact_body FROM onward.evidence e
  WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
 """
 
+# One statement: under the live lease (the run at this seq, this lease epoch, running),
+# insert the evidence and debit its spend from the run's budgets. A stale holder records
+# nothing and debits nothing (``held`` = 0); an answer another attempt already recorded
+# (``recorded`` NULL) is not debited twice.
 _RECORD = """
-WITH artifact AS (
+WITH fence AS (
+    SELECT id FROM onward.runs
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+       FOR UPDATE
+), artifact AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
-    SELECT %(sha)s, %(size)s, 'application/json', %(body)s WHERE %(sha)s::text IS NOT NULL
+    SELECT %(sha)s, %(size)s, 'application/json', %(body)s FROM fence
+     WHERE %(sha)s::text IS NOT NULL
     ON CONFLICT (sha256) DO NOTHING
+), recorded AS (
+    INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
+                                 request_hash, response, artifact_sha256, input_tokens,
+                                 output_tokens, cost_usd, lease_epoch)
+    SELECT id, %(command_id)s, %(kind)s, %(seq)s, %(step)s, %(source)s, %(source_version)s,
+           %(request_hash)s, %(response)s, %(sha)s, %(input_tokens)s, %(output_tokens)s,
+           %(cost_usd)s, %(epoch)s
+      FROM fence
+    ON CONFLICT (run_id, command_id) DO NOTHING
+    RETURNING run_id, response, input_tokens + output_tokens AS tokens, cost_usd, created_at
+), debited AS (
+    UPDATE onward.runs r
+       SET used_tokens = r.used_tokens + d.tokens,
+           used_cost_usd = r.used_cost_usd + d.cost_usd
+      FROM recorded d WHERE r.id = d.run_id
+    RETURNING r.id
 )
-INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
-                             request_hash, response, artifact_sha256, input_tokens,
-                             output_tokens, cost_usd, lease_epoch)
-VALUES (%(run_id)s, %(command_id)s, %(kind)s, %(seq)s, %(step)s, %(source)s,
-        %(source_version)s, %(request_hash)s, %(response)s, %(sha)s, %(input_tokens)s,
-        %(output_tokens)s, %(cost_usd)s, %(epoch)s)
-ON CONFLICT (run_id, command_id) DO NOTHING
-RETURNING run_id
+SELECT (SELECT count(*) FROM fence) AS held, d.response, d.cost_usd, d.created_at,
+       (SELECT count(*) FROM debited) AS debited
+  FROM (SELECT 1) AS one LEFT JOIN recorded d ON true
 """
+
+
+class EvidenceFenced(OnwardError):
+    """The step's lease was taken over (or the run stopped): this holder records nothing."""
 
 
 class EvidenceStore:
@@ -104,13 +132,15 @@ class EvidenceStore:
         )
 
     def record(self, record: EvidenceRecord) -> Evidence:
-        """Record evidence; if another attempt recorded this command first, return theirs."""
+        """Record evidence and debit its spend from the run, under the lease; if another
+        attempt recorded this command first, return theirs. Raises EvidenceFenced when the
+        lease of ``record.lease_epoch`` is no longer held."""
         body = canonical_json(record.response)
         if len(body) > self.max_artifact_bytes:
             raise InvalidInput(f"{record.kind} response of {len(body)} bytes exceeds the artifact "
                                f"limit of {self.max_artifact_bytes} bytes")
         big = len(body) > INLINE_LIMIT
-        self.conn.one(_RECORD, {
+        row = self.conn.one(_RECORD, {
             "run_id": record.run_id, "command_id": record.command_id, "kind": record.kind,
             "seq": record.seq, "step": record.step, "source": record.source,
             "source_version": record.source_version, "request_hash": record.request_hash,
@@ -120,7 +150,21 @@ class EvidenceStore:
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
             "cost_usd": record.cost_usd, "epoch": record.lease_epoch,
         })
-        found = self.find(record.run_id, record.command_id)
-        if found is None:
-            raise OnwardError(f"evidence {record.command_id} could not be recorded")
-        return found
+        if row is None or not row["held"]:
+            raise EvidenceFenced(f"run {record.run_id}: the lease of epoch {record.lease_epoch} "
+                                 f"at seq {record.seq} is no longer held; {record.kind} "
+                                 f"{record.command_id} not recorded")
+        if row["created_at"] is None:  # recorded by an earlier holder: theirs stands
+            found = self.find(record.run_id, record.command_id)
+            if found is None:
+                raise OnwardError(f"evidence {record.command_id} could not be recorded")
+            return found
+        return Evidence(
+            run_id=record.run_id, command_id=record.command_id, kind=record.kind,
+            seq=record.seq, step=record.step, source=record.source,
+            source_version=record.source_version, request_hash=record.request_hash,
+            response=json.loads(body) if big else row["response"],
+            artifact_sha256=sha256_hex(body) if big else None,
+            input_tokens=record.input_tokens, output_tokens=record.output_tokens,
+            cost_usd=row["cost_usd"], created_at=row["created_at"],
+        )

@@ -46,9 +46,7 @@ from ledger.schema import (
     approvals,
     artifacts,
     checkpoints,
-    evidence,
     runs,
-    step_attempts,
 )
 from ledger.verify import verify_source_txn
 
@@ -392,23 +390,40 @@ def _evidence_source(conn: Connection, run_id: UUID) -> UUID | None:
         run_id = row.parent_run_id
 
 
+# What the parent had spent when it reached checkpoint ``seq``: its token and cost totals
+# (which include what it inherited itself, so a replay of a replay keeps the grandparent's
+# spend) minus what it spent from ``seq`` on. Attempts: the run's attempts_total when the
+# step that wrote checkpoint ``seq`` was claimed, as that step bound it under the MAC
+# (refs.budgets; a poll or a hand-back refunds its claim, so counting rows cannot tell);
+# checkpoints without it (start, fork, migration) count the claims from ``seq`` on.
+# One statement, so one snapshot of a live parent.
+_SPENT_BEFORE = sa.text("""
+SELECT greatest(r.used_tokens - coalesce(
+           (SELECT sum(e.input_tokens + e.output_tokens) FROM onward.evidence e
+             WHERE e.run_id = r.id AND e.seq >= :seq), 0), 0) AS tokens,
+       greatest(r.used_cost_usd - coalesce(
+           (SELECT sum(e.cost_usd) FROM onward.evidence e
+             WHERE e.run_id = r.id AND e.seq >= :seq), 0), 0) AS cost_usd,
+       coalesce(
+           (SELECT (c.refs -> 'budgets' ->> 'attempts')::int FROM onward.checkpoints c
+             WHERE c.run_id = r.id AND c.seq = :seq),
+           greatest(r.attempts_total - (
+               SELECT count(*) FROM onward.step_attempts a
+                WHERE a.run_id = r.id AND a.seq >= :seq
+                  AND a.outcome IS DISTINCT FROM 'waiting'), 0)) AS attempts
+  FROM onward.runs r WHERE r.id = :run_id
+""")
+
+
 def _budgets(conn: Connection, parent: RowMapping, seq: int,
              policy: BudgetPolicy) -> dict[str, Any]:
     if policy is BudgetPolicy.RESET:
         return {}
-    spent = conn.execute(
-        sa.select(sa.func.coalesce(sa.func.sum(evidence.c.input_tokens
-                                               + evidence.c.output_tokens), 0),
-                  sa.func.coalesce(sa.func.sum(evidence.c.cost_usd), 0))
-        .where(evidence.c.run_id == parent["id"], evidence.c.seq < seq)
-    ).one()
-    attempts = conn.execute(
-        sa.select(sa.func.count()).select_from(step_attempts)
-        .where(step_attempts.c.run_id == parent["id"], step_attempts.c.seq < seq)
-    ).scalar_one()
+    spent = conn.execute(_SPENT_BEFORE, {"run_id": parent["id"], "seq": seq}).mappings().one()
     deadline = None
     if parent["deadline_at"] is not None:
         deadline = sa.func.onward.now() + (parent["deadline_at"] - parent["created_at"])
     return {"budget_attempts": parent["budget_attempts"], "budget_tokens": parent["budget_tokens"],
             "budget_cost_usd": parent["budget_cost_usd"], "deadline_at": deadline,
-            "used_tokens": spent[0], "used_cost_usd": spent[1], "attempts_total": attempts}
+            "used_tokens": spent["tokens"], "used_cost_usd": spent["cost_usd"],
+            "attempts_total": spent["attempts"]}

@@ -81,7 +81,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Budgets:
-    """Limits of one run, debited at each commit and never refilled by a restore.
+    """Limits of one run, debited as they are spent (model and read spend when the answer is
+    recorded, attempts at each claim) and never refilled by a restore.
 
     ``None`` leaves the workflow's default (and, without one, no limit)."""
 

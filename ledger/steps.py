@@ -271,16 +271,14 @@ RETURNING seq, status, attempt, max_attempts,
 # waiting runs only), so the signal is read without a lock and updated after the run row:
 # locks go run first, then signal, everywhere. A signal committed while this statement
 # runs is not in its snapshot; the reaper wakes the run then (ledger/waits.py).
+# Model and read spend is not debited here: recording each answer debited it
+# (ledger/evidence.py), so a step that never commits has spent it all the same.
 _COMMIT = """
 WITH early_signal AS (
     SELECT id FROM onward.signals
      WHERE %(signal)s::text IS NOT NULL AND run_id = %(run_id)s AND name = %(signal)s
        AND consumed_seq IS NULL
      ORDER BY id LIMIT 1
-), usage AS (
-    SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
-           coalesce(sum(cost_usd), 0) AS cost
-      FROM onward.evidence WHERE run_id = %(run_id)s AND seq = %(seq)s
 ), advanced AS (
     UPDATE onward.runs
        SET seq = seq + 1, step = %(next_step)s, attempt = 0,
@@ -295,8 +293,6 @@ WITH early_signal AS (
            wait_until = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
                              ELSE %(wait_until)s::timestamptz END,
            updated_at = onward.now(),
-           used_tokens = used_tokens + (SELECT tokens FROM usage),
-           used_cost_usd = used_cost_usd + (SELECT cost FROM usage),
            state_schema_version = %(state_schema_version)s, handbacks = 0,
            budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
            budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
@@ -455,6 +451,8 @@ _DEFER = """
 WITH deferred AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           -- a status poll is not a step execution: it spends no attempt budget
+           attempts_total = attempts_total - 1,
            waiting_on = %(waiting_on)s, updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
@@ -712,8 +710,9 @@ class StepStore:
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,
               detail: str) -> bool:
-        """Pause the run without a worker: give the lease back (the attempt is not spent)
-        and wake the same step after ``delay_s`` through a delayed outbox row."""
+        """Pause the run without a worker: give the lease back (neither the step's attempt
+        nor the run's attempt budget is spent) and wake the same step after ``delay_s``
+        through a delayed outbox row."""
         row = self._one(
             _DEFER,
             {

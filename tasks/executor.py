@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.effects import EffectFenced, EffectStore
-from ledger.evidence import EvidenceStore
+from ledger.evidence import EvidenceFenced, EvidenceStore
 from ledger.exceptions import InvalidInput
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
@@ -167,7 +167,7 @@ def _run_claimed(
         outcome = step(ctx, state)
     except Suspend:
         pass  # the decision is on services.control
-    except (LeaseLost, EffectFenced) as exc:
+    except (LeaseLost, EffectFenced, EvidenceFenced) as exc:
         bound.warning("lease lost during step; result discarded", error=str(exc))
         store.commit_refused(claim)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)

@@ -306,7 +306,9 @@ class StepServices:
         return LLMResponse.from_record(kept.response)
 
     def _check_budget(self, model: str) -> None:
-        """A model call that would start over budget is not made; the run fails."""
+        """A model call that would start over budget is not made; the run fails. What the
+        run had spent at the claim includes every answer recorded at this seq (each was
+        debited when recorded), so ``usage_*`` counts only this attempt's new calls."""
         over = None
         if self.tokens_left is not None and self.usage_tokens >= self.tokens_left:
             over = f"token budget spent ({self.usage_tokens} of {self.tokens_left} left)"
@@ -314,7 +316,9 @@ class StepServices:
             over = f"cost budget spent (${self.usage_cost_usd:.4f} of ${self.cost_left_usd:.4f})"
         if over is not None:
             spent = {**self.spent, "step_tokens": self.usage_tokens,
-                     "step_cost_usd": self.usage_cost_usd}
+                     "step_cost_usd": self.usage_cost_usd,
+                     "tokens": self.spent.get("tokens", 0) + self.usage_tokens,
+                     "cost_usd": self.spent.get("cost_usd", 0.0) + self.usage_cost_usd}
             self.control.fail(FailFor("budget_exhausted",
                                       f"{over}; not calling {model}", spent))
             raise Suspend()

@@ -1,0 +1,148 @@
+"""Budgets are never refilled (docs/design.md section 6): what a step paid for is debited
+when the answer is recorded, whatever happens to the step afterwards. Steps run in this
+process through the real executor and ledger (tests/support/driver.py); the crash case,
+with a real worker SIGKILLed mid-step, is in tests/acceptance/test_budgets.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.audit import Role
+from ledger.runs import Budgets, Run
+from tests.support import reads
+from tests.support.driver import Driver, driver
+from tests.workflows_budgets import COST_PER_CALL, MODEL, TOKENS_PER_CALL
+
+MODULES = ["tests.workflows_budgets"]
+
+# The same scenario under a token budget and under a money budget: each call bills 60
+# tokens and $0.60, so a limit of "n calls and two thirds" is 100 tokens or $1.00, etc.
+KINDS = ["tokens", "cost_usd"]
+
+
+def _budget(kind: str, calls: float) -> Budgets:
+    if kind == "tokens":
+        return Budgets(tokens=round(calls * TOKENS_PER_CALL))
+    return Budgets(cost_usd=round(calls * COST_PER_CALL, 2))
+
+
+def _spent(run: Run, kind: str) -> float:
+    return run.used_tokens if kind == "tokens" else float(run.used_cost_usd)
+
+
+def _per_call(kind: str) -> float:
+    return TOKENS_PER_CALL if kind == "tokens" else COST_PER_CALL
+
+
+@pytest.fixture()
+def drv(ledger: Ledger) -> Iterator[Driver]:
+    with driver(ledger, MODULES) as running:
+        yield running
+
+
+def _paid(run_the_test: Any) -> tuple[Run, int]:
+    before = MODEL.paid_here
+    run = run_the_test()
+    return run, MODEL.paid_here - before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_budget__a_step_stops_once_its_budget_is_spent(ledger: Ledger, drv: Driver,
+                                                       kind: str) -> None:
+    """Invariant: what was paid is spent. Without any crash or error (the reference for the
+    tests below), a step that calls the model until stopped, with a budget of 1 2/3 calls,
+    makes 2 calls (the second starts under budget) and the run fails budget_exhausted with
+    exactly those 2 calls debited (before, a step stopped by its budget debited nothing)."""
+    run_id = ledger.start_run("test_spender", {}, budgets=_budget(kind, 5 / 3))
+    run, paid = _paid(lambda: drv.drive(run_id))
+    assert run.status is RunStatus.FAILED and run.last_error["reason"] == "budget_exhausted"
+    assert paid == 2
+    assert _spent(run, kind) == pytest.approx(2 * _per_call(kind))
+    assert run.last_error["spent"][kind] == pytest.approx(_spent(run, kind))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_budget__answers_replayed_from_the_record_count_against_the_step(
+        ledger: Ledger, drv: Driver, kind: str) -> None:
+    """Invariant: a budget is never exceeded by more than one call's spend. A step pays for
+    2 calls and raises; its retry gets those 2 answers from the record, and they count:
+    with a budget of 2.5 calls it pays for 1 more call, not 3 more (5 in all)."""
+    run_id = ledger.start_run("test_spender", {"raise_after": 2},
+                              budgets=_budget(kind, 2.5))
+    run, paid = _paid(lambda: drv.drive(run_id))
+    assert run.status is RunStatus.FAILED and run.last_error["reason"] == "budget_exhausted"
+    assert paid == 3
+    assert _spent(run, kind) == pytest.approx(3 * _per_call(kind))
+    assert _spent(run, kind) <= 2.5 * _per_call(kind) + _per_call(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_budget__a_failed_steps_spend_is_debited(ledger: Ledger, drv: Driver,
+                                                 kind: str) -> None:
+    """Invariant: what was paid is spent. A step pays for one call and then fails the run
+    (a non-retryable error): the run shows that call's tokens and cost, not 0."""
+    run_id = ledger.start_run("test_spender", {"give_up_after": 1},
+                              budgets=_budget(kind, 10))
+    run, paid = _paid(lambda: drv.drive(run_id))
+    assert run.status is RunStatus.FAILED and "giving up" in run.last_error["message"]
+    assert paid == 1
+    assert (run.used_tokens, run.used_cost_usd) == (TOKENS_PER_CALL,
+                                                    Decimal(str(COST_PER_CALL)))
+
+
+def _drive_through_polls(ledger: Ledger, drv: Driver, run_id: UUID) -> Run:
+    """Execute the run's deliveries, letting each status-poll delay pass at once."""
+    for _ in range(20):
+        run = ledger.get_run(run_id)
+        assert run is not None
+        if run.status is not RunStatus.RUNNING:
+            return run
+        reads.execute(ledger.engine, "UPDATE onward.outbox SET due_at = onward.now() "
+                      "WHERE run_id = :id", id=run_id)
+        drv.step(run_id, run.seq)
+    raise AssertionError(f"run {run_id} still running: {ledger.get_run(run_id)}")
+
+
+def test_budget__status_polls_of_an_accepted_effect_spend_no_attempt_budget(
+        ledger: Ledger, drv: Driver) -> None:
+    """Invariant: the attempt budget counts step executions. A step whose effect the
+    provider accepted and completes after 5 status polls, with an attempt budget of 2:
+    each poll gives the lease back and is not counted; the run completes with one attempt
+    spent (today the polls spend it and the run fails with the effect still accepted)."""
+    run_id = ledger.start_run("test_polled_job", {}, budgets=Budgets(attempts=2))
+    run = _drive_through_polls(ledger, drv, run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    assert run.result is not None and run.result["polls"] == 5
+    assert run.attempts_total == 1
+    polls = [a for a in reads.attempts(ledger.engine, run_id) if a["outcome"] == "waiting"]
+    assert len(polls) == 5  # the accepted call, then 4 polls that still found it accepted
+    assert [e.status.value for e in ledger.effects(run_id)] == ["completed"]
+
+
+def test_budget__inherited_budgets_of_a_replay_of_a_replay_keep_the_grandparents_spend(
+        ledger: Ledger, drv: Driver) -> None:
+    """Invariant: a replay with inherited budgets starts with what its whole history had
+    spent at the checkpoint it copies. Original run: three steps, one paid call each.
+    A live replay from checkpoint 1 inherits the first call; a replay of that replay from
+    its checkpoint 2 inherits the first call (the grandparent's) and the second (the
+    parent's): 2 calls, 2 step executions, not 1."""
+    ops = ledger.acting_as("olga", Role.OPERATOR)
+    original = drv.drive(ledger.start_run("test_three_calls", {},
+                                          budgets=Budgets(tokens=1000, cost_usd=100)))
+    assert (original.status, original.used_tokens) == (RunStatus.COMPLETED,
+                                                       3 * TOKENS_PER_CALL)
+    replay = drv.drive(ops.replay(original.id, 1, "live", "again from the second").run_id)
+    assert replay.status is RunStatus.COMPLETED
+    assert (replay.used_tokens, replay.attempts_total) == (3 * TOKENS_PER_CALL, 3)
+    again = ops.replay(replay.id, 2, "live", "again from the third").run_id
+    started = ledger.get_run(again)
+    assert started is not None
+    assert started.used_tokens == 2 * TOKENS_PER_CALL
+    assert started.used_cost_usd == Decimal(str(2 * COST_PER_CALL))
+    assert started.attempts_total == 2
