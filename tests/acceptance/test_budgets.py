@@ -13,6 +13,8 @@ from ledger.runs import Budgets
 from tests.support.cluster import Cluster, wait_for
 from tests.workflows_budgets import COST_PER_CALL, TOKENS_PER_CALL
 
+pytestmark = pytest.mark.acceptance
+
 
 @pytest.mark.parametrize("kind", ["tokens", "cost_usd"])
 def test_budget__a_worker_killed_mid_step_gives_the_next_attempt_no_fresh_allowance(
