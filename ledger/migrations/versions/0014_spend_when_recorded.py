@@ -1,7 +1,7 @@
 """model and read spend is debited when the answer is recorded, not at commit
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 
 From this revision the statement that records evidence also adds its tokens and cost to
 the run's ``used_tokens`` / ``used_cost_usd`` (ledger/evidence.py), and the commit no longer
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = '0013'
-down_revision = '0012'
+revision = '0014'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 
