@@ -57,14 +57,14 @@ def check_csrf(request: Request, csrf: str | None) -> None:
                                "check): reload the page; nothing was done")
 
 
-def render(request: Request, name: str, ledger: Ledger | None, status: int = 200,
+def render(request: Request, name: str, ledger: Ledger | None, code: int = 200,
            **context: Any) -> HTMLResponse:
     actor = ledger.actor if ledger else None
     token = request.cookies.get(COOKIE, "")
     return TEMPLATES.TemplateResponse(request, name, {
         "actor": actor, "may": (lambda action: actor is not None and actor.may(
             AuditAction(action))), "csrf": csrf_of(token) if token else "",
-        "pretty": pretty, **context}, status_code=status)
+        "pretty": pretty, **context}, status_code=code)
 
 
 def pretty(value: Any) -> str:
@@ -76,7 +76,7 @@ def failed(request: Request, exc: Exception, ledger: Ledger | None) -> Response:
     status, title = status_of(exc)
     if status == 401 and not request.headers.get("hx-request"):
         return RedirectResponse("/login", status_code=303)
-    return render(request, "error.html", ledger, status=status, title=title, detail=str(exc))
+    return render(request, "error.html", ledger, code=status, title=title, detail=str(exc))
 
 
 # -- sign in ------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def _sign_in(request: Request, token: str) -> Response:
     try:
         ledger = request.app.state.ledger.authenticate(token)
     except Unauthenticated as exc:
-        return render(request, "login.html", None, status=401, error=str(exc))
+        return render(request, "login.html", None, code=401, error=str(exc))
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
                         secure=request.url.scheme == "https", max_age=12 * 3600)
