@@ -5,6 +5,7 @@ mutating route refuses a request without a token (401) before anything happens."
 from __future__ import annotations
 
 from datetime import timedelta
+
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from console.http.app import create_app
 from ledger import Ledger
 from ledger.audit import Role
 from ledger.tokens import TokenRequest
+
 
 def test_openapi__no_server_errors_and_no_anonymous_changes(ledger: Ledger) -> None:
     """Each generated request, sent with an admin token, never answers 5xx; sent without a
