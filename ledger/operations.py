@@ -118,12 +118,16 @@ def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
     reopened: list[str] = []
     if status is RunStatus.FAILED:
         reopened = _reopen_closed_effects(conn, run_id, run["seq"])
+    # Only a run continue unblocks gets its step's attempts back: a parked or failed one,
+    # or a running one whose attempts are spent. A runnable run keeps its counts.
+    unblocks = status is not RunStatus.RUNNING or run["attempt"] >= run["max_attempts"]
+    counts = {"attempt": 0, "handbacks": 0} if unblocks else {}
     moved = conn.execute(
         runs.update()
         .where(runs.c.id == run_id, runs.c.seq == run["seq"], runs.c.status == status.value)
-        .values(status=RunStatus.RUNNING.value, attempt=0, handbacks=0, lease_owner=None,
-                lease_expires_at=None, parked_reason=None, last_error=None, finished_at=None,
-                updated_at=sa.func.onward.now())
+        .values(status=RunStatus.RUNNING.value, lease_owner=None, lease_expires_at=None,
+                parked_reason=None, last_error=None, finished_at=None,
+                updated_at=sa.func.onward.now(), **counts)
         .returning(runs.c.id)
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
@@ -158,15 +162,37 @@ def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> 
         raise OperationRefused(f"run {run_id} is running: worker {run['lease_owner']} holds "
                                f"step {run['step'] or '(start)'} until "
                                f"{run['lease_expires_at']:%H:%M:%S}")
-    if status is RunStatus.RUNNING and str(run["waiting_on"] or "").startswith("timer:"):
-        due = conn.execute(sa.select(outbox.c.due_at).where(
-            outbox.c.run_id == run_id, outbox.c.seq == run["seq"],
-            outbox.c.due_at > sa.func.onward.now())).scalar()
-        if due is not None:
-            raise OperationRefused(f"run {run_id} sleeps until {due:%Y-%m-%d %H:%M:%S} "
-                                   "(a durable timer); it goes on by itself then")
+    if status is RunStatus.RUNNING:
+        _check_not_scheduled(conn, run)
     if status is RunStatus.FAILED:
         _check_failure(conn, run)
+
+
+def _check_not_scheduled(conn: Connection, run: RowMapping) -> None:
+    """A runnable run whose next delivery is due later (a durable timer, a retry backoff,
+    the next status poll of an accepted effect, a hand-back's backoff) goes on by itself
+    then; continue would cut the wait short (and, before, reset its attempt count)."""
+    due = conn.execute(sa.select(outbox.c.due_at).where(
+        outbox.c.run_id == run["id"], outbox.c.seq == run["seq"],
+        outbox.c.due_at > sa.func.onward.now())).scalar()
+    if due is None:
+        return
+    waiting_on = str(run["waiting_on"] or "")
+    when = f"{due:%Y-%m-%d %H:%M:%S}"
+    if waiting_on.startswith("timer:"):
+        what = f"sleeps until {when} (a durable timer)"
+    elif waiting_on.startswith("effect:"):
+        what = f"waits for the provider to finish an accepted effect; it asks again at {when}"
+    elif run["handbacks"]:
+        what = (f"was handed back by a worker without its workflow version; it is queued "
+                f"again at {when}")
+    else:
+        error = run["last_error"] or {}
+        after = f" after {error.get('type')}: {str(error.get('message'))[:200]}" if error else ""
+        what = (f"waits out a retry backoff until {when} (attempt {run['attempt']} of "
+                f"{run['max_attempts']} of step {run['step'] or '(start)'}{after})")
+    raise OperationRefused(f"run {run['id']} {what}; it goes on by itself then, and "
+                           "continue would cut that short")
 
 
 def _check_failure(conn: Connection, run: RowMapping) -> None:
