@@ -40,7 +40,7 @@ def test_continue__refuses_a_run_waiting_out_a_retry_backoff(ledger: Ledger,
                       retry_in_s=600)
     before = reads.outbox_rows(ledger.engine, claim.run_id)
     ops = ledger.acting_as("olga", Role.OPERATOR)
-    with pytest.raises(OperationRefused, match="retry backoff.*Timeout"):
+    with pytest.raises(OperationRefused, match=r"retry backoff.*Timeout"):
         ops.continue_run(claim.run_id, "hurry up")
     assert reads.run_row(ledger.engine, claim.run_id)["attempt"] == 1
     assert reads.outbox_rows(ledger.engine, claim.run_id) == before
