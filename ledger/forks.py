@@ -317,15 +317,7 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
         return _Start(RunStatus.RUNNING, control["then"], control,
                       due_at=datetime.fromisoformat(str(control["until"])))
     if kind == "signal":
-        wait_until = None
-        if control.get("timeout_at"):
-            # The new run gets the wait the parent was given, counted from now (as an
-            # approval's lifetime is): the reaper times it out like the parent's.
-            timeout = datetime.fromisoformat(str(control["timeout_at"])) - cp["created_at"]
-            wait_until = conn.execute(sa.select(sa.func.onward.now())).scalar_one() + timeout
-            control = {**control, "timeout_at": wait_until.isoformat()}
-        return _Start(RunStatus.WAITING, control["then"], control,
-                      waiting_on=f"signal:{control['name']}", wait_until=wait_until)
+        return _signal_start(conn, cp, control)
     asked = conn.execute(sa.select(approvals).where(
         approvals.c.id == UUID(str(control["approval_id"])))).mappings().first()
     if asked is None:
@@ -354,6 +346,25 @@ def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:
             f"{str(asked['artifact_hash'])[:12]}…) is not the artifact checkpoint "
             f"{asked['seq']} asked about ({str(control.get('artifact_hash'))[:12]}…): it was "
             "edited outside onward, so it is not asked again")
+
+
+def _signal_start(conn: Connection, cp: RowMapping, control: dict[str, Any]) -> _Start:
+    """The new run gets the signal wait the parent was given, counted from now by the
+    database's clock (as an approval's lifetime is): the reaper times it out like the
+    parent's. The timeout is the one the step asked for (``timeout_s``); checkpoints
+    written before it was recorded give it as their timeout time minus their commit time."""
+    wait_until = None
+    if control.get("timeout_s") is not None:
+        timeout = timedelta(seconds=float(control["timeout_s"]))
+    elif control.get("timeout_at"):
+        timeout = datetime.fromisoformat(str(control["timeout_at"])) - cp["created_at"]
+    else:
+        timeout = None
+    if timeout is not None:
+        wait_until = conn.execute(sa.select(sa.func.onward.now())).scalar_one() + timeout
+        control = {**control, "timeout_at": wait_until.isoformat()}
+    return _Start(RunStatus.WAITING, control["then"], control,
+                  waiting_on=f"signal:{control['name']}", wait_until=wait_until)
 
 
 def _evidence_start(conn: Connection, parent: RowMapping, cp: RowMapping,

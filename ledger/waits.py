@@ -233,12 +233,20 @@ def signal_payload(conn: Connection, run_id: UUID, name: str, seq: int) -> Any:
 
 # -- the reaper's part --------------------------------------------------------------------------
 
+# Locks are taken run row first, then approval, as cancel and decide take them, so the
+# reaper cannot deadlock with them: the runs of due approvals are locked (skipping those a
+# command holds), then their approvals are expired.
+_DUE_APPROVALS = sa.text("""
+SELECT a.id FROM onward.approvals a JOIN onward.runs r ON r.id = a.run_id
+ WHERE a.status = 'pending' AND a.expires_at < onward.now()
+ LIMIT :limit
+   FOR UPDATE OF r SKIP LOCKED
+""")
+
 _EXPIRE_APPROVALS = sa.text("""
 WITH expired AS (
     UPDATE onward.approvals SET status = 'expired'
-     WHERE id IN (SELECT id FROM onward.approvals
-                   WHERE status = 'pending' AND expires_at < onward.now()
-                   LIMIT :limit FOR UPDATE SKIP LOCKED)
+     WHERE id = ANY(:ids) AND status = 'pending' AND expires_at < onward.now()
  RETURNING id, run_id, seq
 )
 SELECT e.id, e.run_id, e.seq, c.control FROM expired e
@@ -315,7 +323,8 @@ def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: str
 
 def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
     delivered = conn.execute(_WAKE_SIGNALLED, {"limit": limit}).rowcount
-    expired = conn.execute(_EXPIRE_APPROVALS, {"limit": limit}).mappings().all()
+    due = list(conn.execute(_DUE_APPROVALS, {"limit": limit}).scalars())
+    expired = (conn.execute(_EXPIRE_APPROVALS, {"ids": due}).mappings().all() if due else [])
     for row in expired:
         _continue_or_fail(conn, row, "on_expire", "approval_expired",
                           f"approval {row['id']} expired before anyone decided")

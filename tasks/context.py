@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +13,7 @@ from tasks.llm import LLMResponse
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.services import StepServices
 from tasks.tools import Tool
+from tasks.waiting import aware
 from tasks.workflow import Step, Workflow
 
 
@@ -90,11 +91,20 @@ class StepContext:
         return WaitSignal(name, _required(then), timeout, _name(on_timeout), update)
 
     def sleep(self, delay: timedelta, /, *, then: Step | str, **update: Any) -> Sleep:
-        """Continue with ``then`` after ``delay``, holding no worker."""
-        return Sleep(datetime.now(UTC) + delay, _required(then), update)
+        """Continue with ``then`` after ``delay`` (by the database's clock), holding no
+        worker."""
+        return Sleep(self.now() + delay, _required(then), update)
 
     def sleep_until(self, when: datetime, /, *, then: Step | str, **update: Any) -> Sleep:
-        return Sleep(when, _required(then), update)
+        """Continue with ``then`` at ``when``, an aware datetime (a naive one names no
+        instant and is refused with OutcomeError), compared with the database's clock."""
+        return Sleep(aware(when, "ctx.sleep_until"), _required(then), update)
+
+    def now(self) -> datetime:
+        """The database's time (the claim's, advanced by this host's monotonic clock): the
+        clock every wait, expiry and deadline is compared with, whatever this host's wall
+        clock says."""
+        return self.services.clock.now()
 
     @property
     def decision(self) -> Any:

@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -24,6 +25,7 @@ from ledger.exceptions import InvalidInput
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
 from tasks import faults
+from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
@@ -145,6 +147,7 @@ def _run_claimed(
     if refused is not None:
         return _refuse(store, effects, claim, step, refused, bound)
 
+    clock = StepClock(claim.claimed_at)
     services = StepServices(
         effects=effects, evidence=evidence, run_id=claim.run_id, tenant_id=claim.tenant_id,
         seq=claim.seq, step=step.name, epoch=claim.epoch, worker=worker,
@@ -152,7 +155,7 @@ def _run_claimed(
         control=claim.checkpoint.control if claim.checkpoint else None,
         tokens_left=limits.tokens_left(claim.budget),
         cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
-        launch=claim.launch,
+        launch=claim.launch, clock=clock,
     )
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
@@ -189,7 +192,7 @@ def _run_claimed(
     if error is not None:
         return _record_failure(store, effects, config, claim, step, error, bound)
     try:
-        advance = _advance(config, workflow, step, state, outcome, limits)
+        advance = _advance(config, workflow, step, state, outcome, limits, clock.now())
         refs = services.refs(claim.budget.spent())
         if restored.migrated is not None:
             refs["migrated_from"] = restored.migrated.as_ref()
@@ -275,7 +278,7 @@ def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,
 
 
 def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
-             outcome: object, limits: Limits) -> Advance:
+             outcome: object, limits: Limits, now: datetime) -> Advance:
     """Turn a step's outcome into the next checkpoint, or raise OutcomeError."""
     defaults = limits.defaults_for_run()
     if isinstance(outcome, Goto):
@@ -290,7 +293,7 @@ def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state:
             _target(workflow, step, other)
         new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
         return Advance(step.name, OutcomeKind.WAIT, then.name, new_state, workflow.version,
-                       workflow.attempts_for(then), wait=build_wait(outcome, workflow, step),
+                       workflow.attempts_for(then), wait=build_wait(outcome, workflow, step, now),
                        defaults=defaults, state_schema_version=workflow.state_schema_version)
     state_json = _as_json(state, config.max_state_bytes)
     if isinstance(outcome, Finish):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -27,6 +26,7 @@ from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
 from tasks import faults
+from tasks.clock import StepClock
 from tasks.control import Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import OutcomeError, StepError
 from tasks.llm import LLMClient, LLMResponse
@@ -68,7 +68,8 @@ class StepServices:
                  tenant_id: str, seq: int, step: str, epoch: int, worker: str,
                  llm_client: LLMClient | None, control: dict[str, Any] | None = None,
                  tokens_left: int | None = None, cost_left_usd: float | None = None,
-                 spent: dict[str, Any] | None = None, launch: Launch | None = None) -> None:
+                 spent: dict[str, Any] | None = None, launch: Launch | None = None,
+                 clock: StepClock) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -90,6 +91,7 @@ class StepServices:
         self.usage_tokens = 0
         self.usage_cost_usd = 0.0
         self.launch = launch or Launch()
+        self.clock = clock
         self.lineage = LineageStore(effects.conn)
         self._source: UUID | None = None
         self._source_known = False
@@ -247,7 +249,7 @@ class StepServices:
                 "no status call (or the provider gave no reference) to learn its outcome")
             self.control.park("effect_unpollable", stuck)
             raise stuck
-        age = (datetime.now(UTC) - effect.created_at).total_seconds()
+        age = (self.clock.now() - effect.created_at).total_seconds()
         if age > tool.status_timeout_s:
             stalled = EffectOutcomeUnknown(
                 f"effect {effect.effect_id[:16]}… ({tool.name}) is still accepted after "
@@ -360,7 +362,7 @@ class StepServices:
             seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
             request_hash=request_hash,
             response={"result": answer.result, "version": answer.version,
-                      "read_at": datetime.now(UTC).isoformat()},
+                      "read_at": self.clock.now().isoformat()},
             lease_epoch=self.epoch,
         ))
         return dict(kept.response["result"])
@@ -476,7 +478,7 @@ class StepServices:
             control["approval_id"] = str(approval["id"])  # ctx.decision reads the parent's
         return replace(advance, next_step=resumed, wait=Wait(
             waiting_on=f"replayed:{control.get('kind')}", control=control,
-            due_at=datetime.now(UTC)))
+            due_at=self.clock.now()))
 
     def stop_diverged(self, decision: DivergeFor) -> bool:
         """Mark the replay ``diverged`` with its report; False means the lease was lost."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import signal as signals
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
+from ledger.schema import ToolClass
 from tasks import StepContext, Workflow
+from tasks.tools import Tool, ToolResult
 
 
 class Review(BaseModel):
@@ -116,3 +118,29 @@ crasher = Workflow("test_crash_budget", version=1, state=Empty, max_attempts=10)
 def crash(ctx: StepContext, state: Empty) -> Any:
     os.kill(os.getpid(), signals.SIGKILL)
     raise AssertionError("unreachable")
+
+
+naive_sleeper = Workflow("test_naive_sleep", version=1, state=Empty)
+
+
+@naive_sleeper.step(start=True)
+def nap_naively(ctx: StepContext, state: Empty) -> Any:
+    """Sleeps until a datetime without a time zone: no instant, so it must be refused."""
+    return ctx.sleep_until(datetime(2020, 1, 1, 9, 0), then=woke_naively)
+
+
+@naive_sleeper.step
+def woke_naively(ctx: StepContext, state: Empty) -> Any:
+    return ctx.finish()
+
+
+slow_job = Tool("test.slow_job", ToolClass.IDEMPOTENT_WRITE,
+                call=lambda payload, key: ToolResult("accepted", f"job_{key[:8]}"),
+                status=lambda ref: ToolResult("accepted", ref), status_timeout_s=600)
+poller = Workflow("test_slow_job", version=1, state=Empty)
+
+
+@poller.step(start=True)
+def start_job(ctx: StepContext, state: Empty) -> Any:
+    """The provider accepts the job and never finishes it: polled until its timeout."""
+    return ctx.finish(job=ctx.effect(slow_job, n=1))
