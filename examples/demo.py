@@ -663,6 +663,15 @@ def report(stats: BatchStats, lost: int, elapsed: float) -> list[str]:
     return problems
 
 
+def console_hint(settings: OnwardSettings) -> str:
+    """How to open the console (API and web page) on the demo's data."""
+    env = "" if settings.embedded else "ONWARD_DATABASE_URL=… "
+    sign_in = ("it prints a login link with a fresh admin token" if settings.embedded else
+               "sign in with a token from `onward tokens create NAME --role operator`")
+    return (f"console: {env}onward console   (http://127.0.0.1:8765; {sign_in}; the runs "
+            "and approvals above are there)")
+
+
 def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
     queue = f"demo.{secrets.token_hex(4)}"
     env = demo_env(queue)
@@ -732,6 +741,7 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
     console.print(f"\ndone in {time.monotonic() - STARTED:.1f}s")
     hint = "    stop the embedded servers: onward embedded down" if settings.embedded else ""
     console.print(f"inspect: onward runs show {victim.id}{hint}")
+    console.print(console_hint(settings))
     for problem in problems:
         console.print(f"[bold red]FAILED:[/bold red] {problem}")
     summary = {

@@ -200,6 +200,9 @@ runs = Table(
     Index("ix_runs_conversation", "conversation_id"),
     Index("ix_runs_workflow_status", "workflow", "status"),
     Index("ix_runs_parent", "parent_run_id", postgresql_where=text("parent_run_id IS NOT NULL")),
+    Index("ix_runs_tenant_id", "tenant_id", "id"),  # the console's runs list, newest first
+    Index("ix_runs_tenant_status_id", "tenant_id", "status", "id"),  # ... by status; counts
+    Index("ix_runs_tenant_workflow_id", "tenant_id", "workflow", "id"),
     CheckConstraint(f"mode IS NULL OR {_in('mode', LaunchMode)}", name="mode"),
 )
 
@@ -368,6 +371,7 @@ approvals = Table(
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     CheckConstraint(_in("status", ApprovalStatus), name="status"),
     Index("ix_approvals_run", "run_id", "seq"),
+    Index("ix_approvals_tenant_status_created", "tenant_id", "status", "created_at", "id"),
     Index("ix_approvals_pending_expiry", "expires_at",
           postgresql_where=text("status = 'pending'")),
 )
@@ -407,6 +411,7 @@ audit = Table(
     Column("token_id", UUID(as_uuid=True), nullable=True),  # the token the actor presented
     Index("ix_audit_run", "run_id"),
     Index("ix_audit_at", "at"),
+    Index("ix_audit_tenant_id", "tenant_id", "id"),
 )
 
 worker_queues = Table(

@@ -142,6 +142,7 @@ def test_page__sign_in_csrf_and_role_aware_actions(client: TestClient, drv: Driv
     assert "cancel the run" not in page.text and "Actions" not in page.text
     form = {"reason": "x", "confirm": "yes", "csrf": csrf_of(vic)}
     assert client.post(f"/runs/{run_id}/cancel", data=form).status_code == 403
+    client.cookies.clear()
     client.cookies.set(COOKIE, olga)
     assert "cancel the run" in client.get(f"/runs/{run_id}").text
     stale = client.post(f"/runs/{run_id}/cancel", data={**form, "csrf": "forged"})
