@@ -325,3 +325,46 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
                    if done.was_leased_by else "",
                    f"; invalidated approvals {', '.join(map(str, done.approvals_invalidated))}"
                    if done.approvals_invalidated else ""), soft_wrap=True)
+
+
+@runs_app.command("wait")
+def runs_wait(run_id: RunArg, timeout: Annotated[float, typer.Option(
+        min=0, help="Seconds to wait at most.")] = 60.0, as_json: JsonFlag = False) -> None:
+    """Wait until RUN is no longer running (finished, waiting for a person, parked); exit 1
+    if it still runs after --timeout."""
+    import time
+
+    ledger = open_ledger()
+    found = resolve_run(ledger, run_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        with reported():
+            run = ledger.get_run(found)
+        if run is None or run.status is not RunStatus.RUNNING or time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if as_json:
+        print_json(run_row(run))
+    else:
+        out.print(line(str(found), " ", (run.status.value, "bold"), f" at seq {run.seq}"))
+    if run.status is RunStatus.RUNNING:
+        raise typer.Exit(1)
+
+
+@runs_app.command("signal")
+def runs_signal(run_id: RunArg, name: Annotated[str, typer.Argument(help="The signal's name.")],
+                payload: Annotated[str, typer.Option(help="Its payload, as JSON.")] = "{}"
+                ) -> None:
+    """Send a named signal to RUN (operator; audited): it wakes the run if it waits for it,
+    and is kept for later otherwise."""
+    ledger = open_ledger()
+    run = _get(ledger, run_id, AuditAction.SIGNAL)
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        _refuse(ledger, AuditAction.SIGNAL, InvalidInput(f"--payload must be JSON ({exc})"),
+                run.id)
+    with reported():
+        woke = ledger.signal(run.id, name, value)
+    out.print(line(f"signal {name!r} sent to {run.id}: ",
+                   "it woke the run" if woke else "kept until the run waits for it"))

@@ -204,3 +204,42 @@ def test_cli__rough_edges(drv: Driver) -> None:
     assert [a.action for a in drv.ledger.audit(run_id=started)] == ["start"]
     _, err = onward("runs", "show", "zz", secret=operator, code=2)
     assert "first 6 digits" in err
+
+
+def test_cli__local_admin_on_the_embedded_default(drv: Driver, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: without a configured database, the OS user who owns the embedded
+    database (ONWARD_HOME/pg) is a local admin with no token; anyone else is refused."""
+    import os
+
+    from console import auth
+    from ledger import OnwardSettings
+
+    monkeypatch.setattr(auth.Ledger, "from_env", lambda settings=None: drv.ledger)
+    home = tmp_path / "home"
+    (home / "pg").mkdir(parents=True)
+    mine = OnwardSettings(database_url=None, broker_url=None, home=home, actor="me")
+    actor = auth.cli_ledger(mine).actor
+    assert (actor.name, actor.role, actor.token_id) == ("me", Role.ADMIN, None)
+    os.chown(home / "pg", 65534, 65534)  # the tests run as root on CI and here
+    with pytest.raises(Unauthenticated, match="does not own"):
+        auth.cli_ledger(mine)
+
+
+def test_cli__wait_and_signal(drv: Driver) -> None:
+    """`runs signal` needs the operator role, is audited and wakes a run waiting for it;
+    `runs wait` returns once the run stops running (exit 1 while it still runs)."""
+    run_id = drv.ledger.start_run("test_signal", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    viewer, olga = token(drv.ledger, "vic", "viewer"), token(drv.ledger, "olga", "operator")
+    _, err = onward("runs", "signal", str(run_id), "go", secret=viewer, code=2)
+    assert "needs the operator role" in err
+    out, _ = onward("runs", "signal", str(run_id)[:13], "go", "--payload", '{"n": 1}',
+                    secret=olga)
+    assert "it woke the run" in out
+    onward("runs", "wait", str(run_id), "--timeout", "0.2", secret=viewer, code=1)
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    out, _ = onward("runs", "wait", str(run_id), "--json", secret=viewer)
+    assert json.loads(out)["status"] == "completed"
+    assert [(a.action, a.outcome) for a in reversed(drv.ledger.audit(run_id=run_id))] == [
+        ("signal", "refused"), ("signal", "done")]
