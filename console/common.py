@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any, NoReturn
@@ -126,18 +126,22 @@ _AGO = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
-def parse_since(value: str | None) -> datetime | None:
-    """``30m``, ``2h``, ``7d``, ``1w`` ago, or an ISO 8601 time."""
+def parse_since(value: str | None) -> datetime | timedelta | None:
+    """``30m``, ``2h``, ``7d``, ``1w`` ago (a span the ledger counts back from the
+    database's clock, not this host's), or an ISO 8601 time with its zone."""
     if value is None:
         return None
     match = _AGO.match(value.strip())
     if match:
-        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+        return timedelta(**{_UNITS[match[2]]: int(match[1])})
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         fail(f"--since {value!r}: give e.g. 30m, 2h, 7d or an ISO time", EXIT_REFUSED)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if parsed.tzinfo is None:
+        fail(f"--since {value!r} has no time zone; give one (e.g. {value}Z or {value}+01:00) "
+             "or a span such as 2h", EXIT_REFUSED)
+    return parsed
 
 
 def short(value: Any, width: int = 12) -> str:

@@ -29,6 +29,7 @@ from ledger.audit import (
     record_txn,
 )
 from ledger.checkpoints import CheckpointKeys
+from ledger.clock import TimeOrSpan
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.envelope import CheckpointEnvelope
@@ -172,7 +173,7 @@ class Ledger:
         limit: int = 50,
         offset: int = 0,
         idempotency_key: str | None = None,
-        since: datetime | None = None,
+        since: TimeOrSpan | None = None,
         parent_run_id: UUID | None = None,
         before: UUID | None = None,
     ) -> list[run_ops.Run]:
@@ -220,7 +221,7 @@ class Ledger:
 
     def audit(self, *, run_id: UUID | None = None, action: str | None = None,
               actor: str | None = None, outcome: str | None = None,
-              since: datetime | None = None, limit: int = 50,
+              since: TimeOrSpan | None = None, limit: int = 50,
               offset: int = 0, before: int | None = None) -> list[AuditEntry]:
         """The actor's tenant's audit log, newest first (``before``: an id cursor)."""
         with wrap_driver_errors("reading the audit log"), self.engine.connect() as conn:

@@ -16,6 +16,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import PermissionDenied
 from ledger.schema import audit
 
@@ -157,7 +158,7 @@ def record_txn(conn: Connection, actor: Actor, record: AuditRecord) -> int:
 def list_audit_txn(conn: Connection, *, tenant_id: str | None = None,
                    run_id: UUID | None = None, action: str | None = None,
                    actor: str | None = None, outcome: str | None = None,
-                   since: datetime | None = None, limit: int = 50,
+                   since: TimeOrSpan | None = None, limit: int = 50,
                    offset: int = 0, before: int | None = None) -> list[AuditEntry]:
     """Audit rows, newest first; ``run_id`` matches the run acted on or the run it created;
     ``before`` is a cursor (rows with a smaller id)."""
@@ -175,5 +176,5 @@ def list_audit_txn(conn: Connection, *, tenant_id: str | None = None,
     if outcome is not None:
         query = query.where(audit.c.outcome == outcome)
     if since is not None:
-        query = query.where(audit.c.at >= since)
+        query = query.where(audit.c.at >= at_or_ago(since))
     return [AuditEntry.from_row(r) for r in conn.execute(query).mappings()]

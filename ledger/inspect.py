@@ -12,6 +12,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.operations import UnknownEffect
@@ -39,7 +40,7 @@ class RunFilter:
     until: datetime | None = None
     conversation_id: str | None = None
     idempotency_key: str | None = None
-    since: datetime | None = None
+    since: TimeOrSpan | None = None  # a span counts back from the database's now
     parent_run_id: UUID | None = None
     before: UUID | None = None  # cursor: runs created before this one (uuid7 sorts by time)
 
@@ -57,7 +58,7 @@ def list_runs_txn(conn: Connection, where: RunFilter, *, limit: int = 50,
     if where.idempotency_key is not None:
         query = query.where(runs.c.idempotency_key == where.idempotency_key)
     if where.since is not None:
-        query = query.where(runs.c.created_at >= where.since)
+        query = query.where(runs.c.created_at >= at_or_ago(where.since))
     if where.until is not None:
         query = query.where(runs.c.created_at < where.until)
     if where.tenant_id is not None:

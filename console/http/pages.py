@@ -129,7 +129,7 @@ def runs_page(request: Request, status: str = "", workflow: str = "", version: s
         where = RunFilter(
             status=RunStatus(status) if status else None, workflow=workflow or None,
             workflow_version=int(version) if version.isdigit() else None,
-            since=datetime.now(UTC) - _AGO[since] if since in _AGO else None,
+            since=_AGO.get(since),  # counted back from the database's clock
             before=UUID(before) if before else None)
         runs = ledger.find_runs(where, limit=50)
         return render(request, "runs.html", ledger, runs=runs, counts=ledger.run_counts(),

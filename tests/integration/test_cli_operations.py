@@ -190,3 +190,23 @@ def test_cli_inspect__reading_a_run_or_an_effect_is_audited(drv: Driver) -> None
             for a in reversed(audit)] == [
         ("inspect", "done", "olga", "viewer", None),
         ("inspect", "done", "olga", "operator", effect["effect_id"])]
+
+
+def test_cli_since__counts_back_from_the_database_clock(
+        cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: `runs ls --since 1h` and `audit ls --since 1h` count back from the
+    database's clock, never this host's: with the database's clock a day behind this host's
+    (every connection of this process), a run started now by the database's clock and its
+    audit row are listed; an ISO time without a zone is refused, not guessed."""
+    url = cli_env["ONWARD_DATABASE_URL"]
+    behind = url + ("&" if "?" in url else "?") + "options=-c%20onward.clock_offset%3D-1d"
+    monkeypatch.setenv("ONWARD_DATABASE_URL", behind)
+    ledger = Ledger.from_env().acting_as("olga", Role.OPERATOR)
+    run_id = ledger.start_run("test_ops_notes", {"topic": "clock"})
+    ledger.cancel(run_id, "to leave an audit row")
+    rows = json.loads(onward("runs", "ls", "--since", "1h", "--json", role="viewer"))
+    assert str(run_id) in [r["id"] for r in rows]
+    audit = json.loads(onward("audit", "ls", "--since", "1h", "--json", role="viewer"))
+    assert str(run_id) in [a["run_id"] for a in audit]
+    refused = onward("runs", "ls", "--since", "2026-01-01T09:00", role="viewer", code=2)
+    assert "no time zone" in refused
