@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -86,19 +86,36 @@ def db_status(as_json: JsonFlag = False) -> None:
 # -- processes ----------------------------------------------------------------------------
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option("-c", "--concurrency")] = 2,
+    concurrency: Annotated[int, typer.Option("-c", "--concurrency",
+                                             help="Processes (prefork) or threads/greenlets.")] = 2,
+    pool: Annotated[str, typer.Option("-P", "--pool", help="prefork | threads | gevent | solo "
+                                      "(docs/operating.md: choosing a worker pool).")] = "prefork",
+    autoscale: Annotated[str | None, typer.Option(help="MAX,MIN processes (prefork).")] = None,
+    max_tasks_per_child: Annotated[int | None, typer.Option(
+        help="Replace a pool process after this many messages (prefork).")] = None,
+    max_memory_per_child: Annotated[int | None, typer.Option(
+        help="Replace a pool process above this resident memory, in KiB (prefork).")] = None,
+    prefetch_multiplier: Annotated[int | None, typer.Option(
+        help="Messages reserved per concurrency slot (default 1).")] = None,
     workflows: Annotated[str, typer.Option(help="Comma-separated modules to import.")] = "",
     name: Annotated[str, typer.Option(help="Celery node name.")] = "",
     loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
 ) -> None:
-    """Run a Celery worker (prefork) that executes steps."""
+    """Run a Celery worker that executes steps (prefork, threads or gevent pool)."""
     from ledger.db import create_engine, require_current_schema
     from tasks.routing import worker_queues
     from workers.app import create_app, start_advertising
     from workers.logs import configure_logging
+    from workers.pools import PoolKind, PoolOptions
 
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
     configure_logging(loglevel)
+    try:
+        options = PoolOptions(PoolKind(pool) if pool in set(PoolKind) else _bad_pool(pool),
+                              concurrency, autoscale, max_tasks_per_child,
+                              max_memory_per_child, prefetch_multiplier)
+    except InvalidInput as exc:
+        _fail(str(exc), EXIT_REFUSED)
     settings = _settings()
     if workflows:
         settings = settings.model_copy(update={"workflows": workflows.split(",")})
@@ -108,15 +125,22 @@ def worker(
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
     engine.dispose()  # no pooled connection may be inherited by the forked pool children
-    celery_app = create_app(settings)
+    celery_app = create_app(settings, concurrency=options.steps_per_process)
     runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
     queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
     node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
     start_advertising(settings, runtime.registry)
     celery_app.worker_main([
-        "worker", "-c", str(concurrency), "-P", "prefork", "-Q", ",".join(queues), "-E",
+        "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
         "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
     ])
+
+
+def _bad_pool(pool: str) -> NoReturn:
+    from workers.pools import PoolKind
+
+    raise InvalidInput(f"unknown pool {pool!r}; choose one of "
+                       f"{', '.join(kind.value for kind in PoolKind)}")
 
 
 @app.command()

@@ -1,49 +1,84 @@
-"""One autocommit psycopg connection per worker process: each statement is one transaction.
+"""Autocommit psycopg connections for one worker process: each statement is one transaction.
 
 The step hot path (claim, commit), the effect protocol and evidence all run their single
-statements here, prepared server-side after first use.
+statements here, prepared server-side after first use. Connections come from a bounded
+``psycopg_pool`` pool: each statement borrows one for its own duration and gives it back,
+so no connection is ever used by two threads (or greenlets) at once, and a process running
+``-c 200`` steps that mostly wait on a model holds only as many connections as statements
+in flight (at most ``max_size``). With ``max_size=1`` (the default, and a prefork child)
+every statement runs on the same connection, as a single dedicated connection would.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ledger.db import connect_raw
+from ledger.db import libpq_conninfo
 from ledger.exceptions import LedgerUnavailable
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long a statement waits for a connection (pool exhausted or database unreachable)."""
 
 
 class HotConnection:
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+    """A bounded pool of autocommit connections, opened on first use."""
 
-    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
-        if self._conn is None or self._conn.closed:
-            conn = connect_raw(self._url, autocommit=True)
-            conn.row_factory = dict_row
-            self._conn = conn
-        assert self._conn is not None
-        return self._conn
+    def __init__(self, url: str, *, max_size: int = 1,
+                 timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, got {max_size}")
+        self._url = url
+        self.max_size = max_size
+        self._timeout_s = timeout_s
+        self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
+        self._lock = threading.Lock()
+
+    def _open_pool(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    libpq_conninfo(self._url),
+                    kwargs={"autocommit": True, "row_factory": dict_row},
+                    min_size=0, max_size=self.max_size, timeout=self._timeout_s,
+                    reconnect_timeout=self._timeout_s, num_workers=1,
+                    name="onward-hot", open=True)
+            return self._pool
+
+    def _run(self, sql: str, params: dict[str, Any], many: bool) -> Any:
+        pool = self._pool or self._open_pool()
+        try:
+            with pool.connection() as conn:
+                cursor = conn.execute(sql, params, prepare=True)
+                return cursor.fetchall() if many else cursor.fetchone()
+        except psycopg.OperationalError as exc:
+            # The pool drops the broken connection; the statement's outcome is unknown.
+            raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
+        except PoolTimeout as exc:
+            raise LedgerUnavailable(
+                f"no ledger connection within {self._timeout_s:.0f}s (database unreachable, "
+                f"or all {self.max_size} connections of this process busy): {exc}") from exc
 
     def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         """Run one statement (its own transaction) and return its first row."""
-        try:
-            return self._connection().execute(sql, params, prepare=True).fetchone()
-        except psycopg.OperationalError as exc:
-            self.close()  # reconnect on next use; the statement's outcome is unknown
-            raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
+        row: dict[str, Any] | None = self._run(sql, params, many=False)
+        return row
 
     def all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        try:
-            return self._connection().execute(sql, params, prepare=True).fetchall()
-        except psycopg.OperationalError as exc:
-            self.close()
-            raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
+        rows: list[dict[str, Any]] = self._run(sql, params, many=True)
+        return rows
+
+    def connections_opened(self) -> int:
+        """Connections this pool has opened so far (0 before first use)."""
+        pool = self._pool
+        return int(pool.get_stats().get("connections_num", 0)) if pool is not None else 0
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(timeout=1.0)

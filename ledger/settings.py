@@ -128,6 +128,12 @@ class OnwardSettings(BaseSettings):
         description="Eager continuation stops once the delivered message has run this long, so "
         "one run cannot hold a worker process from the others.",
     )
+    db_pool_max: int = Field(
+        default=20, ge=1,
+        description="Most ledger connections one worker process opens: a threads or gevent "
+        "worker of -c N borrows one per statement from a pool of min(N, this); a prefork child "
+        "uses one.",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",

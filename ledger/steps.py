@@ -499,11 +499,13 @@ def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
 
 
 class StepStore:
-    """The ledger operations a worker runs for each step, on one dedicated connection."""
+    """The ledger operations a worker runs for each step. Statements run on connections of
+    a bounded pool of ``pool_size`` (one per process by default; a threads or gevent
+    worker sizes it to its concurrency): safe to share between the threads of a process."""
 
     def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float,
-                 state_inline_bytes: int = 64 * 1024) -> None:
-        self.conn = HotConnection(url)
+                 state_inline_bytes: int = 64 * 1024, pool_size: int = 1) -> None:
+        self.conn = HotConnection(url, max_size=pool_size)
         self._keys = keys
         self._ttl = lease_ttl_s
         self._state_inline_bytes = state_inline_bytes

@@ -51,15 +51,20 @@ def celery_config(settings: OnwardSettings) -> dict[str, Any]:
     return config
 
 
-def create_app(settings: OnwardSettings | None = None, registry: Registry | None = None) -> Celery:
-    """Build the Celery app with ``onward.step`` registered on it (no global current app)."""
+def create_app(settings: OnwardSettings | None = None, registry: Registry | None = None, *,
+               concurrency: int = 1) -> Celery:
+    """Build the Celery app with ``onward.step`` registered on it (no global current app).
+
+    ``concurrency`` is how many steps one process runs at once (a threads or gevent pool's
+    ``-c``; 1 for a prefork child): the size of its ledger connection pool."""
     settings = settings or OnwardSettings()
     if registry is None:
         registry = Registry()
         registry.load_modules(settings.workflows)
     app = Celery("onward", set_as_current=False)
     app.conf.update(celery_config(settings))
-    runtime = WorkerRuntime(app=app, settings=settings, registry=registry)
+    runtime = WorkerRuntime(app=app, settings=settings, registry=registry,
+                            concurrency=concurrency)
 
     @app.task(name=STEP_TASK, ignore_result=True, acks_late=True)
     def step(**kwargs: Any) -> str:

@@ -1,6 +1,10 @@
-"""Per-process worker state: the step store connection, the registry, the publisher.
+"""Per-process worker state: the step store's connection pool, the registry, the publisher.
 
-Built lazily in each prefork child (connections must not cross ``fork``).
+Built lazily in each prefork child (connections must not cross ``fork``), once per process
+under a lock (a threads or gevent worker runs ``handle`` from many threads at once). The
+step store's pool holds ``min(concurrency, ONWARD_DB_POOL_MAX)`` connections, each borrowed
+for one statement; a message is published through a producer borrowed from Celery's
+producer pool for that one publish, so no connection or channel is shared by two threads.
 
 Eager continuation: after committing a step, the worker runs the run's next step itself
 (claimed and committed through the ledger like any other) instead of publishing it, while the
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,19 +45,28 @@ class WorkerRuntime:
     app: Celery
     settings: OnwardSettings
     registry: Registry
+    concurrency: int = 1  # steps this process runs at once (threads/gevent: -c N)
     _pid: int = field(default=0, init=False)
     _store: StepStore | None = field(default=None, init=False)
-    _producer: Any = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def pool_size(self) -> int:
+        """Ledger connections of this process: one per step in flight, within the cap."""
+        return max(1, min(self.concurrency, self.settings.db_pool_max))
 
     def _ensure_process_state(self) -> None:
-        pid = os.getpid()
-        if self._pid == pid and self._store is not None:
+        if self._pid == os.getpid() and self._store is not None:
             return
-        self._pid = pid
+        with self._lock:
+            if self._pid != os.getpid() or self._store is None:
+                self._open_process_state()
+
+    def _open_process_state(self) -> None:
         keys = CheckpointKeys.from_settings(self.settings)
         self._store = StepStore(database_url(self.settings), keys,
-                                lease_ttl_s=self.settings.lease_ttl_s)
+                                lease_ttl_s=self.settings.lease_ttl_s, pool_size=self.pool_size)
         self._config = ExecutorConfig(
             keys=keys,
             max_state_bytes=self.settings.max_state_bytes,
@@ -63,17 +77,22 @@ class WorkerRuntime:
             handback_limit=self.settings.handback_limit,
             handback_max_delay_s=self.settings.worker_queue_ttl_s,
         )
-        self._producer = None
         faults.arm_from_env()
+        self._pid = os.getpid()  # last: other threads see a complete state or take the lock
+
+    @property
+    def store(self) -> StepStore:
+        """This process's step store (opened on first use)."""
+        self._ensure_process_state()
+        assert self._store is not None
+        return self._store
 
     def close(self) -> None:
-        """Give back the producer and close the ledger connection of this process."""
-        if self._producer is not None:
-            self._producer.release()
-            self._producer = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        """Close the ledger connections of this process."""
+        with self._lock:
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     @property
     def worker_id(self) -> str:
@@ -81,16 +100,15 @@ class WorkerRuntime:
 
     def publish(self, run_id: UUID, seq: int, queue: str) -> None:
         """Send the step message for ``(run_id, seq)`` (fast path, right after commit)."""
-        if self._producer is None:
-            self._producer = self.app.producer_pool.acquire(block=True)
-        self.app.send_task(
-            STEP_TASK,
-            kwargs={"run_id": str(run_id), "seq": seq},
-            queue=queue,
-            producer=self._producer,
-            argsrepr="",
-            kwargsrepr=f"{run_id}@{seq}",
-        )
+        with self.app.producer_pool.acquire(block=True) as producer:
+            self.app.send_task(
+                STEP_TASK,
+                kwargs={"run_id": str(run_id), "seq": seq},
+                queue=queue,
+                producer=producer,
+                argsrepr="",
+                kwargsrepr=f"{run_id}@{seq}",
+            )
 
     def handle(self, kwargs: dict[str, Any]) -> StepReport:
         """Execute the delivered step, then (eagerly) the run's next ones; see the module doc.

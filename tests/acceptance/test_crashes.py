@@ -1,6 +1,11 @@
 """Processes dying or hanging at the worst moments: the run still ends with exactly one
 checkpoint per seq. Real ``onward`` processes are SIGKILLed / SIGSTOPped by pid, or die at
-named fault points armed through ONWARD_FAULTS (each test has its own fault marker dir)."""
+named fault points armed through ONWARD_FAULTS (each test has its own fault marker dir).
+
+The crash tests run on the prefork pool (a pool child dies; Celery's parent replaces it) and
+on the threads pool (the step runs in a thread of the worker process itself, so the whole
+worker dies with it, other threads' steps included); a SIGKILL mid-step and a paused lease
+holder also on the gevent pool."""
 
 from __future__ import annotations
 
@@ -19,10 +24,19 @@ from tests.support.messages import Publisher
 
 pytestmark = pytest.mark.acceptance
 
+POOLS = pytest.mark.parametrize("pool", ["prefork", "threads"])
+ALL_POOLS = pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+THREADS = 4  # a threads worker runs this many steps at once: the crash takes them all
+
+
+def start_worker(cluster: Cluster, pool: str, **options: Any) -> Proc:
+    """A worker of ``pool``: one prefork child, or one process of THREADS threads/greenlets."""
+    return cluster.worker(concurrency=1 if pool == "prefork" else THREADS, pool=pool, **options)
+
 
 def lease_holder(ledger: Ledger, run_id: UUID, workers: list[Proc]) -> tuple[Proc, int, str]:
-    """The worker process whose pool child holds the run's lease right now (from
-    runs.lease_owner = "host:pid"), that child's pid and the owner string."""
+    """The worker process whose pool child (prefork) or itself (threads) holds the run's
+    lease right now (from runs.lease_owner = "host:pid"), that pid and the owner string."""
 
     def holder() -> tuple[Proc, int, str] | None:
         owner = reads.run_row(ledger.engine, run_id)["lease_owner"]
@@ -30,7 +44,7 @@ def lease_holder(ledger: Ledger, run_id: UUID, workers: list[Proc]) -> tuple[Pro
             return None
         pid = int(owner.rsplit(":", 1)[1])
         for proc in workers:
-            if pid in proc.children():
+            if pid in proc.step_pids():
                 return proc, pid, owner
         raise AssertionError(f"lease owner {owner} is not a child of any test worker")
 
@@ -42,16 +56,17 @@ def _completed(ledger: Ledger, run_id: UUID, timeout: float = 90) -> dict[str, A
                           status="completed")
 
 
-def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger,
-                                                             cluster: Cluster) -> None:
+@ALL_POOLS
+def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger, cluster: Cluster,
+                                                             pool: str) -> None:
     """SIGKILL the pool child holding a run's lease while its 0.8 s step sleeps: after the
     3 s lease expires the reaper restores the run (restore_count >= 1, the dead attempt
     recorded 'worker_lost'), another process commits that seq, and the run completes
     with checkpoints 0..3, exactly one committed attempt per seq."""
     cluster.dispatcher()
     cluster.reaper()
-    workers = [cluster.worker(concurrency=1, name="worker-a"),
-               cluster.worker(concurrency=1, name="worker-b")]
+    workers = [start_worker(cluster, pool, name="worker-a"),
+               start_worker(cluster, pool, name="worker-b")]
     run_id = ledger.start_run("test_chain", {"steps": 3, "sleep_ms": 800})
 
     _, pid, owner = lease_holder(ledger, run_id, workers)
@@ -72,16 +87,22 @@ def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger,
     assert (stats.duplicate_commits, stats.runs_with_gaps) == (0, 0)
 
 
+@POOLS
 def test_crash__after_commit_before_publish_the_dispatcher_publishes(
-        ledger: Ledger, cluster: Cluster, settings_env: dict[str, str]) -> None:
+        ledger: Ledger, cluster: Cluster, settings_env: dict[str, str], pool: str) -> None:
     """The worker dies (SIGKILL, fault after_commit_before_publish) right after committing
     seq 1 and before publishing its message: the outbox row committed with the checkpoint
     is published by the dispatcher after its grace period, so the run completes with no
-    reaper running, no restore, every attempt committed and one checkpoint per seq."""
+    reaper running, no restore, every attempt committed and one checkpoint per seq. (On
+    the threads pool the whole worker dies; a second worker is started after it.)"""
     cluster.dispatcher()
-    worker = cluster.worker(concurrency=1,
-                            env={"ONWARD_FAULTS": "after_commit_before_publish:kill:once"})
+    worker = start_worker(cluster, pool,
+                          env={"ONWARD_FAULTS": "after_commit_before_publish:kill:once"})
     run_id = ledger.start_run("test_chain", {"steps": 3})
+    if pool == "threads":
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die at the fault")
+        assert worker.popen.returncode == -signal.SIGKILL
+        start_worker(cluster, pool, name="worker-b")
 
     row = _completed(ledger, run_id)
 
@@ -93,11 +114,14 @@ def test_crash__after_commit_before_publish_the_dispatcher_publishes(
     assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1, 2: 1}
     assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2, 3]
     assert row["restore_count"] == 0
-    assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
+    if pool == "prefork":
+        assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
 
 
+@POOLS
 def test_crash__sigkill_during_an_eager_step_completes_elsewhere(ledger: Ledger,
-                                                                cluster: Cluster) -> None:
+                                                                cluster: Cluster,
+                                                                pool: str) -> None:
     """One delivered message runs a run's steps back to back in the same pool child (eager
     continuation, a wide window). SIGKILL that child while it is inside the third step,
     which no broker message asked for: the commits before it stand, the lease expires, the
@@ -106,7 +130,7 @@ def test_crash__sigkill_during_an_eager_step_completes_elsewhere(ledger: Ledger,
     cluster.dispatcher()
     cluster.reaper()
     eager = {"ONWARD_EAGER_STEPS": "16", "ONWARD_EAGER_WINDOW_MS": "600000"}
-    first = cluster.worker(concurrency=1, name="worker-a", env=eager)
+    first = start_worker(cluster, pool, name="worker-a", env=eager)
     run_id = ledger.start_run("test_chain", {"steps": 5, "sleep_ms": 300})
 
     def in_third_step() -> int | None:
@@ -120,7 +144,7 @@ def test_crash__sigkill_during_an_eager_step_completes_elsewhere(ledger: Ledger,
     assert first.log().count("] received") == 1  # one message, three steps
     owner = owners.pop()
     os.kill(int(owner.rsplit(":", 1)[1]), signal.SIGKILL)
-    cluster.worker(concurrency=1, name="worker-b")
+    start_worker(cluster, pool, name="worker-b")
 
     row = _completed(ledger, run_id)
     assert row["restore_count"] >= 1
@@ -166,16 +190,18 @@ def test_crash__dispatcher_dies_after_publish_before_mark_duplicate_is_noop(
     wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
 
 
+@ALL_POOLS
 def test_crash__paused_lease_holder_cannot_commit_after_takeover(ledger: Ledger,
-                                                                 cluster: Cluster) -> None:
+                                                                 cluster: Cluster,
+                                                                 pool: str) -> None:
     """SIGSTOP the pool child holding a run's lease past the 3 s TTL: the reaper restores
     the run, the other worker claims it (new lease epoch) and completes it. SIGCONT the
     paused child: its step finishes, its commit is fenced off by the epoch, its attempt
     ends 'lease_lost', and there is still exactly one checkpoint per seq."""
     cluster.dispatcher()
     cluster.reaper()
-    workers = [cluster.worker(concurrency=1, name="worker-a"),
-               cluster.worker(concurrency=1, name="worker-b")]
+    workers = [start_worker(cluster, pool, name="worker-a"),
+               start_worker(cluster, pool, name="worker-b")]
     run_id = ledger.start_run("test_chain", {"steps": 2, "sleep_ms": 1500})
 
     paused, pid, owner = lease_holder(ledger, run_id, workers)

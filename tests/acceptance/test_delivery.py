@@ -1,6 +1,7 @@
 """At-least-once delivery made safe: duplicates, stale and hostile messages are no-ops.
 
-One real ``onward worker`` (prefork, 2 children) serves every test of this module; there
+One real ``onward worker`` serves every test of this module, once on the prefork pool (2
+children) and once on the threads pool (4 threads in one process); there
 is no dispatcher and no reaper, so the only messages are the ones a test publishes itself
 (through the product's own Celery app) and the ones the worker publishes after a commit.
 Each test asserts on its own runs, and on whole-ledger counts where "nothing changed" is
@@ -9,6 +10,7 @@ the claim.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -30,9 +32,12 @@ def settings_env(module_env: dict[str, str]) -> dict[str, str]:
     return module_env
 
 
-@pytest.fixture(scope="module")
-def worker(module_cluster: Cluster) -> Proc:
-    return module_cluster.worker(concurrency=2)
+@pytest.fixture(scope="module", params=["prefork", "threads"])
+def worker(module_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Proc]:
+    proc = module_cluster.worker(concurrency=2 if request.param == "prefork" else 4,
+                                 pool=request.param, name=f"worker-{request.param}")
+    yield proc
+    proc.stop()  # the other pool's worker must not consume this module's later messages
 
 
 def _completed(ledger: Ledger, run_id: UUID, **more: int) -> dict[str, Any]:

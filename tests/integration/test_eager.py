@@ -7,6 +7,7 @@ the broker is counted in Redis itself."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -129,3 +130,27 @@ def test_eager__a_ledger_error_in_an_eager_step_publishes_its_message(
     assert row["lease_owner"] == rt.worker_id
     assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1}
     assert publisher.queued() == 1
+
+
+def test_eager__threads_share_one_runtime_and_a_bounded_connection_pool(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """Eight threads drive one worker runtime at once (as a ``-P threads -c 4`` worker's
+    pool does, only busier): 24 runs of 3 steps, each delivered once with eager_steps=1, so
+    every delivery commits two steps and publishes the third step's message from its own
+    thread. Every run ends at seq 2 with one committed attempt per seq, exactly 24 messages
+    reach Redis, and the process never opened more than 4 ledger connections (the pool
+    sized to the concurrency), however many threads asked at once."""
+    rt = runtime(eager_steps=1, eager_window_ms=60_000)
+    rt.concurrency = 4
+    run_ids = [ledger.start_run("test_chain", {"steps": 3, "sleep_ms": 5}) for _ in range(24)]
+
+    with ThreadPoolExecutor(max_workers=8) as threads:
+        kinds = list(threads.map(lambda run_id: _deliver(rt, run_id, 0), run_ids))
+
+    assert kinds == ["committed"] * 24
+    for run_id in run_ids:
+        assert reads.run_row(ledger.engine, run_id)["seq"] == 2
+        assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1}
+    assert publisher.queued() == 24
+    assert rt.pool_size == 4
+    assert rt.store.conn.connections_opened() <= 4

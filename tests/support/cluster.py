@@ -47,6 +47,10 @@ class Proc:
     def pid(self) -> int:
         return self.popen.pid
 
+    def step_pids(self) -> list[int]:
+        """The pids that run steps: the prefork children, or the process itself."""
+        return [self.pid, *self.children()]
+
     def children(self) -> list[int]:
         try:
             return [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
@@ -107,8 +111,10 @@ class Cluster:
         return proc
 
     def worker(self, *, concurrency: int = 2, env: dict[str, str] | None = None,
-               name: str = "worker", wait_ready: bool = True) -> Proc:
-        proc = self._start(name, ["worker", "-c", str(concurrency), "--name",
+               name: str = "worker", wait_ready: bool = True, pool: str = "prefork") -> Proc:
+        """``onward worker -P pool -c concurrency``: prefork children run the steps, or (threads,
+        gevent) the worker process itself does."""
+        proc = self._start(name, ["worker", "-P", pool, "-c", str(concurrency), "--name",
                                   f"{name}-{len(self.procs)}@test"], env)
         if wait_ready:
             wait_for(lambda: "ready." in proc.log() or not proc.alive(), timeout=60,
