@@ -21,8 +21,12 @@ def run_detail(ledger: Ledger, run_id: UUID) -> dict[str, Any]:
     if run is None:
         raise ValueError(f"no run {run_id}")
     parent = ledger.get_run(run.parent_run_id) if run.parent_run_id else None
+    result_problem = ledger.result_problem(run_id)
     return {
         "run": {**run_row(run), "max_attempts": run.max_attempts,
+                "result_verified": (None if run.result is None and result_problem is None
+                                    else result_problem is None),
+                "result_problem": result_problem,
                 "attempts_total": run.attempts_total, "used_tokens": run.used_tokens,
                 "used_cost_usd": float(run.used_cost_usd), "budget_tokens": run.budget_tokens,
                 "budget_cost_usd": plain(run.budget_cost_usd),
@@ -75,6 +79,9 @@ def show_run(detail: dict[str, Any]) -> None:
         say(("parked:", "yellow"), " ", run["parked_reason"])
     if run["last_error"]:
         say(("last error:", "red"), " ", json_text(run["last_error"]))
+    if run["result_verified"] is False:
+        say(("result does not verify:", "red"), " ", run["result_problem"] or "",
+            " (what follows is not what the run finished with; run `onward verify`)")
     if run["result"] is not None:
         say("result: ", json_text(run["result"]))
     _timeline(detail["timeline"])

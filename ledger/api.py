@@ -527,6 +527,15 @@ class Ledger:
             self._own_run(conn, run_id)
             return verify.verify_run_txn(conn, self.keys, run_id)
 
+    def result_problem(self, run_id: UUID) -> str | None:
+        """Why the run's recorded result does not verify against its MAC, or None (also when
+        it has no result): what ``runs show`` marks."""
+        with wrap_driver_errors("verifying a result"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
+            run = conn.execute(sa.select(runs_table).where(runs_table.c.id == run_id)
+                               ).mappings().one()
+            return verify.result_problem(self.keys, run)
+
     def verify_all(self, batch: int = 500) -> Iterator[tuple[UUID, list[verify.Problem]]]:
         """Every run of the actor's tenant, in id order, with its problems (in batches)."""
         after: UUID | None = None

@@ -15,7 +15,7 @@ from ledger.exceptions import LedgerUnavailable, SchemaMismatch
 from ledger.schema import SCHEMA, VERSION_TABLE
 from ledger.settings import OnwardSettings
 
-HEAD_REVISION = "0015"
+HEAD_REVISION = "0016"
 """The Alembic revision this code expects; bump with every migration."""
 
 

@@ -9,6 +9,7 @@ commits (a crash, an error, a refusal), so no restore refills a budget.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -17,8 +18,9 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger.checkpoints import canonical_json, sha256_hex
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
+from ledger.exceptions import IntegrityViolation, InvalidInput, OnwardError
 from ledger.hot import HotConnection
 
 INLINE_LIMIT = 8 * 1024
@@ -83,10 +85,10 @@ WITH fence AS (
 ), recorded AS (
     INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
                                  request_hash, response, artifact_sha256, input_tokens,
-                                 output_tokens, cost_usd, lease_epoch)
+                                 output_tokens, cost_usd, lease_epoch, mac)
     SELECT id, %(command_id)s, %(kind)s, %(seq)s, %(step)s, %(source)s, %(source_version)s,
            %(request_hash)s, %(response)s, %(sha)s, %(input_tokens)s, %(output_tokens)s,
-           %(cost_usd)s, %(epoch)s
+           %(cost_usd)s, %(epoch)s, %(mac)s
       FROM fence
     ON CONFLICT (run_id, command_id) DO NOTHING
     RETURNING run_id, response, input_tokens + output_tokens AS tokens, cost_usd, created_at
@@ -107,21 +109,38 @@ class EvidenceFenced(OnwardError):
     """The step's lease was taken over (or the run stopped): this holder records nothing."""
 
 
+def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:
+    """The response an evidence row records, once its MAC verifies: a body stored as an
+    artifact must hash to the row's ``artifact_sha256``, and the row (call, request, the
+    response's sha256, cost) must match its MAC. Raises IntegrityViolation otherwise."""
+    what = f"evidence {row['command_id']} of run {row['run_id']}"
+    if row["artifact_sha256"] is None:
+        response = row["response"]
+        digest = sha256_hex(canonical_json(response))
+    else:
+        body = bytes(row["artifact_body"]) if row["artifact_body"] is not None else None
+        if body is None or sha256_hex(body) != row["artifact_sha256"]:
+            raise IntegrityViolation(f"{what}: its artifact {row['artifact_sha256'][:12]}… is "
+                                     "missing or does not match its sha256")
+        response, digest = json.loads(body), row["artifact_sha256"]
+    keys.check(signed.evidence(row["run_id"], row, digest), row["mac"], what)
+    return response
+
+
 class EvidenceStore:
-    def __init__(self, conn: HotConnection, *, max_artifact_bytes: int) -> None:
+    def __init__(self, conn: HotConnection, *, max_artifact_bytes: int,
+                 keys: CheckpointKeys) -> None:
         self.conn = conn
         self.max_artifact_bytes = max_artifact_bytes
+        self.keys = keys
 
     def find(self, run_id: UUID, command_id: str) -> Evidence | None:
+        """The recorded answer to ``command_id``, or None; raises IntegrityViolation when it
+        does not verify (never answers with an edited record)."""
         row = self.conn.one(_FIND, {"run_id": run_id, "command_id": command_id})
         if row is None:
             return None
-        response = row["response"]
-        if row["artifact_sha256"] is not None:
-            body = bytes(row["artifact_body"])
-            if sha256_hex(body) != row["artifact_sha256"]:
-                raise OnwardError(f"artifact {row['artifact_sha256']} does not match its hash")
-            response = json.loads(body)
+        response = checked_response(self.keys, row)
         return Evidence(
             run_id=row["run_id"], command_id=row["command_id"], kind=row["kind"],
             seq=row["seq"], step=row["step"], source=row["source"],
@@ -140,15 +159,18 @@ class EvidenceStore:
             raise InvalidInput(f"{record.kind} response of {len(body)} bytes exceeds the artifact "
                                f"limit of {self.max_artifact_bytes} bytes")
         big = len(body) > INLINE_LIMIT
+        digest = sha256_hex(body)
+        cost = signed.money(record.cost_usd)
         row = self.conn.one(_RECORD, {
             "run_id": record.run_id, "command_id": record.command_id, "kind": record.kind,
             "seq": record.seq, "step": record.step, "source": record.source,
             "source_version": record.source_version, "request_hash": record.request_hash,
             "response": None if big else Jsonb(record.response),
-            "sha": sha256_hex(body) if big else None,
+            "sha": digest if big else None,
             "size": len(body), "body": body if big else None,
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
-            "cost_usd": record.cost_usd, "epoch": record.lease_epoch,
+            "cost_usd": cost, "epoch": record.lease_epoch,
+            "mac": self.keys.sign(signed.evidence(record.run_id, vars(record), digest)),
         })
         if row is None or not row["held"]:
             raise EvidenceFenced(f"run {record.run_id}: the lease of epoch {record.lease_epoch} "
@@ -164,7 +186,7 @@ class EvidenceStore:
             seq=record.seq, step=record.step, source=record.source,
             source_version=record.source_version, request_hash=record.request_hash,
             response=json.loads(body) if big else row["response"],
-            artifact_sha256=sha256_hex(body) if big else None,
+            artifact_sha256=digest if big else None,
             input_tokens=record.input_tokens, output_tokens=record.output_tokens,
             cost_usd=row["cost_usd"], created_at=row["created_at"],
         )

@@ -168,6 +168,7 @@ runs = Table(
     Column("last_error", JSONB, nullable=True),
     Column("parked_reason", Text, nullable=True),
     Column("result", JSONB, nullable=True),
+    Column("result_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py result
     Column("waiting_on", Text, nullable=True),  # e.g. "effect:<effect_id>" while paused
     Column("wait_until", TS, nullable=True),  # a signal wait's timeout
     Column("budget_attempts", Integer, nullable=True),  # NULL: the workflow's default
@@ -345,6 +346,7 @@ evidence = Table(
     Column("cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
     Column("lease_epoch", BigInteger, nullable=False),
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py evidence
     PrimaryKeyConstraint("run_id", "command_id"),
     CheckConstraint(_in("kind", EvidenceKind), name="kind"),
     CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),

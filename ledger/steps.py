@@ -287,7 +287,7 @@ WITH early_signal AS (
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
            lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
            head_mac = %(head_mac)s,
-           result = %(result)s, last_error = NULL,
+           result = %(result)s, result_mac = %(result_mac)s, last_error = NULL,
            waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
                              ELSE %(waiting_on)s END,
            wait_until = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
@@ -621,6 +621,9 @@ class StepStore:
                 "artifact_sha": artifact[0] if artifact else None,
                 "artifact_body": artifact[1] if artifact else None,
                 "result": Jsonb(advance.result) if advance.result is not None else None,
+                "result_mac": (self._keys.sign(signed.result(claim.run_id, claim.seq + 1,
+                                                             advance.result))
+                               if advance.result is not None else None),
             },
         )
         if row is not None and row["advanced"] == 1:

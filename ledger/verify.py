@@ -8,6 +8,7 @@ import hashlib
 import hmac
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -15,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from ledger import signed
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, artifact_ref
+from ledger.evidence import checked_response
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
 
@@ -23,7 +25,7 @@ from ledger.schema import OutcomeKind, artifacts, checkpoints, evidence, runs
 class Problem:
     run_id: UUID
     seq: int | None
-    kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head
+    kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result
     detail: str
 
     def __str__(self) -> str:
@@ -53,7 +55,8 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
         problems.extend(_check_run_row(run, last))
     problems.extend(_check_head_mac(keys, run))
     problems.extend(_beyond_head(conn, run))
-    problems.extend(_check_artifacts(conn, run_id))
+    problems.extend(_check_evidence(conn, keys, run_id))
+    problems.extend(_check_result(keys, run))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
 
@@ -202,16 +205,38 @@ def _check_one(keys: CheckpointKeys, run_id: UUID, row: sa.RowMapping,
                       f"{previous['seq']}'s hash {previous['hash'][:12]}…")
 
 
-def _check_artifacts(conn: Connection, run_id: UUID) -> Iterator[Problem]:
+def _check_evidence(conn: Connection, keys: CheckpointKeys,
+                    run_id: UUID) -> Iterator[Problem]:
     rows = conn.execute(
-        sa.select(evidence.c.seq, evidence.c.command_id, artifacts.c.sha256, artifacts.c.body)
-        .join(artifacts, artifacts.c.sha256 == evidence.c.artifact_sha256)
-        .where(evidence.c.run_id == run_id)
-    ).all()
-    for seq, command_id, sha, body in rows:
-        if hashlib.sha256(bytes(body)).hexdigest() != sha:
-            yield Problem(run_id, seq, "artifact",
-                          f"artifact {sha[:12]}… of {command_id} does not match its hash")
+        sa.select(evidence, artifacts.c.body.label("artifact_body"))
+        .join(artifacts, artifacts.c.sha256 == evidence.c.artifact_sha256, isouter=True)
+        .where(evidence.c.run_id == run_id).order_by(evidence.c.seq, evidence.c.command_id)
+    ).mappings()
+    for row in rows:
+        try:
+            checked_response(keys, row)
+        except IntegrityViolation as exc:
+            yield Problem(run_id, row["seq"], "evidence", str(exc))
+
+
+def _check_result(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:
+    problem = result_problem(keys, run)
+    if problem is not None:
+        yield Problem(run["id"], run["seq"], "result", problem)
+
+
+def result_problem(keys: CheckpointKeys, run: Any) -> str | None:
+    """Why a run's recorded result (``runs.result``) cannot be trusted, or None: it must
+    match its MAC (bound to the run and the seq it finished at); a MAC with no result means
+    the result was removed."""
+    if run["result"] is None and run["result_mac"] is None:
+        return None
+    try:
+        keys.check(signed.result(run["id"], run["seq"], run["result"]), run["result_mac"],
+                   f"the run's result (seq {run['seq']})")
+    except IntegrityViolation as exc:
+        return str(exc)
+    return None
 
 
 def run_ids_txn(conn: Connection, *, after: UUID | None = None, limit: int = 500,

@@ -107,7 +107,8 @@ def execute_step(
     finds the run elsewhere, that is not a stale delivery and is not counted as one.
     """
     effects = effects or EffectStore(store.conn)
-    evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes)
+    evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes,
+                                         keys=config.keys)
     claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale)
     if isinstance(claimed, Stale):
         log.info("stale delivery" if count_stale else "run moved on before eager continuation",

@@ -20,8 +20,8 @@ from uuid import UUID
 
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect, EffectConflict, EffectStore, Intent
-from ledger.evidence import EvidenceRecord, EvidenceStore
-from ledger.exceptions import InvalidInput
+from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
+from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
@@ -296,7 +296,7 @@ class StepServices:
             raise StepError("no model client: pass Workflow(..., llm=client)", non_retryable=True)
         self._check_budget(model)
         response = self.llm_client.complete(model=model, messages=messages, **params)
-        kept = self.evidence.record(EvidenceRecord(
+        kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
             seq=self.seq, step=self.step, source=model, source_version=response.model,
             request_hash=request_hash, response=response.as_record(),
@@ -357,7 +357,7 @@ class StepServices:
         if recorded is not None:
             return dict(recorded["result"])
         answer = ToolResult.coerce(tool.call(params, command_id))
-        kept = self.evidence.record(EvidenceRecord(
+        kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.READ.value,
             seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
             request_hash=request_hash,
@@ -367,8 +367,24 @@ class StepServices:
         ))
         return dict(kept.response["result"])
 
+    def _find(self, run_id: UUID, command_id: str) -> Evidence | None:
+        """A recorded answer that verifies; one that does not parks the run (integrity):
+        an edited record is never answered with, and nothing is asked again in its place."""
+        try:
+            return self.evidence.find(run_id, command_id)
+        except IntegrityViolation as exc:
+            self.control.park("integrity", exc)
+            raise
+
+    def _record(self, record: EvidenceRecord) -> Evidence:
+        try:
+            return self.evidence.record(record)
+        except IntegrityViolation as exc:  # another attempt's record came first: edited
+            self.control.park("integrity", exc)
+            raise
+
     def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:
-        found = self.evidence.find(self.run_id, command_id)
+        found = self._find(self.run_id, command_id)
         if found is None:
             return None
         if found.request_hash != request_hash:
@@ -415,7 +431,7 @@ class StepServices:
     def _parent_record(self, kind: EvidenceKind, command_id: str,
                        request_hash: str) -> dict[str, Any]:
         source = self._evidence_source()
-        found = self.evidence.find(source, command_id) if source is not None else None
+        found = self._find(source, command_id) if source is not None else None
         if found is None:
             raise self._diverge(kind.value, "no_record", command_id,
                                 f"step {self.step} at seq {self.seq} made {kind.value} call "

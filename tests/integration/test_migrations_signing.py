@@ -56,3 +56,44 @@ def test_migration_0013__signs_existing_heads_that_verify(old_engine: Engine) ->
             "SELECT id, seq, head_hash, head_mac FROM onward.runs"))}
     keys.check(signed.head(good, 0, rows[good].head_hash), rows[good].head_mac, "head")
     assert rows[bad].head_mac is None
+
+
+def test_migration_0016__signs_existing_evidence_and_results(old_engine: Engine) -> None:
+    """Invariant: upgrading signs existing evidence (inline, and artifacts that match their
+    sha256) and results; an artifact that does not match its sha256 stays unsigned, so
+    verify reports it after the upgrade."""
+    from ledger.evidence import checked_response
+    from ledger.verify import result_problem
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0015")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        conn.execute(sa.text("UPDATE onward.runs SET result = '{\"ok\": 1}' WHERE id = :id"),
+                     {"id": run_id})
+        conn.execute(sa.text(
+            "INSERT INTO onward.artifacts (sha256, size, media_type, body) VALUES "
+            "(:good, 2, 'application/json', '\\x7b7d'), "
+            "(:bad, 2, 'application/json', '\\x5b5d')"),
+            {"good": "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+             "bad": "0" * 64})
+        for command, response, sha in (("inline", '{"text": "hi"}', None),
+                                       ("good", None, "44136fa355b3678a1146ad16f7e8649e9"
+                                                      "4fb4fc21fe77e8310c060f61caaff8a"),
+                                       ("bad", None, "0" * 64)):
+            conn.execute(sa.text(
+                "INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, "
+                "request_hash, response, artifact_sha256, lease_epoch, cost_usd) VALUES "
+                "(:run, :c, 'llm', 0, 's', 'm', 'r', :resp, :sha, 1, 0.001)"),
+                {"run": run_id, "c": command, "resp": response, "sha": sha})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        rows = {r["command_id"]: r for r in conn.execute(sa.text(
+            "SELECT e.*, a.body AS artifact_body FROM onward.evidence e LEFT JOIN "
+            "onward.artifacts a ON a.sha256 = e.artifact_sha256")).mappings()}
+        run = conn.execute(sa.text("SELECT * FROM onward.runs WHERE id = :id"),
+                           {"id": run_id}).mappings().one()
+    assert checked_response(keys, rows["inline"]) == {"text": "hi"}
+    assert checked_response(keys, rows["good"]) == {}
+    assert rows["bad"]["mac"] is None
+    assert result_problem(keys, run) is None
