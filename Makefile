@@ -26,14 +26,14 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit tests/integration
 
 lint: $(STAMP)
-	$(BIN)/ruff check ledger tasks workers console examples bench tests
+	$(BIN)/ruff check ledger tasks workers console examples bench tests harness
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/steps.py
 
 chaos: $(STAMP)
-	$(BIN)/python bench/chaos.py
+	$(BIN)/python -m bench.chaos
 
 clean:
 	-$(BIN)/onward embedded down

@@ -31,8 +31,8 @@ import uvicorn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import create_database, drop_database  # noqa: E402
 from console.http.app import create_app  # noqa: E402
+from harness.databases import create_database, drop_database  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.audit import Role  # noqa: E402
 from ledger.db import database_url  # noqa: E402

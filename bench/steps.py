@@ -77,17 +77,12 @@ import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
 from bench import baretx  # noqa: E402
-from bench._common import (  # noqa: E402
-    BenchFailed,
-    Proc,
-    Processes,
-    create_database,
-    drop_database,
-    redact,
-    wait_ready,
-)
 from bench.plain_celery import TASK as PLAIN_TASK  # noqa: E402
 from bench.plain_celery import make_app, record_keys  # noqa: E402
+from harness.databases import create_database, drop_database, redact  # noqa: E402
+from harness.errors import HarnessError as BenchFailed  # noqa: E402
+from harness.processes import Proc, Processes  # noqa: E402
+from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
@@ -713,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="onward-bench-"))
     common_env = {"ONWARD_BROKER_URL": broker, "ONWARD_HOME": str(home),
                   "ONWARD_WORKFLOWS": WORKFLOW_MODULE, "BENCH_BROKER_URL": broker}
-    procs = Processes(log_dir, common_env)
+    procs = Processes(env=common_env, log_dir=log_dir)
     client = redis.Redis.from_url(broker)
     profile_env: dict[str, str] = {}
     if args.profile:

@@ -80,16 +80,11 @@ import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
-from bench._common import (  # noqa: E402
-    BenchFailed,
-    Proc,
-    Processes,
-    create_database,
-    drop_database,
-    redact,
-    wait_ready,
-)
 from bench.waiting_agent import APPROVER_ROLE, WORKFLOW  # noqa: E402
+from harness.databases import create_database, drop_database, redact  # noqa: E402
+from harness.errors import HarnessError as BenchFailed  # noqa: E402
+from harness.processes import Proc, Processes  # noqa: E402
+from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url  # noqa: E402
 from ledger.schema import ApprovalStatus  # noqa: E402
@@ -549,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = sa.create_engine(database_url(settings), pool_size=2)
     ledger = Ledger(engine, settings)
     log_dir = Path(tempfile.mkdtemp(prefix="onward-bench-waiting-"))
-    procs = Processes(log_dir, env)
+    procs = Processes(env=env, log_dir=log_dir)
     client = redis.Redis.from_url(broker)
     clients: Clients | None = None
     ok = False

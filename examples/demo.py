@@ -52,17 +52,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any, TypeVar
 from uuid import UUID
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
+from harness.databases import redact
+from harness.errors import HarnessError
+from harness.processes import ROOT, Proc, Processes, wait_ready
+from harness.provider import ReferenceProvider
+from harness.waiting import wait_for
 from ledger import AttemptOutcome, Ledger, OnwardSettings, Run, RunStatus
 from ledger.effects import Effect
 from ledger.schema import ApprovalStatus, EffectStatus
@@ -70,10 +71,8 @@ from ledger.stats import BatchStats
 from ledger.waits import Approval, ApprovalRefused
 from tasks.waiting import artifact_hash
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = "research_agent"
 SALES_WORKFLOW = "sales_offer_agent"
-T = TypeVar("T")
 
 # The sales workers import only the sales agent (the research workers only the research
 # agent), so sales steps go to the sales version queue, served by crm-1, then crm-2 alone.
@@ -108,98 +107,17 @@ def phase(title: str, detail: str = "") -> None:
     console.print(f"[dim]{time.monotonic() - STARTED:5.1f}s[/dim] [bold]{title}[/bold] {detail}")
 
 
-class DemoFailed(Exception):
+class DemoFailed(HarnessError):
     """The demo could not do what it set out to do (a process died, a deadline passed)."""
-
-
-def wait_for(predicate: Callable[[], T | None], *, timeout: float, what: str,
-             interval: float = 0.02) -> T:
-    """Poll until ``predicate()`` is truthy, or raise DemoFailed at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- processes ------------------------------------------------------------------------------
 @dataclass
-class Proc:
-    """One ``onward`` subprocess, leader of its own process group (the pool children too)."""
+class Fleet(Processes):
+    """The demo's processes (harness/processes.py: each leads its own process group, so a
+    worker and its pool children die together), and which worker each pool pid served."""
 
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    killed: bool = False  # by the demo, on purpose
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def group_pids(self) -> list[int]:
-        """Every live process in this process's group: the worker and its pool children."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == self.pid:  # field 5 of /proc/PID/stat: the process group
-                pids.append(int(stat.parent.name))
-        return sorted(pids)
-
-    def kill_group(self) -> None:
-        """SIGKILL the whole group at once: no warm shutdown, no ack, no cleanup."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def terminate(self) -> None:
-        """Ask for a warm shutdown: a worker finishes the step it runs, then exits."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
-
-    def wait_or_kill(self, deadline: float) -> None:
-        try:
-            self.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.kill_group()
-
-
-@dataclass
-class Fleet:
-    env: dict[str, str]
-    log_dir: Path
-    procs: list[Proc] = field(default_factory=list)
     pid_names: dict[int, str] = field(default_factory=dict)  # pool child pid -> worker name
-
-    def start(self, name: str, *args: str, module: str = "console",
-              env: dict[str, str] | None = None) -> Proc:
-        log_path = self.log_dir / f"{len(self.procs):02d}-{name}.log"
-        with open(log_path, "wb") as handle:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                cwd=ROOT, env={**self.env, **(env or {})}, stdout=handle,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops them in order
-            )
-        proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
-        return proc
-
-    def worker(self, name: str, env: dict[str, str] | None = None) -> Proc:
-        return self.start(name, "worker", "-c", "2", "--name", f"{name}@{socket.gethostname()}",
-                          env=env)
 
     def workers(self) -> list[Proc]:
         """The research workers (the ones the demo may SIGKILL)."""
@@ -209,31 +127,13 @@ class Fleet:
         return [p for p in self.procs if p.name.startswith(("worker", "crm"))]
 
     def wait_ready(self, procs: list[Proc]) -> None:
-        def ready() -> bool:
-            for proc in procs:
-                if not proc.alive():
-                    raise DemoFailed(f"{proc.name} exited:\n{proc.log()[-3000:]}")
-            return all("ready." in proc.log() for proc in procs)
-
-        wait_for(ready, timeout=90, what=", ".join(p.name for p in procs) + " to be ready")
+        wait_ready(procs, timeout=90)
         self.remember_pids()
 
     def remember_pids(self) -> None:
         for proc in self.all_workers():
-            for pid in proc.group_pids():
+            for pid in proc.tree():
                 self.pid_names.setdefault(pid, proc.name)
-
-    def check_alive(self) -> None:
-        for proc in self.procs:
-            if not proc.alive() and not proc.killed:
-                raise DemoFailed(f"{proc.name} exited:\n{proc.log()[-3000:]}")
-
-    def stop_all(self, timeout: float = 15.0) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            proc.wait_or_kill(deadline)
 
 
 # -- the demo -------------------------------------------------------------------------------
@@ -250,17 +150,8 @@ def servers(settings: OnwardSettings) -> None:
 
     where = "embedded, under " + str(settings.home_dir) if settings.embedded else "from ONWARD_*"
     phase("1. servers", f"({where})")
-    console.print(f"   ledger  {_hide_password(database_url(settings))}")
-    console.print(f"   broker  {_hide_password(broker_url(settings))}")
-
-
-def _hide_password(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a URL we cannot parse is shown as given
-        return url
+    console.print(f"   ledger  {redact(database_url(settings))}")
+    console.print(f"   broker  {redact(broker_url(settings))}")
 
 
 def upgrade(env: dict[str, str]) -> None:
@@ -360,8 +251,7 @@ def count_lost_steps(ledger: Ledger, run_ids: list[UUID]) -> int:
 def kill_mid_step(ledger: Ledger, run_ids: list[UUID], fleet: Fleet) -> Run:
     """SIGKILL the worker running a step of some run; start a replacement; return the run."""
     victim, owner = pick_victim(ledger, set(run_ids), fleet, min_seq=2)
-    owner.kill_group()  # at once: every millisecond spent here lets the step commit first
-    owner.killed = True
+    owner.kill_tree()  # at once: every millisecond spent here lets the step commit first
     group = sorted(pid for pid, name in fleet.pid_names.items() if name == owner.name)
     holder = (victim.lease_owner or "?").rpartition(":")[2]
     phase("8. SIGKILL", f"{owner.name} (pids {', '.join(map(str, group))}) while its pool "
@@ -373,36 +263,6 @@ def kill_mid_step(ledger: Ledger, run_ids: list[UUID], fleet: Fleet) -> Run:
 
 
 # -- the sales-offer story --------------------------------------------------------------------
-def start_provider(fleet: Fleet) -> tuple[Proc, str]:
-    """The reference provider (the CRM and mail API), on loopback, with a fresh store."""
-    port_file = fleet.log_dir / "provider.port"
-    proc = fleet.start("provider", "--port", "0", "--db", str(fleet.log_dir / "provider.db"),
-                       "--port-file", str(port_file), module="examples.provider")
-
-    def listening() -> bool:
-        if not proc.alive():
-            raise DemoFailed(f"the provider exited:\n{proc.log()[-3000:]}")
-        return port_file.exists()
-
-    wait_for(listening, timeout=30, what="the provider to listen")
-    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
-
-
-def provider_stats(url: str) -> dict[str, Any]:
-    """What the outside world holds, asked from the provider itself (not from the ledger)."""
-    response = httpx.get(f"{url}/admin/stats", timeout=5.0)
-    response.raise_for_status()
-    stats: dict[str, Any] = response.json()
-    return stats
-
-
-def provider_objects(url: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/admin/objects", timeout=5.0)
-    response.raise_for_status()
-    objects: list[dict[str, Any]] = response.json()
-    return objects
-
-
 def start_sales_runs(ledger: Ledger, count: int, batch: str) -> list[UUID]:
     return [
         ledger.start_run(SALES_WORKFLOW, {"customer_id": customer, "amount": amount},
@@ -445,9 +305,7 @@ def park_sales_runs(ledger: Ledger, run_ids: list[UUID], fleet: Fleet, crm: Proc
             console.print(f"   run {run_id}  approval {approval.id}: {approval.action} "
                           f"{artifact['amount']} EUR to {artifact['customer_id']}, approvers "
                           f"{', '.join(approval.approvers)}")
-    crm.terminate()
-    crm.wait_or_kill(time.monotonic() + 15)
-    crm.killed = True  # stopped on purpose (a warm shutdown, not a crash)
+    crm.stop(timeout=15)  # on purpose: a warm shutdown, not a crash
     runs = sales_waiting(ledger, run_ids)
     leases = sum(1 for r in runs if r.lease_owner is not None)
     console.print(f"   stopped {crm.name} (warm shutdown): no process runs {SALES_WORKFLOW} "
@@ -572,7 +430,8 @@ def effect_table(ledger: Ledger, effect: Effect, names: dict[int, str]) -> Table
     return table
 
 
-def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet, url: str,
+def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet,
+                 provider: ReferenceProvider,
                  held_nothing: bool, refused: int) -> tuple[list[str], dict[str, int]]:
     """Show the reconciled effect; check the CRM against the ledger. Returns (problems,
     JSON fields)."""
@@ -596,8 +455,8 @@ def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet, url: str,
     else:
         problems.append("no CRM call lost its worker: the fault never fired")
 
-    crm = provider_stats(url)
-    objects = provider_objects(url)
+    crm = provider.stats()  # what the outside world holds, from the provider itself
+    objects = provider.objects()
     offers = {o["id"] for o in objects if o["collection"] == "offers"}
     recorded = {((run.result or {}) if run else {}).get("offer_id")
                 for run in map(ledger.get_run, run_ids)}
@@ -688,10 +547,11 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
     fleet = Fleet(env=env, log_dir=log_dir)
     try:
         phase("3. processes", f"on queue {queue} (logs in {log_dir})")
-        _provider, url = start_provider(fleet)
+        provider = ReferenceProvider.start(fleet, log_dir, timeout=30)
+        url = provider.url
         fleet.env["ONWARD_EXAMPLE_PROVIDER_URL"] = url
-        fleet.start("dispatcher", "dispatcher")
-        fleet.start("reaper", "reaper")
+        fleet.onward("dispatcher", ["dispatcher"])
+        fleet.onward("reaper", ["reaper"])
         crm = fleet.worker("crm-1", env=SALES_ENV)
         fleet.wait_ready([crm])
         for proc in fleet.procs:
@@ -732,7 +592,7 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
         refused = approve_offers(ledger, sales_ids)
         wait_sales_done(ledger, sales_ids, fleet, timeout=deadline_s)
         fleet.remember_pids()
-        sales_problems, sales_fields = sales_report(ledger, sales_ids, fleet, url,
+        sales_problems, sales_fields = sales_report(ledger, sales_ids, fleet, provider,
                                                     held_nothing, refused)
     finally:
         fleet.stop_all()
@@ -783,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every demo process was stopped[/yellow]")
         return 130
-    except DemoFailed as exc:
+    except HarnessError as exc:  # DemoFailed, a process that exited, a deadline passed
         console.print(f"[bold red]demo failed:[/bold red] {exc}")
         return 1
 

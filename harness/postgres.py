@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server of one's own, for a bench that restarts its database.
 
-Never restart a server somebody else uses: the chaos bench (bench/chaos.py) initdbs a
+Never restart a server somebody else uses: the chaos bench (bench/chaos/) initdbs a
 cluster in a temporary directory with the binaries the ``pgserver`` package ships (the same
 ones the embedded default runs, see ledger/embedded.py), listens on a free loopback port,
 and stops or restarts it with ``pg_ctl``. It needs no PostgreSQL on the machine.

@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from hypothesis import settings as hypothesis_settings
-from sqlalchemy.engine import make_url
 
+from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings
 from ledger.db import database_url
-from ledger.migrate import upgrade
 from tests.support.cluster import ROOT, Cluster
 from tests.support.messages import Publisher
 from workers.broker import broker_url
@@ -54,60 +53,31 @@ def server_urls() -> dict[str, str]:
             "home": str(settings.home_dir)}
 
 
-def _admin_engine(server_urls: dict[str, str]) -> sa.engine.Engine:
-    return sa.create_engine(make_url(server_urls["database"]), isolation_level="AUTOCOMMIT")
-
-
-def _create_database(server_urls: dict[str, str], prefix: str,
-                     template: str | None = None) -> tuple[str, str]:
-    """A new database (a copy of ``template`` if given); returns (name, url)."""
-    name = f"{prefix}_{secrets.token_hex(4)}"
-    admin = _admin_engine(server_urls)
-    try:
-        with admin.connect() as conn:
-            copy = f' TEMPLATE "{template}"' if template else ""
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
-    finally:
-        admin.dispose()
-    url = make_url(server_urls["database"]).set(database=name)
-    return name, url.render_as_string(hide_password=False)
-
-
-def _drop_database(server_urls: dict[str, str], name: str) -> None:
-    admin = _admin_engine(server_urls)
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
-
-
 @pytest.fixture(scope="session")
 def template_database(server_urls: dict[str, str]) -> Iterator[str]:
     """A database migrated once per session; every test's database is a copy of it."""
-    name, url = _create_database(server_urls, "onward_tpl")
-    engine = sa.create_engine(url)
-    upgrade(engine)
-    engine.dispose()
+    name, _url = create_database(server_urls["database"], "onward_tpl")
     yield name
-    _drop_database(server_urls, name)
+    drop_database(server_urls["database"], name)
 
 
 @pytest.fixture()
 def database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own (cloned from the template), dropped
     afterwards: tests share no ledger state, so they can run in parallel."""
-    name, url = _create_database(server_urls, "onward_test", template_database)
+    name, url = create_database(server_urls["database"], "onward_test",
+                                template=template_database)
     yield url
-    _drop_database(server_urls, name)
+    drop_database(server_urls["database"], name)
 
 
 @pytest.fixture(scope="module")
 def module_database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
     """One database for the tests of a module that share processes (``shared_cluster``)."""
-    name, url = _create_database(server_urls, "onward_mod", template_database)
+    name, url = create_database(server_urls["database"], "onward_mod",
+                                template=template_database)
     yield url
-    _drop_database(server_urls, name)
+    drop_database(server_urls["database"], name)
 
 
 def make_settings_env(database: str, server_urls: dict[str, str],
@@ -263,6 +233,6 @@ def publisher(settings: OnwardSettings) -> Iterator[Publisher]:
 @pytest.fixture()
 def empty_database(server_urls: dict[str, str]) -> Iterator[str]:
     """A new database with no onward schema at all, dropped after the test."""
-    name, url = _create_database(server_urls, "onward_empty")
+    name, url = create_database(server_urls["database"], "onward_empty", migrate=False)
     yield url
-    _drop_database(server_urls, name)
+    drop_database(server_urls["database"], name)

@@ -1,5 +1,5 @@
-"""The workflow the chaos benchmark (bench/chaos.py) runs; workers import it through
-``ONWARD_WORKFLOWS=bench.chaos_agent`` with the repository root on ``PYTHONPATH``.
+"""The workflow the chaos benchmark (``python -m bench.chaos``) runs; workers import it
+through ``ONWARD_WORKFLOWS=bench.chaos.agent`` with the repository root on ``PYTHONPATH``.
 
 ``chaos_agent``: K steps, each one irreversible write to the reference provider
 (examples/provider.py) through a tool that has a lookup by idempotency key. One step of a
