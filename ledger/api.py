@@ -130,10 +130,11 @@ class Ledger:
         max_attempts: int | None = None,
         budgets: run_ops.Budgets | None = None,
     ) -> UUID:
-        """Start a run inside the caller's own transaction (atomic with their business write)."""
-        run_ops.validate_input(input, self.settings.max_state_bytes)
-        if not workflow or not isinstance(workflow, str):
-            raise InvalidInput("workflow must be a non-empty name")
+        """Start a run inside the caller's own transaction (atomic with their business write).
+
+        Bad input raises InvalidInput (what to fix) before anything is written; nothing
+        raised here is a driver error."""
+        run_ops.validate_input(input, self.settings.max_state_bytes, self.settings.max_json_depth)
         request = run_ops.StartRequest(
             workflow=workflow,
             input=input,
@@ -143,7 +144,9 @@ class Ledger:
             max_attempts=max_attempts or self.settings.step_max_attempts,
             budgets=budgets or run_ops.Budgets(),
         )
-        return run_ops.start_run_txn(conn, self.keys, request)
+        run_ops.validate_request(request)
+        with wrap_driver_errors("starting a run"):
+            return run_ops.start_run_txn(conn, self.keys, request)
 
     # -- reads -----------------------------------------------------------------------------
     def get_run(self, run_id: UUID) -> run_ops.Run | None:
@@ -475,7 +478,9 @@ class Ledger:
         run now. A signal sent before the run waits for it is kept, not lost."""
         def body(conn: Connection) -> bool:
             self._own_run(conn, run_id)
-            woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {})
+            woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {},
+                                    max_bytes=self.settings.max_signal_bytes,
+                                    max_depth=self.settings.max_json_depth)
             record_txn(conn, self.actor, AuditRecord(
                 AuditAction.SIGNAL, AuditOutcome.DONE, run_id=run_id,
                 details={"name": name, "woke": woke}))

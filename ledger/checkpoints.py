@@ -42,38 +42,98 @@ def artifact_ref(state: Any) -> dict[str, Any] | None:
 _JS_SAFE_INT = 2**53 - 1  # RFC 8785 (I-JSON) integers; rfc8785 refuses larger ones
 
 
-def _json_dumps_is_canonical(value: Any) -> bool:
+class _TooDeep(Exception):
+    """Raised inside the walk when a value nests deeper than allowed."""
+
+
+def _json_dumps_is_canonical(value: Any, room: int) -> bool:
     """True when ``json.dumps(sort_keys, compact)`` writes ``value`` exactly as RFC 8785 does:
     only exact str, int (I-JSON range), bool, None, list and dict with ASCII keys (so code
     point order is UTF-16 order). Floats (ECMAScript number formatting) and anything else
-    take the rfc8785 path."""
+    take the rfc8785 path. ``room`` is how many levels of containers may still open
+    (negative: no limit); one more raises _TooDeep."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
         return bool(-_JS_SAFE_INT <= value <= _JS_SAFE_INT)
     if kind is dict:
-        return all(type(k) is str and k.isascii() and _json_dumps_is_canonical(v)
+        if room == 0:
+            raise _TooDeep
+        return all(type(k) is str and k.isascii() and _json_dumps_is_canonical(v, room - 1)
                    for k, v in value.items())
     if kind is list:
-        return all(_json_dumps_is_canonical(v) for v in value)
+        if room == 0:
+            raise _TooDeep
+        return all(_json_dumps_is_canonical(v, room - 1) for v in value)
     return False
 
 
-def canonical_json(value: Any) -> bytes:
-    """RFC 8785 canonical JSON; raises InvalidInput for anything that is not plain JSON.
+def _depth(value: Any) -> int:
+    """How many levels of containers ``value`` nests (0 for a scalar)."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, (list, tuple)):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def _nul_path(value: Any, path: str = "$") -> str | None:
+    """Where ``value`` holds a NUL character (in a string or a key), or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                return f"{path} (a key)"
+            found = _nul_path(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _nul_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def canonical_json(value: Any, *, max_depth: int | None = None) -> bytes:
+    """RFC 8785 canonical JSON; raises InvalidInput for anything that is not plain JSON,
+    holds a NUL character (PostgreSQL cannot store ``\\u0000`` in jsonb or text), or nests
+    deeper than ``max_depth`` levels of objects and arrays (None: as deep as Python can).
 
     The common case (no floats, ASCII keys) goes through the C json encoder, which writes
     those values byte for byte as RFC 8785 does (tests/unit/test_checkpoints.py checks it
     against the rfc8785 package); everything else through rfc8785 itself."""
+    body: bytes | None = None
     try:
-        if _json_dumps_is_canonical(value):
-            return json.dumps(value, sort_keys=True, separators=(",", ":"),
+        if _json_dumps_is_canonical(value, -1 if max_depth is None else max_depth):
+            body = json.dumps(value, sort_keys=True, separators=(",", ":"),
                               ensure_ascii=False).encode()
+    except _TooDeep:
+        raise InvalidInput(f"value nests more than {max_depth} levels of objects and arrays "
+                           "(ONWARD_MAX_JSON_DEPTH); flatten it") from None
     except (RecursionError, UnicodeEncodeError):
         pass  # rfc8785 below says what is wrong, or refuses it the same way
+    if body is None:
+        body = _rfc8785(value, max_depth)
+    if b"\\u0000" in body:
+        where = _nul_path(value)
+        if where is not None:
+            raise InvalidInput(f"value holds a NUL character (\\u0000) at {where}, which "
+                               "PostgreSQL cannot store; remove or replace it")
+    return body
+
+
+def _rfc8785(value: Any, max_depth: int | None) -> bytes:
     try:
+        if max_depth is not None and _depth(value) > max_depth:
+            raise InvalidInput(f"value nests more than {max_depth} levels of objects and "
+                               "arrays (ONWARD_MAX_JSON_DEPTH); flatten it")
         return rfc8785.dumps(value)
+    except RecursionError:
+        raise InvalidInput("value nests too deeply to be encoded (thousands of levels of "
+                           "objects and arrays); flatten it") from None
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise InvalidInput(f"value is not plain JSON: {exc}") from exc
 

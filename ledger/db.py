@@ -11,7 +11,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from ledger.exceptions import LedgerUnavailable, SchemaMismatch
+from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
 from ledger.schema import SCHEMA, VERSION_TABLE
 from ledger.settings import OnwardSettings
 
@@ -62,16 +62,31 @@ def connect_raw(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]
 
 @contextmanager
 def wrap_driver_errors(action: str) -> Iterator[None]:
-    """Turn psycopg/SQLAlchemy errors into LedgerUnavailable, once, at the ledger edge."""
+    """Turn psycopg/SQLAlchemy errors into onward errors, once, at the ledger edge: a lost
+    database is LedgerUnavailable, a value it cannot store InvalidInput, any other refused
+    statement StatementRefused (none of them wrote anything)."""
     try:
         yield
     except sa.exc.ProgrammingError as exc:
         if isinstance(exc.orig, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
             raise SchemaMismatch(f"{action}: the ledger database has no onward schema (or an "
                                  "old one): run `onward db upgrade` first") from exc
-        raise
+        raise StatementRefused(f"{action}: the ledger database refused the statement: "
+                               f"{_cause(exc)}") from exc
     except (psycopg.OperationalError, sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
         raise LedgerUnavailable(f"{action}: the ledger database failed: {exc}") from exc
+    except (sa.exc.DataError, psycopg.DataError) as exc:
+        raise InvalidInput(f"{action}: the ledger database cannot store a value given: "
+                           f"{_cause(exc)}") from exc
+    except (sa.exc.DBAPIError, psycopg.Error) as exc:
+        raise StatementRefused(f"{action}: the ledger database refused the statement: "
+                               f"{_cause(exc)}") from exc
+
+
+def _cause(exc: Exception) -> str:
+    """The database's own message, without the statement SQLAlchemy appends."""
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
 
 
 def current_revision(engine: Engine) -> str | None:

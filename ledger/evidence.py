@@ -105,6 +105,15 @@ SELECT (SELECT count(*) FROM fence) AS held, d.response, d.cost_usd, d.created_a
 """
 
 
+# Spend on an answer that could not be recorded (refused as bad input): still spent.
+_DEBIT = """
+UPDATE onward.runs
+   SET used_tokens = used_tokens + %(tokens)s, used_cost_usd = used_cost_usd + %(cost_usd)s::numeric
+ WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+RETURNING id
+"""
+
+
 class EvidenceFenced(OnwardError):
     """The step's lease was taken over (or the run stopped): this holder records nothing."""
 
@@ -129,10 +138,11 @@ def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:
 
 class EvidenceStore:
     def __init__(self, conn: HotConnection, *, max_artifact_bytes: int,
-                 keys: CheckpointKeys) -> None:
+                 keys: CheckpointKeys, max_json_depth: int | None = None) -> None:
         self.conn = conn
         self.max_artifact_bytes = max_artifact_bytes
         self.keys = keys
+        self.max_json_depth = max_json_depth
 
     def find(self, run_id: UUID, command_id: str) -> Evidence | None:
         """The recorded answer to ``command_id``, or None; raises IntegrityViolation when it
@@ -153,11 +163,14 @@ class EvidenceStore:
     def record(self, record: EvidenceRecord) -> Evidence:
         """Record evidence and debit its spend from the run, under the lease; if another
         attempt recorded this command first, return theirs. Raises EvidenceFenced when the
-        lease of ``record.lease_epoch`` is no longer held."""
-        body = canonical_json(record.response)
+        lease of ``record.lease_epoch`` is no longer held, InvalidInput (before writing
+        anything) for an answer the ledger cannot keep: not plain JSON, a NUL character,
+        nested too deeply or too large."""
+        body = canonical_json(record.response, max_depth=self.max_json_depth)
         if len(body) > self.max_artifact_bytes:
             raise InvalidInput(f"{record.kind} response of {len(body)} bytes exceeds the artifact "
-                               f"limit of {self.max_artifact_bytes} bytes")
+                               f"limit of {self.max_artifact_bytes} bytes "
+                               "(ONWARD_MAX_ARTIFACT_BYTES)")
         big = len(body) > INLINE_LIMIT
         digest = sha256_hex(body)
         cost = signed.money(record.cost_usd)
@@ -190,3 +203,13 @@ class EvidenceStore:
             input_tokens=record.input_tokens, output_tokens=record.output_tokens,
             cost_usd=row["cost_usd"], created_at=row["created_at"],
         )
+
+    def debit(self, record: EvidenceRecord) -> bool:
+        """Debit the spend of an answer that was paid for but refused (``record`` raised
+        InvalidInput), under the same lease; False when the lease is no longer held."""
+        row = self.conn.one(_DEBIT, {
+            "run_id": record.run_id, "seq": record.seq, "epoch": record.lease_epoch,
+            "tokens": record.input_tokens + record.output_tokens,
+            "cost_usd": signed.money(record.cost_usd),
+        })
+        return row is not None

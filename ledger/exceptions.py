@@ -23,6 +23,11 @@ class InvalidInput(OnwardError):
     """Input to a ledger operation is malformed, too large or not JSON."""
 
 
+class StatementRefused(OnwardError):
+    """The database refused a statement (a value it cannot store, a constraint): nothing it
+    would have written was written. The driver error is chained."""
+
+
 class IntegrityViolation(OnwardError):
     """Stored history does not verify against its hashes and MACs."""
 

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ledger.db import libpq_conninfo
-from ledger.exceptions import LedgerUnavailable
+from ledger.exceptions import LedgerUnavailable, StatementRefused
 
 CONNECT_TIMEOUT_S = 10.0
 """How long a statement waits for a connection (pool exhausted or database unreachable)."""
@@ -62,9 +62,14 @@ class HotConnection:
             raise LedgerUnavailable(
                 f"no ledger connection within {self._timeout_s:.0f}s (database unreachable, "
                 f"or all {self.max_size} connections of this process busy): {exc}") from exc
+        except psycopg.Error as exc:  # the database refused it: nothing was written
+            raise StatementRefused(f"the ledger database refused the statement: {exc}") from exc
 
     def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        """Run one statement (its own transaction) and return its first row."""
+        """Run one statement (its own transaction) and return its first row.
+
+        A lost connection raises LedgerUnavailable (the statement's outcome is unknown); a
+        statement the database refused raises StatementRefused (it wrote nothing)."""
         row: dict[str, Any] | None = self._run(sql, params, many=False)
         return row
 

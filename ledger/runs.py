@@ -103,16 +103,69 @@ class StartRequest:
     budgets: Budgets = Budgets()
 
 
-def validate_input(value: Any, max_bytes: int) -> bytes:
+def validate_input(value: Any, max_bytes: int, max_depth: int | None = None) -> bytes:
     if not isinstance(value, dict):
         raise InvalidInput(f"run input must be a JSON object, got {type(value).__name__}")
-    encoded = canonical_json(value)
+    try:
+        encoded = canonical_json(value, max_depth=max_depth)
+    except InvalidInput as exc:
+        raise InvalidInput(f"run input: {exc}") from exc
     if len(encoded) > max_bytes:
         raise InvalidInput(
             f"run input is {len(encoded)} bytes, over the limit of {max_bytes} "
             "(ONWARD_MAX_STATE_BYTES); store large documents as artifacts and pass references"
         )
     return encoded
+
+
+_MAX_NAME = 500
+_MAX_INT = 2**31 - 1  # the columns are PostgreSQL integers
+_MAX_COST = Decimal("999999")  # numeric(12, 6)
+
+
+def _check_text(value: Any, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{what} must be a non-empty name (a string), got {value!r:.80}")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} holds a NUL character, which PostgreSQL cannot store")
+    if len(value) > _MAX_NAME:
+        raise InvalidInput(f"{what} is {len(value)} characters long, over {_MAX_NAME}")
+
+
+def _check_count(value: Any, what: str, minimum: int) -> None:
+    if type(value) is not int or not minimum <= value <= _MAX_INT:
+        raise InvalidInput(f"{what} must be a whole number from {minimum} to {_MAX_INT}, "
+                           f"got {value!r:.80}")
+
+
+def _check_cost(cost: Any) -> None:
+    amount = (Decimal(str(cost)) if isinstance(cost, int | float | Decimal)
+              and not isinstance(cost, bool) else None)
+    if amount is None or not amount.is_finite() or not Decimal(0) <= amount <= _MAX_COST:
+        raise InvalidInput(f"budgets.cost_usd must be a number from 0 to {_MAX_COST}, "
+                           f"got {cost!r:.80}")
+
+
+def validate_request(request: StartRequest) -> None:
+    """Refuse, with what to fix, a start the ledger could not store or could never run."""
+    _check_text(request.workflow, "workflow")
+    _check_text(request.tenant_id, "tenant_id")
+    for value, what in ((request.conversation_id, "conversation_id"),
+                        (request.idempotency_key, "idempotency_key")):
+        if value is not None:
+            _check_text(value, what)
+    _check_count(request.max_attempts, "max_attempts", 1)
+    budgets = request.budgets
+    if budgets.attempts is not None:
+        _check_count(budgets.attempts, "budgets.attempts", 1)
+    if budgets.tokens is not None:
+        _check_count(budgets.tokens, "budgets.tokens", 0)
+    if budgets.cost_usd is not None:
+        _check_cost(budgets.cost_usd)
+    deadline = budgets.deadline
+    if deadline is not None and (not isinstance(deadline, timedelta)
+                                 or deadline <= timedelta(0)):
+        raise InvalidInput(f"budgets.deadline must be a positive timedelta, got {deadline!r:.80}")
 
 
 def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest) -> UUID:
@@ -188,7 +241,9 @@ def _existing_run(conn: Connection, request: StartRequest) -> UUID:
         .where(runs.c.tenant_id == request.tenant_id)
         .where(runs.c.idempotency_key == request.idempotency_key)
     ).one()
-    if row.workflow != request.workflow or row.state != request.input:
+    # Canonical JSON, not Python equality: {"flag": 1} and {"flag": true} are other inputs.
+    if (row.workflow != request.workflow
+            or canonical_json(row.state) != canonical_json(request.input)):
         raise IdempotencyConflict(
             f"idempotency key {request.idempotency_key!r} already started run {row.id} "
             f"of workflow {row.workflow!r} with other input; a key must not change its request"

@@ -97,6 +97,22 @@ class OnwardSettings(BaseSettings):
     max_artifact_bytes: int = Field(
         default=10_000_000, gt=0, description="Largest recorded model/read response, in bytes."
     )
+    max_json_depth: int = Field(
+        default=64, ge=1, le=500,
+        description="Deepest nesting of objects and arrays accepted in a run's input, a state, "
+        "a signal, an effect payload, an approval artifact or a recorded answer.",
+    )
+    max_signal_bytes: int = Field(
+        default=262_144, gt=0, description="Largest signal payload, in bytes (canonical JSON)."
+    )
+    max_effect_payload_bytes: int = Field(
+        default=1_000_000, gt=0,
+        description="Largest effect payload (ctx.effect), in bytes (canonical JSON).",
+    )
+    max_approval_artifact_bytes: int = Field(
+        default=1_000_000, gt=0,
+        description="Largest artifact an approval asks about, in bytes (canonical JSON).",
+    )
     actor: str = Field(
         default_factory=lambda: _os_user(),
         description="The local admin's name on audit rows (embedded default, or auth off); "

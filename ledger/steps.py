@@ -495,7 +495,9 @@ def _signal_waited_for(wait: Wait | None) -> str | None:
 
 
 def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
-    return {"type": error_type, "message": message[:4000], **extra}
+    """An error as the ledger keeps it (a NUL character, which PostgreSQL cannot store,
+    is written as ``\\0``)."""
+    return {"type": error_type, "message": message[:4000].replace("\x00", "\\0"), **extra}
 
 
 class StepStore:

@@ -208,14 +208,24 @@ def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str
     return get_approval_txn(conn, approval_id)
 
 
-def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any) -> bool:
+def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
+               max_bytes: int | None = None, max_depth: int | None = None) -> bool:
     """Store a signal for the run; wake it if it waits for this name. Returns whether it woke.
 
-    A signal sent before the run waits is kept and consumed when the wait begins.
+    A signal sent before the run waits is kept and consumed when the wait begins. A payload
+    that is not plain JSON, nests deeper than ``max_depth`` or is larger than ``max_bytes``
+    (ONWARD_MAX_SIGNAL_BYTES) is refused before anything is written.
     """
-    if not name:
-        raise InvalidInput("a signal needs a name")
-    canonical_json(payload)  # plain JSON only
+    if not isinstance(name, str) or not name or "\x00" in name or len(name) > 200:
+        raise InvalidInput(f"a signal needs a name: a string of 1 to 200 characters without "
+                           f"NUL, got {name!r:.80}")
+    try:
+        body = canonical_json(payload, max_depth=max_depth)
+    except InvalidInput as exc:
+        raise InvalidInput(f"signal {name!r} payload: {exc}") from exc
+    if max_bytes is not None and len(body) > max_bytes:
+        raise InvalidInput(f"signal {name!r} payload is {len(body)} bytes, over the limit of "
+                           f"{max_bytes} (ONWARD_MAX_SIGNAL_BYTES); send a reference instead")
     run = _lock_run(conn, run_id)
     if RunStatus(run["status"]).terminal:
         raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.effects import EffectFenced, EffectStore
 from ledger.evidence import EvidenceFenced, EvidenceStore
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import InvalidInput, StatementRefused
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
 from tasks import faults
@@ -81,6 +81,9 @@ class ExecutorConfig:
     queue: str = "onward.steps"  # the base queue; version queues hang off it
     handback_limit: int = 10  # hand-backs in a row before the run parks no_worker_for_version
     handback_max_delay_s: float = 30.0  # cap of the hand-back backoff (1 s, 2 s, 4 s, ...)
+    max_json_depth: int = 64  # settings.max_json_depth
+    max_effect_payload_bytes: int = 1_000_000
+    max_approval_artifact_bytes: int = 1_000_000
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -108,7 +111,8 @@ def execute_step(
     """
     effects = effects or EffectStore(store.conn)
     evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes,
-                                         keys=config.keys)
+                                         keys=config.keys,
+                                         max_json_depth=config.max_json_depth)
     claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale)
     if isinstance(claimed, Stale):
         log.info("stale delivery" if count_stale else "run moved on before eager continuation",
@@ -157,6 +161,8 @@ def _run_claimed(
         tokens_left=limits.tokens_left(claim.budget),
         cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
         launch=claim.launch, clock=clock,
+        max_effect_payload_bytes=config.max_effect_payload_bytes,
+        max_json_depth=config.max_json_depth,
     )
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
@@ -206,7 +212,12 @@ def _run_claimed(
     advance = replayed or advance
 
     faults.point("before_checkpoint_commit", step.name)
-    if not store.commit(claim, advance):
+    try:
+        committed = store.commit(claim, advance)
+    except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
+        failure = OutcomeError(f"the ledger refused to commit step {step.name}: {exc}")
+        return _record_failure(store, effects, config, claim, step, failure, bound)
+    if not committed:
         bound.warning("lease lost before commit; result discarded", step=step.name)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     faults.point("after_checkpoint_commit", step.name)
@@ -284,7 +295,7 @@ def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state:
     defaults = limits.defaults_for_run()
     if isinstance(outcome, Goto):
         target = _target(workflow, step, outcome.step)
-        new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
+        new_state = _merge(workflow, state, outcome.update, config)
         return Advance(step.name, OutcomeKind.GOTO, target.name, new_state, workflow.version,
                        workflow.attempts_for(target), defaults=defaults,
                        state_schema_version=workflow.state_schema_version)
@@ -292,19 +303,23 @@ def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state:
         then = _target(workflow, step, outcome.then)
         for other in _continuations(outcome):
             _target(workflow, step, other)
-        new_state = _merge(workflow, state, outcome.update, config.max_state_bytes)
+        if isinstance(outcome, AskApproval):
+            _check_json(outcome.artifact, "approval artifact", config.max_json_depth,
+                        config.max_approval_artifact_bytes, "ONWARD_MAX_APPROVAL_ARTIFACT_BYTES")
+        new_state = _merge(workflow, state, outcome.update, config)
         return Advance(step.name, OutcomeKind.WAIT, then.name, new_state, workflow.version,
                        workflow.attempts_for(then), wait=build_wait(outcome, workflow, step, now),
                        defaults=defaults, state_schema_version=workflow.state_schema_version)
-    state_json = _as_json(state, config.max_state_bytes)
+    state_json = _as_json(state, config)
     if isinstance(outcome, Finish):
-        _check_json(outcome.result, "finish result", config.max_state_bytes)
+        _check_json(outcome.result, "finish result", config.max_json_depth,
+                    config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FINISH, None, state_json, workflow.version, 1,
                        result=outcome.result, defaults=defaults,
                        state_schema_version=workflow.state_schema_version)
     if isinstance(outcome, Fail):
         result = {"reason": outcome.reason, **outcome.details}
-        _check_json(result, "fail details", config.max_state_bytes)
+        _check_json(result, "fail details", config.max_json_depth, config.max_state_bytes)
         return Advance(step.name, OutcomeKind.FAIL, None, state_json, workflow.version, 1,
                        result={"failed": result}, defaults=defaults,
                        state_schema_version=workflow.state_schema_version)
@@ -329,7 +344,7 @@ def _continuations(outcome: AskApproval | WaitSignal | Sleep) -> list[str]:
 
 
 def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],
-           max_bytes: int) -> dict[str, Any]:
+           config: ExecutorConfig) -> dict[str, Any]:
     unknown = set(update) - set(type(state).model_fields)
     if unknown:
         raise OutcomeError(f"state update names fields {sorted(unknown)} that "
@@ -338,26 +353,29 @@ def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],
         merged = workflow.state.model_validate({**state.model_dump(), **update})
     except ValidationError as exc:
         raise OutcomeError(f"state update is invalid for {type(state).__name__}: {exc}") from exc
-    return _as_json(merged, max_bytes)
+    return _as_json(merged, config)
 
 
-def _as_json(state: BaseModel, max_bytes: int) -> dict[str, Any]:
+def _as_json(state: BaseModel, config: ExecutorConfig) -> dict[str, Any]:
     try:
         data = state.model_dump(mode="json")
     except Exception as exc:
         raise OutcomeError(f"state is not JSON-serializable: {exc}") from exc
-    _check_json(data, "state", max_bytes)
+    _check_json(data, "state", config.max_json_depth, config.max_state_bytes)
     return data
 
 
-def _check_json(value: Any, what: str, max_bytes: int) -> None:
+def _check_json(value: Any, what: str, max_depth: int, max_bytes: int,
+                setting: str = "ONWARD_MAX_STATE_BYTES") -> None:
+    """Refuse (OutcomeError) what the ledger cannot keep: not plain JSON, a NUL character,
+    nested deeper than ``max_depth``, larger than ``max_bytes``."""
     try:
-        size = len(canonical_json(value))
+        size = len(canonical_json(value, max_depth=max_depth))
     except InvalidInput as exc:
-        raise OutcomeError(f"{what} is not JSON: {exc}") from exc
+        raise OutcomeError(f"{what} cannot be stored: {exc}") from exc
     if size > max_bytes:
-        raise OutcomeError(f"{what} is {size} bytes, over the limit of {max_bytes}; "
-                           "keep large values out of the state")
+        raise OutcomeError(f"{what} is {size} bytes, over the limit of {max_bytes} ({setting}); "
+                           "keep large values out of the ledger and pass references")
 
 
 def _record_failure(store: StepStore, effects: EffectStore, config: ExecutorConfig, claim: Claim,

@@ -69,7 +69,8 @@ class StepServices:
                  llm_client: LLMClient | None, control: dict[str, Any] | None = None,
                  tokens_left: int | None = None, cost_left_usd: float | None = None,
                  spent: dict[str, Any] | None = None, launch: Launch | None = None,
-                 clock: StepClock) -> None:
+                 clock: StepClock, max_effect_payload_bytes: int | None = None,
+                 max_json_depth: int | None = None) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -95,6 +96,8 @@ class StepServices:
         self.lineage = LineageStore(effects.conn)
         self._source: UUID | None = None
         self._source_known = False
+        self.max_effect_payload_bytes = max_effect_payload_bytes
+        self.max_json_depth = max_json_depth
 
     def command_id(self, key: str | None) -> str:
         """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
@@ -126,7 +129,7 @@ class StepServices:
         if tool.tool_class is ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is a read: use ctx.read, not ctx.effect")
         command_id = self.command_id(key)
-        request_hash = request_hash_of(payload)
+        request_hash = self._payload_hash(payload)
         if self.launch.evidence:
             return self._recorded_effect(tool, command_id, request_hash)
         self._check_launch_allows(tool, command_id)
@@ -157,6 +160,20 @@ class StepServices:
         if effect.status is EffectStatus.ACCEPTED:
             return self._poll(tool, effect)
         return self._reconcile(tool, effect, payload)
+
+    def _payload_hash(self, payload: dict[str, Any]) -> str:
+        """The request hash of an effect payload within the configured limits (depth,
+        ONWARD_MAX_EFFECT_PAYLOAD_BYTES): a payload over them is never sent."""
+        try:
+            body = canonical_json(payload, max_depth=self.max_json_depth)
+        except InvalidInput as exc:
+            raise OutcomeError(f"effect payload is not plain JSON: {exc}") from exc
+        limit = self.max_effect_payload_bytes
+        if limit is not None and len(body) > limit:
+            raise OutcomeError(f"effect payload is {len(body)} bytes, over the limit of {limit} "
+                               "(ONWARD_MAX_EFFECT_PAYLOAD_BYTES); nothing was sent: send a "
+                               "reference to the document, not the document")
+        return sha256_hex(body)
 
     def _reconcile(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
         """An earlier attempt left the outcome unknown: ask before sending again."""
@@ -377,11 +394,28 @@ class StepServices:
             raise
 
     def _record(self, record: EvidenceRecord) -> Evidence:
+        """Record an answer. One the ledger cannot keep (a NUL character, nested too deeply,
+        too large) stops the run as failed with its spend debited, rather than being paid
+        for again on every retry; the step body cannot swallow that."""
         try:
             return self.evidence.record(record)
         except IntegrityViolation as exc:  # another attempt's record came first: edited
             self.control.park("integrity", exc)
             raise
+        except InvalidInput as exc:
+            self.evidence.debit(record)
+            tokens = record.input_tokens + record.output_tokens
+            self.usage_tokens += tokens
+            self.usage_cost_usd += record.cost_usd
+            spent = {**self.spent, "tokens": self.spent.get("tokens", 0) + self.usage_tokens,
+                     "cost_usd": self.spent.get("cost_usd", 0.0) + self.usage_cost_usd}
+            self.control.fail(FailFor(
+                "invalid_answer",
+                f"the {record.kind} answer of {record.source} to {record.command_id} cannot be "
+                f"recorded: {exc}. It was paid for ({tokens} tokens, ${record.cost_usd:.4f}, "
+                "debited) and is not asked again; fix the client or tool that produced it, "
+                "then continue the run", spent))
+            raise Suspend() from exc
 
     def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:
         found = self._find(self.run_id, command_id)
@@ -502,7 +536,8 @@ class StepServices:
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    message = str(exc)[:2000].replace("\x00", "\\0")  # PostgreSQL stores no NUL
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": message}
     status_code = getattr(exc, "status_code", None)
     if status_code is not None:
         error["status_code"] = status_code

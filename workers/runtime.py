@@ -76,6 +76,9 @@ class WorkerRuntime:
             queue=self.settings.queue,
             handback_limit=self.settings.handback_limit,
             handback_max_delay_s=self.settings.worker_queue_ttl_s,
+            max_json_depth=self.settings.max_json_depth,
+            max_effect_payload_bytes=self.settings.max_effect_payload_bytes,
+            max_approval_artifact_bytes=self.settings.max_approval_artifact_bytes,
         )
         faults.arm_from_env()
         self._pid = os.getpid()  # last: other threads see a complete state or take the lock

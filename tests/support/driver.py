@@ -49,8 +49,13 @@ def driver(ledger: Ledger, modules: list[str]) -> Iterator[Driver]:
     registry = Registry()
     registry.load_modules(modules)
     store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
-    config = ExecutorConfig(keys=ledger.keys, max_state_bytes=ledger.settings.max_state_bytes,
-                            retry_base_s=0.0, retry_max_s=0.0)
+    settings = ledger.settings
+    config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
+                            retry_base_s=0.0, retry_max_s=0.0,
+                            max_artifact_bytes=settings.max_artifact_bytes,
+                            max_json_depth=settings.max_json_depth,
+                            max_effect_payload_bytes=settings.max_effect_payload_bytes,
+                            max_approval_artifact_bytes=settings.max_approval_artifact_bytes)
     try:
         yield Driver(ledger, store, registry, config)
     finally:
