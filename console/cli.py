@@ -15,6 +15,7 @@ import typer
 from console import verify_cmd
 from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
+from console.commands_corpus import corpus_app
 from console.commands_effects import effects_app
 from console.commands_runs import runs_app
 from console.commands_tokens import tokens_app
@@ -37,6 +38,7 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(corpus_app, name="corpus")
 app.command("verify")(verify_cmd.verify)
 
 out = console()

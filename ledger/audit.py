@@ -51,6 +51,10 @@ class AuditAction(StrEnum):
     SIGNAL = "signal"
     TOKEN_CREATE = "token_create"
     TOKEN_REVOKE = "token_revoke"
+    CORPUS_ADD = "corpus_add"  # runs pinned into a regression corpus (exempt from retention)
+    CORPUS_REMOVE = "corpus_remove"
+    CORPUS_EXPORT = "corpus_export"  # a corpus's records written to a bundle (data leaves)
+    CORPUS_IMPORT = "corpus_import"
 
 
 class AuditOutcome(StrEnum):
@@ -72,6 +76,10 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.SIGNAL: Role.OPERATOR,
     AuditAction.TOKEN_CREATE: Role.ADMIN,
     AuditAction.TOKEN_REVOKE: Role.ADMIN,
+    AuditAction.CORPUS_ADD: Role.OPERATOR,
+    AuditAction.CORPUS_REMOVE: Role.OPERATOR,
+    AuditAction.CORPUS_EXPORT: Role.OPERATOR,
+    AuditAction.CORPUS_IMPORT: Role.OPERATOR,
 }
 
 

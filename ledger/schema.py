@@ -444,3 +444,32 @@ tokens = Table(
     CheckConstraint("role IN ('viewer', 'approver', 'operator', 'admin')", name="role"),
     Index("ix_tokens_hash", "token_hash", unique=True),
 )
+
+corpora = Table(
+    "corpora",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("description", Text, nullable=True),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
+    PrimaryKeyConstraint("tenant_id", "name"),
+)
+
+# A pinned run is kept: retention (when it exists) must skip every run listed here, and the
+# foreign key (no ON DELETE) refuses to delete one while it is pinned.
+corpus_runs = Table(
+    "corpus_runs",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("corpus", Text, nullable=False),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id"), nullable=False),
+    Column("pinned_by", Text, nullable=False),
+    Column("pinned_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("selection", JSONB, nullable=True),  # the filter that pinned it (corpus add)
+    PrimaryKeyConstraint("tenant_id", "corpus", "run_id"),
+    ForeignKeyConstraint(["tenant_id", "corpus"], ["corpora.tenant_id", "corpora.name"],
+                         ondelete="CASCADE"),
+    Index("ix_corpus_runs_run_id", "run_id"),
+)

@@ -1,0 +1,214 @@
+"""Exporting a corpus to a bundle and loading a bundle into a ledger (docs/corpus.md#bundles).
+
+Export reads in one REPEATABLE READ transaction, so a bundle is one snapshot. Loading
+inserts the rows as they were stored (MACs included) in the caller's transaction and then
+verifies every run it added with ``ledger/verify.py``: a run that does not verify with the
+keys configured here refuses the whole load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.bundle import BUNDLE_VERSION, FORMAT, TABLES, Bundle, BundleWriter, DropPolicy
+from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
+from ledger.corpus import get_corpus_txn
+from ledger.db import HEAD_REVISION
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
+from ledger.schema import (
+    approvals,
+    artifacts,
+    checkpoints,
+    corpus_runs,
+    effect_attempts,
+    effects,
+    evidence,
+    runs,
+    signals,
+    step_attempts,
+)
+from ledger.verify import verify_run_txn
+
+
+@dataclass(frozen=True)
+class Exported:
+    corpus: str
+    digest: str
+    counts: dict[str, int]
+    dropped: tuple[str, ...]
+
+
+def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
+               out: IO[bytes], drop: DropPolicy, *, audit: bool = True) -> Exported:
+    """Write the corpus ``name`` of the actor's tenant to ``out``; with ``audit``, one
+    audit row records it (a replay by name reads without writing anything)."""
+    actor.require(AuditAction.CORPUS_EXPORT)
+    corpus = get_corpus_txn(conn, actor.tenant_id, name)
+    pinned = sa.select(corpus_runs.c.run_id).where(corpus_runs.c.tenant_id == actor.tenant_id,
+                                                   corpus_runs.c.corpus == name)
+    writer = BundleWriter(out)
+    writer.line({
+        "format": FORMAT, "version": BUNDLE_VERSION, "schema_revision": HEAD_REVISION,
+        "corpus": name, "description": corpus.description, "tenant_id": actor.tenant_id,
+        "exported_by": actor.name, "dropped": list(drop.fields),
+        "exported_at": conn.execute(sa.select(sa.func.onward.now())).scalar_one().isoformat(),
+    })
+    for table in TABLES:
+        writer.rows(table, (drop.apply(table, dict(row))
+                            for row in _rows(conn, table, pinned, drop)))
+    digest = writer.finish(keys)
+    if audit:
+        record_txn(conn, actor, AuditRecord(
+            AuditAction.CORPUS_EXPORT, AuditOutcome.DONE,
+            details={"corpus": name, "digest": digest, "counts": writer.counts,
+                     "dropped": list(drop.fields)}))
+    return Exported(name, digest, writer.counts, drop.fields)
+
+
+def _rows(conn: Connection, table: str, pinned: Any,
+          drop: DropPolicy) -> Iterator[sa.RowMapping]:
+    query = _QUERIES[table](pinned, drop)
+    yield from conn.execute(query.execution_options(yield_per=500)).mappings()
+
+
+def _artifacts(pinned: Any, drop: DropPolicy) -> Any:
+    used = [
+        sa.select(evidence.c.artifact_sha256.label("sha"))
+        .where(evidence.c.run_id.in_(pinned), evidence.c.artifact_sha256.is_not(None)),
+        sa.select(checkpoints.c.state[ARTIFACT_KEY]["sha256"].astext.label("sha"))
+        .where(checkpoints.c.run_id.in_(pinned)),
+    ]
+    if not drop.drops_requests:  # a request is kept as the artifact its hash names
+        used.append(sa.select(evidence.c.request_hash.label("sha"))
+                    .where(evidence.c.run_id.in_(pinned)))
+    shas = sa.union(*used).subquery()
+    return sa.select(artifacts).where(artifacts.c.sha256.in_(sa.select(shas.c.sha))) \
+        .order_by(artifacts.c.sha256)
+
+
+_QUERIES: dict[str, Any] = {
+    "runs": lambda p, d: sa.select(runs).where(runs.c.id.in_(p)).order_by(runs.c.id),
+    "artifacts": _artifacts,
+    "checkpoints": lambda p, d: sa.select(checkpoints).where(checkpoints.c.run_id.in_(p))
+    .order_by(checkpoints.c.run_id, checkpoints.c.seq),
+    "evidence": lambda p, d: sa.select(evidence).where(evidence.c.run_id.in_(p))
+    .order_by(evidence.c.run_id, evidence.c.seq, evidence.c.command_id),
+    "effects": lambda p, d: sa.select(effects).where(effects.c.run_id.in_(p))
+    .order_by(effects.c.run_id, effects.c.seq, effects.c.created_at, effects.c.effect_id),
+    "effect_attempts": lambda p, d: sa.select(effect_attempts).join(effects, sa.and_(
+        effects.c.effect_type == effect_attempts.c.effect_type,
+        effects.c.effect_id == effect_attempts.c.effect_id)).where(effects.c.run_id.in_(p))
+    .order_by(effect_attempts.c.effect_type, effect_attempts.c.effect_id,
+              effect_attempts.c.attempt),
+    "approvals": lambda p, d: sa.select(approvals).where(approvals.c.run_id.in_(p))
+    .order_by(approvals.c.run_id, approvals.c.seq, approvals.c.id),
+    "signals": lambda p, d: sa.select(signals).where(
+        signals.c.run_id.in_(p), signals.c.consumed_seq.is_not(None)).order_by(signals.c.id),
+    "step_attempts": lambda p, d: sa.select(step_attempts).where(step_attempts.c.run_id.in_(p))
+    .order_by(step_attempts.c.run_id, step_attempts.c.lease_epoch),
+}
+
+
+# -- loading -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loaded:
+    """What a load added: runs new to the ledger, and runs it already held identically."""
+
+    added: list[UUID]
+    present: list[UUID]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def load_txn(conn: Connection, bundle: Bundle, tenant_id: str) -> Loaded:
+    """Insert the bundle's rows in the caller's transaction (skipping runs already present
+    with the same head). Nothing is verified yet: ``verify_loaded_txn`` does that."""
+    _check_rows(bundle, tenant_id)
+    present = _present(conn, bundle)
+    keep = {run_id for run_id in bundle.run_ids if run_id not in present}
+    effect_runs = {(e["effect_type"], e["effect_id"]): e["run_id"]
+                   for e in bundle.rows["effects"]}
+    counts: dict[str, int] = {}
+    for table in TABLES:
+        rows = [row for row in bundle.rows[table] if _owner(table, row, effect_runs) in keep
+                or table == "artifacts"]
+        counts[table] = _insert(conn, table, rows)
+    return Loaded(sorted(keep), sorted(present), counts)
+
+
+def verify_loaded_txn(conn: Connection, keys: CheckpointKeys, run_ids: list[UUID]) -> None:
+    """Raise IntegrityViolation unless every run verifies with the keys configured here."""
+    problems = [p for run_id in run_ids for p in verify_run_txn(conn, keys, run_id)]
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:3])
+        raise IntegrityViolation(
+            f"{len(problems)} problem(s) in the bundle's runs, so nothing was imported: {shown}"
+            f"{' …' if len(problems) > 3 else ''} (are the MAC keys configured here those of "
+            "the ledger the bundle came from?)")
+
+
+def _owner(table: str, row: dict[str, Any], effect_runs: dict[tuple[str, str], UUID]) -> Any:
+    if table == "runs":
+        return row["id"]
+    if table == "effect_attempts":
+        return effect_runs.get((row["effect_type"], row["effect_id"]))
+    return row.get("run_id")
+
+
+def _check_rows(bundle: Bundle, tenant_id: str) -> None:
+    """Every run of the tenant the load is for, every row belonging to one of them."""
+    ids = set(bundle.run_ids)
+    if not ids:
+        raise InvalidInput("the bundle holds no runs")
+    for run in bundle.rows["runs"]:
+        if run["tenant_id"] != tenant_id:
+            raise OperationRefused(
+                f"the bundle's runs belong to tenant {run['tenant_id']!r}; you operate tenant "
+                f"{tenant_id!r} (set ONWARD_TENANT_ID, or use a token of that tenant)")
+        if run["parent_run_id"] is not None:
+            raise InvalidInput(f"bundle run {run['id']} is a replay or branch: a bundle holds "
+                               "recorded runs only")
+    effect_runs = {(e["effect_type"], e["effect_id"]) for e in bundle.rows["effects"]}
+    for table in TABLES[2:]:
+        for row in bundle.rows[table]:
+            owned = ((row["effect_type"], row["effect_id"]) in effect_runs
+                     if table == "effect_attempts" else row["run_id"] in ids)
+            if not owned:
+                raise InvalidInput(f"a {table} row of the bundle belongs to no run in it")
+
+
+def _present(conn: Connection, bundle: Bundle) -> set[UUID]:
+    heads = {row["id"]: row["head_hash"] for row in bundle.rows["runs"]}
+    found = conn.execute(sa.select(runs.c.id, runs.c.head_hash)
+                         .where(runs.c.id.in_(list(heads)))).all()
+    for run_id, head in found:
+        if head != heads[run_id]:
+            raise OperationRefused(
+                f"run {run_id} is already in this ledger with another history (head "
+                f"{head[:12]}…, the bundle's {heads[run_id][:12]}…): nothing was imported")
+    return {UUID(str(run_id)) for run_id, _ in found}
+
+
+_TABLES = {"runs": runs, "artifacts": artifacts, "checkpoints": checkpoints,
+           "evidence": evidence, "effects": effects, "effect_attempts": effect_attempts,
+           "approvals": approvals, "signals": signals, "step_attempts": step_attempts}
+
+
+def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
+    if not rows:
+        return 0
+    if table == "signals":  # ids are the target's own sequence
+        rows = [{k: v for k, v in row.items() if k != "id"} for row in rows]
+    target = _TABLES[table]
+    if table == "artifacts":  # content-addressed: one the ledger holds is the same bytes
+        conn.execute(pg_insert(target).on_conflict_do_nothing(), rows)
+    else:
+        conn.execute(target.insert(), rows)
+    return len(rows)

@@ -1,0 +1,235 @@
+"""Corpora against a real PostgreSQL: pinning recorded runs, the pins retention must keep,
+and bundles (export, import into another ledger, and what an import refuses). Runs are
+recorded in-process through the real executor (tests/support/driver.py)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from harness.databases import create_database, drop_database
+from ledger import Ledger, OnwardSettings, RunStatus
+from ledger.audit import Role
+from ledger.bundle import DropPolicy, read_bundle
+from ledger.checkpoints import CheckpointKeys
+from ledger.corpora import Corpora
+from ledger.corpus import Selection
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
+from tests.support.corpus import other_ledger, record_note, row_counts
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows_ops"]
+
+
+@pytest.fixture()
+def drv(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(tmp_path / "tool.log"))
+    monkeypatch.delenv("ONWARD_TEST_OPS_VARIANT", raising=False)
+    with driver(ledger.acting_as("olga", Role.OPERATOR), MODULES) as running:
+        yield running
+
+
+@pytest.fixture()
+def second_url(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
+    name, url = create_database(server_urls["database"], "onward_import",
+                                template=template_database)
+    yield url
+    drop_database(server_urls["database"], name)
+
+
+def exported(corpora: Corpora, name: str, drop: DropPolicy | None = None) -> bytes:
+    out = io.BytesIO()
+    corpora.export(name, out, drop)
+    return out.getvalue()
+
+
+def test_corpus_add__pins_stopped_recorded_runs_by_filter_and_refuses_the_rest(
+        drv: Driver) -> None:
+    """Invariant: a corpus pins runs that stopped and made their own calls. A filter picks
+    only those (not a running run, not a replay); naming a running run or a replay by id is
+    refused with nothing pinned; pinning again adds nothing twice; each add is audited."""
+    done = [record_note(drv, f"t{i}") for i in range(3)]
+    running = drv.ledger.start_run("test_ops_notes", {"topic": "later"})
+    replay = drv.ledger.replay(done[0], 0, "evidence", "look").run_id
+    drv.drive(replay)
+    corpora = Corpora(drv.ledger)
+
+    pinned = corpora.add("notes", Selection(workflow="test_ops_notes"), "nightly")
+    assert (pinned.added, pinned.already) == (3, 0)
+    assert set(pinned.run_ids) == set(done)
+    again = corpora.add("notes", Selection(statuses=(RunStatus.COMPLETED,)))
+    assert (again.added, again.already) == (0, 3)
+    for bad in (running, replay):
+        with pytest.raises(OperationRefused):
+            corpora.add("notes", Selection(run_ids=(bad,)))
+    with pytest.raises(OperationRefused, match="no run matches"):
+        corpora.add("none", Selection(workflow="no_such_workflow"))
+    assert [c.name for c in corpora.all()] == ["notes"]
+    assert [r.run_id for r in corpora.runs("notes")] == sorted(done)
+    actions = [(a.action, a.outcome) for a in drv.ledger.audit(action="corpus_add")]
+    assert actions.count(("corpus_add", "done")) == 2
+    assert actions.count(("corpus_add", "refused")) == 3
+
+
+def test_corpus__a_pinned_run_cannot_be_deleted_until_unpinned(drv: Driver) -> None:
+    """Invariant: retention cannot lose a pinned run by mistake: the ledger refuses to
+    delete a run while a corpus pins it (foreign key), and ``pinned`` names it."""
+    run_id = record_note(drv, "keep")
+    corpora = Corpora(drv.ledger)
+    corpora.add("keep", Selection(run_ids=(run_id,)))
+    assert corpora.pinned([run_id]) == {run_id}
+    with pytest.raises(sa.exc.IntegrityError), drv.ledger.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM onward.runs WHERE id = :id"), {"id": run_id})
+    assert corpora.remove("keep", (run_id,), "done with it") == 1
+    assert corpora.pinned([run_id]) == set()
+
+
+def test_corpus_export_import__a_fresh_ledger_gets_the_same_verified_history(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: a bundle carries the runs as stored: imported into another ledger, every
+    checkpoint hash, evidence, effect (with attempts), approval and step attempt is the
+    same, every run verifies there, and the runs are pinned under the corpus's name.
+    Importing it again adds nothing."""
+    runs = [record_note(drv, "a"), record_note(drv, "b", approve=True)]
+    corpora = Corpora(drv.ledger)
+    corpora.add("suite", Selection(run_ids=tuple(runs)))
+    data = exported(corpora, "suite")
+    bundle = read_bundle(data, drv.ledger.keys)
+    assert sorted(bundle.run_ids) == sorted(runs)
+    with other_ledger(second_url, settings) as target:
+        imported = Corpora(target).import_bundle(bundle)
+        assert sorted(imported.added) == sorted(runs) and imported.pinned == 2
+        for run_id in runs:
+            assert target.verify_run(run_id) == []
+            assert [c.identity.hash for c in target.checkpoints(run_id)] == \
+                   [c.identity.hash for c in drv.ledger.checkpoints(run_id)]
+            assert [(e.effect_id, e.status, e.result) for e in target.effects(run_id)] == \
+                   [(e.effect_id, e.status, e.result) for e in drv.ledger.effects(run_id)]
+            assert target.model_calls(run_id) == drv.ledger.model_calls(run_id)
+        source_counts, target_counts = row_counts(drv.ledger.engine), row_counts(target.engine)
+        for table in ("runs", "checkpoints", "evidence", "effects", "effect_attempts",
+                      "approvals", "step_attempts"):
+            assert target_counts[table] == source_counts[table] > 0, table
+        assert [r.run_id for r in Corpora(target).runs("suite")] == sorted(runs)
+        again = Corpora(target).import_bundle(bundle)
+        assert (again.added, sorted(again.present)) == ([], sorted(runs))
+        assert row_counts(target.engine)["checkpoints"] == target_counts["checkpoints"]
+        audit = [a.action for a in target.audit(action="corpus_import")]
+        assert audit == ["corpus_import", "corpus_import"]
+    assert [a.action for a in drv.ledger.audit(action="corpus_export")] == ["corpus_export"]
+
+
+def _rewrite(data: bytes, edit: str, replacement: str) -> bytes:
+    text = gzip.decompress(data).decode() if data[:2] == b"\x1f\x8b" else data.decode()
+    assert edit in text
+    return text.replace(edit, replacement, 1).encode()
+
+
+def _resign(data: bytes, keys: CheckpointKeys) -> bytes:
+    """The bundle with its trailer recomputed: what someone holding the key could write."""
+    import hashlib
+
+    from ledger.bundle import bundle_mac_body
+    lines = data.splitlines(keepends=True)
+    digest = hashlib.sha256(b"".join(lines[:-1])).hexdigest()
+    trailer = json.loads(lines[-1])
+    trailer.update(digest=digest, mac=keys.sign(bundle_mac_body(digest)))
+    return b"".join(lines[:-1]) + json.dumps(trailer).encode() + b"\n"
+
+
+def test_corpus_import__refuses_a_bundle_that_does_not_verify_and_writes_nothing(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: an import checks the bundle's digest, then its MAC, then every run: an
+    edited byte (digest), an edit with a recomputed digest (MAC), a bundle signed by another
+    key, or a re-signed bundle whose checkpoint was edited (the checkpoint's own MAC) is each
+    refused, and the target ledger gains no row."""
+    run_id = record_note(drv, "tamper")
+    corpora = Corpora(drv.ledger)
+    corpora.add("t", Selection(run_ids=(run_id,)))
+    data = exported(corpora, "t")
+    summary = next(c.state["summary"] for c in drv.ledger.checkpoints(run_id)
+                   if c.state.get("summary"))
+    edited = _rewrite(data, summary, summary.upper())
+    with pytest.raises(IntegrityViolation, match="changed after export"):
+        read_bundle(edited, drv.ledger.keys)
+    lines = edited.splitlines(keepends=True)
+    import hashlib
+    forged = json.loads(lines[-1])
+    forged["digest"] = hashlib.sha256(b"".join(lines[:-1])).hexdigest()
+    with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+        read_bundle(b"".join(lines[:-1]) + json.dumps(forged).encode() + b"\n",
+                    drv.ledger.keys)
+    other_keys = CheckpointKeys("k9", {"k9": b"another ledger's key"})
+    with pytest.raises(IntegrityViolation, match="not configured here"):
+        read_bundle(data, other_keys)
+    resigned = read_bundle(_resign(edited, drv.ledger.keys), drv.ledger.keys)
+    with other_ledger(second_url, settings) as target:
+        before = row_counts(target.engine)
+        with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+            Corpora(target).import_bundle(resigned)
+        assert row_counts(target.engine) == {**before, "audit": before["audit"] + 1}
+        assert [(a.action, a.outcome) for a in target.audit()] == [
+            ("corpus_import", "refused")]
+
+
+def test_corpus_export__drops_fields_by_policy_and_refuses_what_a_replay_needs(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: ``--drop-field`` leaves a sensitive field out of the bundle (the value is
+    nowhere in it) and the bundle still verifies and imports; a field covered by a MAC or
+    needed to replay (checkpoint state, recorded answers, effect results) cannot be dropped."""
+    run_id = record_note(drv, "secret-topic")
+    corpora = Corpora(drv.ledger)
+    corpora.add("d", Selection(run_ids=(run_id,)))
+    data = exported(corpora, "d", DropPolicy(("effects.payload", "requests",
+                                              "approvals.artifact")))
+    text = data.decode()
+    assert '"payload":{"$dropped":true}' in text
+    bundle = read_bundle(data, drv.ledger.keys)
+    assert bundle.header["dropped"] == ["effects.payload", "requests", "approvals.artifact"]
+    assert all(e["payload"] == {"$dropped": True} for e in bundle.rows["effects"])
+    with other_ledger(second_url, settings) as target:
+        assert Corpora(target).import_bundle(bundle).added == [run_id]
+        assert target.verify_run(run_id) == []
+    for kept in ("checkpoints.state", "evidence.response", "effects.result", "runs.result"):
+        with pytest.raises(InvalidInput, match="cannot be dropped"):
+            DropPolicy((kept,))
+    with pytest.raises(InvalidInput, match="not a droppable field"):
+        DropPolicy(("runs.nonsense",))
+
+
+def test_corpus_import__refuses_another_tenants_bundle(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: a bundle's runs keep their tenant; an actor of another tenant cannot
+    import them (nothing is written)."""
+    run_id = record_note(drv, "tenant")
+    corpora = Corpora(drv.ledger)
+    corpora.add("x", Selection(run_ids=(run_id,)))
+    bundle = read_bundle(exported(corpora, "x"), drv.ledger.keys)
+    with other_ledger(second_url, settings) as target:
+        other = target.acting_as("eve", Role.ADMIN, tenant_id="acme")
+        with pytest.raises(OperationRefused, match="tenant"):
+            Corpora(other).import_bundle(bundle)
+        assert row_counts(target.engine)["runs"] == 0
+
+
+def test_corpus__viewers_read_but_cannot_pin_export_or_import(drv: Driver) -> None:
+    """Invariant: pinning, exporting and importing need the operator role; a viewer is
+    refused before anything happens, and the refusal is audited."""
+    run_id = record_note(drv, "roles")
+    Corpora(drv.ledger).add("r", Selection(run_ids=(run_id,)))
+    viewer = Corpora(drv.ledger.acting_as("vic", Role.VIEWER))
+    assert [c.name for c in viewer.all()] == ["r"]
+    with pytest.raises(OperationRefused):
+        viewer.add("r2", Selection(run_ids=(run_id,)))
+    with pytest.raises(OperationRefused):
+        viewer.export("r", io.BytesIO())
+    with pytest.raises(OperationRefused):
+        viewer.snapshot("r")
+    refused = [(a.actor, a.action) for a in drv.ledger.audit(outcome="refused")]
+    assert ("vic", "corpus_add") in refused and ("vic", "corpus_export") in refused

@@ -1,0 +1,58 @@
+"""Recording runs for corpus tests: the operator tools' workflows driven in-process through
+the real executor (tests/support/driver.py), and a second, empty ledger to import into."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from ledger import Ledger, OnwardSettings, RunStatus
+from ledger.audit import Role
+from tasks.waiting import artifact_hash
+from tests.support.driver import Driver
+
+TABLES = ("runs", "checkpoints", "evidence", "effects", "effect_attempts", "approvals",
+          "signals", "step_attempts", "artifacts", "audit", "corpora", "corpus_runs", "outbox")
+
+
+def record_note(drv: Driver, topic: str, *, approve: bool = False) -> UUID:
+    """A completed ``test_ops_notes`` run: a model call, two effects, maybe an approval."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": topic, "approve": approve})
+    run = drv.drive(run_id)
+    if approve:
+        assert run.status is RunStatus.WAITING, run
+        approval = drv.ledger.approvals(run_id=run_id)[0]
+        drv.ledger.acting_as("ann", Role.APPROVER).approve(
+            approval.id, artifact_hash=artifact_hash(approval.artifact))
+        run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run
+    return run_id
+
+
+def row_counts(engine: sa.engine.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t: conn.execute(sa.text(f"SELECT count(*) FROM onward.{t}")).scalar_one()
+                for t in TABLES}
+
+
+def table_digest(engine: sa.engine.Engine) -> dict[str, str]:
+    """An md5 of every row of every ledger table: equal before and after means nothing was
+    written (inserted, updated or deleted)."""
+    with engine.connect() as conn:
+        return {t: conn.execute(sa.text(
+            f"SELECT coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '') "
+            f"FROM onward.{t} x")).scalar_one() for t in TABLES}
+
+
+@contextmanager
+def other_ledger(url: str, settings: OnwardSettings) -> Iterator[Ledger]:
+    """A ledger on another (migrated, empty) database, with the same keys and tenant."""
+    other = settings.model_copy(update={"database_url": url})
+    engine = sa.create_engine(url)
+    try:
+        yield Ledger(engine, other)
+    finally:
+        engine.dispose()
