@@ -20,6 +20,7 @@ from console.commands_effects import effects_app
 from console.commands_runs import runs_app
 from console.commands_tokens import tokens_app
 from console.commands_tools import tools_app
+from console.commands_workers import workers as workers_cmd
 from console.common import open_ledger, reported, say_error
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
@@ -40,6 +41,7 @@ app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(corpus_app, name="corpus")
 app.command("verify")(verify_cmd.verify)
+app.command("workers")(workers_cmd)
 
 out = console()
 err = console(stderr=True)
@@ -131,11 +133,17 @@ def worker(
     runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
     queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
     node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
-    start_advertising(settings, runtime.registry)
-    celery_app.worker_main([
-        "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
-        "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
-    ])
+    node = node.replace("%h", socket.gethostname())
+    advertiser = start_advertising(settings, runtime.registry, node=node,
+                                   pool=options.pool.value, concurrency=concurrency,
+                                   queues=queues)
+    try:
+        celery_app.worker_main([
+            "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
+            "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
+        ])
+    finally:
+        advertiser.retire()
 
 
 def _bad_pool(pool: str) -> NoReturn:

@@ -28,7 +28,7 @@ from ledger.exceptions import LedgerUnavailable
 CHANNEL = "onward_outbox"
 
 _DUE = """
-SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version,
+SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version, r.step, r.attempt,
        (r.status <> 'running' OR o.seq < r.seq) AS dead
   FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
  WHERE o.due_at <= onward.now()
@@ -49,7 +49,7 @@ SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version,
 """
 
 _LIVE_QUEUES = """
-SELECT queue FROM onward.worker_queues
+SELECT queue, workflow, version, start_step FROM onward.worker_queues
  WHERE seen_at > onward.now() - %(within)s * interval '1 second'
 """
 
@@ -73,6 +73,8 @@ class OutboxMessage:
     seq: int
     workflow: str = ""
     workflow_version: int | None = None
+    step: str | None = None  # the step the message runs; None: the workflow's start step
+    attempt: int = 1  # the attempt the message starts (for display)
 
 
 class OutboxStore:
@@ -119,7 +121,8 @@ class OutboxStore:
                 if dead:
                     conn.execute(_DROP, {"ids": dead})
                 messages = [OutboxMessage(r["id"], r["run_id"], r["seq"], r["workflow"],
-                                          r["workflow_version"]) for r in rows if not r["dead"]]
+                                          r["workflow_version"], r["step"], r["attempt"] + 1)
+                            for r in rows if not r["dead"]]
                 for message in messages:
                     publish(message)
                 if messages and after_publish is not None:
@@ -133,10 +136,15 @@ class OutboxStore:
 
     def live_queues(self, within_s: float) -> set[str]:
         """Version queues some worker advertised within ``within_s`` seconds."""
+        return set(self.live_queue_starts(within_s))
+
+    def live_queue_starts(self, within_s: float) -> dict[str, tuple[str, str | None]]:
+        """Queues some worker advertised within ``within_s`` seconds, each with its
+        workflow and the start step of the code behind it (None from older workers)."""
         conn = self._connection()
         with conn.transaction():
             rows = conn.execute(_LIVE_QUEUES, {"within": within_s}).fetchall()
-        return {r["queue"] for r in rows}
+        return {r["queue"]: (r["workflow"], r["start_step"]) for r in rows}
 
     def seconds_to_next_due(self) -> float | None:
         conn = self._connection()

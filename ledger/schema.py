@@ -423,6 +423,23 @@ worker_queues = Table(
     Column("workflow", Text, nullable=False),
     Column("version", Integer, nullable=False),
     Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("start_step", Text, nullable=True),  # names a run's first message (Flower)
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("node", Text, primary_key=True),  # the Celery node name, e.g. worker@host
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),  # the main process
+    Column("pool", Text, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("queues", JSONB, nullable=False),  # every queue it consumes
+    Column("workflows", JSONB, nullable=False),  # [{"workflow", "version", "start_step"}]
+    Column("in_flight", Integer, nullable=False, server_default=text("0")),
+    Column("started_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
+    Index("ix_workers_seen_at", "seen_at"),
 )
 
 tokens = Table(

@@ -69,6 +69,11 @@ class StepReport:
     next_seq: int | None = None  # set when a message for the next step must be published
     detail: str = ""
     queue: str | None = None  # where that message goes (the run's version queue)
+    # For monitoring (metrics, Flower names): the run's workflow and the version that ran,
+    # and the step the next message runs (set by a commit that sends one).
+    workflow: str | None = None
+    version: int | None = None
+    next_step: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ def execute_step(
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
     faults.point("after_claim", claimed.step)
     report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
+    if report.workflow is None:
+        report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
     if report.next_seq is not None:
         faults.point("after_commit_before_publish", claimed.step)
         publish(report.run_id, report.next_seq, report.queue or config.queue)
@@ -233,7 +240,9 @@ def _run_claimed(
     fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
     next_seq = claim.seq + 1 if fast_path else None
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
-                      queue=version_queue(config.queue, workflow.name, workflow.version))
+                      queue=version_queue(config.queue, workflow.name, workflow.version),
+                      workflow=workflow.name, version=workflow.version,
+                      next_step=advance.next_step)
 
 
 def _hand_back(store: StepStore, config: ExecutorConfig, claim: Claim, refusal: Refusal,

@@ -97,3 +97,28 @@ def first(ctx: StepContext, state: Pair) -> Any:
 @pair.step
 def second(ctx: StepContext, state: Pair) -> Any:
     return ctx.finish(first_done=state.first_done)
+
+
+class Five(BaseModel):
+    fail_at: str = ""  # a step that fails for good (non-retryable), to show a failed task
+    done: list[str] = []
+
+
+five = Workflow("test_five", version=1, state=Five, max_attempts=3,
+                description="five named steps: plan → search → read → write → publish")
+
+
+def _five_step(name: str, then: str | None) -> None:
+    def body(ctx: StepContext, state: Five) -> Any:
+        if state.fail_at == name:
+            raise StepError(f"{name} failed on purpose", non_retryable=True)
+        done = [*state.done, name]
+        return ctx.goto(then, done=done) if then else ctx.finish(done=done)
+
+    body.__name__ = name
+    five.step(start=name == "plan", name=name)(body)
+
+
+for _name, _then in (("plan", "search"), ("search", "read"), ("read", "write"),
+                     ("write", "publish"), ("publish", None)):
+    _five_step(_name, _then)

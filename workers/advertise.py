@@ -1,43 +1,64 @@
-"""The worker's main process tells dispatchers which version queues it serves, every third
-of ``ONWARD_WORKER_QUEUE_TTL_S``, busy or idle, until it stops."""
+"""The worker's main process tells dispatchers which version queues it serves, and the fleet
+view (``onward workers``) who it is, every third of ``ONWARD_WORKER_QUEUE_TTL_S``, busy or
+idle, until it stops; a clean stop removes its worker row."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 
 import structlog
 
 from ledger.db import database_url
 from ledger.exceptions import LedgerUnavailable
-from ledger.hot import HotConnection
+from ledger.fleet import FleetStore, WorkerAd
 from ledger.settings import OnwardSettings
 
 log = structlog.get_logger("onward.worker")
 
-_ADVERTISE = """
-INSERT INTO onward.worker_queues (queue, workflow, version, seen_at)
-VALUES (%(queue)s, %(workflow)s, %(version)s, onward.now())
-ON CONFLICT (queue) DO UPDATE SET seen_at = onward.now()
-RETURNING queue
-"""
+
+def steps_in_flight() -> int:
+    """Step messages this worker's pool is executing now (main process: Celery's own list)."""
+    from celery.worker import state
+
+    return len(state.active_requests)
 
 
 class Advertiser(threading.Thread):
-    def __init__(self, settings: OnwardSettings, queues: list[tuple[str, str, int]]) -> None:
+    def __init__(self, settings: OnwardSettings, queues: list[tuple[str, str, int, str | None]],
+                 *, node: str = "", pool: str = "prefork", concurrency: int = 0,
+                 all_queues: list[str] | None = None) -> None:
         super().__init__(name="onward-advertiser", daemon=True)
         self.settings = settings
         self.queues = queues
+        self.node = node
+        self.pool = pool
+        self.concurrency = concurrency
+        self.all_queues = all_queues or []
         self.stopping = threading.Event()
-        self.url = database_url(settings)
+        self.store = FleetStore(database_url(settings))
+
+    def _ad(self) -> WorkerAd | None:
+        if not self.node:
+            return None
+        workflows = [{"workflow": w, "version": v, "start_step": s}
+                     for _, w, v, s in self.queues if v]
+        return WorkerAd(node=self.node, host=socket.gethostname(), pid=os.getpid(),
+                        pool=self.pool, concurrency=self.concurrency, queues=self.all_queues,
+                        workflows=workflows, in_flight=steps_in_flight())
 
     def advertise(self) -> None:
-        # A short-lived connection: nothing of it must survive into forked pool children.
-        conn = HotConnection(self.url)
-        try:
-            for queue, workflow, version in self.queues:
-                conn.one(_ADVERTISE, {"queue": queue, "workflow": workflow, "version": version})
-        finally:
-            conn.close()
+        self.store.advertise(self._ad(), self.queues)
+
+    def retire(self) -> None:
+        """Remove this worker's row (called on a clean shutdown)."""
+        self.stopping.set()
+        if self.node:
+            try:
+                self.store.retire(self.node, os.getpid())
+            except LedgerUnavailable as exc:
+                log.warning("could not remove the worker's row", error=str(exc))
 
     def run(self) -> None:
         interval = self.settings.worker_queue_ttl_s / 3

@@ -6,6 +6,7 @@ from typing import Any
 
 import structlog
 from celery import Celery
+from celery.app.amqp import AMQP
 from pydantic import ValidationError
 
 from ledger.settings import OnwardSettings
@@ -13,6 +14,7 @@ from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.advertise import Advertiser
 from workers.broker import broker_url
+from workers.events import FAILED_KINDS, StepNotCommitted
 from workers.runtime import STEP_TASK, WorkerRuntime
 
 log = structlog.get_logger("onward.worker")
@@ -51,6 +53,19 @@ def celery_config(settings: OnwardSettings) -> dict[str, Any]:
     return config
 
 
+class StepAMQP(AMQP):  # type: ignore[misc]
+    """Celery's message builder, with the ``task-sent`` event named like the message's
+    ``shadow`` name: Flower merges a late ``task-sent`` over ``task-received`` (the
+    publisher's event can arrive after the worker's), and the step's name must win."""
+
+    def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+        message = super().as_task_v2(*args, **kwargs)
+        shadow = message.headers.get("shadow")
+        if shadow and message.sent_event is not None:
+            message.sent_event["name"] = shadow
+        return message
+
+
 def create_app(settings: OnwardSettings | None = None, registry: Registry | None = None, *,
                concurrency: int = 1) -> Celery:
     """Build the Celery app with ``onward.step`` registered on it (no global current app).
@@ -61,30 +76,44 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
     if registry is None:
         registry = Registry()
         registry.load_modules(settings.workflows)
-    app = Celery("onward", set_as_current=False)
+    app = Celery("onward", set_as_current=False, amqp=StepAMQP)
     app.conf.update(celery_config(settings))
     runtime = WorkerRuntime(app=app, settings=settings, registry=registry,
                             concurrency=concurrency)
 
-    @app.task(name=STEP_TASK, ignore_result=True, acks_late=True)
-    def step(**kwargs: Any) -> str:
-        """Execute the step after checkpoint ``seq`` of ``run_id``; the ledger holds results."""
+    @app.task(name=STEP_TASK, ignore_result=True, acks_late=True, bind=True,
+              throws=(StepNotCommitted,))
+    def step(self: Any, **kwargs: Any) -> str:
+        """Execute the step after checkpoint ``seq`` of ``run_id``; the ledger holds results.
+        A step that did not commit (failed, retrying, parked, diverged) ends the task as
+        failed, for Flower; the message is acked all the same (the ledger re-sends)."""
         try:
-            report = runtime.handle(kwargs)
+            report = runtime.handle(kwargs, task_id=self.request.id,
+                                    hostname=self.request.hostname or "")
         except ValidationError as exc:
             # A malformed message changes nothing: log it clearly and drop it.
             log.error("malformed step message rejected", kwargs=repr(kwargs)[:200],
                       error=str(exc).splitlines()[0])
             return "rejected"
+        if report.kind in FAILED_KINDS:
+            raise StepNotCommitted(f"{report.kind.value}: {report.detail[:200]}")
         return report.kind.value
 
     app.onward_runtime = runtime  # type: ignore[attr-defined]
     return app
 
 
-def start_advertising(settings: OnwardSettings, registry: Registry) -> Advertiser:
+def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str = "",
+                      pool: str = "prefork", concurrency: int = 0,
+                      queues: list[str] | None = None) -> Advertiser:
     """Called by ``onward worker`` once its queues are known (main process only)."""
-    advertiser = Advertiser(settings, worker_queues(settings.queue, registry))
+    advertised = []
+    for queue, workflow, version in worker_queues(settings.queue, registry):
+        code = registry.get(workflow, version or None)
+        start = code.start.name if code is not None and code.start is not None else None
+        advertised.append((queue, workflow, version, start))
+    advertiser = Advertiser(settings, advertised, node=node, pool=pool,
+                            concurrency=concurrency, all_queues=queues)
     advertiser.advertise()  # before the first message can be routed
     advertiser.start()
     return advertiser

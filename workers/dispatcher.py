@@ -18,7 +18,8 @@ from ledger.exceptions import LedgerUnavailable
 from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.settings import OnwardSettings
 from tasks import faults
-from tasks.routing import route
+from tasks.routing import route, workflow_queue
+from workers.events import display_kwargs, display_name
 from workers.runtime import STEP_TASK
 
 log = structlog.get_logger("onward.dispatcher")
@@ -40,14 +41,25 @@ class Dispatcher:
         self.published = 0
         self._producer: Any = None
         self._live: set[str] = set()
+        self._start_steps: dict[str, str] = {}  # workflow -> its start step (newest code)
         self._live_at = -1e9
 
     def _live_queues(self) -> set[str]:
         now = time.monotonic()
         if now - self._live_at > LIVE_QUEUES_REFRESH_S:
-            self._live = self.store.live_queues(within_s=self.settings.worker_queue_ttl_s)
+            live = self.store.live_queue_starts(within_s=self.settings.worker_queue_ttl_s)
+            self._live = set(live)
+            self._start_steps = {workflow: start for queue, (workflow, start) in live.items()
+                                 if start and queue == workflow_queue(self.settings.queue,
+                                                                      workflow)}
             self._live_at = now
         return self._live
+
+    def _name(self, message: OutboxMessage) -> str:
+        """``<workflow>.<step>`` for Flower; a run's first step is named by what the live
+        workers advertise as the workflow's start step."""
+        return display_name(message.workflow,
+                            message.step or self._start_steps.get(message.workflow))
 
     def publish(self, message: OutboxMessage) -> None:
         if self._producer is None:
@@ -59,8 +71,9 @@ class Dispatcher:
             kwargs={"run_id": str(message.run_id), "seq": message.seq},
             queue=queue,
             producer=self._producer,
-            argsrepr="",
-            kwargsrepr=f"{message.run_id}@{message.seq}",
+            shadow=self._name(message),
+            argsrepr="()",
+            kwargsrepr=display_kwargs(message.run_id, message.seq, message.attempt),
         )
 
     def sweep_once(self) -> int:

@@ -34,6 +34,8 @@ from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.workflow import Registry
+from workers.events import EagerEvents, display_kwargs, display_name
+from workers.logs import bind_step
 
 STEP_TASK = "onward.step"
 
@@ -50,6 +52,7 @@ class WorkerRuntime:
     _store: StepStore | None = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _events: EagerEvents | None = field(default=None, init=False)
 
     @property
     def pool_size(self) -> int:
@@ -80,6 +83,7 @@ class WorkerRuntime:
             max_effect_payload_bytes=self.settings.max_effect_payload_bytes,
             max_approval_artifact_bytes=self.settings.max_approval_artifact_bytes,
         )
+        self._events = EagerEvents(self.app)
         faults.arm_from_env()
         self._pid = os.getpid()  # last: other threads see a complete state or take the lock
 
@@ -101,49 +105,69 @@ class WorkerRuntime:
     def worker_id(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def publish(self, run_id: UUID, seq: int, queue: str) -> None:
-        """Send the step message for ``(run_id, seq)`` (fast path, right after commit)."""
+    def publish(self, run_id: UUID, seq: int, queue: str, name: str | None = None) -> None:
+        """Send the step message for ``(run_id, seq)`` (fast path, right after commit),
+        shown in Flower as ``name`` (``<workflow>.<step>``), attempt 1."""
         with self.app.producer_pool.acquire(block=True) as producer:
             self.app.send_task(
                 STEP_TASK,
                 kwargs={"run_id": str(run_id), "seq": seq},
                 queue=queue,
                 producer=producer,
-                argsrepr="",
-                kwargsrepr=f"{run_id}@{seq}",
+                shadow=name,
+                argsrepr="()",
+                kwargsrepr=display_kwargs(run_id, seq, 1),
             )
 
-    def handle(self, kwargs: dict[str, Any]) -> StepReport:
+    def handle(self, kwargs: dict[str, Any], *, task_id: str | None = None,
+               hostname: str = "") -> StepReport:
         """Execute the delivered step, then (eagerly) the run's next ones; see the module doc.
+        Each eager step is reported to Flower as a task of its own (``workers/events.py``),
+        child of the delivered message's ``task_id``, on node ``hostname``.
 
         Returns the delivered step's report (what Celery records for this message)."""
         self._ensure_process_state()
         assert self._store is not None and self._config is not None
+        assert self._events is not None
         message = StepMessage.model_validate(kwargs)
         deadline = time.monotonic() + self.settings.eager_window_ms / 1000
         eager_left = self.settings.eager_steps
         delivered: StepReport | None = None
         follow: list[tuple[UUID, int, str]] = []
         queue = self.settings.queue  # set to the eager step's queue before it is used
+        name: str | None = None  # the eager step's display name
         while True:
             follow.clear()
+            bind_step(message.run_id, message.seq)
+            eager = None
+            if delivered is not None and hostname:
+                eager = self._events.received(hostname, name or "",
+                                              display_kwargs(message.run_id, message.seq, 1),
+                                              task_id)
             try:
                 report = execute_step(self._store, self.registry, self._config, message,
                                       worker=self.worker_id, publish=lambda *next_step:
                                       follow.append(next_step), count_stale=delivered is None)
-            except Exception:
+            except Exception as exc:
+                if eager is not None:
+                    self._events.finished(hostname, *eager, None, exc)
                 if delivered is not None:
                     # An eager step failed outside its body (the ledger went away): send its
                     # message now rather than leave it to the dispatcher's grace period. If
                     # the step did get its lease, the message is a counted no-op.
-                    self.publish(message.run_id, message.seq, queue)
+                    self.publish(message.run_id, message.seq, queue, name)
                 raise
+            if eager is not None:
+                self._events.finished(hostname, *eager, report)
             delivered = delivered or report
             if not follow:
+                bind_step(delivered.run_id, delivered.seq)  # Celery's line about the message
                 return delivered
             run_id, seq, queue = follow[0]
+            name = display_name(report.workflow, report.next_step)
             if eager_left <= 0 or time.monotonic() >= deadline:
-                self.publish(run_id, seq, queue)
+                self.publish(run_id, seq, queue, name)
+                bind_step(delivered.run_id, delivered.seq)
                 return delivered
             eager_left -= 1
             message = StepMessage(run_id=run_id, seq=seq)
