@@ -109,11 +109,11 @@ def worker(
     from ledger.db import create_engine, require_current_schema
     from tasks.routing import worker_queues
     from workers.app import create_app, start_advertising
-    from workers.logs import configure_logging
+    from workers.logs import configure_logging, json_logs
     from workers.pools import PoolKind, PoolOptions
 
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
-    configure_logging(loglevel)
+    configure_logging(loglevel, capture_stdout=True)
     try:
         options = PoolOptions(PoolKind(pool) if pool in set(PoolKind) else _bad_pool(pool),
                               concurrency, autoscale, max_tasks_per_child,
@@ -137,9 +137,15 @@ def worker(
     advertiser = start_advertising(settings, runtime.registry, node=node,
                                    pool=options.pool.value, concurrency=concurrency,
                                    queues=queues)
+    quiet = []
+    if json_logs():  # Celery's banner is not a log line: say the same in one JSON object
+        quiet = ["--quiet"]
+        _announce("worker starting", node=node, pool=options.pool.value,
+                  concurrency=concurrency, queues=queues,
+                  workflows=[f"{w.name} v{w.version}" for w in runtime.registry.all()])
     try:
         celery_app.worker_main([
-            "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
+            *quiet, "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
             "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
         ])
     finally:
@@ -215,8 +221,10 @@ def metrics(
     import signal as signals
 
     from ledger.db import create_engine, require_current_schema
+    from workers.logs import configure_logging
     from workers.metrics import serve_metrics
 
+    configure_logging()
     engine = create_engine(_settings(), pool_size=1)
     try:
         require_current_schema(engine)
@@ -224,7 +232,7 @@ def metrics(
         _fail(str(exc), EXIT_REFUSED)
     stop = serve_metrics(engine, port, host)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    out.print(line(f"serving http://{host}:{port}/metrics"))
+    _announce(f"serving http://{host}:{port}/metrics", port=port)
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
 
@@ -253,6 +261,18 @@ def start(
     print(run_id)
 
 
+def _announce(message: str, **fields: object) -> None:
+    """A line for the operator: a log line in JSON mode, plain text otherwise."""
+    from workers.logs import json_logs
+
+    if json_logs():
+        import structlog
+
+        structlog.get_logger("onward.cli").info(message, **fields)
+    else:
+        print(message, flush=True)
+
+
 def main() -> None:  # pragma: no cover - console script entry
     sys.exit(app())
 
@@ -272,7 +292,9 @@ def console_cmd(
     from console.http.app import create_app
     from ledger.audit import Role
     from ledger.tokens import TokenRequest
+    from workers.logs import configure_logging, json_logs
 
+    configure_logging()
     settings = _settings()
     ledger = Ledger.from_env(settings)
     with reported():
@@ -286,11 +308,14 @@ def console_cmd(
                 note="onward console login link"))
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     if issued is not None:
-        print(f"open {base}/login?token={issued.secret}", flush=True)
+        _announce(f"open {base}/login?token={issued.secret}", url=f"{base}/login")
     else:
-        print(f"open {base}/login and sign in with a token (onward tokens create)", flush=True)
+        _announce(f"open {base}/login and sign in with a token (onward tokens create)",
+                  url=f"{base}/login")
+    # uvicorn's own handlers print plain text: in JSON mode its loggers use onward's
+    extra = {"log_config": None} if json_logs() else {}
     try:
-        uvicorn.run(create_app(ledger), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(ledger), host=host, port=port, log_level="warning", **extra)
     finally:
         if issued is not None:
             with contextlib.suppress(OnwardError):

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from tasks import observe
 from tasks.exceptions import LeaseLost
 from tasks.llm import LLMResponse
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
@@ -41,16 +42,19 @@ class StepContext:
         ``key`` names the call's intent explicitly; by default it is the call's ordinal
         within the step.
         """
-        return self.services.effect(tool, key, payload)
+        with observe.effect(self.services, tool):
+            return self.services.effect(tool, key, payload)
 
     def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
             **params: Any) -> LLMResponse:
         """Call the workflow's model client; a re-executed step gets the recorded answer."""
-        return self.services.llm(model=model, messages=messages, key=key, params=params)
+        with observe.model_call(model):
+            return self.services.llm(model=model, messages=messages, key=key, params=params)
 
     def read(self, tool: Tool, /, key: str | None = None, **params: Any) -> dict[str, Any]:
         """Read from a ``read`` tool; recorded with its source version and time."""
-        return self.services.read(tool, key, params)
+        with observe.read(tool):
+            return self.services.read(tool, key, params)
 
     def goto(self, step: Step | str, /, **update: Any) -> Goto:
         """Continue with ``step`` after merging ``update`` into the state."""

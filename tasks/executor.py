@@ -24,7 +24,7 @@ from ledger.evidence import EvidenceFenced, EvidenceStore
 from ledger.exceptions import InvalidInput, StatementRefused
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StepStore, error_record
-from tasks import faults
+from tasks import faults, observe
 from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import DivergeFor, FailFor, ParkFor, Suspend, WaitFor
@@ -125,6 +125,7 @@ def execute_step(
                  reason=claimed.reason.value, current_seq=claimed.current_seq)
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
     faults.point("after_claim", claimed.step)
+    observe.claimed(claimed)
     report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
     if report.workflow is None:
         report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
@@ -405,7 +406,8 @@ def _record_failure(store: StepStore, effects: EffectStore, config: ExecutorConf
                        "outcome at the provider")
             store.park(claim, step.name, "effect_outcome_unknown",
                        error_record(type(exc).__name__, message))
-            bound.error("run parked for review", reason="effect_outcome_unknown")
+            bound.error("run parked for review", reason="effect_outcome_unknown",
+                        effect_id=unknown[0].effect_id)
             return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
     if not store.fail(claim, step.name, error, retry_in_s=retry_in):
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)

@@ -101,6 +101,7 @@ def second(ctx: StepContext, state: Pair) -> Any:
 
 class Five(BaseModel):
     fail_at: str = ""  # a step that fails for good (non-retryable), to show a failed task
+    shout: bool = False  # each step prints a line (what a careless step does)
     done: list[str] = []
 
 
@@ -110,6 +111,8 @@ five = Workflow("test_five", version=1, state=Five, max_attempts=3,
 
 def _five_step(name: str, then: str | None) -> None:
     def body(ctx: StepContext, state: Five) -> Any:
+        if state.shout:
+            print(f"{name} says hello")
         if state.fail_at == name:
             raise StepError(f"{name} failed on purpose", non_retryable=True)
         done = [*state.done, name]

@@ -15,6 +15,7 @@ from tasks.workflow import Registry
 from workers.advertise import Advertiser
 from workers.broker import broker_url
 from workers.events import FAILED_KINDS, StepNotCommitted
+from workers.logs import unbind_step
 from workers.runtime import STEP_TASK, WorkerRuntime
 
 log = structlog.get_logger("onward.worker")
@@ -87,6 +88,8 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
         """Execute the step after checkpoint ``seq`` of ``run_id``; the ledger holds results.
         A step that did not commit (failed, retrying, parked, diverged) ends the task as
         failed, for Flower; the message is acked all the same (the ledger re-sends)."""
+        unbind_step()
+        structlog.contextvars.bind_contextvars(task_id=self.request.id)
         try:
             report = runtime.handle(kwargs, task_id=self.request.id,
                                     hostname=self.request.hostname or "")
