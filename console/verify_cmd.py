@@ -20,33 +20,46 @@ out = console()
 def verify(
     run_id: Annotated[str | None, typer.Argument(help="The run to check (id or prefix).")]
     = None,
-    all_runs: Annotated[bool, typer.Option("--all", help="Check every run.")] = False,
+    all_runs: Annotated[bool, typer.Option(
+        "--all", help="Check every run of your tenant, and its audit log.")] = False,
+    audit_only: Annotated[bool, typer.Option(
+        "--audit", help="Check only your tenant's audit log (row MACs and the chain).")]
+    = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per problem.")] = False,
 ) -> None:
-    """Verify checkpoint MACs, the hash chain, the head and artifact hashes. Exit 3 when a
-    problem is found."""
-    if (run_id is None) == (not all_runs):
-        out.print(line(("error:", "red"), " give a RUN or --all"))
+    """Verify what the ledger signed: checkpoint MACs, the hash chain, the head, artifact
+    hashes, recorded evidence, effects, results, and (--all, --audit) the audit chain. Exit 3
+    when a problem is found."""
+    if sum((run_id is not None, all_runs, audit_only)) != 1:
+        out.print(line(("error:", "red"), " give a RUN, --all or --audit"))
         raise typer.Exit(2)
     ledger = open_ledger(AuditAction.VERIFY)
     target = resolve_run(ledger, run_id) if run_id is not None else None
-    checked = 0
-    found = 0
-    results: Iterable[tuple[UUID, list[Problem]]] = (
-        [(target, ledger.verify_run(target))] if target is not None else ledger.verify_all())
+    results: Iterable[tuple[UUID | None, list[Problem]]] = (
+        [(target, ledger.verify_run(target))] if target is not None
+        else [] if audit_only else ledger.verify_all())
+    checked, found = 0, 0
     for current, problems in results:
         checked += 1
-        for problem in problems:
-            found += 1
-            if as_json:
-                print(json.dumps({"run_id": str(problem.run_id), "seq": problem.seq,
-                                  "kind": problem.kind, "detail": problem.detail}))
-            else:
-                out.print(line(("✗", "red"), " ", str(problem)), soft_wrap=True)
+        found += _report(problems, as_json)
         if not as_json and not problems and run_id is not None:
             out.print(line(("✓", "green"), f" {current}: history verifies"))
+    audit_problems = ledger.verify_audit() if target is None else []
+    found += _report(audit_problems, as_json)
     ledger.verified(target, checked, found)
     if not as_json:
-        out.print(line(f"checked {checked} run(s), {found} problem(s)"))
+        audit_note = f", the audit log: {len(audit_problems)}" if target is None else ""
+        out.print(line(f"checked {checked} run(s), {found} problem(s){audit_note}"))
     if found:
         raise typer.Exit(3)
+
+
+def _report(problems: list[Problem], as_json: bool) -> int:
+    for problem in problems:
+        if as_json:
+            print(json.dumps({"run_id": str(problem.run_id) if problem.run_id else None,
+                              "seq": problem.seq, "kind": problem.kind,
+                              "detail": problem.detail}))
+        else:
+            out.print(line(("✗", "red"), " ", str(problem)), soft_wrap=True)
+    return len(problems)

@@ -15,7 +15,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import forks, inspect, operations, verify, waits
+from ledger import audit_chain, forks, inspect, operations, verify, waits
 from ledger import runs as run_ops
 from ledger import tokens as token_ops
 from ledger.audit import (
@@ -297,7 +297,7 @@ class Ledger:
                 return body(conn)
         except REFUSALS as exc:
             with wrap_driver_errors("auditing a refusal"), self.engine.begin() as conn:
-                record_txn(conn, self.actor, AuditRecord(
+                record_txn(conn, self.keys, self.actor, AuditRecord(
                     action, AuditOutcome.REFUSED, reason, run_id=run_id, effect_id=effect_id,
                     approval_id=approval_id,
                     details={"error": str(exc), "type": type(exc).__name__}))
@@ -321,8 +321,8 @@ class Ledger:
         audited like every other operator command (docs/design.md sections 8 and 10)."""
         def body(conn: Connection) -> None:
             self.actor.require(AuditAction.INSPECT)
-            record_txn(conn, self.actor, AuditRecord(AuditAction.INSPECT, AuditOutcome.DONE,
-                                                     run_id=run_id, effect_id=effect_id))
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.INSPECT, AuditOutcome.DONE, run_id=run_id, effect_id=effect_id))
 
         self._command(AuditAction.INSPECT, body, run_id=run_id, effect_id=effect_id)
 
@@ -337,7 +337,7 @@ class Ledger:
     def verified(self, run_id: UUID | None, checked: int, problems: int) -> None:
         """Record that the actor verified ``run_id`` (None: every run of the tenant)."""
         def body(conn: Connection) -> None:
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.VERIFY, AuditOutcome.DONE, run_id=run_id,
                 details={"checked": checked, "problems": problems}))
 
@@ -353,7 +353,7 @@ class Ledger:
             run_id = Ledger(self.engine, scoped, self.actor).start_run_txn(
                 conn, workflow, input, conversation_id=conversation_id,
                 idempotency_key=idempotency_key)
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.START, AuditOutcome.DONE, run_id=run_id, new_run_id=run_id,
                 details={"workflow": workflow, "idempotency_key": idempotency_key}))
             return run_id
@@ -367,7 +367,7 @@ class Ledger:
         that were decisions (budgets, rejections, ctx.fail) and replays."""
         return self._command(
             AuditAction.CONTINUE,
-            lambda c: operations.continue_run_txn(c, self.actor, run_id, reason),
+            lambda c: operations.continue_run_txn(c, self.keys, self.actor, run_id, reason),
             reason=reason, run_id=run_id)
 
     def replay(self, run_id: UUID, from_seq: int, mode: LaunchMode | str, reason: str | None,
@@ -410,7 +410,8 @@ class Ledger:
     def cancel(self, run_id: UUID, reason: str | None) -> operations.Cancelled:
         """Stop a non-terminal run; a step in flight cannot commit afterwards."""
         return self._command(
-            AuditAction.CANCEL, lambda c: operations.cancel_txn(c, self.actor, run_id, reason),
+            AuditAction.CANCEL,
+            lambda c: operations.cancel_txn(c, self.keys, self.actor, run_id, reason),
             reason=reason, run_id=run_id)
 
     def begin_repeat(self, effect_type: str, effect_id: str, reason: str | None,
@@ -418,7 +419,7 @@ class Ledger:
         """Record (and commit) a privileged repeat attempt with its own key, before the call."""
         return self._command(
             AuditAction.REPEAT_EFFECT,
-            lambda c: operations.begin_repeat_txn(c, self.actor, effect_type, effect_id,
+            lambda c: operations.begin_repeat_txn(c, self.keys, self.actor, effect_type, effect_id,
                                                   reason, plan),
             reason=reason, effect_id=effect_id)
 
@@ -449,7 +450,7 @@ class Ledger:
                 comment: str | None) -> waits.Approval:
         return self._command(
             AuditAction.APPROVE if approve else AuditAction.REJECT,
-            lambda c: operations.decide_txn(c, self.actor, approval_id, approve=approve,
+            lambda c: operations.decide_txn(c, self.keys, self.actor, approval_id, approve=approve,
                                             artifact_hash=artifact_hash, comment=comment),
             reason=comment, approval_id=approval_id)
 
@@ -481,7 +482,7 @@ class Ledger:
             woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {},
                                     max_bytes=self.settings.max_signal_bytes,
                                     max_depth=self.settings.max_json_depth)
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.SIGNAL, AuditOutcome.DONE, run_id=run_id,
                 details={"name": name, "woke": woke}))
             return woke
@@ -496,7 +497,7 @@ class Ledger:
                 raise OperationRefused(f"{self.actor.name} administers tenant "
                                        f"{self.actor.tenant_id!r}, not {request.tenant_id!r}")
             issued = token_ops.issue_txn(conn, request, self.actor.name)
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.TOKEN_CREATE, AuditOutcome.DONE, request.note,
                 details={"token": str(issued.token.id), "actor": request.actor,
                          "role": request.role.value,
@@ -518,7 +519,7 @@ class Ledger:
         def body(conn: Connection) -> token_ops.Token:
             found = token_ops.find_txn(conn, token_id, self.actor.tenant_id)
             revoked = token_ops.revoke_txn(conn, found, self.actor.tenant_id, self.actor.name)
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.TOKEN_REVOKE, AuditOutcome.DONE, reason,
                 details={"token": str(found), "actor": revoked.actor}))
             return revoked
@@ -531,6 +532,13 @@ class Ledger:
         with wrap_driver_errors("verifying a run"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
             return verify.verify_run_txn(conn, self.keys, run_id)
+
+    def verify_audit(self) -> list[verify.Problem]:
+        """Check the actor's tenant's audit log: each row's MAC, the sealed chain (gaps,
+        links, its head) and rows left unsealed (ledger/audit_chain.py)."""
+        with wrap_driver_errors("verifying the audit log"), self.engine.connect() as conn:
+            return audit_chain.verify_audit_txn(conn, self.keys, self.actor.tenant_id,
+                                                grace_s=self.settings.audit_seal_grace_s)
 
     def result_problem(self, run_id: UUID) -> str | None:
         """Why the run's recorded result does not verify against its MAC, or None (also when

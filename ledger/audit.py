@@ -16,6 +16,8 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import PermissionDenied
 from ledger.schema import audit
@@ -150,16 +152,19 @@ class AuditRecord:
     details: dict[str, Any] | None = None
 
 
-def record_txn(conn: Connection, actor: Actor, record: AuditRecord) -> int:
-    """Append one audit row inside the caller's transaction; returns its id."""
+def record_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, record: AuditRecord) -> int:
+    """Append one audit row, signed (ledger/signed.py ``audit_row``), inside the caller's
+    transaction; returns its id. The reaper later seals it into its tenant's chain."""
+    values = {
+        "tenant_id": actor.tenant_id, "actor": actor.name, "role": actor.role.value,
+        "action": record.action.value, "outcome": record.outcome.value, "reason": record.reason,
+        "run_id": record.run_id, "new_run_id": record.new_run_id, "effect_id": record.effect_id,
+        "approval_id": record.approval_id, "before_seq": record.before_seq,
+        "after_seq": record.after_seq, "details": record.details, "token_id": actor.token_id,
+    }
     return int(conn.execute(
-        audit.insert().values(
-            tenant_id=actor.tenant_id, actor=actor.name, role=actor.role.value,
-            action=record.action.value, outcome=record.outcome.value, reason=record.reason,
-            run_id=record.run_id, new_run_id=record.new_run_id, effect_id=record.effect_id,
-            approval_id=record.approval_id, before_seq=record.before_seq,
-            after_seq=record.after_seq, details=record.details, token_id=actor.token_id,
-        ).returning(audit.c.id)
+        audit.insert().values(**values, mac=keys.sign(signed.audit_row(values)))
+        .returning(audit.c.id)
     ).scalar_one())
 
 

@@ -53,7 +53,7 @@ class Corpora:
         """Pin the runs ``selection`` names into corpus ``name`` (created if new)."""
         return self.ledger._command(
             AuditAction.CORPUS_ADD,
-            lambda c: corpus.pin_txn(c, self.actor, name, selection, description),
+            lambda c: corpus.pin_txn(c, self.ledger.keys, self.actor, name, selection, description),
             reason=description)
 
     def remove(self, name: str, run_ids: tuple[UUID, ...] = (),
@@ -61,7 +61,8 @@ class Corpora:
         """Unpin ``run_ids``, or delete the corpus when none are given."""
         return self.ledger._command(
             AuditAction.CORPUS_REMOVE,
-            lambda c: corpus.remove_txn(c, self.actor, name, run_ids, reason), reason=reason)
+            lambda c: corpus.remove_txn(c, self.ledger.keys, self.actor, name, run_ids, reason),
+            reason=reason)
 
     def all(self) -> list[corpus.CorpusSummary]:
         with wrap_driver_errors("listing corpora"), self.ledger.engine.connect() as conn:
@@ -113,7 +114,7 @@ class Corpora:
                 conn, self.actor, target, bundle.run_ids,
                 {"bundle": bundle.digest, "corpus": bundle.header.get("corpus")},
                 bundle.header.get("description"))
-            record_txn(conn, self.actor, AuditRecord(
+            record_txn(conn, self.ledger.keys, self.actor, AuditRecord(
                 AuditAction.CORPUS_IMPORT, AuditOutcome.DONE,
                 details={"corpus": target, "digest": bundle.digest,
                          "from": {k: bundle.header.get(k) for k in

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.schema import RunStatus, corpora, corpus_runs, runs
@@ -101,7 +102,7 @@ class PinnedRun:
     pinned_at: datetime
 
 
-def pin_txn(conn: Connection, actor: Actor, name: str, selection: Selection,
+def pin_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str, selection: Selection,
             description: str | None = None) -> Pinned:
     """Create the corpus if needed and pin every run ``selection`` names (audited)."""
     actor.require(AuditAction.CORPUS_ADD)
@@ -115,7 +116,7 @@ def pin_txn(conn: Connection, actor: Actor, name: str, selection: Selection,
                                "failed or cancelled) and made their own calls (not replays "
                                "or branches); nothing was pinned")
     added = pin_ids_txn(conn, actor, name, chosen, selection.as_json(), description)
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CORPUS_ADD, AuditOutcome.DONE, description,
         details={"corpus": name, "selection": selection.as_json(), "added": len(added),
                  "already": len(chosen) - len(added)}))
@@ -228,8 +229,8 @@ def pinned_runs_txn(conn: Connection, tenant_id: str, name: str) -> list[PinnedR
                       r.created_at, r.finished_at, r.pinned_by, r.pinned_at) for r in rows]
 
 
-def remove_txn(conn: Connection, actor: Actor, name: str, run_ids: tuple[UUID, ...],
-               reason: str | None) -> int:
+def remove_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
+               run_ids: tuple[UUID, ...], reason: str | None) -> int:
     """Unpin ``run_ids`` from the corpus, or delete the whole corpus when none are given;
     returns how many pins went (audited)."""
     actor.require(AuditAction.CORPUS_REMOVE)
@@ -241,7 +242,7 @@ def remove_txn(conn: Connection, actor: Actor, name: str, run_ids: tuple[UUID, .
     if not run_ids:
         conn.execute(corpora.delete().where(corpora.c.tenant_id == actor.tenant_id,
                                             corpora.c.name == name))
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CORPUS_REMOVE, AuditOutcome.DONE, reason,
         details={"corpus": name, "run_ids": [str(r) for r in run_ids] or "all",
                  "unpinned": removed}))

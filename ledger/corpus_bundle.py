@@ -66,7 +66,7 @@ def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
                             for row in _rows(conn, table, pinned, drop)))
     digest = writer.finish(keys)
     if audit:
-        record_txn(conn, actor, AuditRecord(
+        record_txn(conn, keys, actor, AuditRecord(
             AuditAction.CORPUS_EXPORT, AuditOutcome.DONE,
             details={"corpus": name, "digest": digest, "counts": writer.counts,
                      "dropped": list(drop.fields)}))

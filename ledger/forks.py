@@ -202,7 +202,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
             resolve_state_txn(conn, dict(cp["state"])), request.patch)]
     if start.last_error is not None:
         details["divergence"] = start.last_error
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         action, AuditOutcome.DONE, reason, run_id=parent["id"], new_run_id=run_id,
         before_seq=parent["seq"], after_seq=cp["seq"], details=details))
     return launched

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from ledger import waits
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import (
@@ -105,7 +106,7 @@ class Continued:
     reopened_effects: list[str]
 
 
-def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
+def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUID,
                      reason: str | None) -> Continued:
     """Resume the original run at its current seq: parked (``needs_review``), failed by an
     error, or runnable with nobody holding it. Everything else is refused with the command
@@ -133,7 +134,7 @@ def continue_run_txn(conn: Connection, actor: Actor, run_id: UUID,
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
         raise OperationRefused(f"run {run_id} changed while it was being continued")
     queue_step_txn(conn, run_id, run["seq"])
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
         before_seq=run["seq"], after_seq=run["seq"],
         details={"previous_status": status.value, "step": run["step"],
@@ -235,7 +236,8 @@ class Cancelled:
     approvals_invalidated: list[UUID]
 
 
-def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None) -> Cancelled:
+def cancel_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUID,
+               reason: str | None) -> Cancelled:
     """Stop a non-terminal run now. A step in flight keeps running in its worker, but its
     commit, failure, park or heartbeat all require ``status = 'running'`` and change nothing."""
     actor.require(AuditAction.CANCEL)
@@ -261,7 +263,7 @@ def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None)
                 decided_at=sa.func.onward.now(), comment=f"run cancelled: {reason}")
         .returning(approvals.c.id)
     ).scalars())
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
         before_seq=run["seq"], after_seq=run["seq"],
         details={"previous_status": status.value, "step": run["step"],
@@ -271,8 +273,8 @@ def cancel_txn(conn: Connection, actor: Actor, run_id: UUID, reason: str | None)
 
 
 # -- approve / reject -----------------------------------------------------------------------
-def decide_txn(conn: Connection, actor: Actor, approval_id: UUID, *, approve: bool,
-               artifact_hash: str, comment: str | None) -> waits.Approval:
+def decide_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, approval_id: UUID, *,
+               approve: bool, artifact_hash: str, comment: str | None) -> waits.Approval:
     """``waits.decide_txn`` plus its audit row. Deciding always needs the approve permission
     (checked first); the approval's approvers list then says who among those may decide, by
     name or by one of the actor's approver roles."""
@@ -283,7 +285,7 @@ def decide_txn(conn: Connection, actor: Actor, approval_id: UUID, *, approve: bo
     decided = waits.decide_txn(conn, approval_id, approve=approve, actor=actor.name,
                                roles=actor.approver_roles, artifact_hash=artifact_hash,
                                comment=comment)
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         action, AuditOutcome.DONE, comment, run_id=approval.run_id, approval_id=approval_id,
         before_seq=approval.seq, after_seq=approval.seq,
         details={"decided_by": actor.name, "approver_roles": list(actor.approver_roles),
@@ -317,8 +319,9 @@ def get_effect_txn(conn: Connection, effect_type: str, effect_id: str, *,
     return Effect.from_row(dict(row))
 
 
-def begin_repeat_txn(conn: Connection, actor: Actor, effect_type: str, effect_id: str,
-                     reason: str | None, plan: dict[str, Any]) -> RepeatStarted:
+def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effect_type: str,
+                     effect_id: str, reason: str | None,
+                     plan: dict[str, Any]) -> RepeatStarted:
     """Record the repeat attempt (kind ``repeat``, its own key) and its audit row."""
     actor.require(AuditAction.REPEAT_EFFECT)
     reason = require_reason(reason, AuditAction.REPEAT_EFFECT)
@@ -347,7 +350,7 @@ def begin_repeat_txn(conn: Connection, actor: Actor, effect_type: str, effect_id
         effect_type=effect_type, effect_id=effect_id, attempt=attempt,
         kind=EffectAttemptKind.REPEAT.value, worker=f"operator:{actor.name}",
         lease_epoch=None, idempotency_key=key))
-    record_txn(conn, actor, AuditRecord(
+    record_txn(conn, keys, actor, AuditRecord(
         AuditAction.REPEAT_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
         effect_id=effect_id, before_seq=effect.seq, after_seq=effect.seq,
         details={**plan, "effect_type": effect_type, "attempt": attempt, "repeat": number,

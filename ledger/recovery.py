@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from ledger.audit_chain import Sealed, seal_txn
+from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
+from ledger.exceptions import OnwardError
 from ledger.waits import WaitSweep, sweep_waits_txn
 
 # Lease expired and attempts remain: give the step back to the fleet (a restore).
@@ -109,8 +112,16 @@ class SweepReport:
 class RecoveryStore:
     """The reaper's ledger operations."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, keys: CheckpointKeys | None = None) -> None:
         self._engine = engine
+        self._keys = keys
+
+    def seal_audit(self, limit: int = 1000) -> Sealed:
+        """Link newly written audit rows into their tenants' chains (ledger/audit_chain.py)."""
+        if self._keys is None:
+            raise OnwardError("sealing the audit log needs the checkpoint keys")
+        with wrap_driver_errors("sealing the audit log"), self._engine.begin() as conn:
+            return seal_txn(conn, self._keys, limit)
 
     def sweep(self, *, stall_after_s: float, limit: int = 500) -> SweepReport:
         with wrap_driver_errors("reaper sweep"), self._engine.begin() as conn:

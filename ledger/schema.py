@@ -411,9 +411,24 @@ audit = Table(
     Column("after_seq", Integer, nullable=True),
     Column("details", JSONB, nullable=True),
     Column("token_id", UUID(as_uuid=True), nullable=True),  # the token the actor presented
+    Column("mac", Text, nullable=True),  # key_id:MAC of the content, by its writer
+    Column("chain_seq", BigInteger, nullable=True),  # place in the tenant's sealed chain
+    Column("chain_mac", Text, nullable=True),  # key_id:MAC linking it to the previous row
     Index("ix_audit_run", "run_id"),
     Index("ix_audit_at", "at"),
     Index("ix_audit_tenant_id", "tenant_id", "id"),
+    Index("ix_audit_tenant_chain", "tenant_id", "chain_seq", unique=True),
+    Index("ix_audit_unsealed", "tenant_id", "id", postgresql_where=text("chain_seq IS NULL")),
+)
+
+audit_heads = Table(
+    "audit_heads",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("chain_seq", BigInteger, nullable=False),  # the last sealed row's place
+    Column("chain_mac", Text, nullable=False),  # and its link
+    Column("mac", Text, nullable=False),  # key_id:MAC of the three above
+    Column("sealed_at", TS, nullable=False, server_default=func.onward.now()),
 )
 
 worker_queues = Table(

@@ -66,6 +66,11 @@ class OnwardSettings(BaseSettings):
         default=1.0, gt=0, description="Polling fallback when no NOTIFY arrives."
     )
     reaper_interval_s: float = Field(default=2.0, gt=0, description="Reaper sweep period.")
+    audit_seal_grace_s: float = Field(
+        default=300.0, gt=0,
+        description="`onward verify` reports audit rows the reaper has not sealed into their "
+                    "tenant's chain after this long (is a reaper running?).",
+    )
     stall_after_s: float = Field(
         default=60.0,
         gt=0,

@@ -46,3 +46,32 @@ def evidence(run_id: UUID, fields: Mapping[Any, Any], response_sha256: str) -> d
 def result(run_id: UUID, seq: int, value: Any) -> dict[str, Any]:
     """A finished run's result (``runs.result``), bound to the run and the seq it ended at."""
     return {"mac": "result", "run_id": str(run_id), "seq": seq, "result": value}
+
+
+AUDIT_FIELDS = ("tenant_id", "actor", "role", "action", "outcome", "reason", "run_id",
+                "new_run_id", "effect_id", "approval_id", "before_seq", "after_seq",
+                "details", "token_id")
+
+
+def audit_row(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """One audit row's content (who, what, to which run, why, the outcome), signed by the
+    transaction that writes it. Its id and time are covered by the chain (``audit_link``)."""
+    return {"mac": "audit", **{name: _plain(fields[name]) for name in AUDIT_FIELDS}}
+
+
+def audit_link(tenant_id: str, chain_seq: int, row_id: int, at_us: int, row_mac: str | None,
+               previous: str | None) -> dict[str, Any]:
+    """One link of a tenant's audit chain, written by the sealer in chain order: the row's
+    place, id, time (microseconds since the epoch) and own MAC, and the previous link."""
+    return {"mac": "audit_link", "tenant_id": tenant_id, "chain_seq": chain_seq,
+            "row_id": row_id, "at_us": at_us, "row_mac": row_mac, "previous": previous}
+
+
+def audit_head(tenant_id: str, chain_seq: int, chain_mac: str | None) -> dict[str, Any]:
+    """The last link of a tenant's chain: rows deleted from its end are missed without it."""
+    return {"mac": "audit_head", "tenant_id": tenant_id, "chain_seq": chain_seq,
+            "chain_mac": chain_mac}
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, UUID) else value

@@ -375,9 +375,9 @@ WITH parked AS (
  RETURNING id, tenant_id, seq
 ), audited AS (
     INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
-                              before_seq, after_seq, details)
+                              before_seq, after_seq, details, mac)
     SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', %(reason)s, id, seq, seq,
-           %(error)s
+           %(error)s, %(audit_mac)s
       FROM parked
 ), attempt AS (
     UPDATE onward.step_attempts
@@ -433,9 +433,9 @@ WITH handed AS (
        SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
 ), audited AS (
     INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
-                              before_seq, after_seq, details)
+                              before_seq, after_seq, details, mac)
     SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', 'no_worker_for_version', id,
-           seq, seq, %(error)s
+           seq, seq, %(error)s, %(audit_mac)s
       FROM handed WHERE %(park)s
 ), attempt AS (
     UPDATE onward.step_attempts
@@ -672,9 +672,19 @@ class StepStore:
                 "error": Jsonb(error),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
+                "audit_mac": self._park_audit_mac(claim, reason, error),
             },
         )
         return (row is not None and row["parked"] == 1) or self._lost(claim)
+
+    def _park_audit_mac(self, claim: Claim, reason: str, error: dict[str, Any]) -> str:
+        """The MAC of the audit row the park statement writes (its values, known here)."""
+        return self._keys.sign(signed.audit_row({
+            "tenant_id": claim.tenant_id, "actor": "onward-worker", "role": "system",
+            "action": "park", "outcome": "done", "reason": reason, "run_id": claim.run_id,
+            "new_run_id": None, "effect_id": None, "approval_id": None,
+            "before_seq": claim.seq, "after_seq": claim.seq, "details": error,
+            "token_id": None}))
 
     def release(self, claim: Claim, error: dict[str, Any], *,
                 resend_in_s: float | None = None, spend_attempt: bool = False) -> bool:
@@ -711,6 +721,8 @@ class StepStore:
                 "error": Jsonb(error),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
+                "audit_mac": (self._park_audit_mac(claim, "no_worker_for_version", error)
+                              if park else None),
             },
         )
         return (row is not None and row["handed"] == 1) or self._lost(claim)

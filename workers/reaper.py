@@ -7,6 +7,7 @@ import threading
 
 import structlog
 
+from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, require_current_schema
 from ledger.exceptions import LedgerUnavailable
 from ledger.recovery import RecoveryStore, SweepReport
@@ -19,10 +20,14 @@ log = structlog.get_logger("onward.reaper")
 class Reaper:
     def __init__(self, settings: OnwardSettings) -> None:
         self.settings = settings
-        self.store = RecoveryStore(create_engine(settings, pool_size=1))
+        self.store = RecoveryStore(create_engine(settings, pool_size=1),
+                                   CheckpointKeys.from_settings(settings))
         self.stopping = threading.Event()
 
     def sweep_once(self) -> SweepReport:
+        sealed = self.store.seal_audit()
+        for refused in sealed.refused:
+            log.error("audit chain not extended: it does not verify", detail=refused)
         report = self.store.sweep(stall_after_s=self.settings.stall_after_s)
         if report.total:
             log.warning("reaper acted", requeued=report.requeued, parked=report.parked,

@@ -187,9 +187,9 @@ def test_clock__reaper_expiry_locks_the_run_before_the_approval(
             wait_for(lambda: swept or _lock_waits(ledger), timeout=10,
                      what="the reaper to finish its sweep or to block")
             if command == "cancel":
-                operations.cancel_txn(conn, actor, run_id, "no longer needed")
+                operations.cancel_txn(conn, ledger.keys, actor, run_id, "no longer needed")
             else:
-                operations.decide_txn(conn, actor, asked.id, approve=True,
+                operations.decide_txn(conn, ledger.keys, actor, asked.id, approve=True,
                                       artifact_hash=asked.artifact_hash, comment=None)
         reaper.join(timeout=15)
     finally:

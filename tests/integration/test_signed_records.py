@@ -7,6 +7,7 @@ Steps run in the test process against a real PostgreSQL (tests/support/driver.py
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from pathlib import Path
 from uuid import UUID
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
+from ledger.recovery import RecoveryStore
 from ledger.tokens import TokenRequest
 from tests.integration.test_operations import (  # noqa: F401 - fixtures
     drv,
@@ -110,3 +112,115 @@ def _cli(*args: str, secret: str) -> str:
                                 env={"COLUMNS": "220", "ONWARD_TOKEN": secret})
     assert result.exit_code == 0, result.output
     return result.output
+
+
+# -- the audit log: each row signed by its writer, sealed into a chain by the reaper ---------
+def _seal(ledger: Ledger) -> int:
+    sealed = RecoveryStore(ledger.engine, ledger.keys).seal_audit()
+    assert sealed.refused == []
+    return sealed.rows
+
+
+AUDIT_EDITS = {
+    # name: (SQL, what verify says)
+    "edited_reason": ("UPDATE onward.audit SET reason = 'nothing to see here' "
+                      "WHERE id = (SELECT min(id) FROM onward.audit)",
+                      "does not match its MAC"),
+    "deleted_from_the_middle": ("DELETE FROM onward.audit WHERE id = (SELECT id FROM "
+                                "onward.audit ORDER BY id OFFSET 1 LIMIT 1)",
+                                "are missing (deleted)"),
+    "deleted_from_the_end": ("DELETE FROM onward.audit "
+                             "WHERE id = (SELECT max(id) FROM onward.audit)",
+                             "rows deleted from its end"),
+    "backdated": ("UPDATE onward.audit SET at = at - interval '1 day' "
+                  "WHERE id = (SELECT min(id) FROM onward.audit)",
+                  "link in the chain"),
+    "unsigned": ("UPDATE onward.audit SET mac = NULL "
+                 "WHERE id = (SELECT min(id) FROM onward.audit)", "is not signed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUDIT_EDITS))
+def test_audit__edited_or_deleted_rows_are_reported(drv: Driver, ops: Ledger,  # noqa: F811
+                                                   case: str) -> None:
+    """Invariant: once the reaper has sealed the audit log, editing a row (its content, its
+    time, its MAC) or deleting one (in the middle or at the end) is reported by `verify`
+    (the tenant's audit log), although no row is left unparseable; the untouched log
+    verifies clean."""
+    run_id = finished_note(drv, ops)
+    for _ in range(3):
+        ops.inspected(run_id=run_id)
+    assert _seal(ops) == 3
+    assert ops.verify_audit() == []
+    sql, said = AUDIT_EDITS[case]
+    assert reads.execute(ops.engine, sql) == 1
+
+    problems = ops.verify_audit()
+
+    assert problems, f"{case} went unnoticed"
+    assert {p.kind for p in problems} == {"audit"}
+    assert any(said in p.detail for p in problems), problems
+    if case == "deleted_from_the_end":  # the sealer does not sign over the deletion
+        ops.inspected(run_id=run_id)
+        refused = RecoveryStore(ops.engine, ops.keys).seal_audit()
+        assert refused.rows == 0 and "rows deleted" in refused.refused[0]
+
+
+def test_audit__park_rows_written_in_sql_are_signed(drv: Driver, ops: Ledger) -> None:  # noqa: F811
+    """Invariant: the audit row the worker's park statement writes (inside its one SQL
+    statement) carries a MAC computed in Python, and verifies like any other row."""
+    run_id = ops.start_run("test_ops_notes", {"topic": "pricing"})
+    assert reads.execute(ops.engine, "UPDATE onward.checkpoints SET state = '{}' "
+                         "WHERE run_id = :r", r=run_id) == 1
+    assert drv.drive(run_id).status is RunStatus.NEEDS_REVIEW
+    [park] = [a for a in ops.audit(run_id=run_id) if a.action == "park"]
+    assert park.actor == "onward-worker"
+    assert _seal(ops) >= 1
+    assert ops.verify_audit() == []
+
+
+def test_audit__rows_left_unsealed_are_reported(ops: Ledger) -> None:  # noqa: F811
+    """Invariant: a row can only be deleted without trace before it is sealed; verify
+    reports rows left unsealed longer than ONWARD_AUDIT_SEAL_GRACE_S (no reaper)."""
+    ops.inspected(run_id=None)
+    assert ops.verify_audit() == []  # fresh: within the grace period
+    assert reads.execute(ops.engine, "UPDATE onward.audit SET at = at - interval '1 hour'") == 1
+    [late] = ops.verify_audit()
+    assert "is not sealed after 300s" in late.detail
+    assert _seal(ops) == 1
+    assert ops.verify_audit() == []
+
+
+def test_audit__concurrent_writers_and_sealers_make_one_chain(ops: Ledger) -> None:  # noqa: F811
+    """Invariant: rows written by many transactions at once, while two sealers run, end up
+    in one gapless chain per tenant: every row sealed exactly once, verify clean."""
+    stop = threading.Event()
+    sealed: list[int] = []
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            ops.inspected(run_id=None)
+
+    def sealer() -> None:
+        store = RecoveryStore(ops.engine, ops.keys)
+        while not stop.is_set():
+            sealed.append(store.seal_audit(limit=7).rows)
+
+    sealers = [threading.Thread(target=sealer) for _ in range(2)]
+    writers = [threading.Thread(target=write, args=(20,)) for _ in range(4)]
+    for thread in sealers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    stop.set()
+    for thread in sealers:
+        thread.join()
+    while (more := _seal(ops)) > 0:
+        sealed.append(more)
+
+    assert sum(sealed) == 80
+    with ops.engine.connect() as conn:
+        places = [r[0] for r in conn.exec_driver_sql(
+            "SELECT chain_seq FROM onward.audit ORDER BY chain_seq")]
+    assert places == list(range(1, 81))
+    assert ops.verify_audit() == []
