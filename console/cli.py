@@ -106,6 +106,7 @@ def worker(
     loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
 ) -> None:
     """Run a Celery worker that executes steps (prefork, threads or gevent pool)."""
+    from ledger import tracing
     from ledger.db import create_engine, require_current_schema
     from tasks.routing import worker_queues
     from workers.app import create_app, start_advertising
@@ -115,10 +116,11 @@ def worker(
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
     configure_logging(loglevel, capture_stdout=True)
     try:
+        tracing.available()
         options = PoolOptions(PoolKind(pool) if pool in set(PoolKind) else _bad_pool(pool),
                               concurrency, autoscale, max_tasks_per_child,
                               max_memory_per_child, prefetch_multiplier)
-    except InvalidInput as exc:
+    except (InvalidInput, tracing.TracingUnavailable) as exc:
         _fail(str(exc), EXIT_REFUSED)
     settings = _settings()
     if workflows:

@@ -15,7 +15,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import audit_chain, forks, inspect, operations, verify, waits
+from ledger import audit_chain, forks, inspect, operations, tracing, verify, waits
 from ledger import runs as run_ops
 from ledger import tokens as token_ops
 from ledger.audit import (
@@ -108,8 +108,9 @@ class Ledger:
         budgets: run_ops.Budgets | None = None,
     ) -> UUID:
         """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run."""
-        with wrap_driver_errors("starting a run"), self.engine.begin() as conn:
-            return self.start_run_txn(
+        with tracing.start_run_span(workflow) as span, \
+                wrap_driver_errors("starting a run"), self.engine.begin() as conn:
+            run_id = self.start_run_txn(
                 conn,
                 workflow,
                 input,
@@ -118,6 +119,8 @@ class Ledger:
                 max_attempts=max_attempts,
                 budgets=budgets,
             )
+            tracing.name_run(span, run_id)
+            return run_id
 
     def start_run_txn(
         self,

@@ -29,6 +29,7 @@ CHANNEL = "onward_outbox"
 
 _DUE = """
 SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version, r.step, r.attempt,
+       coalesce(o.trace_context, r.trace_context) AS trace_context,
        (r.status <> 'running' OR o.seq < r.seq) AS dead
   FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
  WHERE o.due_at <= onward.now()
@@ -75,6 +76,7 @@ class OutboxMessage:
     workflow_version: int | None = None
     step: str | None = None  # the step the message runs; None: the workflow's start step
     attempt: int = 1  # the attempt the message starts (for display)
+    trace_context: str | None = None  # the traceparent the step's span continues
 
 
 class OutboxStore:
@@ -121,7 +123,8 @@ class OutboxStore:
                 if dead:
                     conn.execute(_DROP, {"ids": dead})
                 messages = [OutboxMessage(r["id"], r["run_id"], r["seq"], r["workflow"],
-                                          r["workflow_version"], r["step"], r["attempt"] + 1)
+                                          r["workflow_version"], r["step"], r["attempt"] + 1,
+                                          r["trace_context"])
                             for r in rows if not r["dead"]]
                 for message in messages:
                     publish(message)

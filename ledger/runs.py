@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
-from ledger import signed
+from ledger import signed, tracing
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
     CheckpointBody,
@@ -175,6 +175,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
     refuses if it was started for another workflow or input).
     """
     run_id = uuid7()
+    trace_context = tracing.current_context()  # start_run's span (ledger/tracing.py)
     body = CheckpointBody(
         run_id=run_id,
         seq=0,
@@ -204,6 +205,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             budget_cost_usd=request.budgets.cost_usd,
             deadline_at=(sa.func.onward.now() + request.budgets.deadline
                          if request.budgets.deadline is not None else None),
+            trace_context=trace_context,
         )
         .on_conflict_do_nothing(
             index_elements=["tenant_id", "idempotency_key"],
@@ -230,7 +232,7 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
             lease_epoch=0,
         )
     )
-    conn.execute(outbox.insert().values(run_id=run_id, seq=0))
+    conn.execute(outbox.insert().values(run_id=run_id, seq=0, trace_context=trace_context))
     return run_id
 
 

@@ -187,6 +187,7 @@ runs = Table(
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),
+    Column("trace_context", Text, nullable=True),  # W3C traceparent of start_run's span
     CheckConstraint(_in("status", RunStatus), name="status"),
     CheckConstraint("seq >= 0", name="seq_nonnegative"),
     Index(
@@ -260,6 +261,7 @@ outbox = Table(
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("published_at", TS, nullable=True),
     Column("publish_count", Integer, nullable=False, server_default=text("0")),
+    Column("trace_context", Text, nullable=True),  # traceparent of the span that wrote it
     UniqueConstraint("run_id", "seq"),
     Index("ix_outbox_due_at", "due_at"),
 )

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger import signed
+from ledger import signed, tracing
 from ledger.checkpoints import (
     ARTIFACT_KEY,
     ENVELOPE_VERSION,
@@ -321,9 +321,9 @@ WITH early_signal AS (
            %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s
       FROM advanced
 ), next_message AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes)
+    INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes, trace_context)
     SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()),
-           %(due_at)s::timestamptz IS NULL AND %(status)s = 'running'
+           %(due_at)s::timestamptz IS NULL AND %(status)s = 'running', %(trace_context)s
       FROM advanced WHERE status = 'running'
 ), approval AS (
     INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
@@ -353,10 +353,12 @@ WITH failed AS (
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id
 ), retry AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second' FROM failed WHERE %(retry)s
+    INSERT INTO onward.outbox (run_id, seq, due_at, trace_context)
+    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second', %(trace_context)s
+      FROM failed WHERE %(retry)s
         ON CONFLICT (run_id, seq) DO UPDATE
-       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false,
+           trace_context = EXCLUDED.trace_context
 ), attempt AS (
     UPDATE onward.step_attempts
        SET ended_at = onward.now(), outcome = 'failed', step = %(step)s,
@@ -591,6 +593,7 @@ class StepStore:
                 "signal": _signal_waited_for(wait),
                 "wait_until": wait.wait_until if wait else None,
                 "due_at": wait.due_at if wait else None,
+                "trace_context": tracing.current_context(),
                 "control": Jsonb(wait.control) if wait else None,
                 "approval_id": approval.approval_id if approval else None,
                 "action": approval.action if approval else None,
@@ -654,6 +657,7 @@ class StepStore:
                 "error": Jsonb(error),
                 "retry": retry_in_s is not None,
                 "delay": retry_in_s or 0.0,
+                "trace_context": tracing.current_context(),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
             },

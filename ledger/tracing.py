@@ -36,6 +36,24 @@ def requested() -> bool:
     return os.environ.get("ONWARD_OTEL", "").lower() in ("1", "true", "yes")
 
 
+def available() -> None:
+    """Refuse to start a process that ONWARD_OTEL asks to trace without the extra."""
+    if not requested():
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        raise TracingUnavailable("ONWARD_OTEL=1 needs the OpenTelemetry SDK and OTLP "
+                                 "exporter: pip install 'onward[otel]'") from exc
+
+
+def disable() -> None:
+    """Stop tracing in this process (tests)."""
+    global _tracer
+    _tracer = None
+
+
 def enabled() -> bool:
     return _tracer is not None
 
@@ -75,7 +93,8 @@ def _install_provider(trace: Any, service: str) -> None:
         raise TracingUnavailable("ONWARD_OTEL=1 needs the OpenTelemetry SDK and OTLP "
                                  "exporter: pip install 'onward[otel]'") from exc
     name = os.environ.get("OTEL_SERVICE_NAME") or service
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": name,
+                                                        "process.pid": os.getpid()}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
 
@@ -108,6 +127,12 @@ def start_run_span(workflow: str) -> Iterator[Any]:
         yield span
 
 
+def name_run(span: Any, run_id: UUID) -> None:
+    """The run id on ``start_run``'s span (a trace backend finds a run's trace by it)."""
+    if span is not None:
+        span.set_attribute("onward.run_id", str(run_id))
+
+
 @contextmanager
 def step_span(parent: str | None, run_id: UUID | str, seq: int) -> Iterator[Any]:
     """One step attempt, continuing the trace ``parent`` (a traceparent) names."""
@@ -134,13 +159,16 @@ def describe_step(run_id: UUID, seq: int, attempt: int, workflow: str,
         span.update_name(f"{workflow}.{step}")
 
 
-def name_step(name: str, outcome: str, failed: bool) -> None:
-    """The step span's final name and outcome (an error status if it did not commit)."""
+def name_step(name: str, outcome: str, failed: bool, version: int | None = None) -> None:
+    """The step span's final name, outcome (an error status if it did not commit) and the
+    workflow version that ran it (a run's first step binds it)."""
     if _tracer is None:
         return
     span = _api.get_current_span()
     span.update_name(name)
     span.set_attribute("onward.outcome", outcome)
+    if version is not None:
+        span.set_attribute("onward.workflow_version", version)
     if failed:
         span.set_status(_api.Status(_api.StatusCode.ERROR, outcome))
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
+from examples.fake_llm import FakeModel
+from ledger.schema import ToolClass
 from tasks import StepContext, StepError, Workflow
+from tasks.tools import Tool
 
 
 class Counter(BaseModel):
@@ -102,10 +106,19 @@ def second(ctx: StepContext, state: Pair) -> Any:
 class Five(BaseModel):
     fail_at: str = ""  # a step that fails for good (non-retryable), to show a failed task
     shout: bool = False  # each step prints a line (what a careless step does)
+    calls: bool = False  # search asks the model, write sends an effect (trace spans)
+    nap_ms: int = 0  # read waits this long on a durable timer before write runs
     done: list[str] = []
 
 
-five = Workflow("test_five", version=1, state=Five, max_attempts=3,
+def _note(payload: dict[str, Any], key: str) -> Any:
+    from tasks.tools import ToolResult
+
+    return ToolResult("completed", f"note_{key[:12]}", {"id": f"note_{key[:12]}"})
+
+
+five_note = Tool("test.five_note", ToolClass.IDEMPOTENT_WRITE, call=_note)
+five = Workflow("test_five", version=1, state=Five, max_attempts=3, llm=FakeModel(),
                 description="five named steps: plan → search → read → write → publish")
 
 
@@ -115,7 +128,13 @@ def _five_step(name: str, then: str | None) -> None:
             print(f"{name} says hello")
         if state.fail_at == name:
             raise StepError(f"{name} failed on purpose", non_retryable=True)
+        if state.calls and name == "search":
+            ctx.llm(model="fake", messages=[{"role": "user", "content": "tides"}])
+        if state.calls and name == "write":
+            ctx.effect(five_note, text="done")
         done = [*state.done, name]
+        if state.nap_ms and name == "read":
+            return ctx.sleep(timedelta(milliseconds=state.nap_ms), then="write", done=done)
         return ctx.goto(then, done=done) if then else ctx.finish(done=done)
 
     body.__name__ = name

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from celery import Celery
+from celery import Celery, signals
 from celery.app.amqp import AMQP
 from pydantic import ValidationError
 
+from ledger import tracing
 from ledger.settings import OnwardSettings
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
@@ -92,7 +93,9 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
         structlog.contextvars.bind_contextvars(task_id=self.request.id)
         try:
             report = runtime.handle(kwargs, task_id=self.request.id,
-                                    hostname=self.request.hostname or "")
+                                    hostname=self.request.hostname or "",
+                                    name=getattr(self.request, "shadow", None),
+                                    traceparent=getattr(self.request, "traceparent", None))
         except ValidationError as exc:
             # A malformed message changes nothing: log it clearly and drop it.
             log.error("malformed step message rejected", kwargs=repr(kwargs)[:200],
@@ -102,8 +105,14 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
             raise StepNotCommitted(f"{report.kind.value}: {report.detail[:200]}")
         return report.kind.value
 
+    signals.worker_process_shutdown.connect(_flush_traces, weak=False)
     app.onward_runtime = runtime  # type: ignore[attr-defined]
     return app
+
+
+def _flush_traces(**_kwargs: Any) -> None:
+    """A pool process exits: export the spans it still buffers."""
+    tracing.flush()
 
 
 def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str = "",

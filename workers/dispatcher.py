@@ -19,7 +19,7 @@ from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.routing import route, workflow_queue
-from workers.events import display_kwargs, display_name
+from workers.events import display_kwargs, display_name, trace_headers
 from workers.runtime import STEP_TASK
 
 log = structlog.get_logger("onward.dispatcher")
@@ -72,6 +72,7 @@ class Dispatcher:
             queue=queue,
             producer=self._producer,
             shadow=self._name(message),
+            headers=trace_headers(message.trace_context),
             argsrepr="()",
             kwargsrepr=display_kwargs(message.run_id, message.seq, message.attempt),
         )

@@ -42,6 +42,11 @@ def display_kwargs(run_id: UUID | str, seq: int, attempt: int) -> str:
     return repr({"run_id": str(run_id), "seq": seq, "attempt": attempt})
 
 
+def trace_headers(traceparent: str | None) -> dict[str, str] | None:
+    """Message headers carrying the trace the step's span continues (ledger/tracing.py)."""
+    return {"traceparent": traceparent} if traceparent else None
+
+
 class StepNotCommitted(OnwardError):
     """Raised by the step task after the ledger recorded a failed, retried, parked or
     diverged step, so Celery reports the task as failed (an expected error: no traceback,

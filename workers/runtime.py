@@ -27,6 +27,7 @@ from uuid import UUID
 
 from celery import Celery
 
+from ledger import tracing
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url
 from ledger.settings import OnwardSettings
@@ -34,7 +35,13 @@ from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.workflow import Registry
-from workers.events import EagerEvents, display_kwargs, display_name
+from workers.events import (
+    FAILED_KINDS,
+    EagerEvents,
+    display_kwargs,
+    display_name,
+    trace_headers,
+)
 from workers.logs import bind_step
 
 STEP_TASK = "onward.step"
@@ -84,6 +91,7 @@ class WorkerRuntime:
             max_approval_artifact_bytes=self.settings.max_approval_artifact_bytes,
         )
         self._events = EagerEvents(self.app)
+        tracing.enable("onward-worker")  # per process: exporters must not cross fork
         faults.arm_from_env()
         self._pid = os.getpid()  # last: other threads see a complete state or take the lock
 
@@ -105,9 +113,11 @@ class WorkerRuntime:
     def worker_id(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def publish(self, run_id: UUID, seq: int, queue: str, name: str | None = None) -> None:
+    def publish(self, run_id: UUID, seq: int, queue: str, name: str | None = None,
+                traceparent: str | None = None) -> None:
         """Send the step message for ``(run_id, seq)`` (fast path, right after commit),
-        shown in Flower as ``name`` (``<workflow>.<step>``), attempt 1."""
+        shown in Flower as ``name`` (``<workflow>.<step>``), attempt 1, continuing the trace
+        ``traceparent`` names."""
         with self.app.producer_pool.acquire(block=True) as producer:
             self.app.send_task(
                 STEP_TASK,
@@ -115,59 +125,73 @@ class WorkerRuntime:
                 queue=queue,
                 producer=producer,
                 shadow=name,
+                headers=trace_headers(traceparent),
                 argsrepr="()",
                 kwargsrepr=display_kwargs(run_id, seq, 1),
             )
 
     def handle(self, kwargs: dict[str, Any], *, task_id: str | None = None,
-               hostname: str = "") -> StepReport:
+               hostname: str = "", name: str | None = None,
+               traceparent: str | None = None) -> StepReport:
         """Execute the delivered step, then (eagerly) the run's next ones; see the module doc.
         Each eager step is reported to Flower as a task of its own (``workers/events.py``),
-        child of the delivered message's ``task_id``, on node ``hostname``.
+        child of the delivered message's ``task_id``, on node ``hostname``; each step is a
+        trace span continuing ``traceparent`` (the delivered message's), then the previous
+        step's (``ledger/tracing.py``).
 
         Returns the delivered step's report (what Celery records for this message)."""
         self._ensure_process_state()
-        assert self._store is not None and self._config is not None
-        assert self._events is not None
         message = StepMessage.model_validate(kwargs)
         deadline = time.monotonic() + self.settings.eager_window_ms / 1000
         eager_left = self.settings.eager_steps
         delivered: StepReport | None = None
-        follow: list[tuple[UUID, int, str]] = []
         queue = self.settings.queue  # set to the eager step's queue before it is used
-        name: str | None = None  # the eager step's display name
         while True:
-            follow.clear()
             bind_step(message.run_id, message.seq)
-            eager = None
-            if delivered is not None and hostname:
-                eager = self._events.received(hostname, name or "",
-                                              display_kwargs(message.run_id, message.seq, 1),
-                                              task_id)
-            try:
-                report = execute_step(self._store, self.registry, self._config, message,
-                                      worker=self.worker_id, publish=lambda *next_step:
-                                      follow.append(next_step), count_stale=delivered is None)
-            except Exception as exc:
-                if eager is not None:
-                    self._events.finished(hostname, *eager, None, exc)
-                if delivered is not None:
-                    # An eager step failed outside its body (the ledger went away): send its
-                    # message now rather than leave it to the dispatcher's grace period. If
-                    # the step did get its lease, the message is a counted no-op.
-                    self.publish(message.run_id, message.seq, queue, name)
-                raise
-            if eager is not None:
-                self._events.finished(hostname, *eager, report)
+            with tracing.step_span(traceparent, message.run_id, message.seq):
+                report, follow = self._step(message, delivered, task_id, hostname, name,
+                                            queue, traceparent)
+                tracing.name_step(name or "onward.step", report.kind.value,
+                                  report.kind in FAILED_KINDS, report.version)
+                traceparent = tracing.current_context() or traceparent
             delivered = delivered or report
-            if not follow:
+            if follow is None:
                 bind_step(delivered.run_id, delivered.seq)  # Celery's line about the message
                 return delivered
-            run_id, seq, queue = follow[0]
+            run_id, seq, queue = follow
             name = display_name(report.workflow, report.next_step)
             if eager_left <= 0 or time.monotonic() >= deadline:
-                self.publish(run_id, seq, queue, name)
+                self.publish(run_id, seq, queue, name, traceparent)
                 bind_step(delivered.run_id, delivered.seq)
                 return delivered
             eager_left -= 1
             message = StepMessage(run_id=run_id, seq=seq)
+
+    def _step(self, message: StepMessage, delivered: StepReport | None, task_id: str | None,
+              hostname: str, name: str | None, queue: str, traceparent: str | None
+              ) -> tuple[StepReport, tuple[UUID, int, str] | None]:
+        """One step of ``handle``: the report, and the next message a commit asked for."""
+        assert self._store is not None and self._config is not None
+        assert self._events is not None
+        follow: list[tuple[UUID, int, str]] = []
+        eager = None
+        if delivered is not None and hostname:
+            eager = self._events.received(hostname, name or "",
+                                          display_kwargs(message.run_id, message.seq, 1),
+                                          task_id)
+        try:
+            report = execute_step(self._store, self.registry, self._config, message,
+                                  worker=self.worker_id, publish=lambda *next_step:
+                                  follow.append(next_step), count_stale=delivered is None)
+        except Exception as exc:
+            if eager is not None:
+                self._events.finished(hostname, *eager, None, exc)
+            if delivered is not None:
+                # An eager step failed outside its body (the ledger went away): send its
+                # message now rather than leave it to the dispatcher's grace period. If
+                # the step did get its lease, the message is a counted no-op.
+                self.publish(message.run_id, message.seq, queue, name, traceparent)
+            raise
+        if eager is not None:
+            self._events.finished(hostname, *eager, report)
+        return report, (follow[0] if follow else None)
