@@ -12,7 +12,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from console import verify_cmd
+from console import commands_replay, verify_cmd
 from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_corpus import corpus_app
@@ -39,9 +39,10 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
-app.add_typer(corpus_app, name="corpus")
+app.add_typer(corpus_app, name="corpus")  # with `corpus replay` (commands_replay)
 app.command("verify")(verify_cmd.verify)
 app.command("workers")(workers_cmd)
+assert commands_replay.corpus_replay is not None
 
 out = console()
 err = console(stderr=True)

@@ -60,6 +60,9 @@ class EvidenceRecord:
     output_tokens: int = 0
     cost_usd: float = 0.0
     lease_epoch: int = 0
+    # what was asked; kept as the artifact its request hash names, so a replay can show how
+    # a changed request differs (docs/corpus.md); None keeps nothing
+    request: Any = None
 
 
 _FIND = """
@@ -81,6 +84,12 @@ WITH fence AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
     SELECT %(sha)s, %(size)s, 'application/json', %(body)s FROM fence
      WHERE %(sha)s::text IS NOT NULL
+    ON CONFLICT (sha256) DO NOTHING
+), request_artifact AS (
+    INSERT INTO onward.artifacts (sha256, size, media_type, body)
+    SELECT %(request_hash)s, length(%(request_body)s::bytea), 'application/json',
+           %(request_body)s::bytea FROM fence
+     WHERE %(request_body)s::bytea IS NOT NULL
     ON CONFLICT (sha256) DO NOTHING
 ), recorded AS (
     INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
@@ -184,6 +193,7 @@ class EvidenceStore:
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
             "cost_usd": cost, "epoch": record.lease_epoch,
             "mac": self.keys.sign(signed.evidence(record.run_id, vars(record), digest)),
+            "request_body": self._request_body(record),
         })
         if row is None or not row["held"]:
             raise EvidenceFenced(f"run {record.run_id}: the lease of epoch {record.lease_epoch} "
@@ -203,6 +213,19 @@ class EvidenceStore:
             input_tokens=record.input_tokens, output_tokens=record.output_tokens,
             cost_usd=row["cost_usd"], created_at=row["created_at"],
         )
+
+    def _request_body(self, record: EvidenceRecord) -> bytes | None:
+        """The request's canonical bytes when it is kept: within the artifact limit, and
+        hashing to the request hash it will be found by."""
+        if record.request is None:
+            return None
+        try:
+            body = canonical_json(record.request, max_depth=self.max_json_depth)
+        except InvalidInput:
+            return None
+        if len(body) > self.max_artifact_bytes or sha256_hex(body) != record.request_hash:
+            return None
+        return body
 
     def debit(self, record: EvidenceRecord) -> bool:
         """Debit the spend of an answer that was paid for but refused (``record`` raised

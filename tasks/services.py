@@ -131,7 +131,7 @@ class StepServices:
         command_id = self.command_id(key)
         request_hash = self._payload_hash(payload)
         if self.launch.evidence:
-            return self._recorded_effect(tool, command_id, request_hash)
+            return self._recorded_effect(tool, command_id, request_hash, payload)
         self._check_launch_allows(tool, command_id)
         effect, created = self.effects.intend(Intent(
             effect_id=effect_id_for(self.run_id, tool.name, command_id),
@@ -303,9 +303,10 @@ class StepServices:
     def _llm(self, model: str, messages: list[dict[str, Any]], key: str | None,
              params: dict[str, Any], request_hash: str) -> LLMResponse:
         command_id = self.command_id(key)
+        request = {"model": model, "messages": messages, "params": params}
         if self.launch.evidence:
             return LLMResponse.from_record(
-                self._parent_record(EvidenceKind.LLM, command_id, request_hash))
+                self._parent_record(EvidenceKind.LLM, command_id, request_hash, request))
         recorded = self._recorded(command_id, request_hash)
         if recorded is not None:
             return LLMResponse.from_record(recorded)
@@ -318,7 +319,7 @@ class StepServices:
             seq=self.seq, step=self.step, source=model, source_version=response.model,
             request_hash=request_hash, response=response.as_record(),
             input_tokens=response.input_tokens, output_tokens=response.output_tokens,
-            cost_usd=response.cost_usd, lease_epoch=self.epoch,
+            cost_usd=response.cost_usd, lease_epoch=self.epoch, request=request,
         ))
         self.usage_tokens += response.input_tokens + response.output_tokens
         self.usage_cost_usd += response.cost_usd
@@ -369,7 +370,8 @@ class StepServices:
               request_hash: str) -> dict[str, Any]:
         command_id = self.command_id(key)
         if self.launch.evidence:
-            return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash)["result"])
+            return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash,
+                                            params)["result"])
         recorded = self._recorded(command_id, request_hash)
         if recorded is not None:
             return dict(recorded["result"])
@@ -380,7 +382,7 @@ class StepServices:
             request_hash=request_hash,
             response={"result": answer.result, "version": answer.version,
                       "read_at": self.clock.now().isoformat()},
-            lease_epoch=self.epoch,
+            lease_epoch=self.epoch, request=params if tool.store_payload else None,
         ))
         return dict(kept.response["result"])
 
@@ -462,14 +464,15 @@ class StepServices:
         self.control.diverge(DivergeFor(divergence, report))
         return Suspend()
 
-    def _parent_record(self, kind: EvidenceKind, command_id: str,
-                       request_hash: str) -> dict[str, Any]:
+    def _parent_record(self, kind: EvidenceKind, command_id: str, request_hash: str,
+                       request: Any) -> dict[str, Any]:
         source = self._evidence_source()
         found = self._find(source, command_id) if source is not None else None
         if found is None:
             raise self._diverge(kind.value, "no_record", command_id,
                                 f"step {self.step} at seq {self.seq} made {kind.value} call "
-                                f"{command_id}, which the parent never made")
+                                f"{command_id}, which the parent never made",
+                                request_hash=request_hash, request=_shown(request))
         if found.kind != kind.value or found.request_hash != request_hash:
             raise self._diverge(
                 kind.value, "request_differs", command_id,
@@ -477,24 +480,29 @@ class StepServices:
                 f"for something else than the parent recorded (request hash "
                 f"{request_hash[:12]}…, recorded {found.request_hash[:12]}… as "
                 f"{found.kind} from {found.source})",
-                request_hash=request_hash, recorded_request_hash=found.request_hash)
+                request_hash=request_hash, recorded_request_hash=found.request_hash,
+                request=_shown(request))
         return dict(found.response)
 
-    def _recorded_effect(self, tool: Tool, command_id: str, request_hash: str) -> dict[str, Any]:
+    def _recorded_effect(self, tool: Tool, command_id: str, request_hash: str,
+                         payload: dict[str, Any]) -> dict[str, Any]:
         source = self._evidence_source()
         recorded = (self.lineage.effect(tool.name, effect_id_for(source, tool.name, command_id))
                     if source is not None else None)
+        shown = _shown(payload) if tool.store_payload else None
         if recorded is None:
             raise self._diverge("effect", "no_record", command_id,
                                 f"step {self.step} at seq {self.seq} asked for effect "
-                                f"{tool.name} ({command_id}), which the parent never requested")
+                                f"{tool.name} ({command_id}), which the parent never requested",
+                                request_hash=request_hash, request=shown)
         if recorded.request_hash != request_hash:
             raise self._diverge(
                 "effect", "request_differs", command_id,
                 f"step {self.step} at seq {self.seq}: effect {tool.name} ({command_id}) has "
                 f"another payload than the parent's (request hash {request_hash[:12]}…, "
                 f"recorded {recorded.request_hash[:12]}…)",
-                request_hash=request_hash, recorded_request_hash=recorded.request_hash)
+                request_hash=request_hash, recorded_request_hash=recorded.request_hash,
+                request=shown)
         if recorded.status is EffectStatus.COMPLETED:
             return recorded.result or {}
         if recorded.status is EffectStatus.FAILED:
@@ -533,6 +541,19 @@ class StepServices:
     def stop_diverged(self, decision: DivergeFor) -> bool:
         """Mark the replay ``diverged`` with its report; False means the lease was lost."""
         return self.lineage.diverge(self.run_id, self.epoch, self.step, decision.report)
+
+
+SHOWN_REQUEST_BYTES = 64 * 1024
+
+
+def _shown(request: Any) -> Any:
+    """A replay's request as its divergence report keeps it (docs/corpus.md): whole up to
+    64 KiB, otherwise only its size (the hash is beside it)."""
+    try:
+        size = len(canonical_json(request))
+    except InvalidInput:
+        return None
+    return request if size <= SHOWN_REQUEST_BYTES else {"$omitted_bytes": size}
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

@@ -61,3 +61,45 @@ def test_corpus_cli__pin_list_export_import_remove(drv: Driver, tmp_path: Path) 
     onward("corpus", "add", "cli", "--run", str(runs[0])[:8], "--status", "running", code=2)
     onward("corpus", "rm", "copy", "--yes")
     assert "copy" not in onward("corpus", "ls")
+
+
+def test_corpus_cli_replay__reports_passes_fails_and_opens_divergent_runs(
+        drv: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: ``corpus replay`` exits 0 when every run is identical and 1 when a run
+    diverges beyond what is allowed (``--allow`` lets a kind pass); it writes the same
+    report as JSON, Markdown and JUnit XML; the replay by name writes nothing to the ledger,
+    and ``--open-branches`` (with a reason) opens each divergent replay under its recorded
+    run: stopped, verifying, audited."""
+    from tests.support.corpus import table_digest
+    runs = [record_note(drv, f"r{i}") for i in range(2)]
+    onward("corpus", "add", "c", "--workflow", "test_ops_notes")
+    before = table_digest(drv.ledger.engine)
+    same = onward("corpus", "replay", "c", "--code", "tests.workflows_ops", "--jobs", "1")
+    assert "passed" in same and "2 identical" in same
+    assert table_digest(drv.ledger.engine) == before
+    monkeypatch.setenv("ONWARD_TEST_OPS_VARIANT", "reworded")
+    files = {kind: tmp_path / f"report.{kind}" for kind in ("md", "xml", "json")}
+    failed = onward("corpus", "replay", "c", "--code", "tests.workflows_ops", "--jobs", "1",
+                    "--markdown", str(files["md"]), "--junit", str(files["xml"]), "--json",
+                    str(files["json"]), code=1)
+    assert "FAILED" in failed and "request_differs" in failed and "+Give me a summary" in failed
+    report = json.loads(files["json"].read_text())
+    assert (report["passed"], report["summary"]["divergent"]) == (False, 2)
+    assert "## Corpus replay: FAILED" in files["md"].read_text()
+    assert files["xml"].read_text().count("<failure") == 2
+    onward("corpus", "replay", "c", "--code", "tests.workflows_ops", "--jobs", "1",
+           "--allow", "request_differs", "--format", "json")
+    assert table_digest(drv.ledger.engine) == before
+    onward("corpus", "replay", "c", "--code", "tests.workflows_ops", "--open-branches",
+           code=2)  # a write to the ledger needs a reason
+    onward("corpus", "replay", "c", "--code", "tests.workflows_ops", "--jobs", "1",
+           "--open-branches", "--reason", "review the reworded prompt", code=1)
+    for run_id in runs:
+        children = drv.ledger.children(run_id)
+        assert [(c.status.value, c.mode) for c in children] == [("diverged", "evidence")]
+        assert drv.ledger.verify_run(children[0].id) == []
+    opened = [a for a in drv.ledger.audit(action="replay") if a.outcome == "done"]
+    assert sorted(str(a.run_id) for a in opened) == sorted(map(str, runs))
+    assert opened[0].reason == "review the reworded prompt"
+    assert "cannot load" in onward("corpus", "replay", "c", "--code", "no.such.module",
+                                   code=2)

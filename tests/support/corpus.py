@@ -56,3 +56,15 @@ def other_ledger(url: str, settings: OnwardSettings) -> Iterator[Ledger]:
         yield Ledger(engine, other)
     finally:
         engine.dispose()
+
+
+def record_flow(drv: Driver, sku: str) -> UUID:
+    """A completed ``test_corpus_flow`` run: a model call, a read, two effects, a timer and
+    a signal sent by an operator."""
+    run_id = drv.ledger.start_run("test_corpus_flow", {"sku": sku})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.WAITING, run
+    drv.ledger.signal(run_id, "go", {"by": "sam"})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run
+    return run_id

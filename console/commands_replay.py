@@ -1,0 +1,225 @@
+"""``onward corpus replay NAME|FILE --code MODULE``: replay a corpus against candidate code
+offline and report where each run diverges (docs/corpus.md#offline-replay).
+
+Exit codes: 0 the replay passed (no divergence beyond what --allow and --max-divergent
+let through), 1 it did not, 2 refused (bad input, a bundle or run that does not verify).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from console.commands_corpus import corpus_app
+from console.common import EXIT_FAILED, EXIT_REFUSED, err, fail, open_ledger, out, reported
+from console.safe import add_row, line, visible
+from ledger import Ledger
+from ledger.audit import AuditAction
+from ledger.bundle import Bundle, read_bundle
+from ledger.corpora import Corpora
+from ledger.corpus_replays import open_replays_txn
+from tasks.corpus.compare import Kind
+from tasks.corpus.replayer import ReplayOptions, RunOutcome
+from tasks.corpus.report import (
+    IDENTICAL,
+    SKIPPED,
+    Policy,
+    Summary,
+    dumps,
+    headline,
+    summarize,
+    to_json,
+    to_junit,
+    to_markdown,
+    verdict_of,
+)
+from tasks.corpus.runner import CorpusReplay, replay_bundle
+from tasks.workflow import Registry
+
+KINDS = ", ".join(k.value for k in Kind)
+
+
+@corpus_app.command("replay")
+def corpus_replay(
+    source: Annotated[str, typer.Argument(help="A corpus of this ledger, or a bundle file.")],
+    code: Annotated[list[str], typer.Option(
+        "--code", help="Module(s) defining the candidate workflows (repeatable or "
+        "comma-separated), importable from PYTHONPATH.")],
+    jobs: Annotated[int | None, typer.Option(min=1, help="Replay processes (default: "
+                                             "one per CPU).")] = None,
+    versions: Annotated[str, typer.Option(
+        help="recorded: each step runs with the version the recorded step ran with when the "
+        "code has it (faithful for runs that migrated); latest: the code's latest version "
+        "from the start.")] = "recorded",
+    allow: Annotated[list[str] | None, typer.Option(
+        "--allow", help=f"A kind of divergence that does not fail the replay (repeatable): "
+        f"{KINDS}.")] = None,
+    ignore_field: Annotated[list[str] | None, typer.Option(
+        "--ignore-field", help="A JSON pointer left out of states and results when they are "
+        "compared, '*' for any key or index (repeatable), e.g. /generated_at.")] = None,
+    max_divergent: Annotated[str, typer.Option(
+        help="Divergent runs tolerated: a count (3) or a share of the runs (2.5%).")] = "0",
+    output: Annotated[str, typer.Option(
+        "--format", help="What stdout gets: table, markdown, junit or json.")] = "table",
+    markdown: Annotated[Path | None, typer.Option(help="Also write Markdown here.")] = None,
+    junit: Annotated[Path | None, typer.Option(help="Also write JUnit XML here.")] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
+    = None,
+    diffs: Annotated[int, typer.Option(min=0, help="Divergent runs shown with their diff.")]
+    = 3,
+    open_branches: Annotated[bool, typer.Option(
+        "--open-branches", help="Open each divergent run's replay in this ledger, under its "
+        "recorded run, for inspection (operator role; audited).")] = False,
+    reason: Annotated[str | None, typer.Option(
+        "--reason", "-r", help="Why (with --open-branches: kept in the audit log).")] = None,
+    scratch_url: Annotated[str | None, typer.Option(
+        help="An empty database to replay in (default: a throwaway database on the ledger's "
+        "server).")] = None,
+) -> None:
+    """Replay every run of a corpus (NAME) or bundle (FILE) against candidate code, offline:
+    no broker, no workers, nothing sent, nothing written to the ledger. Model calls and reads
+    are answered from the recorded evidence, effects from the effect log, approvals and
+    signals from what was decided. Prints where each run diverged."""
+    if output not in ("table", "markdown", "junit", "json"):
+        fail(f"--format {output!r}: table, markdown, junit or json", EXIT_REFUSED)
+    if versions not in ("recorded", "latest"):
+        fail(f"--versions {versions!r}: recorded or latest", EXIT_REFUSED)
+    if open_branches and not reason:
+        fail("--open-branches writes to the ledger: give --reason (kept in the audit log)",
+             EXIT_REFUSED)
+    try:
+        policy = Policy.parse(allow or [], max_divergent)
+    except ValueError as exc:
+        fail(str(exc), EXIT_REFUSED)
+    modules = tuple(m.strip() for part in code for m in part.split(",") if m.strip())
+    _check_code(modules)
+    ledger = open_ledger(AuditAction.REPLAY if open_branches else None)
+    bundle, label = _bundle(ledger, source)
+    options = ReplayOptions(modules, versions, tuple(ignore_field or ()), label)
+    err.print(line(f"replaying {len(bundle.run_ids)} run(s) of {label} against "
+                   f"{', '.join(modules)} …"))
+    keep = (lambda o: _openable(o, policy)) if open_branches else None
+    with reported():
+        replay = replay_bundle(ledger.settings, bundle, options, jobs=jobs,
+                               scratch_url=scratch_url, keep=keep)
+    summary = summarize(replay, policy)
+    _write_files(replay, summary, policy, markdown, junit, json_file, diffs)
+    _print(replay, summary, policy, output, diffs)
+    if open_branches:
+        _open(ledger, replay, reason or "", modules)
+    if not summary.passed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _check_code(modules: tuple[str, ...]) -> None:
+    if not modules:
+        fail("--code: name the module(s) that define the candidate workflows", EXIT_REFUSED)
+    try:
+        Registry().load_modules(list(modules))
+    except Exception as exc:  # an import error of the candidate code, whatever it is
+        fail(f"--code {', '.join(modules)}: cannot load the candidate code: "
+             f"{type(exc).__name__}: {exc}", EXIT_REFUSED)
+
+
+def _bundle(ledger: Ledger, source: str) -> tuple[Bundle, str]:
+    """The bundle of a file (checked with the keys configured here), or of a corpus of this
+    ledger, read in a READ ONLY transaction that writes nothing."""
+    path = Path(source)
+    with reported():
+        if path.is_file():
+            return read_bundle(path, ledger.keys), f"bundle {path.name}"
+        data = Corpora(ledger).snapshot(source)
+        return read_bundle(data, ledger.keys), f"corpus {source}"
+    raise AssertionError("unreachable")  # pragma: no cover - reported() exits
+
+
+def _openable(outcome: RunOutcome, policy: Policy) -> bool:
+    return verdict_of(outcome, policy) not in (IDENTICAL, SKIPPED) and \
+        outcome.replay_status not in (None, "running", "waiting")
+
+
+def _write_files(replay: CorpusReplay, summary: Summary, policy: Policy,
+                 markdown: Path | None, junit: Path | None, json_file: Path | None,
+                 diffs: int) -> None:
+    if markdown is not None:
+        markdown.write_text(to_markdown(replay, summary, policy, diffs=max(diffs, 20)))
+    if junit is not None:
+        junit.write_text(to_junit(replay, summary, policy))
+    if json_file is not None:
+        json_file.write_text(dumps(to_json(replay, summary, policy)) + "\n")
+
+
+def _print(replay: CorpusReplay, summary: Summary, policy: Policy, output: str,
+           diffs: int) -> None:
+    if output == "json":
+        print(dumps(to_json(replay, summary, policy)))
+    elif output == "markdown":
+        sys.stdout.write(to_markdown(replay, summary, policy, diffs=diffs))
+    elif output == "junit":
+        sys.stdout.write(to_junit(replay, summary, policy))
+    else:
+        _table(replay, summary, policy, diffs)
+
+
+def _table(replay: CorpusReplay, summary: Summary, policy: Policy, diffs: int) -> None:
+    style = "green" if summary.passed else "red"
+    out.print(line(("passed" if summary.passed else "FAILED", f"bold {style}"), ": ",
+                   headline(summary), f" in {replay.seconds:.1f} s ({replay.jobs} processes)"))
+    by_workflow = Table("workflow", "runs", "identical", "divergent", "allowed", "skipped")
+    for workflow, row in summary.by_workflow.items():
+        add_row(by_workflow, workflow, *(row.get(k, 0) for k in
+                                         ("runs", "identical", "divergent", "allowed",
+                                          "skipped")))
+    out.print(by_workflow)
+    if summary.by_kind:
+        kinds = Table("divergence", "runs")
+        for kind, count in summary.by_kind.items():
+            add_row(kinds, kind + (" (allowed)" if Kind(kind) in policy.allow else ""), count)
+        out.print(kinds)
+    divergent = [o for o in replay.outcomes if verdict_of(o, policy) != IDENTICAL]
+    if divergent:
+        runs = Table("run", "workflow", "seq", "step", "divergence", "first difference")
+        for o in divergent:
+            finding = o.finding or {}
+            add_row(runs, o.run_id, o.workflow, finding.get("seq", "-"),
+                    finding.get("step") or "-", verdict_of(o, policy),
+                    str(finding.get("message", ""))[:160])
+        out.print(runs)
+    for o in [o for o in divergent if (o.finding or {}).get("diff")][:diffs]:
+        _diff(o)
+    out.print(line(summary.why))
+
+
+def _diff(outcome: RunOutcome) -> None:
+    finding = outcome.finding or {}
+    out.print(line(("run ", "bold"), outcome.run_id, f" ({outcome.workflow}), seq "
+                   f"{finding.get('seq')}, {finding.get('kind')}:"))
+    for text in finding.get("diff") or []:
+        color = "green" if text.startswith("+") else "red" if text.startswith("-") else ""
+        out.print(Text(visible(text), style=color), soft_wrap=True)
+
+
+def _open(ledger: Ledger, replay: CorpusReplay, reason: str, modules: tuple[str, ...]) -> None:
+    details: dict[UUID, dict[str, Any]] = {}
+    for outcome in replay.outcomes:
+        if outcome.replay_run_id:
+            details[UUID(outcome.replay_run_id)] = {
+                "corpus": replay.source.get("corpus"), "bundle": replay.source.get("digest"),
+                "code": list(modules), "finding": {k: (outcome.finding or {}).get(k) for k in
+                                                   ("kind", "seq", "step", "message")}}
+
+    with reported():
+        opened = ledger._command(
+            AuditAction.REPLAY, lambda conn: open_replays_txn(
+                conn, ledger.actor, ledger.keys, replay.copies, details, reason),
+            reason=reason)
+    err.print(line(("opened", "green"), f" {len(opened)} divergent replay(s) for inspection: "
+                   "onward runs show RUN (or the console's run page)"))
+    for run_id in opened:
+        err.print(line(f"  {run_id}"))

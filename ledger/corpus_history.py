@@ -1,0 +1,150 @@
+"""What a run did, as an offline replay compares it (docs/corpus.md#the-report): its
+checkpoints (with states stored apart resolved), the calls each step made, and how it
+ended. Read from the scratch ledger, for the recorded run and for its replay alike."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ledger.checkpoints import artifact_ref
+from ledger.schema import artifacts, checkpoints, effects, evidence, runs
+
+
+@dataclass(frozen=True)
+class Call:
+    """One model call, read or effect of a step, in the order the step made it."""
+
+    kind: str  # llm, read, effect
+    command_id: str
+    request_hash: str | None
+    name: str | None = None  # the effect type (tool) or evidence source (model, tool)
+    effect_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    seq: int
+    step: str | None
+    next_step: str | None
+    outcome: str
+    state: dict[str, Any]
+    control: dict[str, Any] | None
+    workflow_version: int | None
+    calls: tuple[Call, ...] | None  # None: the checkpoint names no calls (older envelope)
+    migrated_from: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    run_id: UUID
+    tenant_id: str
+    workflow: str
+    workflow_version: int | None
+    status: str
+    seq: int
+    step: str | None
+    result: Any
+    last_error: dict[str, Any] | None
+    parked_reason: str | None
+    checkpoints: dict[int, Checkpoint]
+    table_calls: dict[int, list[Call]] = field(default_factory=dict)  # by the seq they ran at
+
+    @property
+    def first_seq(self) -> int:
+        return min(self.checkpoints)
+
+    def calls_at(self, seq: int) -> tuple[Call, ...] | None:
+        """The calls of the step that ran from checkpoint ``seq`` (and produced ``seq + 1``):
+        what that checkpoint names, else what the ledger recorded at ``seq``."""
+        produced = self.checkpoints.get(seq + 1)
+        if produced is not None and produced.calls is not None:
+            return produced.calls
+        recorded = self.table_calls.get(seq)
+        return tuple(recorded) if recorded is not None else None
+
+
+def read_history_txn(conn: Connection, run_id: UUID, *, with_tables: bool = True) -> History:
+    """The run, its checkpoints and (``with_tables``) its evidence and effects by seq."""
+    run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().one()
+    rows = conn.execute(sa.select(checkpoints).where(checkpoints.c.run_id == run_id)
+                        .order_by(checkpoints.c.seq)).mappings().all()
+    states = _artifact_states(conn, rows)
+    history = History(
+        run_id=run_id, tenant_id=run["tenant_id"], workflow=run["workflow"],
+        workflow_version=run["workflow_version"], status=run["status"], seq=run["seq"],
+        step=run["step"], result=run["result"], last_error=run["last_error"],
+        parked_reason=run["parked_reason"],
+        checkpoints={row["seq"]: _checkpoint(row, states) for row in rows})
+    if with_tables:
+        history.table_calls.update(_table_calls(conn, run_id))
+    return history
+
+
+def _checkpoint(row: sa.RowMapping, states: dict[str, dict[str, Any]]) -> Checkpoint:
+    ref = artifact_ref(row["state"])
+    refs = row["refs"]
+    return Checkpoint(
+        seq=row["seq"], step=row["step"], next_step=row["next_step"], outcome=row["outcome"],
+        state=states[ref["sha256"]] if ref else row["state"], control=row["control"],
+        workflow_version=row["workflow_version"], calls=_ref_calls(refs),
+        migrated_from=(refs or {}).get("migrated_from"))
+
+
+def _ref_calls(refs: dict[str, Any] | None) -> tuple[Call, ...] | None:
+    if refs is None or ("evidence" not in refs and "effects" not in refs):
+        return None
+    used = [Call(e["kind"], e["command_id"], e.get("request_hash"))
+            for e in refs.get("evidence") or []]
+    used += [Call("effect", e["command_id"], None, e.get("effect_type"), e.get("effect_id"))
+             for e in refs.get("effects") or []]
+    return tuple(used)
+
+
+def _artifact_states(conn: Connection, rows: Sequence[sa.RowMapping]) -> dict[str, dict[str, Any]]:
+    wanted = [ref["sha256"] for ref in (artifact_ref(r["state"]) for r in rows) if ref]
+    if not wanted:
+        return {}
+    found = conn.execute(sa.select(artifacts.c.sha256, artifacts.c.body)
+                         .where(artifacts.c.sha256.in_(wanted))).all()
+    return {sha: json.loads(bytes(body)) for sha, body in found}
+
+
+def _table_calls(conn: Connection, run_id: UUID) -> dict[int, list[Call]]:
+    calls: dict[int, list[Call]] = {}
+    for row in conn.execute(
+            sa.select(evidence.c.seq, evidence.c.kind, evidence.c.command_id,
+                      evidence.c.request_hash, evidence.c.source)
+            .where(evidence.c.run_id == run_id)
+            .order_by(evidence.c.seq, evidence.c.created_at)):
+        calls.setdefault(row.seq, []).append(
+            Call(row.kind, row.command_id, row.request_hash, row.source))
+    for row in conn.execute(
+            sa.select(effects.c.seq, effects.c.command_id, effects.c.request_hash,
+                      effects.c.effect_type, effects.c.effect_id)
+            .where(effects.c.run_id == run_id)
+            .order_by(effects.c.seq, effects.c.created_at)):
+        calls.setdefault(row.seq, []).append(
+            Call("effect", row.command_id, row.request_hash, row.effect_type, row.effect_id))
+    return calls
+
+
+def recorded_request_txn(conn: Connection, run_id: UUID, kind: str,
+                         command_id: str) -> tuple[bool, Any]:
+    """What the recorded call ``command_id`` of ``run_id`` asked: (kept, request). A model
+    call or read is kept as the artifact its request hash names; an effect as its payload
+    (unless the tool's policy or the bundle left it out)."""
+    if kind == "effect":
+        payload = conn.execute(sa.select(effects.c.payload).where(
+            effects.c.run_id == run_id, effects.c.command_id == command_id)).scalar()
+        return (payload is not None and payload != {"$dropped": True}), payload
+    body = conn.execute(
+        sa.select(artifacts.c.body).join(evidence, evidence.c.request_hash == artifacts.c.sha256)
+        .where(evidence.c.run_id == run_id, evidence.c.command_id == command_id)).scalar()
+    return (body is not None), (json.loads(bytes(body)) if body is not None else None)

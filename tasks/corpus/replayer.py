@@ -1,0 +1,229 @@
+"""Replay one recorded run against candidate code, in this process, on the scratch ledger
+(docs/corpus.md#how-a-run-is-replayed).
+
+The replay is an ordinary evidence replay (ledger/forks.py) from the run's first
+checkpoint, executed step by step through the real executor (``execute_step``, as a
+worker would, with no broker): model calls and reads are answered from the recorded
+evidence, effects from the effect log (nothing is sent), approvals and signals from what
+was decided. Each step runs with the workflow version the recorded step ran with when the
+candidate code has it (so a run that migrated between versions migrates at the same step),
+otherwise with the candidate's code for the workflow (its latest version, or the one the
+replay is bound to).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from uuid import UUID
+
+from ledger import Ledger
+from ledger.audit import Actor, Role
+from ledger.corpus_history import History, read_history_txn, recorded_request_txn
+from ledger.db import wrap_driver_errors
+from ledger.forks import BudgetPolicy, ForkRequest, fork_txn
+from ledger.schema import LaunchMode, OutcomeKind, RunStatus
+from ledger.steps import StepStore
+from ledger.verify import verify_run_txn
+from tasks.corpus.compare import Finding, Kind, Verdict, compare
+from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step
+from tasks.workflow import Registry
+
+WORKER = "corpus-replay"
+ACTOR = "corpus-replay"
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How a corpus is replayed; plain JSON, so it crosses to worker processes as text."""
+
+    modules: tuple[str, ...]
+    versions: str = "recorded"  # recorded: the recorded step's version when the code has it
+    ignore: tuple[str, ...] = ()  # JSON pointers left out of states and results
+    label: str = ""  # what is replayed (corpus or file), for the replays' launch reason
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplayOptions:
+        return cls(tuple(data["modules"]), data["versions"], tuple(data["ignore"]),
+                   data.get("label", ""))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What the replay of one recorded run came to."""
+
+    run_id: str
+    workflow: str
+    recorded_version: int | None
+    recorded_status: str
+    steps_recorded: int
+    replay_run_id: str | None = None
+    replayed_version: int | None = None
+    replay_status: str | None = None
+    steps_replayed: int = 0
+    identical: bool = False
+    finding: dict[str, Any] | None = None
+    note: str | None = None
+    same_effect_keys: bool = True
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)  # the recorded run does not verify
+
+    @property
+    def kind(self) -> str | None:
+        return str(self.finding["kind"]) if self.finding else None
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunOutcome:
+        return cls(**data)
+
+
+class Replayer:
+    """Everything one process needs to replay runs of the scratch ledger."""
+
+    def __init__(self, ledger: Ledger, options: ReplayOptions) -> None:
+        self.ledger = ledger
+        self.options = options
+        self.registry = Registry()
+        self.registry.load_modules(list(options.modules))
+        self._only: dict[tuple[str, int], Registry] = {}
+        settings = ledger.settings
+        self.store = StepStore(ledger.url, ledger.keys, lease_ttl_s=600.0)
+        self.config = ExecutorConfig(
+            keys=ledger.keys, max_state_bytes=settings.max_state_bytes, retry_base_s=0.0,
+            retry_max_s=0.0, max_artifact_bytes=settings.max_artifact_bytes,
+            max_json_depth=settings.max_json_depth,
+            max_effect_payload_bytes=settings.max_effect_payload_bytes,
+            max_approval_artifact_bytes=settings.max_approval_artifact_bytes)
+
+    def close(self) -> None:
+        self.store.close()
+        self.ledger.engine.dispose()
+
+    def replay(self, run_id: UUID) -> RunOutcome:
+        started = time.perf_counter()
+        rec, problems = self._recorded(run_id)
+        base = RunOutcome(str(run_id), rec.workflow, rec.workflow_version, rec.status,
+                          len(rec.checkpoints))
+        if problems:
+            return RunOutcome(**{**base.as_json(), "problems": problems})
+        if not self.registry.versions(rec.workflow):
+            finding = Finding(Kind.NO_CODE, f"{', '.join(self.options.modules)} defines no "
+                              f"workflow {rec.workflow!r}: not replayed")
+            return RunOutcome(**{**base.as_json(), "finding": _plain(finding)})
+        replay_id = self._fork(rec)
+        stopped_as_recorded = self._drive(rec, replay_id)
+        rep = self._history(replay_id, with_tables=False)
+        verdict = compare(rec, rep, ignore=self.options.ignore,
+                          requests=lambda kind, cid: self._request(run_id, kind, cid),
+                          stopped_as_recorded=stopped_as_recorded)
+        return _outcome(base, rep, verdict, time.perf_counter() - started)
+
+    # -- the recorded run ---------------------------------------------------------------------
+    def _recorded(self, run_id: UUID) -> tuple[History, list[str]]:
+        with wrap_driver_errors("reading a recorded run"), self.ledger.engine.connect() as conn:
+            problems = [str(p) for p in verify_run_txn(conn, self.ledger.keys, run_id)]
+            return read_history_txn(conn, run_id), problems
+
+    def _history(self, run_id: UUID, *, with_tables: bool) -> History:
+        with wrap_driver_errors("reading a replay"), self.ledger.engine.connect() as conn:
+            return read_history_txn(conn, run_id, with_tables=with_tables)
+
+    def _request(self, run_id: UUID, kind: str, command_id: str) -> tuple[bool, Any]:
+        with wrap_driver_errors("reading a request"), self.ledger.engine.connect() as conn:
+            return recorded_request_txn(conn, run_id, kind, command_id)
+
+    # -- the replay ---------------------------------------------------------------------------
+    def _fork(self, rec: History) -> UUID:
+        actor = Actor(ACTOR, Role.ADMIN, rec.tenant_id)
+        request = ForkRequest(rec.run_id, rec.first_seq, LaunchMode.EVIDENCE,
+                              f"corpus replay of {self.options.label or 'a corpus'} against "
+                              f"{', '.join(self.options.modules)}", BudgetPolicy.INHERITED)
+        settings = self.ledger.settings
+        with wrap_driver_errors("starting a replay"), self.ledger.engine.begin() as conn:
+            return fork_txn(conn, self.ledger.keys, actor, request,
+                            default_max_attempts=settings.step_max_attempts,
+                            max_state_bytes=settings.max_state_bytes).run_id
+
+    def _drive(self, rec: History, run_id: UUID) -> bool:
+        """Execute the replay's steps until it stops; True when it was stopped where the
+        recorded run was stopped by something its code did not decide (see ``_stop_at``)."""
+        stop_at = _stop_at(rec)
+        row = self._position(run_id)
+        for _ in range(4 * len(rec.checkpoints) + 20):  # a replay that loops is stopped
+            if row is None or row["status"] != RunStatus.RUNNING.value:
+                return False
+            if stop_at is not None and row["seq"] >= stop_at:
+                return True
+            registry = self._registry_for(rec, row["seq"], row["workflow_version"])
+            report = execute_step(self.store, registry, self.config,
+                                  StepMessage(run_id=run_id, seq=row["seq"]), worker=WORKER,
+                                  publish=lambda *args: None, count_stale=False)
+            if report.kind is ReportKind.RELEASED:
+                return False  # no code took it: the run's last_error says why
+            if report.kind is ReportKind.STALE:
+                time.sleep(0.002)  # a retry or timer due a moment from now
+            row = self._position(run_id)
+        return False
+
+    def _position(self, run_id: UUID) -> dict[str, Any] | None:
+        return self.store.conn.one(
+            "SELECT seq, status, workflow_version FROM onward.runs WHERE id = %(id)s",
+            {"id": run_id})
+
+    def _registry_for(self, rec: History, seq: int, bound: int | None) -> Registry:
+        """The code the step after checkpoint ``seq`` runs with (see the module's doc)."""
+        if self.options.versions != "recorded":
+            return self.registry
+        produced = rec.checkpoints.get(seq + 1)
+        version = produced.workflow_version if produced is not None else rec.workflow_version
+        if version is None or self.registry.get(rec.workflow, version) is None:
+            return self.registry
+        if bound is not None and bound > version:
+            return self.registry
+        key = (rec.workflow, version)
+        if key not in self._only:
+            only = Registry()
+            workflow = self.registry.get(*key)
+            assert workflow is not None
+            only.register(workflow)
+            self._only[key] = only
+        return self._only[key]
+
+
+def _stop_at(rec: History) -> int | None:
+    """The seq at which the replay stops without running the step: where the recorded run
+    was stopped by something its code did not decide (a person cancelled it, a budget, a
+    deadline, an approval or signal that ended it), so there is nothing recorded to follow.
+    A run that failed by its code (an error, ``ctx.fail``) is replayed to its end."""
+    if rec.status == RunStatus.CANCELLED.value:
+        return rec.seq
+    error = rec.last_error or {}
+    head = rec.checkpoints.get(rec.seq)
+    if rec.status == RunStatus.FAILED.value and error.get("reason") and (
+            head is None or head.outcome != OutcomeKind.FAIL.value):
+        return rec.seq
+    return None
+
+
+def _outcome(base: RunOutcome, rep: History, verdict: Verdict, seconds: float) -> RunOutcome:
+    return RunOutcome(**{
+        **base.as_json(), "replay_run_id": str(rep.run_id),
+        "replayed_version": rep.workflow_version, "replay_status": rep.status,
+        "steps_replayed": len(rep.checkpoints), "identical": verdict.identical,
+        "finding": _plain(verdict.finding) if verdict.finding else None, "note": verdict.note,
+        "same_effect_keys": verdict.recorded_effects == verdict.replayed_effects,
+        "seconds": round(seconds, 4)})
+
+
+def _plain(finding: Finding) -> dict[str, Any]:
+    data = asdict(finding)
+    data["kind"] = finding.kind.value
+    data["diff"] = list(finding.diff)
+    return data

@@ -1,0 +1,170 @@
+"""Replay a whole corpus offline (docs/corpus.md#offline-replay): verify the bundle, load it
+into a scratch ledger, replay its runs in parallel processes, collect one outcome per run,
+and drop the scratch ledger. Nothing is written anywhere else.
+
+Worker processes are started fresh (``spawn``): they share nothing with this one but the
+scratch ledger's URL and the options, passed as JSON text, and send back JSON text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+import structlog
+
+from ledger import Ledger, OnwardSettings
+from ledger.bundle import Bundle
+from ledger.corpus_bundle import load_txn
+from ledger.corpus_replays import ReplayCopy, copy_replays_txn
+from ledger.db import wrap_driver_errors
+from ledger.exceptions import IntegrityViolation
+from ledger.scratch import scratch_database
+from tasks import faults
+from tasks.corpus.replayer import Replayer, ReplayOptions, RunOutcome
+
+Progress = Callable[[int, int], None]
+"""(runs done, runs in all): called as outcomes arrive."""
+
+
+@dataclass
+class CorpusReplay:
+    """Every run's outcome, with what was replayed against what."""
+
+    source: dict[str, Any]
+    options: ReplayOptions
+    outcomes: list[RunOutcome]
+    seconds: float
+    jobs: int
+    copies: list[ReplayCopy] = field(default_factory=list)  # replays kept to open as branches
+
+
+def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptions, *,
+                  jobs: int | None = None, scratch_url: str | None = None,
+                  keep: Callable[[RunOutcome], bool] | None = None,
+                  progress: Progress | None = None) -> CorpusReplay:
+    """Replay every run of a verified ``bundle`` against ``options.modules``; ``keep``
+    selects the replays to copy out (``--open-branches``) before the scratch ledger goes."""
+    started = time.perf_counter()
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(bundle.run_ids)))
+    with scratch_database(settings, scratch_url) as url:
+        scratch = _ledger(settings, url)
+        try:
+            with wrap_driver_errors("loading the bundle"), scratch.engine.begin() as conn:
+                load_txn(conn, bundle, str(bundle.header.get("tenant_id")))
+            outcomes = _replay_all(settings, url, bundle.run_ids, options, jobs, progress)
+            _refuse_unverified(outcomes)
+            copies = _copies(scratch, outcomes, keep) if keep is not None else []
+        finally:
+            scratch.engine.dispose()
+    return CorpusReplay(_source(bundle), options, outcomes, time.perf_counter() - started,
+                        jobs, copies)
+
+
+def _ledger(settings: OnwardSettings, url: str) -> Ledger:
+    scratch = settings.model_copy(update={"database_url": url})
+    return Ledger(sa.create_engine(url, pool_size=2), scratch)
+
+
+def _source(bundle: Bundle) -> dict[str, Any]:
+    return {"corpus": bundle.header.get("corpus"), "digest": bundle.digest,
+            "exported_at": bundle.header.get("exported_at"),
+            "tenant_id": bundle.header.get("tenant_id"), "runs": len(bundle.run_ids)}
+
+
+def _replay_all(settings: OnwardSettings, url: str, run_ids: list[UUID],
+                options: ReplayOptions, jobs: int, progress: Progress | None) -> list[RunOutcome]:
+    order = {str(run_id): i for i, run_id in enumerate(run_ids)}
+    chunks = [run_ids[i::jobs * 4] for i in range(jobs * 4)]
+    payloads = [json.dumps({"url": url, "settings": _settings_json(settings),
+                            "options": options.as_json(), "runs": [str(r) for r in chunk]})
+                for chunk in chunks if chunk]
+    outcomes: list[RunOutcome] = []
+    for result in _map(payloads, jobs):
+        outcomes.extend(RunOutcome.from_json(o) for o in json.loads(result))
+        if progress is not None:
+            progress(len(outcomes), len(run_ids))
+    return sorted(outcomes, key=lambda o: order[o.run_id])
+
+
+def _map(payloads: list[str], jobs: int) -> Iterator[str]:
+    if jobs == 1:  # in this process, with a replayer of its own, closed afterwards
+        with _quiet(), contextlib.closing(_replayer(json.loads(payloads[0]))) as replayer:
+            for payload in payloads:
+                runs = json.loads(payload)["runs"]
+                yield json.dumps([replayer.replay(UUID(r)).as_json() for r in runs])
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                             initializer=_init_worker) as pool:
+        yield from pool.map(replay_chunk, payloads)
+
+
+def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
+    return settings.model_dump(mode="json", exclude={"token", "token_file", "database_url"})
+
+
+# -- in each worker process -------------------------------------------------------------------
+_replayers: dict[str, Replayer] = {}
+
+
+def _init_worker() -> None:
+    """A replay process runs no fault points and logs nothing but failures of its own:
+    the report says what each replay did."""
+    os.environ.pop("ONWARD_FAULTS", None)
+    faults.arm_from_env()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """``_init_worker``'s quiet logging, for replays in this process, then put back."""
+    previous = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    try:
+        yield
+    finally:
+        structlog.configure(**previous)
+
+
+def replay_chunk(payload: str) -> str:
+    """Replay the runs a payload names (JSON in, JSON out): one task of the pool. A worker
+    process keeps its replayer for the pool's life (the pool ends with the replay)."""
+    data = json.loads(payload)
+    key = json.dumps([data["url"], data["options"]], sort_keys=True)
+    replayer = _replayers.get(key)
+    if replayer is None:
+        replayer = _replayers[key] = _replayer(data)
+    return json.dumps([replayer.replay(UUID(r)).as_json() for r in data["runs"]])
+
+
+def _replayer(data: dict[str, Any]) -> Replayer:
+    settings = OnwardSettings(**{**data["settings"], "database_url": data["url"]})
+    return Replayer(_ledger(settings, data["url"]), ReplayOptions.from_json(data["options"]))
+
+
+def _refuse_unverified(outcomes: list[RunOutcome]) -> None:
+    broken = [o for o in outcomes if o.problems]
+    if broken:
+        shown = "; ".join(p for o in broken[:3] for p in o.problems[:1])
+        raise IntegrityViolation(
+            f"{len(broken)} run(s) of the bundle do not verify with the keys configured here, "
+            f"so nothing is reported: {shown} (are these the MAC keys of the ledger the bundle "
+            "came from?)")
+
+
+def _copies(scratch: Ledger, outcomes: list[RunOutcome],
+            keep: Callable[[RunOutcome], bool]) -> list[ReplayCopy]:
+    wanted = [o for o in outcomes if o.replay_run_id and keep(o)]
+    with wrap_driver_errors("reading replays"), scratch.engine.connect() as conn:
+        return copy_replays_txn(conn, [UUID(str(o.replay_run_id)) for o in wanted])
