@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ledger.api import Ledger
+from ledger.catalog import UnknownWorkflow
+from ledger.client import AsyncLedger
 from ledger.exceptions import (
     IntegrityViolation,
     InvalidInput,
@@ -14,9 +16,12 @@ from ledger.exceptions import (
 from ledger.runs import IdempotencyConflict, Run
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 from ledger.settings import OnwardSettings
+from ledger.watch import EventKind, RunEvent, RunOutcome, WaitTimedOut
 
 __all__ = [
+    "AsyncLedger",
     "AttemptOutcome",
+    "EventKind",
     "IdempotencyConflict",
     "IntegrityViolation",
     "InvalidInput",
@@ -26,7 +31,11 @@ __all__ = [
     "OnwardSettings",
     "OutcomeKind",
     "Run",
+    "RunEvent",
+    "RunOutcome",
     "RunStatus",
     "SchemaMismatch",
     "UnknownRun",
+    "UnknownWorkflow",
+    "WaitTimedOut",
 ]

@@ -12,10 +12,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import audit_chain, forks, inspect, operations, tracing, verify, waits
+from ledger import audit_chain, catalog, forks, inspect, operations, tracing, verify, waits, watch
 from ledger import runs as run_ops
 from ledger import tokens as token_ops
 from ledger.audit import (
@@ -106,8 +107,14 @@ class Ledger:
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         budgets: run_ops.Budgets | None = None,
+        allow_unadvertised: bool | None = None,
     ) -> UUID:
-        """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run."""
+        """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run.
+
+        Refused (``UnknownWorkflow``, listing the known ones) when no worker has advertised
+        ``workflow``, and (``InvalidInput``) when every advertised version's state model
+        rejects ``input``; ``allow_unadvertised=True`` (default: ONWARD_START_UNADVERTISED)
+        starts it anyway, e.g. before the first worker of a new workflow is deployed."""
         with tracing.start_run_span(workflow) as span, \
                 wrap_driver_errors("starting a run"), self.engine.begin() as conn:
             run_id = self.start_run_txn(
@@ -118,13 +125,14 @@ class Ledger:
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 budgets=budgets,
+                allow_unadvertised=allow_unadvertised,
             )
             tracing.name_run(span, run_id)
             return run_id
 
     def start_run_txn(
         self,
-        conn: Connection,
+        conn: Connection | psycopg.Connection[Any],
         workflow: str,
         input: dict[str, Any],
         *,
@@ -132,8 +140,11 @@ class Ledger:
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         budgets: run_ops.Budgets | None = None,
+        allow_unadvertised: bool | None = None,
     ) -> UUID:
-        """Start a run inside the caller's own transaction (atomic with their business write).
+        """Start a run inside the caller's own transaction (atomic with their business
+        write), on a SQLAlchemy connection or a psycopg 3 one (not in autocommit mode, or
+        the run is committed at once); checked as ``start_run`` says.
 
         Bad input raises InvalidInput (what to fix) before anything is written; nothing
         raised here is a driver error."""
@@ -148,8 +159,34 @@ class Ledger:
             budgets=budgets or run_ops.Budgets(),
         )
         run_ops.validate_request(request)
+        raw = run_ops.driver_connection(conn)
         with wrap_driver_errors("starting a run"):
-            return run_ops.start_run_txn(conn, self.keys, request)
+            if not (self.settings.start_unadvertised if allow_unadvertised is None
+                    else allow_unadvertised):
+                catalog.check_start(raw, workflow, input)
+            return run_ops.start_run_txn(raw, self.keys, request)
+
+    # -- waiting on runs (no polling: LISTEN/NOTIFY, ledger/watch.py) ------------------------
+    def wait(self, run_id: UUID, timeout: float | None = None, *,
+             through_waits: bool = False) -> watch.RunOutcome:
+        """Block until the run stops and return its outcome: completed (with its result),
+        failed, cancelled, diverged, parked (needs_review) or waiting for a person, a signal
+        or a timer (unless ``through_waits``). Raises ``WaitTimedOut`` after ``timeout``
+        seconds and ``UnknownRun`` for a run not in the actor's tenant. Holds one database
+        connection while it waits."""
+        return watch.wait_blocking(self.url, self.actor.tenant_id, run_id, timeout,
+                                   through_waits=through_waits)
+
+    def events(self, run_id: UUID, *, after_seq: int = 0,
+               timeout: float | None = None) -> Iterator[watch.RunEvent]:
+        """The run's progress as it happens: a ``step_committed`` event per checkpoint after
+        ``after_seq`` (all of them by default, so nothing is missed by subscribing late),
+        and one event each time its status changes (waiting, resumed, parked, completed,
+        failed, cancelled, diverged). Every commit and the final status are reported; a
+        status the run passed through between two reads (resumed, then waiting again) may
+        not be. Ends after a final status; raises ``WaitTimedOut`` after ``timeout``."""
+        return watch.events_blocking(self.url, self.actor.tenant_id, run_id,
+                                     after_seq=after_seq, timeout=timeout)
 
     # -- reads -----------------------------------------------------------------------------
     def get_run(self, run_id: UUID) -> run_ops.Run | None:

@@ -18,9 +18,10 @@ from psycopg.types.json import Jsonb
 from ledger.hot import HotConnection
 
 _ADVERTISE_QUEUE = """
-INSERT INTO onward.worker_queues (queue, workflow, version, seen_at, start_step)
-VALUES (%(queue)s, %(workflow)s, %(version)s, onward.now(), %(start_step)s)
-ON CONFLICT (queue) DO UPDATE SET seen_at = onward.now(), start_step = EXCLUDED.start_step
+INSERT INTO onward.worker_queues (queue, workflow, version, seen_at, start_step, state_schema)
+VALUES (%(queue)s, %(workflow)s, %(version)s, onward.now(), %(start_step)s, %(state_schema)s)
+ON CONFLICT (queue) DO UPDATE SET seen_at = onward.now(), start_step = EXCLUDED.start_step,
+                                  state_schema = EXCLUDED.state_schema
 RETURNING queue
 """
 
@@ -127,15 +128,19 @@ class FleetStore:
     def __init__(self, url: str) -> None:
         self._url = url
 
-    def advertise(self, ad: WorkerAd | None, queues: list[tuple[str, str, int, str | None]]
-                  ) -> None:
-        """Refresh this worker's row and its (queue, workflow, version, start step) rows."""
+    def advertise(self, ad: WorkerAd | None, queues: list[tuple[str, str, int, str | None]],
+                  schemas: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:
+        """Refresh this worker's row and its (queue, workflow, version, start step) rows,
+        with the JSON Schema of each version's state model (``start_run`` checks inputs)."""
+        schemas = schemas or {}
         # A short-lived connection: nothing of it must survive into forked pool children.
         conn = HotConnection(self._url)
         try:
             for queue, workflow, version, start_step in queues:
+                schema = schemas.get((workflow, version))
                 conn.one(_ADVERTISE_QUEUE, {"queue": queue, "workflow": workflow,
-                                            "version": version, "start_step": start_step})
+                                            "version": version, "start_step": start_step,
+                                            "state_schema": Jsonb(schema) if schema else None})
             if ad is not None:
                 conn.one(_ADVERTISE_WORKER, {
                     "node": ad.node, "host": ad.host, "pid": ad.pid, "pool": ad.pool,

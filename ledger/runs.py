@@ -8,8 +8,10 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
@@ -21,7 +23,7 @@ from ledger.checkpoints import (
     canonical_json,
 )
 from ledger.exceptions import InvalidInput, OnwardError
-from ledger.schema import OutcomeKind, RunStatus, checkpoints, outbox, runs, step_attempts
+from ledger.schema import OutcomeKind, RunStatus, runs, step_attempts
 
 
 class IdempotencyConflict(OnwardError):
@@ -168,12 +170,69 @@ def validate_request(request: StartRequest) -> None:
         raise InvalidInput(f"budgets.deadline must be a positive timedelta, got {deadline!r:.80}")
 
 
-def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest) -> UUID:
-    """Insert the run, checkpoint 0 and its outbox row inside the caller's transaction.
+START_RUN = """
+WITH run AS (
+    INSERT INTO onward.runs (id, tenant_id, workflow, conversation_id, idempotency_key, status,
+                             max_attempts, head_hash, head_mac, budget_attempts, budget_tokens,
+                             budget_cost_usd, deadline_at, trace_context)
+    VALUES (%(run_id)s, %(tenant_id)s, %(workflow)s, %(conversation_id)s, %(idempotency_key)s,
+            %(status)s, %(max_attempts)s, %(hash)s, %(head_mac)s, %(budget_attempts)s,
+            %(budget_tokens)s, %(budget_cost_usd)s,
+            onward.now() + make_interval(secs => %(deadline_s)s::float8), %(trace_context)s)
+    ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+), checkpoint AS (
+    INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
+                                    step, next_step, outcome, state, workflow_version,
+                                    workflow, lease_epoch)
+    SELECT id, 0, NULL, %(hash)s, %(key_id)s, %(envelope_version)s, NULL, NULL, %(outcome)s,
+           %(state)s, NULL, %(workflow)s, 0 FROM run
+), queued AS (
+    INSERT INTO onward.outbox (run_id, seq, trace_context) SELECT id, 0, %(trace_context)s FROM run
+)
+SELECT id FROM run
+"""
+
+EXISTING_RUN = """
+SELECT r.id, r.workflow, c.state FROM onward.runs r
+JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = 0
+WHERE r.tenant_id = %(tenant_id)s AND r.idempotency_key = %(idempotency_key)s
+"""
+
+
+def driver_connection(conn: Connection | psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``conn`` (a SQLAlchemy one, or psycopg's own): the
+    statements run in the caller's transaction either way."""
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise InvalidInput("start_run_txn needs a psycopg 3 connection (SQLAlchemy's "
+                           "postgresql+psycopg driver, or psycopg.connect())")
+    return raw
+
+
+def start_run_txn(conn: Connection | psycopg.Connection[Any], keys: CheckpointKeys,
+                  request: StartRequest) -> UUID:
+    """Insert the run, checkpoint 0 and its outbox row inside the caller's transaction, in
+    one statement, on a SQLAlchemy connection or a psycopg one.
 
     With an idempotency key already used by this tenant, returns that run instead (and
     refuses if it was started for another workflow or input).
     """
+    raw = driver_connection(conn)
+    try:
+        inserted = raw.cursor(row_factory=tuple_row).execute(
+            START_RUN, start_params(keys, request)).fetchone()
+    except psycopg.DataError as exc:  # e.g. a NUL character, which PostgreSQL cannot store
+        raise InvalidInput(f"the run's workflow name or input cannot be stored: {exc}") from exc
+    if inserted is None:
+        return _existing_run(raw, request)
+    return UUID(str(inserted[0]))
+
+
+def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
+    """The parameters of ``START_RUN`` for a new run (a new run id, checkpoint 0 MAC'd)."""
     run_id = uuid7()
     trace_context = tracing.current_context()  # start_run's span (ledger/tracing.py)
     body = CheckpointBody(
@@ -188,69 +247,42 @@ def start_run_txn(conn: Connection, keys: CheckpointKeys, request: StartRequest)
         workflow=request.workflow,
     )
     digest = keys.mac(body.as_dict())
-    inserted = conn.execute(
-        pg_insert(runs)
-        .values(
-            id=run_id,
-            tenant_id=request.tenant_id,
-            workflow=request.workflow,
-            conversation_id=request.conversation_id,
-            idempotency_key=request.idempotency_key,
-            status=RunStatus.RUNNING.value,
-            max_attempts=request.max_attempts,
-            head_hash=digest,
-            head_mac=keys.sign(signed.head(run_id, 0, digest)),
-            budget_attempts=request.budgets.attempts,
-            budget_tokens=request.budgets.tokens,
-            budget_cost_usd=request.budgets.cost_usd,
-            deadline_at=(sa.func.onward.now() + request.budgets.deadline
-                         if request.budgets.deadline is not None else None),
-            trace_context=trace_context,
-        )
-        .on_conflict_do_nothing(
-            index_elements=["tenant_id", "idempotency_key"],
-            index_where=sa.text("idempotency_key IS NOT NULL"),
-        )
-        .returning(runs.c.id)
-    ).scalar()
-    if inserted is None:
-        return _existing_run(conn, request)
-    conn.execute(
-        checkpoints.insert().values(
-            run_id=run_id,
-            seq=0,
-            parent_hash=None,
-            hash=digest,
-            key_id=keys.current,
-            envelope_version=ENVELOPE_VERSION,
-            step=None,
-            next_step=None,
-            outcome=OutcomeKind.START.value,
-            state=request.input,
-            workflow_version=None,
-            workflow=request.workflow,
-            lease_epoch=0,
-        )
-    )
-    conn.execute(outbox.insert().values(run_id=run_id, seq=0, trace_context=trace_context))
-    return run_id
+    budgets = request.budgets
+    return {
+        "run_id": run_id, "tenant_id": request.tenant_id, "workflow": request.workflow,
+        "conversation_id": request.conversation_id, "idempotency_key": request.idempotency_key,
+        "status": RunStatus.RUNNING.value, "max_attempts": request.max_attempts,
+        "hash": digest, "head_mac": keys.sign(signed.head(run_id, 0, digest)),
+        "budget_attempts": budgets.attempts, "budget_tokens": budgets.tokens,
+        "budget_cost_usd": budgets.cost_usd,
+        "deadline_s": budgets.deadline.total_seconds() if budgets.deadline is not None
+        else None,
+        "key_id": keys.current, "envelope_version": ENVELOPE_VERSION,
+        "outcome": OutcomeKind.START.value, "state": Jsonb(request.input),
+        "trace_context": trace_context,
+    }
 
 
-def _existing_run(conn: Connection, request: StartRequest) -> UUID:
-    row = conn.execute(
-        sa.select(runs.c.id, runs.c.workflow, checkpoints.c.state)
-        .join(checkpoints, sa.and_(checkpoints.c.run_id == runs.c.id, checkpoints.c.seq == 0))
-        .where(runs.c.tenant_id == request.tenant_id)
-        .where(runs.c.idempotency_key == request.idempotency_key)
-    ).one()
+def _existing_run(raw: psycopg.Connection[Any], request: StartRequest) -> UUID:
+    cursor = raw.cursor(row_factory=dict_row)
+    row = cursor.execute(EXISTING_RUN, {"tenant_id": request.tenant_id,
+                                        "idempotency_key": request.idempotency_key}).fetchone()
+    return existing_run(row, request)
+
+
+def existing_run(row: dict[str, Any] | None, request: StartRequest) -> UUID:
+    """The run an idempotency key already started, if it was for the same request."""
+    if row is None:
+        raise InvalidInput(f"idempotency key {request.idempotency_key!r} conflicted with a "
+                           "run that is not visible; retry")
     # Canonical JSON, not Python equality: {"flag": 1} and {"flag": true} are other inputs.
-    if (row.workflow != request.workflow
-            or canonical_json(row.state) != canonical_json(request.input)):
+    if (row["workflow"] != request.workflow
+            or canonical_json(row["state"]) != canonical_json(request.input)):
         raise IdempotencyConflict(
-            f"idempotency key {request.idempotency_key!r} already started run {row.id} "
-            f"of workflow {row.workflow!r} with other input; a key must not change its request"
+            f"idempotency key {request.idempotency_key!r} already started run {row['id']} "
+            f"of workflow {row['workflow']!r} with other input; a key must not change its request"
         )
-    return UUID(str(row.id))
+    return UUID(str(row["id"]))
 
 
 def get_run(conn: Connection, run_id: UUID) -> Run | None:

@@ -441,6 +441,7 @@ worker_queues = Table(
     Column("version", Integer, nullable=False),
     Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
     Column("start_step", Text, nullable=True),  # names a run's first message (Flower)
+    Column("state_schema", JSONB),  # JSON Schema of that version's state model
 )
 
 workers = Table(

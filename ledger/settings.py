@@ -149,6 +149,11 @@ class OnwardSettings(BaseSettings):
         description="Eager continuation stops once the delivered message has run this long, so "
         "one run cannot hold a worker process from the others.",
     )
+    start_unadvertised: bool = Field(
+        default=False,
+        description="Let start_run start a workflow no worker has advertised (e.g. before its "
+        "first worker is deployed); by default an unknown name is refused, listing the known.",
+    )
     db_pool_max: int = Field(
         default=20, ge=1,
         description="Most ledger connections one worker process opens: a threads or gevent "

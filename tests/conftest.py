@@ -100,6 +100,9 @@ def make_settings_env(database: str, server_urls: dict[str, str],
         "ONWARD_RETRY_MAX_S": "1",
         "ONWARD_FAULTS_DIR": str(faults_dir),
         "ONWARD_EXAMPLE_STEP_MS": "5",
+        # Most tests start runs with no worker running (the in-process driver) or of
+        # workflows made up for the test; tests/integration/test_client.py checks the refusal.
+        "ONWARD_START_UNADVERTISED": "true",
     }
 
 

@@ -1,12 +1,14 @@
 """The worker's main process tells dispatchers which version queues it serves, and the fleet
 view (``onward workers``) who it is, every third of ``ONWARD_WORKER_QUEUE_TTL_S``, busy or
-idle, until it stops; a clean stop removes its worker row."""
+idle, until it stops; a clean stop removes its worker row. With each workflow version goes
+the JSON Schema of its state model, which ``start_run`` checks new runs' input against."""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
+from typing import Any
 
 import structlog
 
@@ -28,7 +30,8 @@ def steps_in_flight() -> int:
 class Advertiser(threading.Thread):
     def __init__(self, settings: OnwardSettings, queues: list[tuple[str, str, int, str | None]],
                  *, node: str = "", pool: str = "prefork", concurrency: int = 0,
-                 all_queues: list[str] | None = None) -> None:
+                 all_queues: list[str] | None = None,
+                 schemas: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:
         super().__init__(name="onward-advertiser", daemon=True)
         self.settings = settings
         self.queues = queues
@@ -36,6 +39,7 @@ class Advertiser(threading.Thread):
         self.pool = pool
         self.concurrency = concurrency
         self.all_queues = all_queues or []
+        self.schemas = schemas or {}  # (workflow, version) -> its state model's JSON Schema
         self.stopping = threading.Event()
         self.store = FleetStore(database_url(settings))
 
@@ -49,7 +53,7 @@ class Advertiser(threading.Thread):
                         workflows=workflows, in_flight=steps_in_flight())
 
     def advertise(self) -> None:
-        self.store.advertise(self._ad(), self.queues)
+        self.store.advertise(self._ad(), self.queues, self.schemas)
 
     def retire(self) -> None:
         """Remove this worker's row (called on a clean shutdown)."""

@@ -124,8 +124,9 @@ def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str
         code = registry.get(workflow, version or None)
         start = code.start.name if code is not None and code.start is not None else None
         advertised.append((queue, workflow, version, start))
+    schemas = {(w.name, w.version): w.state.model_json_schema() for w in registry.all()}
     advertiser = Advertiser(settings, advertised, node=node, pool=pool,
-                            concurrency=concurrency, all_queues=queues)
+                            concurrency=concurrency, all_queues=queues, schemas=schemas)
     advertiser.advertise()  # before the first message can be routed
     advertiser.start()
     return advertiser
