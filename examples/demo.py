@@ -6,7 +6,9 @@ What it does, with real processes only (nothing here fakes a part of onward):
 1. ``onward db upgrade`` on the ledger database: the embedded PostgreSQL and Redis under
    ``.onward/`` by default, or the servers named by ONWARD_DATABASE_URL / ONWARD_BROKER_URL;
 2. starts the reference provider (examples/provider.py, a real HTTP service on loopback with
-   its own store under the demo's log directory), a dispatcher, a reaper and one sales
+   its own store under the demo's log directory), the model server the research agent calls
+   through the ``openai`` client (examples/model_server.py, OpenAI chat completions on
+   loopback, 150 ms a call), a dispatcher, a reaper and one sales
    worker ``crm-1`` (``onward worker -c 2``, Celery prefork, importing only
    examples.sales), on a queue of its own, with short timings so that recovery fits in a
    few seconds;
@@ -61,6 +63,7 @@ from rich.table import Table
 
 from harness.databases import redact
 from harness.errors import HarnessError
+from harness.model_server import ModelServer
 from harness.processes import ROOT, Proc, Processes, wait_ready
 from harness.provider import ReferenceProvider
 from harness.waiting import wait_for
@@ -550,12 +553,15 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
         provider = ReferenceProvider.start(fleet, log_dir, timeout=30)
         url = provider.url
         fleet.env["ONWARD_EXAMPLE_PROVIDER_URL"] = url
+        model = ModelServer.start(fleet, log_dir, "--latency-ms",
+                                  DEMO_ENV["ONWARD_EXAMPLE_STEP_MS"], timeout=30)
+        fleet.env["ONWARD_MODEL_URL"] = model.url
         fleet.onward("dispatcher", ["dispatcher"])
         fleet.onward("reaper", ["reaper"])
         crm = fleet.worker("crm-1", env=SALES_ENV)
         fleet.wait_ready([crm])
         for proc in fleet.procs:
-            what = url if proc.name == "provider" else ""
+            what = {"provider": url, "model": model.url}.get(proc.name, "")
             console.print(f"   {proc.name:<11} pid {proc.pid} {what}".rstrip())
 
         batch = f"demo-{secrets.token_hex(3)}"
@@ -571,7 +577,7 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
             console.print(f"   {proc.name:<11} pid {proc.pid}")
 
         phase(f"7. starting {runs} runs of {WORKFLOW}",
-              f"(5 steps each, {DEMO_ENV['ONWARD_EXAMPLE_STEP_MS']} ms per step)")
+              f"(5 steps, 4 model calls each, {DEMO_ENV['ONWARD_EXAMPLE_STEP_MS']} ms per call)")
         run_ids = [
             ledger.start_run(WORKFLOW, {"topic": f"topic-{i:02d}"}, conversation_id=batch,
                              idempotency_key=f"{batch}:{i}")

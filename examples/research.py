@@ -1,16 +1,29 @@
 """A research agent in five steps: collect sources, extract claims, draft, validate
-citations, publish. Deterministic and offline; each step takes ``ONWARD_EXAMPLE_STEP_MS``
-(default 40 ms) to stand for model latency."""
+citations, publish. Its model calls go through ``ctx.llm`` with the official ``openai``
+client to an OpenAI-compatible endpoint: ``ONWARD_MODEL_URL`` (default the loopback model
+server of examples/model_server.py on port 8780, which ``make demo`` starts), model
+``ONWARD_MODEL_NAME``. Collecting sources asks the model to call a ``search`` tool; the
+draft is streamed (``stream=True``) to whoever subscribes to the run. Every answer is
+recorded as evidence, so a step that runs again after a crash gets the same answer, tool
+calls included, without calling the model twice."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import time
+from functools import cache
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from tasks import StepContext, Workflow
+from tasks.llm import LLMResponse
+from tasks.llm_openai import OpenAIChat
+
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "search", "description": "Find sources about a topic.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                   "required": ["query"]}}}
 
 
 class ResearchState(BaseModel):
@@ -21,43 +34,64 @@ class ResearchState(BaseModel):
     citations_ok: bool = False
 
 
+class _Model:
+    """The ``openai`` adapter, built on first use from the environment."""
+
+    @cache  # noqa: B019 - one client per process, for the process's life
+    def _client(self) -> OpenAIChat:
+        return OpenAIChat(base_url=os.environ.get("ONWARD_MODEL_URL", "http://127.0.0.1:8780/v1"),
+                          api_key=os.environ.get("ONWARD_MODEL_API_KEY", "onward-local"),
+                          timeout=60.0, max_retries=2)
+
+    def complete(self, **call: Any) -> LLMResponse:
+        return self._client().complete(**call)
+
+    def stream(self, **call: Any) -> LLMResponse:
+        return self._client().stream(**call)
+
+
+MODEL = os.environ.get("ONWARD_MODEL_NAME", "gpt-4o-mini")
 research = Workflow("research_agent", version=1, state=ResearchState, max_attempts=3,
-                    description="collect → extract → draft → validate → publish")
-
-
-def _think() -> None:
-    time.sleep(float(os.environ.get("ONWARD_EXAMPLE_STEP_MS", "40")) / 1000.0)
+                    llm=_Model(), description="collect → extract → draft → validate → publish")
 
 
 def _digest(*parts: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:8]
 
 
+def _ask(ctx: StepContext, prompt: str, **params: Any) -> LLMResponse:
+    return ctx.llm(model=MODEL, messages=[
+        {"role": "system", "content": "You are a careful research assistant."},
+        {"role": "user", "content": prompt}], **params)
+
+
 @research.step(start=True)
 def collect_sources(ctx: StepContext, state: ResearchState):
-    _think()
-    sources = [f"https://example.org/{state.topic}/{i}-{_digest(state.topic, str(i))}"
+    answer = _ask(ctx, f"Find three sources about {state.topic}.", tools=[SEARCH_TOOL])
+    refs = [call["arguments"].get("ref", "") for call in answer.tool_calls] or [answer.text]
+    sources = [f"https://example.org/{state.topic}/{i}-{_digest(state.topic, str(i), *refs)}"
                for i in range(3)]
     return ctx.goto(extract_claims, sources=sources)
 
 
 @research.step
 def extract_claims(ctx: StepContext, state: ResearchState):
-    _think()
-    claims = [f"claim {i} from {src.rsplit('/', 1)[-1]}" for i, src in enumerate(state.sources)]
+    answer = _ask(ctx, "Extract one claim from each source:\n" + "\n".join(state.sources))
+    claims = [f"claim {i} from {src.rsplit('/', 1)[-1]} ({answer.text[1:9]})"
+              for i, src in enumerate(state.sources)]
     return ctx.goto(draft, claims=claims)
 
 
 @research.step
 def draft(ctx: StepContext, state: ResearchState):
-    _think()
-    body = f"# {state.topic}\n" + "\n".join(f"- {c} [{i}]" for i, c in enumerate(state.claims))
+    answer = _ask(ctx, f"Write a short report on {state.topic}.", stream=True)
+    body = f"# {state.topic}\n{answer.text}\n" + "\n".join(
+        f"- {c} [{i}]" for i, c in enumerate(state.claims))
     return ctx.goto(validate_citations, draft=body)
 
 
 @research.step
 def validate_citations(ctx: StepContext, state: ResearchState):
-    _think()
     cited = all(f"[{i}]" in state.draft for i in range(len(state.sources)))
     if not cited:
         return ctx.goto(draft)  # redraft until every source is cited
@@ -66,6 +100,6 @@ def validate_citations(ctx: StepContext, state: ResearchState):
 
 @research.step
 def publish(ctx: StepContext, state: ResearchState):
-    _think()
+    answer = _ask(ctx, f"Give a one-line title for:\n{state.draft}")
     return ctx.finish(url=f"https://reports.example.org/{_digest(state.draft)}",
-                      sources=len(state.sources))
+                      title=answer.text, sources=len(state.sources))

@@ -1,10 +1,25 @@
 """The pluggable model client. onward records each call as evidence; it never needs to know
-which vendor is behind the client."""
+which vendor is behind the client.
+
+Adapters for the official SDKs: ``tasks.llm_openai.OpenAIChat`` (any OpenAI-compatible
+endpoint: OpenAI, vLLM, Ollama, a LiteLLM proxy) and ``tasks.llm_anthropic.AnthropicMessages``.
+Each keeps the vendor's whole response in ``LLMResponse.data["response"]`` and the tool calls,
+in one vendor-neutral shape, in ``LLMResponse.tool_calls``: the evidence holds both, so a
+re-executed step gets the same tool calls back without calling the model again.
+
+``ctx.llm(..., stream=True)`` also publishes the text as it arrives to whoever subscribes to
+the run (best effort, through the sink the worker configures: Redis pub/sub, see
+workers/streams.py); the durable record is still the evidence, written once the whole answer
+is in.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from uuid import UUID
 
 
 @dataclass(frozen=True)
@@ -15,6 +30,13 @@ class LLMResponse:
     output_tokens: int = 0
     cost_usd: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)  # anything else the client returns
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls the model asked for: ``{"id", "name", "arguments"}`` each
+        (``arguments`` a dict; the raw text under ``arguments_raw`` if it was not JSON)."""
+        calls: list[dict[str, Any]] = self.data.get("tool_calls") or []
+        return calls
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -33,7 +55,70 @@ class LLMResponse:
 
 
 class LLMClient(Protocol):
-    """Anything that can complete a chat: a vendor SDK wrapper, or a deterministic fake."""
+    """Anything that can complete a chat: a vendor SDK wrapper, or a deterministic fake.
+
+    A client may also offer ``stream(*, model, messages, on_text, **params) -> LLMResponse``,
+    calling ``on_text(piece)`` as text arrives; ``ctx.llm(..., stream=True)`` uses it."""
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse: ...
+
+
+class TokenSink(Protocol):
+    """Where streamed text goes (the worker sets one: Redis pub/sub)."""
+
+    def publish(self, run_id: UUID, seq: int, command_id: str, event: dict[str, Any]) -> None: ...
+
+
+_sink: list[TokenSink] = []
+
+
+def set_token_sink(sink: TokenSink | None) -> None:
+    """Send streamed text to ``sink`` from now on in this process (None: nowhere)."""
+    _sink[:] = [sink] if sink is not None else []
+
+
+@dataclass(frozen=True)
+class StreamTo:
+    run_id: UUID
+    seq: int
+    command_id: str
+
+    def publisher(self) -> Callable[[dict[str, Any]], None]:
+        def publish(event: dict[str, Any]) -> None:
+            for sink in _sink:
+                with contextlib.suppress(Exception):  # best effort: never fails the step
+                    sink.publish(self.run_id, self.seq, self.command_id, event)
+        return publish
+
+
+def call_model(client: LLMClient, *, model: str, messages: list[dict[str, Any]],
+               params: dict[str, Any], stream_to: StreamTo | None) -> LLMResponse:
+    """Call ``client``; with ``stream_to``, publish its text as it arrives (whole, at the
+    end, for a client that cannot stream), then a ``done`` event."""
+    if stream_to is None:
+        return client.complete(model=model, messages=messages, **params)
+    publish = stream_to.publisher()
+    stream = getattr(client, "stream", None)
+    if stream is not None:
+        response: LLMResponse = stream(model=model, messages=messages,
+                                       on_text=lambda piece: publish({"delta": piece}), **params)
+    else:
+        response = client.complete(model=model, messages=messages, **params)
+        publish({"delta": response.text})
+    publish({"done": True, "model": response.model, "tool_calls": response.tool_calls})
+    return response
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """A tool call's arguments as a dict (models send JSON text; keep it when it is not)."""
+    import json
+
+    if isinstance(raw, dict):
+        return {"arguments": raw}
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return {"arguments": {}, "arguments_raw": raw}
+    return {"arguments": parsed} if isinstance(parsed, dict) else \
+        {"arguments": {}, "arguments_raw": raw}

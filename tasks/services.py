@@ -29,7 +29,7 @@ from tasks import faults
 from tasks.clock import StepClock
 from tasks.control import Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import OutcomeError, StepError
-from tasks.llm import LLMClient, LLMResponse
+from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
 from tasks.tools import Tool, ToolError, ToolResult
 
 
@@ -313,7 +313,9 @@ class StepServices:
         if self.llm_client is None:
             raise StepError("no model client: pass Workflow(..., llm=client)", non_retryable=True)
         self._check_budget(model)
-        response = self.llm_client.complete(model=model, messages=messages, **params)
+        stream_to = StreamTo(self.run_id, self.seq, command_id) if params.get("stream") else None
+        response = call_model(self.llm_client, model=model, messages=messages, params={
+            k: v for k, v in params.items() if k != "stream"}, stream_to=stream_to)
         kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
             seq=self.seq, step=self.step, source=model, source_version=response.model,

@@ -34,7 +34,9 @@ from ledger.settings import OnwardSettings
 from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.llm import set_token_sink
 from tasks.workflow import Registry
+from workers.broker import broker_url
 from workers.events import (
     FAILED_KINDS,
     EagerEvents,
@@ -43,6 +45,7 @@ from workers.events import (
     trace_headers,
 )
 from workers.logs import bind_step
+from workers.streams import RedisTokenSink
 
 STEP_TASK = "onward.step"
 
@@ -93,6 +96,9 @@ class WorkerRuntime:
         self._events = EagerEvents(self.app)
         tracing.enable("onward-worker")  # per process: exporters must not cross fork
         faults.arm_from_env()
+        url = broker_url(self.settings)
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            set_token_sink(RedisTokenSink(url))  # ctx.llm(..., stream=True) publishes here
         self._pid = os.getpid()  # last: other threads see a complete state or take the lock
 
     @property

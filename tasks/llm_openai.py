@@ -1,0 +1,119 @@
+"""``ctx.llm`` through the official ``openai`` client (``pip install 'onward[openai]'``).
+
+Works with any OpenAI-compatible chat-completions endpoint (OpenAI, Azure OpenAI, vLLM,
+Ollama, a LiteLLM proxy, examples/model_server.py): pass ``base_url`` and ``api_key`` or a
+client of your own. The evidence keeps the whole response as the SDK returned it
+(``data["response"]``, tool calls included); ``LLMResponse.tool_calls`` lists them as
+``{"id", "name", "arguments"}``. The SDK's own retries are the caller's choice
+(``max_retries``, default 2, as in the SDK); each retry is inside one ``ctx.llm`` call, and
+only the answer that came back is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tasks.llm import LLMResponse, parse_arguments
+
+Prices = dict[str, tuple[float, float]]
+"""USD per million input and output tokens, by the model name the response reports (or a
+prefix of it); a model not listed costs 0."""
+
+
+def price_of(prices: Prices, model: str, input_tokens: int, output_tokens: int) -> float:
+    for name, (per_in, per_out) in prices.items():
+        if model.startswith(name):
+            return (input_tokens * per_in + output_tokens * per_out) / 1_000_000
+    return 0.0
+
+
+class OpenAIChat:
+    """An ``LLMClient`` over ``openai.OpenAI().chat.completions``."""
+
+    def __init__(self, client: Any = None, *, prices: Prices | None = None,
+                 **client_options: Any) -> None:
+        if client is None:
+            try:
+                import openai
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise ImportError("OpenAIChat needs the openai package: "
+                                  "pip install 'onward[openai]'") from exc
+            client = openai.OpenAI(**client_options)
+        self.client = client
+        self.prices = prices or {}
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]],
+                 **params: Any) -> LLMResponse:
+        answer = self.client.chat.completions.create(model=model, messages=messages, **params)
+        return self._response(answer.model_dump(mode="json", exclude_unset=False))
+
+    def stream(self, *, model: str, messages: list[dict[str, Any]],
+               on_text: Callable[[str], None], **params: Any) -> LLMResponse:
+        """Stream the answer (``on_text`` per piece); the record is the assembled answer in
+        the non-streamed shape, usage included."""
+        options = {**params, "stream": True,
+                   "stream_options": {**params.get("stream_options", {}), "include_usage": True}}
+        assembled = _Assembler()
+        for chunk in self.client.chat.completions.create(model=model, messages=messages,
+                                                         **options):
+            piece = assembled.add(chunk.model_dump(mode="json"))
+            if piece:
+                on_text(piece)
+        return self._response(assembled.response())
+
+    def _response(self, raw: dict[str, Any]) -> LLMResponse:
+        choice = (raw.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        usage = raw.get("usage") or {}
+        tokens_in = int(usage.get("prompt_tokens") or 0)
+        tokens_out = int(usage.get("completion_tokens") or 0)
+        calls = [{"id": call.get("id"), "name": (call.get("function") or {}).get("name"),
+                  **parse_arguments((call.get("function") or {}).get("arguments"))}
+                 for call in message.get("tool_calls") or []]
+        model = str(raw.get("model") or "")
+        return LLMResponse(
+            text=message.get("content") or "", model=model, input_tokens=tokens_in,
+            output_tokens=tokens_out, cost_usd=price_of(self.prices, model, tokens_in, tokens_out),
+            data={"response": raw, "tool_calls": calls,
+                  "finish_reason": choice.get("finish_reason")})
+
+
+class _Assembler:
+    """Chat-completion chunks back into one chat completion."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def add(self, chunk: dict[str, Any]) -> str:
+        self.head = self.head or {k: chunk.get(k) for k in ("id", "created", "model",
+                                                             "system_fingerprint")}
+        self.usage = chunk.get("usage") or self.usage
+        piece = ""
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                self._merge(call)
+            self.finish = choice.get("finish_reason") or self.finish
+        self.text.append(piece)
+        return piece
+
+    def _merge(self, call: dict[str, Any]) -> None:
+        found = self.calls.setdefault(int(call.get("index") or 0), {
+            "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        found["id"] = call.get("id") or found["id"]
+        function = call.get("function") or {}
+        found["function"]["name"] += function.get("name") or ""
+        found["function"]["arguments"] += function.get("arguments") or ""
+
+    def response(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return {**self.head, "object": "chat.completion", "usage": self.usage,
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish}]}
