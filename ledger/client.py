@@ -29,7 +29,7 @@ from ledger.api import REFUSALS
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, Role, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url, libpq_conninfo
-from ledger.exceptions import InvalidInput, LedgerUnavailable, UnknownRun
+from ledger.exceptions import LedgerUnavailable, UnknownRun
 from ledger.settings import OnwardSettings
 
 T = TypeVar("T")
@@ -138,14 +138,13 @@ class AsyncLedger:
                     allow_unadvertised: bool | None = None) -> UUID:
         """``Ledger.start_run``: same checks (known workflow, input its state model accepts),
         same single statement."""
-        run_ops.validate_input(input, self.settings.max_state_bytes)
-        if not workflow or not isinstance(workflow, str):
-            raise InvalidInput("workflow must be a non-empty name")
+        run_ops.validate_input(input, self.settings.max_state_bytes, self.settings.max_json_depth)
         request = run_ops.StartRequest(
             workflow=workflow, input=input, tenant_id=self.actor.tenant_id,
             conversation_id=conversation_id, idempotency_key=idempotency_key,
             max_attempts=max_attempts or self.settings.step_max_attempts,
             budgets=budgets or run_ops.Budgets())
+        run_ops.validate_request(request)
         allowed = (self.settings.start_unadvertised if allow_unadvertised is None
                    else allow_unadvertised)
         try:
