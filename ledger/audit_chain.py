@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -36,7 +36,6 @@ from ledger.verify import Problem
 SEAL_LOCK = 0x0A_0D_17_5E
 """The advisory lock one sealer holds while it extends the chains."""
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNSEALED = sa.text("""
 SELECT id, tenant_id, at, mac FROM onward.audit WHERE chain_seq IS NULL
  ORDER BY tenant_id, id LIMIT :limit
@@ -50,11 +49,6 @@ UPDATE onward.audit SET chain_seq = :seq, chain_mac = :link WHERE id = :id AND c
 class Sealed:
     rows: int = 0
     refused: list[str] = field(default_factory=list)  # tenants whose chain did not verify
-
-
-def micros(at: datetime) -> int:
-    """A row's time as the chain covers it: microseconds since the epoch (time zone free)."""
-    return (at - _EPOCH) // timedelta(microseconds=1)
 
 
 def seal_txn(conn: Connection, keys: CheckpointKeys, limit: int = 1000) -> Sealed:
@@ -82,8 +76,9 @@ def _seal_tenant(conn: Connection, keys: CheckpointKeys, tenant: str,
     links = []
     for row in rows:
         seq += 1
-        previous = keys.sign(signed.audit_link(tenant, seq, row["id"], micros(row["at"]),
-                                               row["mac"], previous))
+        at_us = signed.micros(row["at"])
+        previous = keys.sign(signed.audit_link(tenant, seq, row["id"], at_us, row["mac"],
+                                               previous))
         links.append({"id": row["id"], "seq": seq, "link": previous})
     conn.execute(_SEAL_ROW, links)
     values = {"chain_seq": seq, "chain_mac": previous,
@@ -157,8 +152,9 @@ def _chain_problems(keys: CheckpointKeys, tenant: str,
                           f"(deleted); the chain goes on at row {row['id']}")
         else:
             try:
-                keys.check(signed.audit_link(tenant, place, row["id"], micros(row["at"]),
-                                             row["mac"], previous), row["chain_mac"],
+                at_us = signed.micros(row["at"])
+                keys.check(signed.audit_link(tenant, place, row["id"], at_us, row["mac"],
+                                             previous), row["chain_mac"],
                            f"audit row {row['id']}'s link in the chain (place {place})")
             except IntegrityViolation as exc:
                 yield Problem(row["run_id"], None, "audit", str(exc))

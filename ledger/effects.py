@@ -258,8 +258,9 @@ class EffectStore:
     def approval(self, approval_id: str) -> dict[str, Any] | None:
         """The approval a resumed step reads its decision from (status, who, comment)."""
         return self.conn.one(
-            "SELECT id, action, status, decided_by, decided_at, comment, artifact_hash, "
-            "artifact, expires_at, onward.now() < expires_at AS unexpired "
+            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
+            "artifact_hash, artifact, expires_at, decision_mac, "
+            "onward.now() < expires_at AS unexpired "
             "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
 
     def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:

@@ -18,7 +18,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
-from ledger import waits
+from ledger import signed, waits
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect
@@ -285,6 +285,9 @@ def decide_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, approval_id
     decided = waits.decide_txn(conn, approval_id, approve=approve, actor=actor.name,
                                roles=actor.approver_roles, artifact_hash=artifact_hash,
                                comment=comment)
+    # signed where the decision is taken: a resumed step acts on it only if it verifies
+    conn.execute(approvals.update().where(approvals.c.id == approval_id).values(
+        decision_mac=keys.sign(signed.approval_decision(vars(decided)))))
     record_txn(conn, keys, actor, AuditRecord(
         action, AuditOutcome.DONE, comment, run_id=approval.run_id, approval_id=approval_id,
         before_seq=approval.seq, after_seq=approval.seq,

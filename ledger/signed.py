@@ -10,6 +10,7 @@ never lives in the database: a row edited there cannot get a matching MAC.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from uuid import UUID
@@ -75,3 +76,23 @@ def audit_head(tenant_id: str, chain_seq: int, chain_mac: str | None) -> dict[st
 
 def _plain(value: Any) -> Any:
     return str(value) if isinstance(value, UUID) else value
+
+
+def approval_decision(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """A person's decision on an approval: which approval (of which run and seq, for which
+    action and artifact hash), approved or rejected, by whom, when, with what comment.
+    Written where the decision is taken; a resumed step acts on it only if it verifies."""
+    decided_at = fields["decided_at"]
+    return {"mac": "approval_decision", "id": str(fields["id"]),
+            "run_id": str(fields["run_id"]), "seq": fields["seq"], "action": fields["action"],
+            "artifact_hash": fields["artifact_hash"], "status": str(fields["status"]),
+            "decided_by": fields["decided_by"], "comment": fields["comment"],
+            "decided_at_us": micros(decided_at) if decided_at is not None else None}
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(at: datetime) -> int:
+    """A time as a MAC covers it: microseconds since the epoch (time zone free)."""
+    return (at - _EPOCH) // timedelta(microseconds=1)

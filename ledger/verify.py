@@ -15,17 +15,33 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import signed
-from ledger.checkpoints import CheckpointBody, CheckpointKeys, artifact_ref
+from ledger.checkpoints import (
+    CheckpointBody,
+    CheckpointKeys,
+    artifact_ref,
+    canonical_json,
+    sha256_hex,
+)
 from ledger.evidence import checked_response
-from ledger.exceptions import IntegrityViolation
-from ledger.schema import OutcomeKind, artifacts, audit, checkpoints, evidence, runs
+from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.schema import (
+    ApprovalStatus,
+    OutcomeKind,
+    approvals,
+    artifacts,
+    audit,
+    checkpoints,
+    evidence,
+    runs,
+)
 
 
 @dataclass(frozen=True)
 class Problem:
     run_id: UUID | None  # None: a problem of the tenant's audit chain as a whole
     seq: int | None
-    kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result
+    kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result,
+    # approval, audit
     detail: str
 
     def __str__(self) -> str:
@@ -59,6 +75,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_beyond_head(conn, run))
     problems.extend(_check_evidence(conn, keys, run_id))
     problems.extend(_check_audit_rows(conn, keys, run_id))
+    problems.extend(_check_approvals(conn, keys, run_id, rows))
     problems.extend(_check_result(keys, run))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
@@ -233,6 +250,42 @@ def _check_audit_rows(conn: Connection, keys: CheckpointKeys,
             keys.check(signed.audit_row(row), row["mac"], f"audit row {row['id']}")
         except IntegrityViolation as exc:
             yield Problem(run_id, None, "audit", str(exc))
+
+
+def _check_approvals(conn: Connection, keys: CheckpointKeys, run_id: UUID,
+                     rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
+    """Each approval is the one its checkpoint's signed control names, for the artifact it
+    shows; a decision taken on it (approved, rejected) matches its MAC."""
+    controls = {row["seq"]: (row["control"] or {}) for row in rows}
+    found = conn.execute(sa.select(approvals).where(approvals.c.run_id == run_id)
+                         .order_by(approvals.c.seq)).mappings()
+    for approval in found:
+        problem = _approval_problem(keys, approval, controls.get(approval["seq"], {}))
+        if problem is not None:
+            yield Problem(run_id, approval["seq"], "approval",
+                          f"approval {approval['id']}: {problem}")
+
+
+def _approval_problem(keys: CheckpointKeys, approval: sa.RowMapping,
+                      control: dict[str, Any]) -> str | None:
+    if str(control.get("approval_id")) != str(approval["id"]):
+        return "no checkpoint asks for it (inserted outside onward?)"
+    if approval["artifact_hash"] != control.get("artifact_hash"):
+        return (f"it is for artifact {approval['artifact_hash'][:12]}…, its checkpoint asked "
+                f"about {str(control.get('artifact_hash'))[:12]}…")
+    try:
+        shown = sha256_hex(canonical_json(approval["artifact"]))
+    except InvalidInput as exc:
+        return f"its artifact is not plain JSON: {exc}"
+    if shown != approval["artifact_hash"]:
+        return "its artifact does not match its hash (edited outside onward)"
+    if approval["status"] in (ApprovalStatus.APPROVED.value, ApprovalStatus.REJECTED.value):
+        try:
+            keys.check(signed.approval_decision(approval), approval["decision_mac"],
+                       f"its decision ({approval['status']} by {approval['decided_by']})")
+        except IntegrityViolation as exc:
+            return str(exc)
+    return None
 
 
 def _check_result(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:

@@ -156,7 +156,7 @@ def _run_claimed(
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
     workflow, step, state = restored.workflow, restored.step, restored.state
     limits = Limits.of(claim.budget, workflow.budgets)
-    refused = recheck(claim, limits, effects)
+    refused = recheck(claim, limits, effects, config.keys)
     if refused is not None:
         return _refuse(store, effects, claim, step, refused, bound)
 

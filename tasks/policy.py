@@ -8,7 +8,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys
 from ledger.effects import EffectStore
+from ledger.exceptions import IntegrityViolation
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
 from tasks.control import FailFor, ParkFor
@@ -54,7 +57,8 @@ class Limits:
         return None if self.cost_usd is None else float(self.cost_usd - budget.used_cost_usd)
 
 
-def recheck(claim: Claim, limits: Limits, effects: EffectStore) -> FailFor | ParkFor | None:
+def recheck(claim: Claim, limits: Limits, effects: EffectStore,
+            keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """Refuse to start a step that the run's budgets, deadline or approval no longer allow."""
     budget = claim.budget
     spent = budget.spent()
@@ -72,14 +76,16 @@ def recheck(claim: Claim, limits: Limits, effects: EffectStore) -> FailFor | Par
     if limits.cost_usd is not None and budget.used_cost_usd >= limits.cost_usd:
         return FailFor("budget_exhausted",
                        f"cost budget spent: ${budget.used_cost_usd} of ${limits.cost_usd}", spent)
-    return _recheck_approval(claim, effects)
+    return _recheck_approval(claim, effects, keys)
 
 
-def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor | None:
+def _recheck_approval(claim: Claim, effects: EffectStore,
+                      keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """After a wait, the run's step must be the continuation its MAC'd control names for
     what happened: an approval's ``then`` only when approved (and unexpired, and for the
     artifact asked about), ``on_reject`` only when rejected, ``on_expire`` only when
-    expired."""
+    expired. An approved or rejected decision must verify against the MAC written where it
+    was taken: one set in the database (status 'approved') parks the run."""
     control: dict[str, Any] = (claim.checkpoint.control if claim.checkpoint else None) or {}
     if control.get("kind") is None:
         return None
@@ -94,6 +100,13 @@ def _recheck_approval(claim: Claim, effects: EffectStore) -> FailFor | ParkFor |
     status = approval["status"] if approval else "missing"
     if status == "pending" and approval is not None and not approval["unexpired"]:
         status = "expired"  # the reaper has not swept it yet
+    if approval is not None and status in ("approved", "rejected"):
+        try:  # a person's decision counts only as it was signed where it was taken
+            keys.check(signed.approval_decision(approval), approval["decision_mac"],
+                       f"the decision on approval {approval['id']} ({status} by "
+                       f"{approval['decided_by']})")
+        except IntegrityViolation as exc:
+            return ParkFor("integrity", "IntegrityViolation", str(exc))
     if approval is not None and status == "approved" and claim.step == control["then"]:
         return _recheck_approved(claim, control, approval)
     decided = {"rejected": control.get("on_reject"), "expired": control.get("on_expire")}

@@ -274,3 +274,40 @@ def test_head__a_run_without_a_head_mac_is_refused(ledger: Ledger,
     assert harness.deliver(run_id, 0).kind is ReportKind.PARKED
     assert calls == []
     assert "head" in {p.kind for p in ledger.verify_run(run_id)}
+
+
+# -- an approval decision counts only as it was signed where it was taken --------------------
+FORGE_APPROVAL = """
+    UPDATE onward.approvals SET status = 'approved', decided_by = 'alice', decided_at = now()
+     WHERE run_id = :r;
+    UPDATE onward.runs SET status = 'running', waiting_on = NULL WHERE id = :r;
+    INSERT INTO onward.outbox (run_id, seq) VALUES (:r, 1);
+"""
+
+
+def test_approval__decision_forged_in_sql_does_not_release_the_step(ledger: Ledger) -> None:
+    """Invariant: an approval marked 'approved' in the database (no person decided through
+    onward, so no decision MAC) does not release the approved step: the claim parks the run
+    `integrity` and `act` never runs; `verify` reports the unsigned decision. A decision
+    taken through onward still releases it."""
+    with driver(ledger, ["tests.workflows_waits"]) as drv:
+        forged = ledger.start_run("test_review", {})
+        honest = ledger.start_run("test_review", {})
+        for run_id in (forged, honest):
+            assert drv.step(run_id, 0).kind is ReportKind.COMMITTED
+        with ledger.engine.begin() as conn:
+            for statement in filter(str.strip, FORGE_APPROVAL.split(";")):
+                conn.execute(sa.text(statement), {"r": forged})
+        [asked] = ledger.approvals(run_id=honest)
+        ledger.acting_as("alice", "approver").approve(asked.id, artifact_hash=asked.artifact_hash)
+
+        assert drv.step(forged, 1).kind is ReportKind.PARKED
+        assert drv.step(honest, 1).kind is ReportKind.COMMITTED
+
+    row = reads.run_row(ledger.engine, forged)
+    assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
+    assert "decision on approval" in row["last_error"]["message"]
+    assert reads.checkpoint_seqs(ledger.engine, forged) == [0, 1]
+    assert [p.kind for p in ledger.verify_run(forged)] == ["approval"]
+    assert reads.run_row(ledger.engine, honest)["status"] == "completed"
+    assert ledger.verify_run(honest) == []

@@ -1,0 +1,48 @@
+"""a person's decision on an approval is signed: approvals.decision_mac
+
+Revision ID: 0021
+Revises: 0020
+
+``key_id:HMAC`` of the decision (ledger/signed.py ``approval_decision``), written where it is
+taken; a step resumed by the decision runs only if it verifies. Decisions that exist when
+this migration runs are signed here with the checkpoint key every onward process uses (run
+it with the same ``ONWARD_CHECKPOINT_KEY``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0021'
+down_revision = '0020'
+branch_labels = None
+depends_on = None
+
+DECIDED = sa.text("SELECT * FROM onward.approvals WHERE status IN ('approved', 'rejected')")
+
+
+def upgrade() -> None:
+    op.add_column('approvals', sa.Column('decision_mac', sa.Text(), nullable=True),
+                  schema='onward')
+    conn = op.get_bind()
+    decided = conn.execute(DECIDED).mappings().all()
+    if decided:
+        _sign_existing(conn, decided)
+
+
+def _sign_existing(conn: sa.Connection, decided: Sequence[sa.RowMapping]) -> None:
+    from ledger import signed
+    from ledger.checkpoints import CheckpointKeys
+    from ledger.settings import OnwardSettings
+
+    keys = CheckpointKeys.from_settings(OnwardSettings())
+    conn.execute(sa.text("UPDATE onward.approvals SET decision_mac = :mac WHERE id = :id"),
+                 [{"mac": keys.sign(signed.approval_decision(row)), "id": row["id"]}
+                  for row in decided])
+
+
+def downgrade() -> None:
+    op.drop_column('approvals', 'decision_mac', schema='onward')
