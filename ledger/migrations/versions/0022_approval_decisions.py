@@ -1,7 +1,7 @@
 """a person's decision on an approval is signed: approvals.decision_mac
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 
 ``key_id:HMAC`` of the decision (ledger/signed.py ``approval_decision``), written where it is
 taken; a step resumed by the decision runs only if it verifies. Decisions that exist when
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0021'
-down_revision = '0020'
+revision = '0022'
+down_revision = '0021'
 branch_labels = None
 depends_on = None
 
