@@ -26,7 +26,6 @@ from console.common import (
     print_json,
     reported,
     resolve_run,
-    short,
     when,
 )
 from console.render import run_detail, show_run
@@ -164,9 +163,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
         confirm("continue?", yes)
         done = ledger.continue_run(run.id, reason)
     out.print(line(("continued", "green"), f" run {done.run_id} at seq {done.seq} "
-                   f"(was {done.previous_status.value})",
-                   f"; reopened effects {', '.join(short(e) for e in done.reopened_effects)}"
-                   if done.reopened_effects else ""), soft_wrap=True)
+                   f"(was {done.previous_status.value})"), soft_wrap=True)
 
 
 @runs_app.command("replay")
@@ -311,7 +308,8 @@ def diff_table(changes: list[PatchChange]) -> Table:
 
 @runs_app.command("cancel")
 def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) -> None:
-    """Stop a run that has not finished. A step in flight cannot commit afterwards; pending
+    """Stop a run that has not finished, never abandoning an external effect whose outcome is
+    unknown: a step in flight stops at its next call and its worker ends the run; pending
     approvals are invalidated."""
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CANCEL)
@@ -320,11 +318,20 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
     with reported():
         confirm("cancel it?", yes)
         done = ledger.cancel(run.id, reason)
+    if done.requested:
+        holder = (f"worker {done.was_leased_by} stops at its next call"
+                  if done.was_leased_by else "a worker resolves its effects first")
+        out.print(line(("cancel requested", "yellow"),
+                       f" for run {done.run_id} at seq {done.seq}: {holder}, then ends it "
+                       "cancelled (or parks it if an effect's outcome stays unknown); follow "
+                       "it with onward runs show"), soft_wrap=True)
+        return
     out.print(line(("cancelled", "green"), f" run {done.run_id} at seq {done.seq}",
-                   f"; worker {done.was_leased_by} was mid-step (its commit will be refused)"
-                   if done.was_leased_by else "",
                    f"; invalidated approvals {', '.join(map(str, done.approvals_invalidated))}"
-                   if done.approvals_invalidated else ""), soft_wrap=True)
+                   if done.approvals_invalidated else "",
+                   "; effects left with an unknown outcome: "
+                   f"{', '.join(done.effects_left_unknown)}"
+                   if done.effects_left_unknown else ""), soft_wrap=True)
 
 
 @runs_app.command("wait")

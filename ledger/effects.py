@@ -31,6 +31,23 @@ class EffectConflict(OnwardError):
     """The same effect key was first requested with a different payload."""
 
 
+class CancelRequested(OnwardError):
+    """An operator asked to cancel the run: the step starts no new call and ends the run
+    ``cancelled`` once its effects are resolved (docs/operating.md, "Cancel")."""
+
+
+# The outcome at the provider of effect ``e`` is unknown: it was accepted, or it is pending
+# and its latest attempt (a call, lookup or repeat) did not end with a stated refusal
+# ('failed') or a lookup that found nothing ('missing'). A pending effect with no attempt
+# was never sent. Such an effect is never closed by a refusal, a deadline or a cancel.
+LAST_OUTCOME = """(SELECT a.outcome FROM onward.effect_attempts a
+                    WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
+                    ORDER BY a.attempt DESC LIMIT 1)"""
+OUTCOME_UNKNOWN = f"""(e.status = 'accepted' OR (e.status = 'pending' AND e.attempts > 0
+    AND coalesce({LAST_OUTCOME}, 'unknown') NOT IN ('failed', 'missing')))"""
+NEVER_LANDED = f"(e.status = 'pending' AND NOT {OUTCOME_UNKNOWN})"
+
+
 @dataclass(frozen=True)
 class Effect:
     """One row of ``onward.effects``."""
@@ -55,12 +72,21 @@ class Effect:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    last_outcome: str | None = None  # the latest attempt's outcome, where it was read
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Effect:
-        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        fields: dict[str, Any] = {name: row.get(name) for name in cls.__dataclass_fields__}
         fields["status"] = EffectStatus(row["status"])
         return cls(**fields)
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """Whether the provider may have acted (see ``OUTCOME_UNKNOWN``)."""
+        if self.status is EffectStatus.ACCEPTED:
+            return True
+        return (self.status is EffectStatus.PENDING and self.attempts > 0
+                and self.last_outcome not in ("failed", "missing"))
 
 
 @dataclass(frozen=True)
@@ -81,10 +107,15 @@ class Intent:
 
 _INTEND = """
 WITH lease AS (
-    -- fenced: only the holder of the step's lease may record a new intent
+    -- fenced: only the live holder of the step's lease may record or reopen an intent,
+    -- and not once a cancel was requested
     SELECT EXISTS (SELECT 1 FROM onward.runs
                     WHERE id = %(run_id)s AND status = 'running'
-                      AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s)) AS held
+                      AND (%(epoch)s::bigint IS NULL
+                           OR (lease_epoch = %(epoch)s AND lease_expires_at > onward.now()
+                               AND cancel_requested IS NULL))) AS held,
+           EXISTS (SELECT 1 FROM onward.runs
+                    WHERE id = %(run_id)s AND cancel_requested IS NOT NULL) AS cancelling
 ), ins AS (
     INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step,
                                 command_id, tool_class, request_hash, recipient, payload,
@@ -95,42 +126,74 @@ WITH lease AS (
      WHERE (SELECT held FROM lease)
     ON CONFLICT (effect_type, effect_id) DO NOTHING
     RETURNING *, true AS created
+), reopened AS (
+    -- closed 'unsent' when the run ended earlier, asked for again after a continue
+    UPDATE onward.effects SET status = 'pending', completed_at = NULL, updated_at = onward.now()
+     WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND status = 'unsent'
+       AND (SELECT held FROM lease)
+    RETURNING *, false AS created
 ), found AS (
     SELECT * FROM ins
     UNION ALL
+    SELECT * FROM reopened
+    UNION ALL
     SELECT e.*, false AS created FROM onward.effects e
      WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-       AND NOT EXISTS (SELECT 1 FROM ins)
+       AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM reopened)
 )
-SELECT lease.held, found.* FROM lease LEFT JOIN found ON true
+SELECT lease.held, lease.cancelling, found.*,
+       (SELECT a.outcome FROM onward.effect_attempts a
+         WHERE a.effect_type = found.effect_type AND a.effect_id = found.effect_id
+         ORDER BY a.attempt DESC LIMIT 1) AS last_outcome
+  FROM lease LEFT JOIN found ON true
 """
 
 _BEGIN_ATTEMPT = """
-WITH bumped AS (
-    -- fenced right before each provider call: the effect is still unresolved and the caller
-    -- still holds a live lease of the step (epoch NULL: an operator's audited command)
+WITH lease AS (
+    -- fenced right before each provider call on the caller's live lease, which the same
+    -- statement extends to cover the call's timeout: a call never outlives its lease.
+    -- Once a cancel is requested no new call starts (lookups and polls still may).
+    UPDATE onward.runs
+       SET lease_expires_at = greatest(lease_expires_at,
+                                       onward.now() + %(cover_s)s * interval '1 second')
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND lease_expires_at > onward.now()
+       AND (%(kind)s <> 'call' OR cancel_requested IS NULL)
+ RETURNING lease_expires_at
+), bumped AS (
+    -- the effect is still unresolved (epoch NULL: an operator's audited command)
     UPDATE onward.effects e SET attempts = e.attempts + 1, updated_at = onward.now()
-      FROM onward.runs r
      WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-       AND e.status IN ('pending', 'accepted') AND r.id = e.run_id
-       AND (%(epoch)s::bigint IS NULL
-            OR (r.lease_epoch = %(epoch)s AND r.status = 'running'
-                AND r.lease_expires_at > onward.now()))
+       AND e.status IN ('pending', 'accepted')
+       AND (%(epoch)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
  RETURNING e.attempts
+), began AS (
+    INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker,
+                                        lease_epoch, idempotency_key)
+    SELECT %(effect_type)s, %(effect_id)s, attempts, %(kind)s, %(worker)s, %(epoch)s, %(key)s
+      FROM bumped
+    RETURNING attempt
 )
-INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker, lease_epoch,
-                                    idempotency_key)
-SELECT %(effect_type)s, %(effect_id)s, attempts, %(kind)s, %(worker)s, %(epoch)s, %(key)s
-  FROM bumped
-RETURNING attempt
+SELECT (SELECT attempt FROM began) AS attempt,
+       (SELECT lease_expires_at FROM lease) AS lease_expires_at,
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
 """
 
 _RECORD = """
-WITH attempt AS (
+WITH fence AS (
+    -- fenced on the caller's live lease: a stale holder's late answer never overwrites
+    -- the current holder's record (epoch NULL: an operator's audited command)
+    SELECT 1 FROM onward.runs
+     WHERE id = %(run_id)s
+       AND (%(epoch)s::bigint IS NULL
+            OR (lease_epoch = %(epoch)s AND status = 'running'
+                AND lease_expires_at > onward.now()))
+), attempt AS (
     UPDATE onward.effect_attempts
        SET ended_at = onward.now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
            error = %(error)s
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
+       AND EXISTS (SELECT 1 FROM fence)
 ), effect AS (
     UPDATE onward.effects
        SET status = %(status)s,
@@ -142,29 +205,21 @@ WITH attempt AS (
            updated_at = onward.now(),
            completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN onward.now() END
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
-       AND status IN ('pending', 'accepted')
+       AND status IN ('pending', 'accepted') AND EXISTS (SELECT 1 FROM fence)
  RETURNING *
 )
-SELECT * FROM effect
+SELECT *, true AS fenced_in FROM effect
 UNION ALL
-SELECT e.* FROM onward.effects e
+SELECT e.*, EXISTS (SELECT 1 FROM fence) AS fenced_in FROM onward.effects e
  WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
    AND NOT EXISTS (SELECT 1 FROM effect)
 """
 
-_PENDING_AT = """
-SELECT e.*, (SELECT a.outcome FROM onward.effect_attempts a
-              WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
-              ORDER BY a.attempt DESC LIMIT 1) AS last_outcome
+_UNRESOLVED = f"""
+SELECT e.*, {LAST_OUTCOME} AS last_outcome
   FROM onward.effects e
- WHERE e.run_id = %(run_id)s AND e.seq = %(seq)s AND e.status IN ('pending', 'accepted')
-"""
-
-_FAIL_PENDING_AT = """
-UPDATE onward.effects SET status = 'failed', completed_at = onward.now(), updated_at = onward.now(),
-       error = coalesce(error, '{}'::jsonb) || jsonb_build_object('closed_by', 'run failed')
- WHERE run_id = %(run_id)s AND seq = %(seq)s AND status = 'pending'
-RETURNING effect_id
+ WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
+ ORDER BY e.seq, e.created_at
 """
 
 
@@ -198,27 +253,41 @@ class EffectStore:
             if row is not None and row["effect_id"] is not None:
                 if not row["held"] and row["created"]:
                     raise OnwardError("unreachable: an intent was inserted without the lease")
-                if not row["held"] and row["status"] == EffectStatus.PENDING.value:
-                    raise EffectFenced(f"run {intent.run_id}: the lease of epoch "
-                                       f"{intent.lease_epoch} was taken over; not calling "
-                                       f"{intent.effect_type} again from a stale holder")
-                return Effect.from_row(row), bool(row["created"])
+                effect = Effect.from_row(row)
+                if not row["held"] and effect.status not in (EffectStatus.COMPLETED,
+                                                             EffectStatus.FAILED):
+                    raise self._not_held(intent, bool(row["cancelling"]))
+                return effect, bool(row["created"])
             if row is not None and not row["held"]:
-                raise EffectFenced(f"run {intent.run_id}: the lease of epoch "
-                                   f"{intent.lease_epoch} was taken over; {intent.effect_type} "
-                                   "not requested")
+                raise self._not_held(intent, bool(row["cancelling"]))
         raise OnwardError(f"effect {intent.effect_id} could be neither inserted nor read")
 
+    @staticmethod
+    def _not_held(intent: Intent, cancelling: bool) -> OnwardError:
+        if cancelling:
+            return CancelRequested(f"run {intent.run_id} is being cancelled: "
+                                   f"{intent.effect_type} is not requested")
+        return EffectFenced(f"run {intent.run_id}: the lease of epoch {intent.lease_epoch} "
+                            f"is no longer held; {intent.effect_type} not requested")
+
     def begin_attempt(self, effect: Effect, kind: EffectAttemptKind, *, worker: str,
-                      epoch: int | None) -> int:
+                      epoch: int, cover_s: float) -> int:
+        """Record an attempt before calling the provider, fenced on the caller's live lease,
+        and extend that lease to ``now + cover_s`` (the call's timeout and a margin) in the
+        same statement, so the call cannot outlive it."""
         row = self.conn.one(_BEGIN_ATTEMPT, {
-            "effect_type": effect.effect_type, "effect_id": effect.effect_id,
-            "kind": kind.value, "worker": worker, "epoch": epoch, "key": effect.effect_id,
+            "run_id": effect.run_id, "effect_type": effect.effect_type,
+            "effect_id": effect.effect_id, "kind": kind.value, "worker": worker,
+            "epoch": epoch, "key": effect.effect_id, "cover_s": cover_s,
         })
-        if row is None:
+        if row is None or row["attempt"] is None:
+            if row is not None and row["cancelling"] and kind is EffectAttemptKind.CALL:
+                raise CancelRequested(
+                    f"run {effect.run_id} is being cancelled: {effect.effect_type} "
+                    f"({effect.command_id}) is not sent")
             raise EffectFenced(
                 f"effect {effect.effect_id[:16]}… ({effect.effect_type}): not calling — the "
-                f"lease of epoch {epoch} is no longer held or the effect was resolved meanwhile")
+                f"lease of epoch {epoch} is no longer live or the effect was resolved meanwhile")
         return int(row["attempt"])
 
     def record(
@@ -233,12 +302,15 @@ class EffectStore:
         error: dict[str, Any] | None = None,
         reconciled: bool = False,
         poll: bool = False,
+        epoch: int,
     ) -> Effect:
-        """Record one attempt's outcome and the effect's new status, in one transaction.
+        """Record one attempt's outcome and the effect's new status, in one transaction,
+        fenced on the live lease of ``epoch`` (EffectFenced: not recorded).
 
         A completed or failed effect is never overwritten; its row is returned as it is.
         """
         row = self.conn.one(_RECORD, {
+            "run_id": effect.run_id, "epoch": epoch,
             "effect_type": effect.effect_type, "effect_id": effect.effect_id,
             "attempt": attempt, "outcome": outcome, "status": status.value,
             "provider_ref": provider_ref,
@@ -248,12 +320,17 @@ class EffectStore:
         })
         if row is None:
             raise OnwardError(f"effect {effect.effect_id} vanished")
+        if not row["fenced_in"]:
+            raise EffectFenced(
+                f"effect {effect.effect_id[:16]}… ({effect.effect_type}): the answer to "
+                f"attempt {attempt} is not recorded — the lease of epoch {epoch} is no longer "
+                "live; the current holder reconciles")
         return Effect.from_row(row)
 
-    def unresolved_at(self, run_id: UUID, seq: int) -> list[tuple[Effect, str | None]]:
-        """Pending or accepted effects of one step, with their last attempt's outcome."""
-        rows = self.conn.all(_PENDING_AT, {"run_id": run_id, "seq": seq})
-        return [(Effect.from_row(r), r["last_outcome"]) for r in rows]
+    def unresolved(self, run_id: UUID) -> list[Effect]:
+        """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``),
+        with their latest attempt's outcome."""
+        return [Effect.from_row(r) for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
 
     def approval(self, approval_id: str) -> dict[str, Any] | None:
         """The approval a resumed step reads its decision from (status, who, comment)."""
@@ -268,10 +345,6 @@ class EffectStore:
             "SELECT payload FROM onward.signals WHERE run_id = %(run_id)s AND name = %(name)s "
             "AND consumed_seq = %(seq)s", {"run_id": run_id, "name": name, "seq": seq})
         return row["payload"] if row else None
-
-    def close_pending_at(self, run_id: UUID, seq: int) -> int:
-        """Mark the step's pending effects failed when its run fails for good."""
-        return len(self.conn.all(_FAIL_PENDING_AT, {"run_id": run_id, "seq": seq}))
 
 
 @dataclass(frozen=True)

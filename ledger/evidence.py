@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
+from ledger.effects import CancelRequested
 from ledger.exceptions import IntegrityViolation, InvalidInput, OnwardError
 from ledger.hot import HotConnection
 
@@ -69,6 +70,15 @@ _FIND = """
 SELECT e.*, a.body AS artifact_body FROM onward.evidence e
   LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
  WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
+"""
+
+# The same, read with the run's cancel request (a step stops calling once one was made).
+_FIND_LIVE = """
+SELECT r.cancel_requested IS NOT NULL AS cancelling, e.*, a.body AS artifact_body
+  FROM onward.runs r
+  LEFT JOIN onward.evidence e ON e.run_id = r.id AND e.command_id = %(command_id)s
+  LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
+ WHERE r.id = %(run_id)s
 """
 
 # One statement: under the live lease (the run at this seq, this lease epoch, running),
@@ -153,10 +163,18 @@ class EvidenceStore:
         self.keys = keys
         self.max_json_depth = max_json_depth
 
-    def find(self, run_id: UUID, command_id: str) -> Evidence | None:
+    def find(self, run_id: UUID, command_id: str, *,
+             unless_cancelled: bool = False) -> Evidence | None:
         """The recorded answer to ``command_id``, or None; raises IntegrityViolation when it
-        does not verify (never answers with an edited record)."""
-        row = self.conn.one(_FIND, {"run_id": run_id, "command_id": command_id})
+        does not verify (never answers with an edited record). With ``unless_cancelled``,
+        raise CancelRequested instead of returning None once the run's cancel was requested."""
+        sql = _FIND_LIVE if unless_cancelled else _FIND
+        row = self.conn.one(sql, {"run_id": run_id, "command_id": command_id})
+        if row is not None and row["command_id"] is None:
+            if row["cancelling"]:
+                raise CancelRequested(f"run {run_id} is being cancelled: {command_id} is "
+                                      "not called")
+            row = None
         if row is None:
             return None
         response = checked_response(self.keys, row)

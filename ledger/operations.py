@@ -10,7 +10,7 @@ row, all inside the caller's transaction. A refusal raises before anything is wr
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -103,7 +103,6 @@ class Continued:
     seq: int
     step: str | None
     previous_status: RunStatus
-    reopened_effects: list[str]
 
 
 def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUID,
@@ -116,9 +115,6 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     run = lock_run_txn(conn, run_id, actor)
     status = RunStatus(run["status"])
     _check_continuable(conn, run, status)
-    reopened: list[str] = []
-    if status is RunStatus.FAILED:
-        reopened = _reopen_closed_effects(conn, run_id, run["seq"])
     # Only a run continue unblocks gets its step's attempts back: a parked or failed one,
     # or a running one whose attempts are spent. A runnable run keeps its counts.
     unblocks = status is not RunStatus.RUNNING or run["attempt"] >= run["max_attempts"]
@@ -138,9 +134,8 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
         AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
         before_seq=run["seq"], after_seq=run["seq"],
         details={"previous_status": status.value, "step": run["step"],
-                 "parked_reason": run["parked_reason"], "last_error": run["last_error"],
-                 "reopened_effects": reopened}))
-    return Continued(run_id, run["seq"], run["step"], status, reopened)
+                 "parked_reason": run["parked_reason"], "last_error": run["last_error"]}))
+    return Continued(run_id, run["seq"], run["step"], status)
 
 
 def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> None:
@@ -211,65 +206,103 @@ def _check_failure(conn: Connection, run: RowMapping) -> None:
                                f"only repeat: {hint}")
 
 
-def _reopen_closed_effects(conn: Connection, run_id: UUID, seq: int) -> list[str]:
-    """Effects closed only because the run gave up (never refused by the provider) go back
-    to ``pending``: the resumed step reconciles them before anything is sent again."""
-    rows = conn.execute(
-        effects.update()
-        .where(effects.c.run_id == run_id, effects.c.seq == seq,
-               effects.c.status == EffectStatus.FAILED.value,
-               effects.c.error["closed_by"].astext == "run failed")
-        .values(status=EffectStatus.PENDING.value, completed_at=None,
-                updated_at=sa.func.onward.now(), error=effects.c.error.op("-")("closed_by"))
-        .returning(effects.c.effect_id)
-    ).scalars()
-    return list(rows)
-
-
 # -- cancel ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cancelled:
     run_id: UUID
     seq: int
     previous_status: RunStatus
-    was_leased_by: str | None  # a worker mid-step: its commit is refused (status fence)
+    was_leased_by: str | None  # a worker mid-step: it ends the run at its next ctx call
     approvals_invalidated: list[UUID]
+    requested: bool = False  # True: a worker ends the run once its effects are resolved
+    effects_left_unknown: list[str] = field(default_factory=list)  # a person's decision
 
 
 def cancel_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUID,
                reason: str | None) -> Cancelled:
-    """Stop a non-terminal run now. A step in flight keeps running in its worker, but its
-    commit, failure, park or heartbeat all require ``status = 'running'`` and change nothing."""
+    """Stop a non-terminal run without abandoning an effect that may have reached the
+    provider (docs/operating.md, "Cancel"):
+
+    * a worker holds the step: record the request; that worker starts no new model call,
+      read or provider call, resolves the step's effects and ends the run ``cancelled``;
+    * nobody holds it but an effect's outcome is unknown: record the request and queue the
+      run, so a worker reconciles the effect (lookup, status) and ends it, or parks it;
+    * otherwise, and for a run a worker already parked after such a request (a person
+      decides), end it now: outbox rows deleted, pending approvals invalidated, effects
+      known never to have reached the provider closed ``unsent``."""
     actor.require(AuditAction.CANCEL)
     reason = require_reason(reason, AuditAction.CANCEL)
     run = lock_run_txn(conn, run_id, actor)
     status = RunStatus(run["status"])
     if status.terminal:
         raise OperationRefused(f"run {run_id} is already {status.value}")
-    holder = run["lease_owner"] if _leased(run, _now(conn)) else None
-    conn.execute(
-        runs.update().where(runs.c.id == run_id, runs.c.status == status.value)
-        .values(status=RunStatus.CANCELLED.value, finished_at=sa.func.onward.now(),
-                updated_at=sa.func.onward.now(), waiting_on=None, wait_until=None, lease_owner=None,
-                lease_expires_at=None,
-                last_error={"type": "Cancelled", "reason": "cancelled", "by": actor.name,
-                            "message": f"cancelled by {actor.name}: {reason}"})
-    )
-    conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
-    invalidated = list(conn.execute(
-        approvals.update()
-        .where(approvals.c.run_id == run_id, approvals.c.status == ApprovalStatus.PENDING.value)
-        .values(status=ApprovalStatus.INVALIDATED.value, decided_by=actor.name,
-                decided_at=sa.func.onward.now(), comment=f"run cancelled: {reason}")
-        .returning(approvals.c.id)
-    ).scalars())
+    holder = (run["lease_owner"]
+              if status is RunStatus.RUNNING and _leased(run, _now(conn)) else None)
+    request = {"type": "Cancelled", "reason": "cancelled", "by": actor.name,
+               "message": f"cancelled by {actor.name}: {reason}", "reason_text": reason}
+    unknown = waits.unknown_effect(conn, run_id)
+    decided = status is RunStatus.NEEDS_REVIEW and run["cancel_requested"] is not None
+    if holder is not None or (unknown is not None and not decided):
+        _request_cancel(conn, run, status, request, queue=holder is None)
+        record_txn(conn, keys, actor, AuditRecord(
+            AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
+            before_seq=run["seq"], after_seq=run["seq"],
+            details={"previous_status": status.value, "step": run["step"],
+                     "lease_holder": holder, "requested": True, "unknown_effect": unknown}))
+        return Cancelled(run_id, run["seq"], status, holder, [], requested=True)
+    left = _unknown_effects(conn, run_id) if unknown is not None else []
+    invalidated = _end_cancelled(conn, run_id, status, request, reason)
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
         before_seq=run["seq"], after_seq=run["seq"],
         details={"previous_status": status.value, "step": run["step"],
-                 "lease_holder": holder,
+                 "lease_holder": holder, "effects_left_unknown": left,
                  "approvals_invalidated": [str(a) for a in invalidated]}))
-    return Cancelled(run_id, run["seq"], status, holder, invalidated)
+    return Cancelled(run_id, run["seq"], status, holder, invalidated,
+                     effects_left_unknown=left)
+
+
+def _request_cancel(conn: Connection, run: RowMapping, status: RunStatus,
+                    request: dict[str, Any], *, queue: bool) -> None:
+    """Record the request; with ``queue``, make the run runnable and send it to a worker
+    (the worker resolves its effects and ends it without running the step)."""
+    values: dict[str, Any] = {"cancel_requested": request, "updated_at": sa.func.onward.now()}
+    if queue:
+        values.update(status=RunStatus.RUNNING.value, parked_reason=None, waiting_on=None,
+                      wait_until=None, lease_owner=None, lease_expires_at=None,
+                      attempt=sa.func.least(runs.c.attempt, runs.c.max_attempts - 1))
+    conn.execute(runs.update().where(runs.c.id == run["id"], runs.c.status == status.value)
+                 .values(**values))
+    if queue:
+        queue_step_txn(conn, run["id"], run["seq"])
+
+
+def _unknown_effects(conn: Connection, run_id: UUID) -> list[str]:
+    rows = conn.execute(
+        sa.select(effects.c.effect_type, effects.c.effect_id, effects.c.status)
+        .where(effects.c.run_id == run_id,
+               effects.c.status.in_([EffectStatus.PENDING.value, EffectStatus.ACCEPTED.value]))
+    ).all()
+    return [f"{r.effect_type} {r.effect_id} ({r.status})" for r in rows]
+
+
+def _end_cancelled(conn: Connection, run_id: UUID, status: RunStatus, request: dict[str, Any],
+                   reason: str) -> list[UUID]:
+    conn.execute(
+        runs.update().where(runs.c.id == run_id, runs.c.status == status.value)
+        .values(status=RunStatus.CANCELLED.value, finished_at=sa.func.onward.now(),
+                updated_at=sa.func.onward.now(), waiting_on=None, wait_until=None,
+                lease_owner=None, lease_expires_at=None, last_error=request)
+    )
+    conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
+    waits.close_unsent(conn, run_id, "run cancelled")
+    return list(conn.execute(
+        approvals.update()
+        .where(approvals.c.run_id == run_id, approvals.c.status == ApprovalStatus.PENDING.value)
+        .values(status=ApprovalStatus.INVALIDATED.value, decided_by=str(request["by"]),
+                decided_at=sa.func.onward.now(), comment=f"run cancelled: {reason}")
+        .returning(approvals.c.id)
+    ).scalars())
 
 
 # -- approve / reject -----------------------------------------------------------------------

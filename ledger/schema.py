@@ -86,6 +86,7 @@ class AttemptOutcome(StrEnum):
     PARKED = "parked"  # the executor parked the run instead of running the step
     WORKER_LOST = "worker_lost"  # the lease expired with no result: the worker died or hung
     WAITING = "waiting"  # the step paused (e.g. an accepted effect) and gave the lease back
+    CANCELLED = "cancelled"  # the worker honoured a cancel request and ended the run
 
 
 class EffectStatus(StrEnum):
@@ -95,6 +96,10 @@ class EffectStatus(StrEnum):
     ACCEPTED = "accepted"  # the provider took the job; poll its status
     COMPLETED = "completed"
     FAILED = "failed"  # the provider refused definitively
+    # Closed when its run ended, known never to have reached the provider: no call was
+    # started, or every call was refused and a lookup found nothing. The same run's step
+    # (after ``continue``) may send it again under the same key.
+    UNSENT = "unsent"
 
 
 class ToolClass(StrEnum):
@@ -184,6 +189,8 @@ runs = Table(
     Column("mode", Text, nullable=True),  # LaunchMode for replays and branches
     Column("allow_irreversible", Boolean, nullable=False, server_default=text("false")),
     Column("branch_patch", JSONB, nullable=True),  # RFC 6902 patch a branch started from
+    # who asked to cancel a run a worker held, and why: the worker ends it (docs/operating.md)
+    Column("cancel_requested", JSONB, nullable=True),
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),

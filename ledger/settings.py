@@ -43,6 +43,15 @@ class OnwardSettings(BaseSettings):
     )
 
     lease_ttl_s: float = Field(default=30.0, gt=0, description="Lease length of a claimed step.")
+    tool_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Time limit of one provider call (call, lookup, status) of a tool that "
+        "declares none; the lease is extended to cover it before the call starts.",
+    )
+    tool_lease_margin_s: float = Field(
+        default=5.0, ge=0,
+        description="Lease kept beyond a provider call's time limit, to record its answer.",
+    )
     step_max_attempts: int = Field(
         default=3, ge=1, description="Default attempts per step (crashes and exceptions)."
     )

@@ -27,6 +27,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
+from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN, CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
@@ -41,6 +42,14 @@ class StaleReason(StrEnum):
     NOT_RUNNABLE = "not_runnable"  # finished, failed, parked or cancelled
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # the reaper will park it
     NOT_CLAIMED = "not_claimed"  # an uncounted claim (eager continuation) found it elsewhere
+
+
+class Ended(StrEnum):
+    """What a statement that ends a run did."""
+
+    ENDED = "ended"  # the run ended; its never-sent effects were closed in the same statement
+    UNRESOLVED = "unresolved"  # refused: an effect's outcome is unknown (park instead)
+    LOST = "lost"  # the lease was no longer held: nothing was written
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class Claim:
     parent_found_hash: str | None = None  # the stored hash of checkpoint seq-1, if any
     state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
     head_mac: str | None = None  # signs (run, seq, head hash): ledger/signed.py head
+    cancel_requested: dict[str, Any] | None = None  # an operator asked to cancel the run
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
@@ -151,6 +161,7 @@ class Claim:
             handbacks=row["handbacks"],
             parent_found_hash=row["parent_found_hash"],
             head_mac=row["head_mac"],
+            cancel_requested=row["cancel_requested"],
         )
 
 
@@ -236,6 +247,7 @@ WITH claimed AS (
            max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
+           cancel_requested,
            onward.now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
@@ -301,6 +313,7 @@ WITH early_signal AS (
            finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
                               ELSE onward.now() END
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NULL
  RETURNING id, tenant_id, status
 ), signal_consumed AS (
     UPDATE onward.signals SET consumed_seq = %(seq)s + 1
@@ -339,11 +352,18 @@ WITH early_signal AS (
     UPDATE onward.step_attempts SET ended_at = onward.now(), outcome = 'committed', step = %(step)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)
 )
-SELECT count(*) AS advanced FROM advanced
+SELECT (SELECT count(*) FROM advanced) AS advanced,
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
 """
 
 _FAIL = """
-WITH failed AS (
+WITH blocking AS (
+    -- a run never fails while one of its effects may have reached the provider
+    SELECT e.effect_type, e.effect_id FROM onward.effects e
+     WHERE NOT %(retry)s AND e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted')
+       AND OUTCOME_UNKNOWN
+     LIMIT 1
+), failed AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
            waiting_on = NULL,
@@ -351,7 +371,15 @@ WITH failed AS (
            finished_at = CASE WHEN %(retry)s THEN NULL ELSE onward.now() END,
            updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND NOT EXISTS (SELECT 1 FROM blocking)
  RETURNING id
+), closed AS (
+    -- the same statement closes the effects known never to have reached the provider
+    UPDATE onward.effects e
+       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+           error = coalesce(e.error, '{}'::jsonb) || jsonb_build_object('closed_by', 'run failed')
+      FROM failed f
+     WHERE NOT %(retry)s AND e.run_id = f.id AND NEVER_LANDED
 ), retry AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, trace_context)
     SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second', %(trace_context)s
@@ -365,8 +393,49 @@ WITH failed AS (
            error_type = %(error_type)s, error_message = %(error_message)s
      WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM failed)
 )
-SELECT count(*) AS failed FROM failed
-"""
+SELECT (SELECT count(*) FROM failed) AS failed,
+       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
+""".replace("OUTCOME_UNKNOWN", OUTCOME_UNKNOWN).replace("NEVER_LANDED", NEVER_LANDED)
+
+# The worker honours a cancel request: end the run 'cancelled' once no effect of it has an
+# unknown outcome, closing its never-sent effects, its outbox rows and pending approvals.
+_CANCEL = """
+WITH blocking AS (
+    SELECT e.effect_type, e.effect_id FROM onward.effects e
+     WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND OUTCOME_UNKNOWN
+     LIMIT 1
+), cancelled AS (
+    UPDATE onward.runs
+       SET status = 'cancelled', finished_at = onward.now(), updated_at = onward.now(),
+           lease_owner = NULL, lease_expires_at = NULL, waiting_on = NULL, wait_until = NULL,
+           last_error = cancel_requested
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NOT NULL AND NOT EXISTS (SELECT 1 FROM blocking)
+ RETURNING id, cancel_requested
+), closed AS (
+    UPDATE onward.effects e
+       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+           error = coalesce(e.error, '{}'::jsonb)
+                   || jsonb_build_object('closed_by', 'run cancelled')
+      FROM cancelled c
+     WHERE e.run_id = c.id AND NEVER_LANDED
+), dropped AS (
+    DELETE FROM onward.outbox o USING cancelled c WHERE o.run_id = c.id
+), invalidated AS (
+    UPDATE onward.approvals a
+       SET status = 'invalidated', decided_by = c.cancel_requested->>'by',
+           decided_at = onward.now(),
+           comment = 'run cancelled: ' || coalesce(c.cancel_requested->>'reason_text', '')
+      FROM cancelled c
+     WHERE a.run_id = c.id AND a.status = 'pending'
+), attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = onward.now(), outcome = 'cancelled', step = %(step)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM cancelled)
+)
+SELECT (SELECT count(*) FROM cancelled) AS cancelled,
+       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
+""".replace("OUTCOME_UNKNOWN", OUTCOME_UNKNOWN).replace("NEVER_LANDED", NEVER_LANDED)
 
 _PARK = """
 WITH parked AS (
@@ -483,9 +552,16 @@ RETURNING run_id
 _ARTIFACT = "SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s"
 
 _HEARTBEAT = """
-UPDATE onward.runs SET lease_expires_at = onward.now() + %(ttl)s * interval '1 second'
- WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
-RETURNING lease_expires_at
+WITH beat AS (
+    UPDATE onward.runs
+       SET lease_expires_at = greatest(lease_expires_at,
+                                       onward.now() + %(ttl)s * interval '1 second')
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NULL
+    RETURNING lease_expires_at
+)
+SELECT (SELECT lease_expires_at FROM beat) AS lease_expires_at,
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
 """
 
 
@@ -633,6 +709,9 @@ class StepStore:
         )
         if row is not None and row["advanced"] == 1:
             return True
+        if row is not None and row["cancelling"]:
+            raise CancelRequested(f"run {claim.run_id} is being cancelled: step "
+                                  f"{advance.step} at seq {claim.seq} is not committed")
         return self._lost(claim)
 
     def commit_refused(self, claim: Claim) -> None:
@@ -646,7 +725,17 @@ class StepStore:
     def fail(self, claim: Claim, step: str, error: dict[str, Any], *,
              retry_in_s: float | None) -> bool:
         """Record a step error; retry after ``retry_in_s`` through a delayed outbox row, or
-        fail the run when ``retry_in_s`` is None. False means the lease was lost."""
+        fail the run when ``retry_in_s`` is None. False means nothing was written (the lease
+        was lost, or an effect's outcome is unknown: see ``fail_run``)."""
+        return self._fail(claim, step, error, retry_in_s) is Ended.ENDED
+
+    def fail_run(self, claim: Claim, step: str, error: dict[str, Any]) -> Ended:
+        """Fail the run for good and close its never-sent effects ``unsent``, in one
+        statement; refused (``UNRESOLVED``) while an effect's outcome is unknown."""
+        return self._fail(claim, step, error, None)
+
+    def _fail(self, claim: Claim, step: str, error: dict[str, Any],
+              retry_in_s: float | None) -> Ended:
         row = self._one(
             _FAIL,
             {
@@ -662,7 +751,24 @@ class StepStore:
                 "error_message": error.get("message"),
             },
         )
-        return (row is not None and row["failed"] == 1) or self._lost(claim)
+        if row is not None and row["failed"] == 1:
+            return Ended.ENDED
+        if row is not None and row["blocked_by"] is not None:
+            return Ended.UNRESOLVED
+        self._lost(claim)
+        return Ended.LOST
+
+    def end_cancelled(self, claim: Claim, step: str | None) -> Ended:
+        """Honour the run's cancel request: end it ``cancelled`` with its never-sent effects
+        closed, its outbox rows deleted and its pending approvals invalidated, in one
+        statement; refused (``UNRESOLVED``) while an effect's outcome is unknown."""
+        row = self._one(_CANCEL, {"run_id": claim.run_id, "epoch": claim.epoch, "step": step})
+        if row is not None and row["cancelled"] == 1:
+            return Ended.ENDED
+        if row is not None and row["blocked_by"] is not None:
+            return Ended.UNRESOLVED
+        self._lost(claim)
+        return Ended.LOST
 
     def park(self, claim: Claim, step: str | None, reason: str, error: dict[str, Any]) -> bool:
         """Stop the run as ``needs_review``: a person must look before anything runs."""
@@ -754,13 +860,18 @@ class StepStore:
         """Extend the lease; False means it was lost (stop and discard the work)."""
         row = self._one(_HEARTBEAT, {"run_id": claim.run_id, "epoch": claim.epoch,
                                      "ttl": self._ttl})
-        return row is not None or self._lost(claim)
+        if row is not None and row["lease_expires_at"] is not None:
+            return True
+        if row is not None and row["cancelling"]:
+            raise CancelRequested(f"run {claim.run_id} is being cancelled")
+        return self._lost(claim)
 
 
 __all__ = [
     "Advance",
     "AttemptOutcome",
     "Claim",
+    "Ended",
     "Stale",
     "StaleReason",
     "StepStore",

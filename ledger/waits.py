@@ -17,8 +17,17 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
 from ledger.checkpoints import canonical_json
+from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import InvalidInput, OnwardError, UnknownRun
-from ledger.schema import ApprovalStatus, RunStatus, approvals, checkpoints, runs, signals
+from ledger.schema import (
+    ApprovalStatus,
+    RunStatus,
+    approvals,
+    checkpoints,
+    outbox,
+    runs,
+    signals,
+)
 
 
 class ApprovalRefused(OnwardError):
@@ -109,13 +118,59 @@ def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
     )
 
 
+_UNKNOWN_EFFECT = sa.text(f"""
+SELECT e.effect_type, e.effect_id FROM onward.effects e
+ WHERE e.run_id = :run_id AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
+ ORDER BY e.seq, e.created_at LIMIT 1
+""")
+
+_CLOSE_UNSENT = sa.text(f"""
+UPDATE onward.effects e
+   SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+       error = coalesce(e.error, '{{}}'::jsonb)
+               || jsonb_build_object('closed_by', CAST(:closed_by AS text))
+ WHERE e.run_id = :run_id AND {NEVER_LANDED}
+""")
+
+
+def unknown_effect(conn: Connection, run_id: UUID) -> str | None:
+    """``"<type> <id>"`` of an effect of the run whose outcome at the provider is unknown."""
+    row = conn.execute(_UNKNOWN_EFFECT, {"run_id": run_id}).first()
+    return f"{row[0]} {row[1]}" if row else None
+
+
+def close_unsent(conn: Connection, run_id: UUID, closed_by: str) -> None:
+    """Close the run's effects known never to have reached the provider (``unsent``)."""
+    conn.execute(_CLOSE_UNSENT, {"run_id": run_id, "closed_by": closed_by})
+
+
+def park_unknown(conn: Connection, run_id: UUID, effect: str, why: str) -> None:
+    """A run that was to end has an effect whose outcome is unknown: a person decides."""
+    conn.execute(
+        runs.update().where(runs.c.id == run_id)
+        .values(status=RunStatus.NEEDS_REVIEW.value, parked_reason="effect_outcome_unknown",
+                lease_owner=None, lease_expires_at=None, updated_at=sa.func.onward.now(),
+                last_error={"type": "EffectOutcomeUnknown", "reason": "effect_outcome_unknown",
+                            "message": f"{why}, but effect {effect} may have reached the "
+                                       "provider: check it there before anything else"})
+    )
+    conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
+
+
 def _fail(conn: Connection, run_id: UUID, reason: str, message: str, **extra: Any) -> None:
+    """End the run ``failed`` with its never-sent effects closed, in the caller's
+    transaction; a run with an effect of unknown outcome is parked instead."""
+    unknown = unknown_effect(conn, run_id)
+    if unknown is not None:
+        park_unknown(conn, run_id, unknown, message)
+        return
     conn.execute(
         runs.update().where(runs.c.id == run_id)
         .values(status=RunStatus.FAILED.value, waiting_on=None, wait_until=None,
                 finished_at=sa.func.onward.now(), updated_at=sa.func.onward.now(),
                 last_error={"type": reason, "reason": reason, "message": message, **extra})
     )
+    close_unsent(conn, run_id, "run failed")
 
 
 def get_approval_txn(conn: Connection, approval_id: UUID, *, lock: bool = False) -> Approval:
@@ -303,6 +358,15 @@ SELECT r.id AS run_id, r.seq, c.control FROM onward.runs r
  LIMIT :limit FOR UPDATE OF r SKIP LOCKED
 """)
 
+# cut a retry backoff or a status poll's delay short; a row already due is left as it is
+_QUEUE_NOW = sa.text("""
+INSERT INTO onward.outbox (run_id, seq)
+SELECT id, seq FROM onward.runs WHERE id = :run_id
+    ON CONFLICT (run_id, seq) DO UPDATE
+   SET due_at = onward.now(), published_at = NULL, worker_publishes = false
+ WHERE onward.outbox.due_at > onward.now()
+""")
+
 _DEADLINES = sa.text("""
 SELECT id AS run_id, status, deadline_at, attempts_total, used_tokens, used_cost_usd
   FROM onward.runs
@@ -346,9 +410,19 @@ def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
                           f"{control.get('timeout_at')}")
     late = conn.execute(_DEADLINES, {"limit": limit}).mappings().all()
     for row in late:
-        _fail(conn, row["run_id"], "deadline_exceeded",
-              f"the run's deadline {row['deadline_at']:%Y-%m-%d %H:%M:%S} passed while it was "
-              f"{row['status']}",
-              spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
-                     "cost_usd": float(row["used_cost_usd"])})
+        _deadline(conn, row)
     return WaitSweep(len(expired), len(timeouts), len(late), delivered)
+
+
+def _deadline(conn: Connection, row: Any) -> None:
+    """Fail a run past its deadline. The reaper has no tool code: a running run with an
+    effect of unknown outcome is queued now instead, so that a worker's recheck reconciles
+    the effect (lookup, status) and then fails the run, or parks it."""
+    message = (f"the run's deadline {row['deadline_at']:%Y-%m-%d %H:%M:%S} passed while it "
+               f"was {row['status']}")
+    if row["status"] == RunStatus.RUNNING.value and unknown_effect(conn, row["run_id"]):
+        conn.execute(_QUEUE_NOW, {"run_id": row["run_id"]})
+        return
+    _fail(conn, row["run_id"], "deadline_exceeded", message,
+          spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
+                 "cost_usd": float(row["used_cost_usd"])})

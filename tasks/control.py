@@ -53,12 +53,23 @@ class DivergeFor:
         return self.divergence.message
 
 
+@dataclass(frozen=True)
+class CancelFor:
+    """An operator asked to cancel the run: no new call starts, the run ends ``cancelled``
+    once its effects are resolved (or is parked if one stays unknown)."""
+
+    message: str
+
+
 @dataclass
 class Control:
-    decision: WaitFor | ParkFor | FailFor | DivergeFor | None = None
+    decision: WaitFor | ParkFor | FailFor | DivergeFor | CancelFor | None = None
+
+    def cancel(self, request: CancelFor) -> None:
+        self.decision = request  # stands over every other decision
 
     def diverge(self, divergence: DivergeFor) -> None:
-        if not isinstance(self.decision, ParkFor):
+        if not isinstance(self.decision, (ParkFor, CancelFor)):
             self.decision = divergence
 
     def fail(self, failure: FailFor) -> None:
@@ -66,7 +77,7 @@ class Control:
             self.decision = failure
 
     def park(self, reason: str, error: Exception) -> None:
-        if not isinstance(self.decision, ParkFor):
+        if not isinstance(self.decision, (ParkFor, CancelFor)):
             self.decision = ParkFor(reason, type(error).__name__, str(error))
 
     def wait(self, wait: WaitFor) -> None:

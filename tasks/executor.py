@@ -19,21 +19,22 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from ledger.checkpoints import CheckpointKeys, canonical_json
-from ledger.effects import EffectFenced, EffectStore
+from ledger.effects import CancelRequested, Effect, EffectFenced, EffectStore
 from ledger.evidence import EvidenceFenced, EvidenceStore
 from ledger.exceptions import InvalidInput, StatementRefused
 from ledger.schema import OutcomeKind, RunStatus
-from ledger.steps import Advance, Claim, Stale, StepStore, error_record
+from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
 from tasks import faults, observe
 from tasks.clock import StepClock
 from tasks.context import StepContext
-from tasks.control import DivergeFor, FailFor, ParkFor, Suspend, WaitFor
+from tasks.control import CancelFor, DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import LeaseLost, OutcomeError, StepError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
+from tasks.resolve import Resolver
 from tasks.restore import Refusal, restore
 from tasks.routing import version_queue
-from tasks.services import StepServices
+from tasks.services import EffectOutcomeUnknown, StepServices
 from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
 
@@ -59,6 +60,7 @@ class ReportKind(StrEnum):
     RELEASED = "released"
     LEASE_LOST = "lease_lost"
     DIVERGED = "diverged"  # an evidence replay met a call its parent never made
+    CANCELLED = "cancelled"  # an operator's cancel request was honoured
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class ExecutorConfig:
     max_json_depth: int = 64  # settings.max_json_depth
     max_effect_payload_bytes: int = 1_000_000
     max_approval_artifact_bytes: int = 1_000_000
+    tool_timeout_s: float = 30.0  # a provider call's time limit when its tool sets none
+    tool_lease_margin_s: float = 5.0  # lease kept beyond that limit to record the answer
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -126,6 +130,10 @@ def execute_step(
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
     faults.point("after_claim", claimed.step)
     observe.claimed(claimed)
+    if claimed.cancel_requested is not None:  # an operator asked: end it, run nothing
+        ending = _Ending(store, _resolver(config, registry, claimed, worker, effects, None),
+                         claimed, claimed.step, log.bind(run_id=str(claimed.run_id)))
+        return ending.cancel(str(claimed.cancel_requested.get("message", "cancel requested")))
     report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
     if report.workflow is None:
         report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
@@ -158,7 +166,9 @@ def _run_claimed(
     limits = Limits.of(claim.budget, workflow.budgets)
     refused = recheck(claim, limits, effects, config.keys)
     if refused is not None:
-        return _refuse(store, effects, claim, step, refused, bound)
+        ending = _Ending(store, _resolver(config, registry, claim, worker, effects, None),
+                         claim, step.name, bound)
+        return ending.refuse(refused)
 
     clock = StepClock(claim.claimed_at)
     services = StepServices(
@@ -171,11 +181,21 @@ def _run_claimed(
         launch=claim.launch, clock=clock,
         max_effect_payload_bytes=config.max_effect_payload_bytes,
         max_json_depth=config.max_json_depth,
+        tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
     )
+    ending = _Ending(store, _resolver(config, registry, claim, worker, effects, services),
+                     claim, step.name, bound)
+
+    def heartbeat() -> bool:
+        try:
+            return store.heartbeat(claim)
+        except CancelRequested as exc:
+            raise services.cancelled(exc) from exc
+
     ctx = StepContext(
         run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
         workflow=workflow, worker=worker, tenant_id=claim.tenant_id, services=services,
-        _heartbeat=lambda: store.heartbeat(claim),
+        _heartbeat=heartbeat,
     )
     started = time.perf_counter()
     outcome: object = None
@@ -191,13 +211,21 @@ def _run_claimed(
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     except Exception as exc:
         error = exc
-    # A wait, a park or a budget stop decided inside the step stands, whatever the body
-    # caught or returned.
+    if error is None and services.unknown:
+        # the body caught an unknown outcome and went on: the step must not commit past it
+        error = EffectOutcomeUnknown(
+            f"step {step.name} went on after the outcome of effect "
+            f"{next(iter(services.unknown.values()))} became unknown; the next attempt "
+            "reconciles it")
+    # A wait, a park, a budget stop or a cancel decided inside the step stands, whatever
+    # the body caught or returned.
     decision = services.control.decision
+    if isinstance(decision, CancelFor):
+        return ending.cancel(decision.message)
     if isinstance(decision, DivergeFor):
         return _diverge(services, claim, decision, bound)
     if isinstance(decision, (ParkFor, FailFor)):
-        return _refuse(store, effects, claim, step, decision, bound)
+        return ending.refuse(decision)
     if isinstance(decision, WaitFor):
         if not store.defer(claim, step.name, delay_s=decision.delay_s,
                            waiting_on=decision.waiting_on, detail=decision.detail):
@@ -205,7 +233,7 @@ def _run_claimed(
         bound.info("step waiting", waiting_on=decision.waiting_on, delay_s=decision.delay_s)
         return StepReport(ReportKind.WAITING, claim.run_id, claim.seq, detail=decision.detail)
     if error is not None:
-        return _record_failure(store, effects, config, claim, step, error, bound)
+        return _record_failure(ending, config, claim, error)
     try:
         advance = _advance(config, workflow, step, state, outcome, limits, clock.now())
         refs = services.refs(claim.budget.spent())
@@ -213,7 +241,7 @@ def _run_claimed(
             refs["migrated_from"] = restored.migrated.as_ref()
         advance = replace(advance, refs=refs)
     except OutcomeError as exc:
-        return _record_failure(store, effects, config, claim, step, exc, bound)
+        return _record_failure(ending, config, claim, exc)
     replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
     if replayed is None and isinstance(services.control.decision, DivergeFor):
         return _diverge(services, claim, services.control.decision, bound)
@@ -222,9 +250,11 @@ def _run_claimed(
     faults.point("before_checkpoint_commit", step.name)
     try:
         committed = store.commit(claim, advance)
+    except CancelRequested as exc:
+        return ending.cancel(str(exc))
     except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
         failure = OutcomeError(f"the ledger refused to commit step {step.name}: {exc}")
-        return _record_failure(store, effects, config, claim, step, failure, bound)
+        return _record_failure(ending, config, claim, failure)
     if not committed:
         bound.warning("lease lost before commit; result discarded", step=step.name)
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
@@ -282,21 +312,88 @@ def _diverge(services: StepServices, claim: Claim, decision: DivergeFor,
     return StepReport(ReportKind.DIVERGED, claim.run_id, claim.seq, detail=decision.message)
 
 
-def _refuse(store: StepStore, effects: EffectStore, claim: Claim, step: Step,
-            refusal: FailFor | ParkFor, bound: Any) -> StepReport:
-    """Park the run, or fail it for good with a reason (budgets, deadlines, approvals)."""
-    if isinstance(refusal, ParkFor):
-        bound.error("run parked for review", reason=refusal.reason, detail=refusal.message)
-        store.park(claim, step.name, refusal.reason,
-                   error_record(refusal.error_type, refusal.message))
-        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=refusal.message)
-    bound.error("run stopped", reason=refusal.reason, detail=refusal.message)
-    error = error_record(refusal.reason, refusal.message, reason=refusal.reason,
-                         spent=refusal.spent, step=step.name)
-    if not store.fail(claim, step.name, error, retry_in_s=None):
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    effects.close_pending_at(claim.run_id, claim.seq)
-    return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=refusal.message)
+def _resolver(config: ExecutorConfig, registry: Registry, claim: Claim, worker: str,
+              effects: EffectStore, services: StepServices | None) -> Resolver:
+    """What resolves the run's unknown effects before it ends: the tools this step used,
+    else those of the workflow modules."""
+    used = services.tools_used if services is not None else {}
+    return Resolver(effects, lambda name: used.get(name) or registry.tool(name), worker,
+                    claim.epoch, config.tool_timeout_s, config.tool_lease_margin_s,
+                    simulation=claim.launch.simulation)
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """Every way a claimed step ends the run (fail, refuse, cancel) or parks it: effects
+    whose outcome is unknown are resolved first, and what stays unknown parks the run."""
+
+    store: StepStore
+    resolver: Resolver
+    claim: Claim
+    step: str | None
+    log: Any
+
+    def _report(self, kind: ReportKind, detail: str = "") -> StepReport:
+        return StepReport(kind, self.claim.run_id, self.claim.seq, detail=detail)
+
+    def refuse(self, refusal: FailFor | ParkFor) -> StepReport:
+        """Park the run, or fail it for good with a reason (budgets, deadlines, approvals)."""
+        if isinstance(refusal, ParkFor):
+            return self.park(refusal.reason, refusal.error_type, refusal.message)
+        error = error_record(refusal.reason, refusal.message, reason=refusal.reason,
+                             spent=refusal.spent, step=self.step)
+        return self.fail(error, refusal.message)
+
+    def park(self, reason: str, error_type: str, message: str) -> StepReport:
+        self.log.error("run parked for review", reason=reason, detail=message)
+        if not self.store.park(self.claim, self.step, reason,
+                               error_record(error_type, message)):
+            return self._report(ReportKind.LEASE_LOST)
+        return self._report(ReportKind.PARKED, message)
+
+    def _unknown(self) -> Effect | StepReport | None:
+        try:
+            return self.resolver.first_unknown(self.claim.run_id)
+        except EffectFenced as exc:
+            self.log.warning("lease lost while resolving effects", error=str(exc))
+            self.store.commit_refused(self.claim)
+            return self._report(ReportKind.LEASE_LOST)
+
+    def _park_unknown(self, effect: Effect | None, why: str) -> StepReport:
+        named = (f"effect {effect.effect_type} {effect.effect_id[:16]}… ({effect.status.value})"
+                 if effect is not None else "an effect")
+        return self.park("effect_outcome_unknown", "EffectOutcomeUnknown",
+                         f"{why}; {named} may have reached the provider and its outcome is "
+                         "unknown: a person checks the provider before anything else")
+
+    def fail(self, error: dict[str, Any], detail: str) -> StepReport:
+        """Fail the run for good, its never-sent effects closed in the same statement."""
+        unknown = self._unknown()
+        if isinstance(unknown, StepReport):
+            return unknown
+        if unknown is None:
+            ended = self.store.fail_run(self.claim, self.step or "", error)
+            if ended is Ended.LOST:
+                return self._report(ReportKind.LEASE_LOST)
+            if ended is Ended.ENDED:
+                self.log.error("run stopped", reason=error.get("reason"), detail=detail)
+                return self._report(ReportKind.FAILED, detail)
+        return self._park_unknown(unknown, f"the run was to fail ({detail})")
+
+    def cancel(self, message: str) -> StepReport:
+        """Honour an operator's cancel request once no effect's outcome is unknown."""
+        unknown = self._unknown()
+        if isinstance(unknown, StepReport):
+            return unknown
+        if unknown is None:
+            ended = self.store.end_cancelled(self.claim, self.step)
+            if ended is Ended.LOST:
+                return self._report(ReportKind.LEASE_LOST)
+            if ended is Ended.ENDED:
+                self.log.warning("run cancelled", detail=message)
+                return self._report(ReportKind.CANCELLED, message)
+        return self._park_unknown(unknown, f"the run was to be cancelled ({message}); "
+                                           "cancel it again once the provider was checked")
 
 
 def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
@@ -388,34 +485,19 @@ def _check_json(value: Any, what: str, max_depth: int, max_bytes: int,
                            "keep large values out of the ledger and pass references")
 
 
-def _record_failure(store: StepStore, effects: EffectStore, config: ExecutorConfig, claim: Claim,
-                    step: Step, exc: Exception, bound: Any) -> StepReport:
+def _record_failure(ending: _Ending, config: ExecutorConfig, claim: Claim,
+                    exc: Exception) -> StepReport:
     non_retryable = isinstance(exc, StepError) and exc.non_retryable
     exhausted = claim.attempt >= claim.max_attempts
-    retry_in = None if (non_retryable or exhausted) else retry_delay(
-        claim.attempt, config.retry_base_s, config.retry_max_s)
-    error = error_record(type(exc).__name__, str(exc), step=step.name, attempt=claim.attempt,
+    error = error_record(type(exc).__name__, str(exc), step=ending.step, attempt=claim.attempt,
                          max_attempts=claim.max_attempts)
-    if retry_in is None:
-        unknown = [e for e, last in effects.unresolved_at(claim.run_id, claim.seq)
-                   if last in (None, "unknown") or e.status.value == "accepted"]
-        if unknown:
-            # Failing now would abandon a write whose outcome nobody knows: a person decides.
-            message = (f"step {step.name} gave up ({exc}) while effect "
-                       f"{unknown[0].effect_type} {unknown[0].effect_id[:16]}… has an unknown "
-                       "outcome at the provider")
-            store.park(claim, step.name, "effect_outcome_unknown",
-                       error_record(type(exc).__name__, message))
-            bound.error("run parked for review", reason="effect_outcome_unknown",
-                        effect_id=unknown[0].effect_id)
-            return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
-    if not store.fail(claim, step.name, error, retry_in_s=retry_in):
+    if non_retryable or exhausted:
+        ending.log.error("step failed; run fails", step=ending.step, error=str(exc),
+                         non_retryable=non_retryable)
+        return ending.fail(error, str(exc))
+    retry_in = retry_delay(claim.attempt, config.retry_base_s, config.retry_max_s)
+    if not ending.store.fail(claim, ending.step or "", error, retry_in_s=retry_in):
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    if retry_in is None:
-        effects.close_pending_at(claim.run_id, claim.seq)
-        bound.error("step failed; run failed", step=step.name, error=str(exc),
-                    non_retryable=non_retryable)
-        return StepReport(ReportKind.FAILED, claim.run_id, claim.seq, detail=str(exc))
-    bound.warning("step failed; retrying", step=step.name, error=str(exc),
-                  retry_in_s=round(retry_in, 3))
+    ending.log.warning("step failed; retrying", step=ending.step, error=str(exc),
+                       retry_in_s=round(retry_in, 3))
     return StepReport(ReportKind.RETRY, claim.run_id, claim.seq, detail=str(exc))

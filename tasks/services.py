@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.checkpoints import canonical_json, sha256_hex
-from ledger.effects import Effect, EffectConflict, EffectStore, Intent
+from ledger.effects import CancelRequested, Effect, EffectConflict, EffectStore, Intent
 from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
@@ -27,10 +27,10 @@ from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolCla
 from ledger.steps import Advance, Wait
 from tasks import faults
 from tasks.clock import StepClock
-from tasks.control import Control, DivergeFor, FailFor, Suspend, WaitFor
+from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import OutcomeError, StepError
 from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
-from tasks.tools import Tool, ToolError, ToolResult
+from tasks.tools import Tool, ToolError, ToolResult, invoke
 
 
 class EffectFailed(StepError):
@@ -70,7 +70,8 @@ class StepServices:
                  tokens_left: int | None = None, cost_left_usd: float | None = None,
                  spent: dict[str, Any] | None = None, launch: Launch | None = None,
                  clock: StepClock, max_effect_payload_bytes: int | None = None,
-                 max_json_depth: int | None = None) -> None:
+                 max_json_depth: int | None = None, tool_timeout_s: float = 30.0,
+                 lease_margin_s: float = 5.0) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -98,6 +99,10 @@ class StepServices:
         self._source_known = False
         self.max_effect_payload_bytes = max_effect_payload_bytes
         self.max_json_depth = max_json_depth
+        self.tool_timeout_s = tool_timeout_s
+        self.lease_margin_s = lease_margin_s
+        self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
+        self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
 
     def command_id(self, key: str | None) -> str:
         """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
@@ -114,8 +119,31 @@ class StepServices:
         return {"evidence": self._evidence_refs, "effects": self._effect_refs, "budgets": spent}
 
     # -- effects ---------------------------------------------------------------------------
+    def cancelled(self, exc: CancelRequested) -> Suspend:
+        """Record the operator's cancel on ``control`` (the body cannot swallow it)."""
+        self.control.cancel(CancelFor(str(exc)))
+        return Suspend()
+
+    def timeout(self, tool: Tool) -> float:
+        return tool.timeout_for(self.tool_timeout_s)
+
+    def _begin(self, tool: Tool, effect: Effect, kind: EffectAttemptKind) -> int:
+        """Record the attempt and extend the lease over the call's time limit (one statement)."""
+        return self.effects.begin_attempt(effect, kind, worker=self.worker, epoch=self.epoch,
+                                          cover_s=self.timeout(tool) + self.lease_margin_s)
+
+    def _record_effect(self, effect: Effect, attempt: int, **outcome: Any) -> Effect:
+        recorded = self.effects.record(effect, attempt, epoch=self.epoch, **outcome)
+        if recorded.status is not EffectStatus.PENDING:
+            self.unknown.pop(effect.effect_id, None)
+        return recorded
+
     def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
-        result = self._effect(tool, key, payload)
+        self.tools_used[tool.name] = tool
+        try:
+            result = self._effect(tool, key, payload)
+        except CancelRequested as exc:
+            raise self.cancelled(exc) from exc
         # An evidence replay's answer is the parent's effect: the checkpoint names that one.
         owner = (self._evidence_source() if self.launch.evidence else None) or self.run_id
         self._effect_refs.append({
@@ -159,6 +187,9 @@ class StepServices:
             return self._send(tool, effect, payload)
         if effect.status is EffectStatus.ACCEPTED:
             return self._poll(tool, effect)
+        if not effect.outcome_unknown:
+            # never sent, or every call refused and a lookup found nothing: send, same key
+            return self._send(tool, effect, payload)
         return self._reconcile(tool, effect, payload)
 
     def _payload_hash(self, payload: dict[str, Any]) -> str:
@@ -188,36 +219,36 @@ class StepServices:
                 "check the provider before anything is sent again")
             self.control.park("effect_outcome_unknown", unknown)
             raise unknown
-        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.LOOKUP,
-                                             worker=self.worker, epoch=self.epoch)
+        attempt = self._begin(tool, effect, EffectAttemptKind.LOOKUP)
         try:
-            found = tool.lookup(effect.effect_id)
+            found = invoke(tool.lookup, effect.effect_id, timeout=self.timeout(tool))
         except Exception as exc:
-            self.effects.record(effect, attempt, outcome="unknown", status=effect.status,
-                                error=_error(exc))
+            self._record_effect(effect, attempt, outcome="unknown", status=effect.status,
+                         error=_error(exc))
+            self.unknown[effect.effect_id] = tool.name
             raise EffectOutcomeUnknown(f"lookup of {tool.name} failed: {exc}") from exc
         if found is None:
-            self.effects.record(effect, attempt, outcome="missing", status=EffectStatus.PENDING)
+            self._record_effect(effect, attempt, outcome="missing", status=EffectStatus.PENDING)
             return self._send(tool, effect, payload)
         return self._apply(tool, effect, attempt, ToolResult.coerce(found), reconciled=True)
 
     def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
-        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.CALL,
-                                             worker=self.worker, epoch=self.epoch)
+        attempt = self._begin(tool, effect, EffectAttemptKind.CALL)
         call = tool.simulate if self.launch.simulation and tool.simulate else tool.call
         try:
-            raw = call(payload, effect.effect_id)
+            raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
         except ToolError as exc:
-            if exc.retryable:
-                self.effects.record(effect, attempt, outcome="failed",
-                                    status=EffectStatus.PENDING, error=_error(exc))
+            if exc.retryable:  # the provider said nothing happened: not an unknown outcome
+                self._record_effect(effect, attempt, outcome="failed", status=EffectStatus.PENDING,
+                             error=_error(exc))
                 raise EffectOutcomeUnknown(f"{tool.name} refused for now: {exc}") from exc
-            failed = self.effects.record(effect, attempt, outcome="failed",
-                                         status=EffectStatus.FAILED, error=_error(exc))
+            failed = self._record_effect(effect, attempt, outcome="failed",
+                                  status=EffectStatus.FAILED, error=_error(exc))
             raise EffectFailed(f"{tool.name} refused: {exc}", failed) from exc
         except Exception as exc:
-            self.effects.record(effect, attempt, outcome="unknown", status=EffectStatus.PENDING,
-                                error=_error(exc))
+            self._record_effect(effect, attempt, outcome="unknown", status=EffectStatus.PENDING,
+                         error=_error(exc))
+            self.unknown[effect.effect_id] = tool.name
             raise EffectOutcomeUnknown(
                 f"{tool.name} call ended without an answer ({type(exc).__name__}: {exc}); "
                 "the next attempt reconciles before sending again") from exc
@@ -229,7 +260,7 @@ class StepServices:
         """Record what the provider said and act on it."""
         outcome = "found" if reconciled else answer.status
         if answer.status == "completed":
-            done = self.effects.record(effect, attempt, outcome=outcome,
+            done = self._record_effect(effect, attempt, outcome=outcome,
                                        status=EffectStatus.COMPLETED,
                                        provider_ref=answer.provider_ref, result=answer.result,
                                        reconciled=reconciled, poll=poll)
@@ -238,7 +269,7 @@ class StepServices:
                 raise EffectFailed(f"effect {tool.name} failed: {done.error}", done)
             return done.result or {}
         if answer.status == "accepted":
-            accepted = self.effects.record(effect, attempt, outcome=outcome,
+            accepted = self._record_effect(effect, attempt, outcome=outcome,
                                            status=EffectStatus.ACCEPTED,
                                            provider_ref=answer.provider_ref,
                                            reconciled=reconciled, poll=poll)
@@ -246,7 +277,7 @@ class StepServices:
             if accepted.status is EffectStatus.COMPLETED:
                 return accepted.result or {}
             return self._wait(tool, accepted)
-        failed = self.effects.record(effect, attempt, outcome=outcome, status=EffectStatus.FAILED,
+        failed = self._record_effect(effect, attempt, outcome=outcome, status=EffectStatus.FAILED,
                                      provider_ref=answer.provider_ref,
                                      error={"provider": answer.result}, reconciled=reconciled,
                                      poll=poll)
@@ -273,14 +304,13 @@ class StepServices:
                 f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s)")
             self.control.park("effect_stalled", stalled)
             raise stalled
-        attempt = self.effects.begin_attempt(effect, EffectAttemptKind.STATUS,
-                                             worker=self.worker, epoch=self.epoch)
+        attempt = self._begin(tool, effect, EffectAttemptKind.STATUS)
         try:
-            answer = ToolResult.coerce(tool.status(effect.provider_ref))
+            answer = ToolResult.coerce(invoke(tool.status, effect.provider_ref,
+                                              timeout=self.timeout(tool)))
         except Exception as exc:
-            polled = self.effects.record(effect, attempt, outcome="unknown",
-                                         status=EffectStatus.ACCEPTED, error=_error(exc),
-                                         poll=True)
+            polled = self._record_effect(effect, attempt, outcome="unknown",
+                                  status=EffectStatus.ACCEPTED, error=_error(exc), poll=True)
             return self._wait(tool, polled)
         return self._apply(tool, effect, attempt, answer, reconciled=False, poll=True)
 
@@ -294,7 +324,10 @@ class StepServices:
     def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None,
             params: dict[str, Any]) -> LLMResponse:
         request_hash = request_hash_of({"model": model, "messages": messages, "params": params})
-        response = self._llm(model, messages, key, params, request_hash)
+        try:
+            response = self._llm(model, messages, key, params, request_hash)
+        except CancelRequested as exc:
+            raise self.cancelled(exc) from exc
         self._evidence_refs.append({"kind": EvidenceKind.LLM.value,
                                     "command_id": self._last_command,
                                     "request_hash": request_hash})
@@ -362,7 +395,10 @@ class StepServices:
         if tool.tool_class is not ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is {tool.tool_class.value}: use ctx.effect")
         request_hash = request_hash_of(params)
-        result = self._read(tool, key, params, request_hash)
+        try:
+            result = self._read(tool, key, params, request_hash)
+        except CancelRequested as exc:
+            raise self.cancelled(exc) from exc
         self._evidence_refs.append({"kind": EvidenceKind.READ.value,
                                     "command_id": self._last_command,
                                     "request_hash": request_hash})
@@ -377,7 +413,8 @@ class StepServices:
         recorded = self._recorded(command_id, request_hash)
         if recorded is not None:
             return dict(recorded["result"])
-        answer = ToolResult.coerce(tool.call(params, command_id))
+        answer = ToolResult.coerce(invoke(tool.call, params, command_id,
+                                          timeout=self.timeout(tool)))
         kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.READ.value,
             seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
@@ -388,11 +425,12 @@ class StepServices:
         ))
         return dict(kept.response["result"])
 
-    def _find(self, run_id: UUID, command_id: str) -> Evidence | None:
+    def _find(self, run_id: UUID, command_id: str, *,
+              unless_cancelled: bool = False) -> Evidence | None:
         """A recorded answer that verifies; one that does not parks the run (integrity):
         an edited record is never answered with, and nothing is asked again in its place."""
         try:
-            return self.evidence.find(run_id, command_id)
+            return self.evidence.find(run_id, command_id, unless_cancelled=unless_cancelled)
         except IntegrityViolation as exc:
             self.control.park("integrity", exc)
             raise
@@ -422,7 +460,9 @@ class StepServices:
             raise Suspend() from exc
 
     def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:
-        found = self._find(self.run_id, command_id)
+        """The recorded answer, if any; with none, CancelRequested once a cancel was asked:
+        a cancelled step calls no model and reads nothing more."""
+        found = self._find(self.run_id, command_id, unless_cancelled=True)
         if found is None:
             return None
         if found.request_hash != request_hash:

@@ -10,12 +10,19 @@ is a sandbox implementation for replays; ``check_payload`` is a sample request t
 ``onward tools check`` sends to the provider's *test* environment (tasks/toolcheck.py).
 Each returns a ToolResult (or a dict, read as a
 completed result) and raises ToolError for a refusal the provider stated.
+
+Every call is given a time limit: a callable that takes a ``timeout`` keyword receives the
+tool's ``timeout_s`` (default ``ONWARD_TOOL_TIMEOUT_S``) and must give up by then; onward
+extends the step's lease to cover that time (and a margin) before the call starts, so a call
+never outlives the lease (docs/effects.md, "Call timeouts and the lease").
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from ledger.schema import ToolClass
@@ -51,9 +58,29 @@ class ToolError(Exception):
         self.status_code = status_code
 
 
-Call = Callable[[dict[str, Any], str], "ToolResult | dict[str, Any]"]
-Lookup = Callable[[str], "ToolResult | dict[str, Any] | None"]
-Status = Callable[[str], "ToolResult | dict[str, Any]"]
+# Each may also take a keyword ``timeout`` (seconds): see ``invoke``.
+Call = Callable[..., "ToolResult | dict[str, Any]"]
+Lookup = Callable[..., "ToolResult | dict[str, Any] | None"]
+Status = Callable[..., "ToolResult | dict[str, Any]"]
+
+
+@lru_cache(maxsize=1024)
+def takes_timeout(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` accepts a ``timeout`` keyword (or any keyword)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any((p.name == "timeout" and p.kind is not p.POSITIONAL_ONLY)
+               or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def invoke(function: Callable[..., Any], *args: Any, timeout: float) -> Any:
+    """Call a tool's callable with its time limit, as ``timeout=`` when it takes one; a
+    callable without that keyword must keep to the limit by itself (its client's timeout)."""
+    if takes_timeout(function):
+        return function(*args, timeout=timeout)
+    return function(*args)
 
 
 @dataclass(frozen=True)
@@ -73,17 +100,24 @@ class Tool:
     # the provider refuses a key that comes back with another payload; default: honours_key
     refuses_key_reuse: bool | None = None
     check_payload: dict[str, Any] | None = None  # a sample for `onward tools check` (test env)
+    timeout_s: float | None = None  # one call's time limit; None: ONWARD_TOOL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.name:
             raise WorkflowDefinitionError("a tool needs a name")
         if not isinstance(self.tool_class, ToolClass):
             object.__setattr__(self, "tool_class", ToolClass(self.tool_class))
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise WorkflowDefinitionError(f"tool {self.name}: timeout_s must be positive")
         if self.honours_key is None:
             object.__setattr__(self, "honours_key",
                                self.tool_class is ToolClass.IDEMPOTENT_WRITE)
         if self.refuses_key_reuse is None:
             object.__setattr__(self, "refuses_key_reuse", self.honours_key)
+
+    def timeout_for(self, default_s: float) -> float:
+        """This tool's call time limit, given the configured default."""
+        return self.timeout_s if self.timeout_s is not None else default_s
 
     @property
     def can_resend_blind(self) -> bool:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tasks.context import StepContext
     from tasks.llm import LLMClient
     from tasks.outcomes import Outcome
+    from tasks.tools import Tool
 
 S = TypeVar("S", bound=BaseModel)
 StepFn = Callable[["StepContext", Any], "Outcome"]
@@ -215,6 +216,23 @@ class Registry:
 
     def all(self) -> list[Workflow[Any]]:
         return [self._workflows[key] for key in sorted(self._workflows)]
+
+    def tool(self, name: str) -> Tool | None:
+        """The ``Tool`` named ``name`` among the top-level names of the modules that define
+        the registered workflows' steps (None if none): how a worker resolves an effect of
+        a step it did not run (a refusal before the step, a cancel)."""
+        import sys
+
+        from tasks.tools import Tool as ToolType
+
+        modules = {step.fn.__module__ for workflow in self._workflows.values()
+                   for step in workflow.steps.values()}
+        for module_name in sorted(modules):
+            module = sys.modules.get(module_name)
+            for value in vars(module).values() if module is not None else ():
+                if isinstance(value, ToolType) and value.name == name:
+                    return value
+        return None
 
     def load_modules(self, modules: list[str]) -> None:
         """Import each module and register every Workflow defined at its top level."""

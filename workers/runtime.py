@@ -92,6 +92,8 @@ class WorkerRuntime:
             max_json_depth=self.settings.max_json_depth,
             max_effect_payload_bytes=self.settings.max_effect_payload_bytes,
             max_approval_artifact_bytes=self.settings.max_approval_artifact_bytes,
+            tool_timeout_s=self.settings.tool_timeout_s,
+            tool_lease_margin_s=self.settings.tool_lease_margin_s,
         )
         self._events = EagerEvents(self.app)
         tracing.enable("onward-worker")  # per process: exporters must not cross fork

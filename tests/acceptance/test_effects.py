@@ -156,7 +156,8 @@ def test_effect__expired_provider_key_reconciled_by_lookup(
 def test_effect__poison_effect_does_not_loop(
         ledger: Ledger, cluster: Cluster, provider: Provider) -> None:
     """Invariant: a provider that always fails costs at most the step's attempt budget;
-    the run fails with the error visible and nothing was created."""
+    the run fails with the error visible and nothing was created: the effect, never
+    landed, is closed ``unsent`` with the run."""
     provider.arm("poisoned", error_500=1000)
     start_fleet(cluster, provider)
     run_id = ledger.start_run("test_effect_poison", {})
@@ -166,7 +167,7 @@ def test_effect__poison_effect_does_not_loop(
     assert "500" in run.last_error["message"]
     assert provider.stats()["errors_500"] == 3
     assert provider.stats()["objects"] == 0
-    assert ledger.effects(run_id)[0].status is EffectStatus.FAILED
+    assert ledger.effects(run_id)[0].status is EffectStatus.UNSENT
 
 
 def test_effect__accepted_waits_without_worker_then_completes(

@@ -294,28 +294,35 @@ def test_cancel__waiting_run_and_its_approval(drv: Driver, ops: Ledger) -> None:
         ops.cancel(run_id, "twice")
 
 
-def test_cancel__fences_the_commit_of_a_step_in_flight(ops: Ledger) -> None:
-    """Invariant: a worker holding the lease when the run is cancelled cannot commit: the
-    commit requires status 'running'; the run stays cancelled at its seq."""
+def test_cancel__a_step_in_flight_cannot_commit_and_its_worker_ends_the_run(
+        ops: Ledger) -> None:
+    """Invariant: cancelling a run a worker holds records a request: the holder's commit is
+    refused (CancelRequested), and the holder then ends the run ``cancelled`` at its seq, with
+    no checkpoint written and its attempt ``cancelled``."""
     from ledger import OutcomeKind
-    from ledger.steps import Advance
+    from ledger.effects import CancelRequested
+    from ledger.steps import Advance, Claim, Ended
 
     run_id = ops.start_run("test_ops_notes", {})
     store = StepStore(ops.url, ops.keys, lease_ttl_s=30)
     try:
         claim = store.claim(run_id, 0, "slow:1")
-        assert not isinstance(claim, type(None)) and hasattr(claim, "epoch")
+        assert isinstance(claim, Claim)
         cancelled = ops.cancel(run_id, "stop it")
-        assert cancelled.was_leased_by == "slow:1"
+        assert (cancelled.was_leased_by, cancelled.requested) == ("slow:1", True)
+        assert ops.get_run(run_id).status is RunStatus.RUNNING
         advance = Advance(step="summarize", outcome=OutcomeKind.GOTO, next_step="review",
                           state={"topic": "pricing"}, workflow_version=1, next_max_attempts=3)
-        assert store.commit(claim, advance) is False  # type: ignore[arg-type]
+        with pytest.raises(CancelRequested):
+            store.commit(claim, advance)
+        assert store.end_cancelled(claim, "summarize") is Ended.ENDED
     finally:
         store.close()
     run = ops.get_run(run_id)
     assert (run.status, run.seq) == (RunStatus.CANCELLED, 0)
+    assert run.last_error["by"] == "olga"
     assert [c.identity.seq for c in ops.checkpoints(run_id)] == [0]
-    assert [e.outcome for e in ops.timeline(run_id)] == ["lease_lost"]
+    assert [e.outcome for e in ops.timeline(run_id)] == ["cancelled"]
 
 
 def test_roles__each_command_needs_its_role_and_refusals_are_audited(

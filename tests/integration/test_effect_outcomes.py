@@ -1,0 +1,277 @@
+"""Resolve, never abandon: every path that ends or refuses a run first learns the outcome of
+its effects (DESIGN.md section 13, invariant 2), against a real PostgreSQL with steps
+executed in the test process (tests/support/driver.py). The provider is an in-process fake
+(tests/workflows_outcomes.OUTSIDE) that counts the objects it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+
+from ledger import Ledger, RunStatus
+from ledger.audit import Role
+from ledger.effects import EffectFenced, EffectStore, Intent
+from ledger.recovery import RecoveryStore
+from ledger.runs import Budgets
+from ledger.schema import EffectAttemptKind, EffectStatus
+from ledger.steps import Claim, StepStore
+from tests.support.cluster import wait_for
+from tests.support.driver import Driver, driver
+from tests.workflows_outcomes import OUTSIDE
+
+MODULES = ["tests.workflows_outcomes"]
+
+
+@pytest.fixture()
+def ops(ledger: Ledger) -> Ledger:
+    return ledger.acting_as("olga", Role.OPERATOR)
+
+
+@pytest.fixture()
+def drv(ops: Ledger) -> Iterator[Driver]:
+    OUTSIDE.reset()
+    with driver(ops, MODULES) as running:
+        yield running
+    OUTSIDE.reset()
+
+
+def lost_first_answer(drv: Driver, tool: str = "lookup", **start: Any) -> UUID:
+    """Start a run whose first call acts at the provider and loses its answer: after one
+    step execution the effect is pending with an attempt of unknown outcome."""
+    OUTSIDE.lose_answers = 1
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": tool}, **start)
+    drv.step(run_id, 0)
+    [effect] = drv.ledger.effects(run_id)
+    assert (effect.status, OUTSIDE.count()) == (EffectStatus.PENDING, 1)
+    return run_id
+
+
+def one_effect(ledger: Ledger, run_id: UUID) -> Any:
+    [effect] = ledger.effects(run_id)
+    return effect
+
+
+def past_deadline(ledger: Ledger, run_id: UUID) -> bool:
+    with ledger.engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT onward.now() > deadline_at FROM onward.runs WHERE id = :id"),
+            {"id": run_id}).scalar())
+
+
+def test_attempt_budget__found_effect_is_recorded_then_the_run_fails(drv: Driver) -> None:
+    """Invariant: a run refused by its attempt budget while an effect's answer was lost
+    first asks the provider: the object it holds is recorded ``completed`` (not closed as
+    failed) and only then does the run fail; one object."""
+    run_id = lost_first_answer(drv, budgets=Budgets(attempts=1))
+    run = drv.drive(run_id)
+    assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "budget_exhausted")
+    effect = one_effect(drv.ledger, run_id)
+    assert (effect.status, effect.reconciled) == (EffectStatus.COMPLETED, True)
+    assert OUTSIDE.count() == 1
+
+
+def test_attempt_budget__without_lookup_the_run_parks(drv: Driver) -> None:
+    """Invariant: when the tool cannot be asked, the refused run is parked
+    ``effect_outcome_unknown`` and its effect stays ``pending`` (never ``failed``)."""
+    run_id = lost_first_answer(drv, "blind", budgets=Budgets(attempts=1))
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    assert "budget" in run.last_error["message"]
+    assert one_effect(drv.ledger, run_id).status is EffectStatus.PENDING
+    assert OUTSIDE.count() == 1
+
+
+def test_token_budget__refusal_mid_step_resolves_a_swallowed_unknown_outcome(
+        drv: Driver) -> None:
+    """Invariant: a token budget that stops a step after its body swallowed an unknown
+    outcome does not close that effect as failed: it is looked up and recorded."""
+    OUTSIDE.lose_answers = 1
+    run_id = drv.ledger.start_run("test_outcome_chatty", {}, budgets=Budgets(tokens=5))
+    run = drv.drive(run_id)
+    assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "budget_exhausted")
+    assert one_effect(drv.ledger, run_id).status is EffectStatus.COMPLETED
+    assert OUTSIDE.count() == 1
+
+
+def test_deadline__worker_recheck_resolves_before_failing(drv: Driver) -> None:
+    """Invariant: a run past its deadline when a worker claims it resolves its effects
+    before it fails ``deadline_exceeded``."""
+    run_id = lost_first_answer(drv, budgets=Budgets(deadline=timedelta(milliseconds=300)))
+    wait_for(lambda: past_deadline(drv.ledger, run_id), timeout=10, what="the deadline")
+    run = drv.drive(run_id)
+    assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "deadline_exceeded")
+    assert one_effect(drv.ledger, run_id).status is EffectStatus.COMPLETED
+    assert OUTSIDE.count() == 1
+
+
+def test_deadline__reaper_queues_a_run_with_an_unknown_effect_instead_of_failing_it(
+        drv: Driver) -> None:
+    """Invariant: the reaper, which has no tool code, never fails a run past its deadline
+    while one of its effects has an unknown outcome: it queues the run now, and a worker
+    reconciles the effect, then fails the run. No effect is left pending on an ended run."""
+    run_id = lost_first_answer(drv, budgets=Budgets(deadline=timedelta(milliseconds=300)))
+    wait_for(lambda: past_deadline(drv.ledger, run_id), timeout=10, what="the deadline")
+    swept = RecoveryStore(drv.ledger.engine).sweep(stall_after_s=60)
+    assert swept.waits.deadlines == 1
+    assert drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+    with drv.ledger.engine.connect() as conn:
+        queued = conn.execute(sa.text(
+            "SELECT count(*) FROM onward.outbox WHERE run_id = :id AND due_at <= onward.now()"),
+            {"id": run_id}).scalar_one()
+    assert queued == 1
+    run = drv.drive(run_id)
+    assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "deadline_exceeded")
+    assert one_effect(drv.ledger, run_id).status is EffectStatus.COMPLETED
+
+
+def test_failed_run__never_sent_effect_is_closed_unsent_and_sent_once_after_continue(
+        drv: Driver) -> None:
+    """Invariant: an effect whose every call was refused (nothing landed) is closed
+    ``unsent`` by the statement that fails the run, and ``continue`` needs no reopening:
+    the resumed step sends it with the same key, without a lookup; one object."""
+    OUTSIDE.lose_answers = 0
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "blind"},
+                                  budgets=Budgets(attempts=1))
+    store = drv.store
+    claim = store.claim(run_id, 0, "driver:0")
+    assert isinstance(claim, Claim)
+    effects = EffectStore(store.conn)
+    effect, _ = effects.intend(Intent(
+        effect_id="k" * 64, effect_type="test.outcome.without_lookup", run_id=run_id,
+        tenant_id="default", seq=0, step="send", command_id="send@0#9",
+        tool_class="irreversible", request_hash="h", recipient=None, payload={},
+        lease_epoch=claim.epoch))
+    attempt = effects.begin_attempt(effect, EffectAttemptKind.CALL, worker="driver:0",
+                                    epoch=claim.epoch, cover_s=5)
+    effects.record(effect, attempt, outcome="failed", status=EffectStatus.PENDING,
+                   error={"message": "503"}, epoch=claim.epoch)
+    assert store.fail(claim, "send", {"type": "StepError", "message": "x"}, retry_in_s=None)
+    closed = {e.effect_id: e.status for e in drv.ledger.effects(run_id)}
+    assert closed == {"k" * 64: EffectStatus.UNSENT}
+    with drv.ledger.engine.begin() as conn:  # a person raises the budget, then continues
+        conn.execute(sa.text("UPDATE onward.runs SET budget_attempts = 5 WHERE id = :id"),
+                     {"id": run_id})
+    drv.ledger.acting_as("olga", Role.OPERATOR).continue_run(run_id, "provider is back")
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    assert OUTSIDE.count() == 1
+
+
+def test_record__a_stale_holders_late_answer_is_not_recorded(ops: Ledger) -> None:
+    """Invariant: recording an outcome is fenced by the caller's live lease: once another
+    worker took the step over, the first holder's late answer cannot overwrite the current
+    holder's record."""
+    OUTSIDE.reset()
+    run_id = ops.start_run("test_outcome_send", {})
+    short = StepStore(ops.url, ops.keys, lease_ttl_s=0.2)
+    second = StepStore(ops.url, ops.keys, lease_ttl_s=30)
+    try:
+        first = short.claim(run_id, 0, "first:1")
+        assert isinstance(first, Claim)
+        stale = EffectStore(short.conn)
+        effect, _ = stale.intend(Intent(
+            effect_id="e" * 64, effect_type="test.outcome.with_lookup", run_id=run_id,
+            tenant_id="default", seq=0, step="send", command_id="send@0#1",
+            tool_class="irreversible", request_hash="h", recipient=None, payload={},
+            lease_epoch=first.epoch))
+        late = stale.begin_attempt(effect, EffectAttemptKind.CALL, worker="first:1",
+                                   epoch=first.epoch, cover_s=0.3)
+        taken = wait_for(lambda: isinstance(c := second.claim(run_id, 0, "second:2"), Claim)
+                         and c, timeout=10,
+                         what="the lease to expire and the step to be taken over")
+        assert isinstance(taken, Claim)
+        current = EffectStore(second.conn)
+        attempt = current.begin_attempt(effect, EffectAttemptKind.LOOKUP, worker="second:2",
+                                        epoch=taken.epoch, cover_s=5)
+        current.record(effect, attempt, outcome="found", status=EffectStatus.COMPLETED,
+                       provider_ref="obj_current", result={"id": "obj_current"},
+                       reconciled=True, epoch=taken.epoch)
+        with pytest.raises(EffectFenced):
+            stale.record(effect, late, outcome="completed", status=EffectStatus.FAILED,
+                         provider_ref="obj_stale", error={"late": True}, epoch=first.epoch)
+    finally:
+        short.close()
+        second.close()
+    [recorded] = ops.effects(run_id)
+    assert (recorded.status, recorded.provider_ref) == (EffectStatus.COMPLETED, "obj_current")
+    outcomes = [a.outcome for a in ops.effect_attempts(recorded)]
+    assert outcomes == [None, "found"]
+
+
+def test_begin_attempt__extends_the_lease_over_the_call_timeout(ops: Ledger) -> None:
+    """Invariant: the statement that begins a provider call extends the caller's live lease
+    to cover the call's timeout plus the margin; with the lease expired, the call is not
+    started (no attempt is recorded)."""
+    run_id = ops.start_run("test_outcome_send", {})
+    store = StepStore(ops.url, ops.keys, lease_ttl_s=1.0)
+    try:
+        claim = store.claim(run_id, 0, "w:1")
+        assert isinstance(claim, Claim)
+        effects = EffectStore(store.conn)
+        effect, _ = effects.intend(Intent(
+            effect_id="c" * 64, effect_type="test.outcome.with_lookup", run_id=run_id,
+            tenant_id="default", seq=0, step="send", command_id="send@0#1",
+            tool_class="irreversible", request_hash="h", recipient=None, payload={},
+            lease_epoch=claim.epoch))
+        effects.begin_attempt(effect, EffectAttemptKind.CALL, worker="w:1", epoch=claim.epoch,
+                              cover_s=20.0)
+        with ops.engine.connect() as conn:
+            left = conn.execute(sa.text(
+                "SELECT extract(epoch FROM lease_expires_at - onward.now()) FROM onward.runs "
+                "WHERE id = :id"), {"id": run_id}).scalar_one()
+        assert 15 < float(left) <= 20
+        with ops.engine.begin() as conn:  # the lease runs out (a paused worker)
+            conn.execute(sa.text("UPDATE onward.runs SET lease_expires_at = onward.now() "
+                                 "- interval '1 second' WHERE id = :id"), {"id": run_id})
+        with pytest.raises(EffectFenced):
+            effects.begin_attempt(effect, EffectAttemptKind.CALL, worker="w:1",
+                                  epoch=claim.epoch, cover_s=20.0)
+    finally:
+        store.close()
+    assert len(ops.effect_attempts(ops.effects(run_id)[0])) == 1
+
+
+def test_tool_timeout__the_callable_is_given_the_tools_timeout(drv: Driver) -> None:
+    """Invariant: a tool's call and lookup receive its ``timeout_s`` as ``timeout=``."""
+    run_id = lost_first_answer(drv)
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    assert OUTSIDE.timeouts == [7.0, 7.0]  # the call, then the lookup that found it
+
+
+def test_cancel__idle_run_with_unknown_effect_is_reconciled_by_a_worker(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant: cancelling an idle run whose effect's outcome is unknown neither closes
+    nor abandons that effect: a worker looks it up (found: recorded ``completed``) and then
+    ends the run ``cancelled``, without running the step again."""
+    run_id = lost_first_answer(drv)
+    cancelled = ops.cancel(run_id, "customer withdrew")
+    assert cancelled.requested is True
+    assert ops.get_run(run_id).status is RunStatus.RUNNING
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert run.last_error["by"] == "olga"
+    effect = one_effect(ops, run_id)
+    assert (effect.status, effect.reconciled) == (EffectStatus.COMPLETED, True)
+    kinds = [a.kind for a in ops.effect_attempts(effect)]
+    assert kinds == ["call", "lookup"]
+    assert OUTSIDE.count() == 1
+
+
+def test_cancel__unknown_outcome_that_cannot_be_asked_parks_then_a_person_decides(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant: when the tool has no lookup, the cancelled run is parked
+    ``effect_outcome_unknown`` (its effect stays pending); cancelling it again is a
+    person's decision: the run ends ``cancelled`` and the effect is still not closed."""
+    run_id = lost_first_answer(drv, "blind")
+    ops.cancel(run_id, "customer withdrew")
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    again = ops.cancel(run_id, "checked the provider: keep the object, stop the run")
+    assert again.requested is False and len(again.effects_left_unknown) == 1
+    assert ops.get_run(run_id).status is RunStatus.CANCELLED
+    assert one_effect(ops, run_id).status is EffectStatus.PENDING
+    assert OUTSIDE.count() == 1

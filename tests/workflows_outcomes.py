@@ -1,0 +1,130 @@
+"""Workflows for the "resolve, never abandon" tests: effects whose outcome is unknown when
+a run is refused, fails, passes its deadline or is cancelled (tests/integration/
+test_effect_outcomes.py drives them in-process; tests/acceptance/test_cancel.py with real
+workers and the reference provider).
+
+``OUTSIDE`` is a provider living in the test process: it creates objects by key, can act
+and then lose its answer, and can be asked by key. Only in-process tests use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from examples.fake_llm import FakeModel
+from examples.provider_client import provider_tool
+from ledger.schema import ToolClass
+from tasks import StepContext, Workflow
+from tasks.services import EffectOutcomeUnknown
+from tasks.tools import Tool, ToolResult
+
+
+@dataclass
+class Outside:
+    """The outside world of the in-process tests: every object it holds, by key."""
+
+    objects: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    lose_answers: int = 0  # the next n creates act, then the caller hears nothing
+    timeouts: list[float | None] = field(default_factory=list)  # what each call was given
+
+    def reset(self) -> None:
+        self.objects.clear()
+        self.lose_answers = 0
+        self.timeouts.clear()
+
+    def create(self, payload: dict[str, Any], key: str, *,
+               timeout: float | None = None) -> ToolResult:
+        self.timeouts.append(timeout)
+        ref = f"obj_{len(self.objects) + 1}"
+        self.objects.append((key, {"id": ref, **payload}))
+        if self.lose_answers > 0:
+            self.lose_answers -= 1
+            raise ConnectionError("the connection dropped after the request was sent")
+        return ToolResult("completed", ref, {"id": ref, **payload})
+
+    def find(self, key: str, *, timeout: float | None = None) -> ToolResult | None:
+        self.timeouts.append(timeout)
+        for owner, obj in self.objects:
+            if owner == key:
+                return ToolResult("completed", obj["id"], obj)
+        return None
+
+    def count(self, key: str | None = None) -> int:
+        return sum(1 for owner, _ in self.objects if key is None or owner == key)
+
+
+OUTSIDE = Outside()
+
+with_lookup = Tool("test.outcome.with_lookup", ToolClass.IRREVERSIBLE,
+                   call=OUTSIDE.create, lookup=OUTSIDE.find, timeout_s=7.0)
+without_lookup = Tool("test.outcome.without_lookup", ToolClass.IRREVERSIBLE,
+                      call=OUTSIDE.create)
+TOOLS = {"lookup": with_lookup, "blind": without_lookup}
+
+
+class Send(BaseModel):
+    tool: str = "lookup"
+    sent: str = ""
+
+
+send_once = Workflow("test_outcome_send", version=1, state=Send, max_attempts=3)
+
+
+@send_once.step(start=True)
+def send(ctx: StepContext, state: Send) -> Any:
+    """One irreversible effect; the test decides whether its answer is lost."""
+    done = ctx.effect(TOOLS[state.tool], n=1)
+    return ctx.finish(sent=done["id"])
+
+
+chatty = Workflow("test_outcome_chatty", version=1, state=Send, llm=FakeModel())
+
+
+@chatty.step(start=True)
+def send_then_talk(ctx: StepContext, state: Send) -> Any:
+    """Swallows an unknown outcome, then talks to the model until its token budget stops
+    it: the refusal must not close the effect the provider may hold."""
+    with contextlib.suppress(EffectOutcomeUnknown):
+        ctx.effect(TOOLS[state.tool], n=1)
+    for i in range(5):
+        ctx.llm(model="m", messages=[{"role": "user", "content": f"tell me more {i}"}])
+    return ctx.finish()
+
+
+# -- for real workers: the reference provider over HTTP -----------------------------------
+slow_offer = provider_tool("test.slow_offer", "slow_offers", ToolClass.IRREVERSIBLE,
+                           timeout_s=10.0)
+cancel_offer = provider_tool("test.cancel_offer", "cancel_offers", ToolClass.IRREVERSIBLE)
+
+
+class Steps(BaseModel):
+    talks: int = 40
+
+
+slow_send = Workflow("test_outcome_slow_send", version=1, state=Send)
+
+
+@slow_send.step(start=True)
+def send_slowly(ctx: StepContext, state: Send) -> Any:
+    """One call at a provider that holds the request longer than the lease TTL."""
+    done = ctx.effect(slow_offer, amount=100)
+    return ctx.finish(sent=done["id"])
+
+
+talker = Workflow("test_outcome_talker", version=1, state=Steps, llm=FakeModel())
+
+
+@talker.step(start=True)
+def talk_then_offer(ctx: StepContext, state: Steps) -> Any:
+    """Pays the model again and again (slowly), then sends an offer: a cancel must stop it
+    at its next call, so the offer is never sent."""
+    for i in range(state.talks):
+        ctx.llm(model="m", messages=[{"role": "user", "content": f"think {i}"}])
+        time.sleep(0.1)  # the work between two calls
+    ctx.effect(cancel_offer, amount=100)
+    return ctx.finish()
