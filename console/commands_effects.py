@@ -99,7 +99,8 @@ def effects_show(effect_id: EffectArg, effect_type: TypeOpt = None,
 def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: ReasonOpt = None,
                    yes: YesFlag = False, as_json: JsonFlag = False) -> None:
     """PRIVILEGED (admin): call the tool again for this effect with a NEW recorded key. The
-    provider will create a new object. Shows what will be sent first."""
+    provider will create a new object. Shows what will be sent first, and where: an effect
+    of a simulation only goes to the tool's sandbox, one of an evidence replay is refused."""
     from tasks.operator import plan_repeat, repeat_effect
 
     ledger = open_ledger(AuditAction.REPEAT_EFFECT)
@@ -116,6 +117,9 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
     out.print(line("  latest attempt: ", str(latest.get("kind", "-")),
                    f" #{latest.get('attempt', '-')} → ", latest.get("outcome") or "unknown"))
     out.print(line("  dedup method:   ", shown["dedup"]))
+    out.print(line("  run mode:       ", shown["run_mode"], " (sends to: ", shown["sends_to"], ")"))
+    out.print(line("  attempts now:   ", str(shown["attempts"]),
+                   " (the repeat is refused if this changes before it starts)"))
     out.print("  this sends the payload again under a NEW key: the provider will not "
               "deduplicate it against the original")
     with reported():

@@ -366,6 +366,7 @@ def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
             effects.c.effect_type == effect_type, effects.c.effect_id == effect_id)
     ).scalar_one() != actor.tenant_id:
         raise OperationRefused(f"effect {effect_id[:16]}… belongs to another tenant")
+    _check_repeat_plan(conn, effect, plan)
     if effect.payload is None:
         raise OperationRefused(f"effect {effect_type} {effect_id[:16]}… has no stored payload "
                                "(its tool keeps payloads out of the ledger): nothing to repeat")
@@ -392,6 +393,27 @@ def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
         details={**plan, "effect_type": effect_type, "attempt": attempt, "repeat": number,
                  "idempotency_key": key, "repeat_of": effect_id}))
     return RepeatStarted(effect, attempt, number, key)
+
+
+def _check_repeat_plan(conn: Connection, effect: Effect, plan: dict[str, Any]) -> None:
+    """The confirmed plan must still describe the effect (its attempt count, as shown) and
+    must not send a replay's effect where its run never sends (DESIGN.md section 8)."""
+    shown = plan.get("attempts")
+    if not isinstance(shown, int) or isinstance(shown, bool):
+        raise OperationRefused("a repeat must carry the attempt count of the plan that was "
+                               "confirmed (plan['attempts'])")
+    if shown != effect.attempts:
+        raise OperationRefused(
+            f"effect {effect.effect_id[:16]}… changed since the plan you confirmed (it showed "
+            f"{shown} attempts, it now has {effect.attempts}: someone repeated or reconciled "
+            "it meanwhile); look at it again (onward effects show) before repeating")
+    mode = conn.execute(sa.select(runs.c.mode).where(runs.c.id == effect.run_id)).scalar()
+    if mode == LaunchMode.EVIDENCE.value:
+        raise OperationRefused(f"effect {effect.effect_id[:16]}… belongs to an evidence "
+                               "replay, which never calls a provider")
+    if mode == LaunchMode.SIMULATION.value and plan.get("sends_to") != "sandbox":
+        raise OperationRefused(f"effect {effect.effect_id[:16]}… belongs to a simulation: "
+                               "a repeat of it may only call the tool's sandbox")
 
 
 def finish_repeat_txn(conn: Connection, started: RepeatStarted, *, outcome: str,

@@ -11,6 +11,7 @@ workflow modules (``ONWARD_WORKFLOWS``), which the ledger must not import.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,8 @@ from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
-from tasks.tools import Tool, ToolError, ToolResult
+from ledger.schema import LaunchMode
+from tasks.tools import Tool, ToolError, ToolResult, invoke
 from tasks.workflow import Registry
 
 
@@ -49,16 +51,28 @@ def dedup_method(tool: Tool | None) -> str:
 
 @dataclass(frozen=True)
 class RepeatPlan:
-    """What a repeat will do, shown before it is confirmed."""
+    """What a repeat will do, shown before it is confirmed. Confirming it carries the
+    effect's attempt count as shown: the ledger refuses if the effect changed since (another
+    admin repeated it meanwhile), so two confirmations of one plan make one repeat."""
 
     effect: Effect
     attempts: list[EffectAttempt]
     dedup: str
     tool: Tool | None = field(repr=False)
+    run_mode: str = "original"  # the run's mode: original, evidence, simulation, live, branch
 
     @property
     def latest(self) -> EffectAttempt | None:
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def sends_to(self) -> str:
+        """Where the repeat goes: a simulation's effect only ever goes to the sandbox."""
+        if self.run_mode == LaunchMode.EVIDENCE.value:
+            return "nowhere (an evidence replay calls nothing; repeat the parent's effect)"
+        if self.run_mode == LaunchMode.SIMULATION.value:
+            return "sandbox"
+        return "provider"
 
     def as_dict(self) -> dict[str, Any]:
         latest = self.latest
@@ -71,13 +85,16 @@ class RepeatPlan:
             "latest_attempt": ({"attempt": latest.attempt, "kind": latest.kind,
                                 "outcome": latest.outcome, "key": latest.idempotency_key}
                                if latest else None),
-            "dedup": self.dedup,
+            "dedup": self.dedup, "attempts": self.effect.attempts,
+            "run_mode": self.run_mode, "sends_to": self.sends_to,
         }
 
 
 def plan_repeat(ledger: Ledger, effect: Effect) -> RepeatPlan:
     tool = find_tool(ledger.settings.workflows, effect.effect_type)
-    return RepeatPlan(effect, ledger.effect_attempts(effect), dedup_method(tool), tool)
+    run = ledger.get_run(effect.run_id)
+    return RepeatPlan(effect, ledger.effect_attempts(effect), dedup_method(tool), tool,
+                      run_mode=(run.mode if run else None) or "original")
 
 
 @dataclass(frozen=True)
@@ -94,11 +111,10 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> Repea
     a replay or continue. Needs the admin role; the attempt is committed before the call."""
     effect = plan.effect
     ledger.require(AuditAction.REPEAT_EFFECT, run_id=effect.run_id, effect_id=effect.effect_id)
-    if plan.tool is None:
-        raise ledger.refuse(AuditAction.REPEAT_EFFECT, OperationRefused(
-            f"no tool {effect.effect_type!r} in the workflow modules "
-            f"{ledger.settings.workflows} (set ONWARD_WORKFLOWS)"),
-            reason=reason, run_id=effect.run_id, effect_id=effect.effect_id)
+    call = _repeat_call(plan)
+    if isinstance(call, OperationRefused):
+        raise ledger.refuse(AuditAction.REPEAT_EFFECT, call, reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
     started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
                                   plan.as_dict())
     payload = dict(plan.effect.payload or {})
@@ -107,7 +123,8 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> Repea
     ref: str | None = None
     result: dict[str, Any] | None = None
     try:
-        answer = ToolResult.coerce(plan.tool.call(payload, started.idempotency_key))
+        answer = ToolResult.coerce(invoke(call, payload, started.idempotency_key,
+                                          timeout=_timeout(ledger, plan)))
         outcome, ref, result = answer.status, answer.provider_ref, answer.result
     except ToolError as exc:
         outcome = "failed"
@@ -119,6 +136,31 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> Repea
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
                                   error=error)
     return RepeatOutcome(started, outcome, ref, effect, error)
+
+
+def _repeat_call(plan: RepeatPlan) -> Callable[..., Any] | OperationRefused:
+    """What a repeat calls: the tool's real call for a run that calls for real, its sandbox
+    for a simulation's effect, nothing for an evidence replay's."""
+    effect = plan.effect
+    if plan.tool is None:
+        return OperationRefused(f"no tool {effect.effect_type!r} in the workflow modules "
+                                "(set ONWARD_WORKFLOWS)")
+    if plan.run_mode == LaunchMode.EVIDENCE.value:
+        return OperationRefused(f"effect {effect.effect_id[:16]}… belongs to an evidence "
+                                "replay, which never calls a provider: repeat the parent "
+                                "run's effect instead")
+    if plan.run_mode == LaunchMode.SIMULATION.value:
+        if plan.tool.simulate is None:
+            return OperationRefused(f"effect {effect.effect_id[:16]}… belongs to a "
+                                    f"simulation and {effect.effect_type} has no simulate: "
+                                    "a simulation's effect never reaches the real provider")
+        return plan.tool.simulate
+    return plan.tool.call
+
+
+def _timeout(ledger: Ledger, plan: RepeatPlan) -> float:
+    default = ledger.settings.tool_timeout_s
+    return plan.tool.timeout_for(default) if plan.tool is not None else default
 
 
 def state_check(modules: list[str]) -> StateCheck | None:

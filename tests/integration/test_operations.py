@@ -370,6 +370,51 @@ def test_repeat_effect__new_key_one_new_call_linked_attempt(
     assert (entry.effect_id, entry.actor, entry.outcome) == (effect.effect_id, "ada", "done")
 
 
+def test_repeat_effect__of_a_simulation_only_calls_the_sandbox(
+        drv: Driver, ledger_ops: Ledger, logs: dict[str, Path]) -> None:
+    """Invariant: ``effects repeat`` on an effect of a simulation run never reaches the real
+    provider: the plan shows the run's mode and that it sends to the sandbox, and the
+    repeat calls the tool's ``simulate``; a real call count stays unchanged."""
+    ops = ledger_ops.acting_as("ada", "admin")
+    parent = finished_note(drv)
+    sim = drv.drive(ops.replay(parent, 2, "simulation", "dry run").run_id)
+    assert sim.status is RunStatus.COMPLETED
+    effect = next(e for e in ops.effects(sim.id) if e.effect_type == "test.publish")
+    plan = plan_repeat(ops, effect)
+    assert (plan.as_dict()["run_mode"], plan.as_dict()["sends_to"]) == ("simulation", "sandbox")
+    real_before = [c for c in calls(logs["tool"]) if c.startswith("real")]
+    done = repeat_effect(ops, plan, "the sandbox lost it")
+    assert done.outcome == "completed"
+    assert [c for c in calls(logs["tool"]) if c.startswith("real")] == real_before
+    assert calls(logs["tool"])[-1].startswith("sandbox")
+    forged = {**plan.as_dict(), "sends_to": "provider"}  # the ledger checks it as well
+    with pytest.raises(OperationRefused, match="simulation"):
+        ops.begin_repeat(effect.effect_type, effect.effect_id, "forged", {
+            **forged, "attempts": ops.effects(sim.id)[-1].attempts})
+
+
+def test_repeat_effect__two_admins_confirming_one_plan_make_one_repeat(
+        drv: Driver, ledger_ops: Ledger, logs: dict[str, Path]) -> None:
+    """Invariant: a confirmation carries the attempt count its plan showed; when two admins
+    confirm the same plan, the ledger refuses the second (the effect changed since), so the
+    provider receives one repeat, not two."""
+    ada = ledger_ops.acting_as("ada", "admin")
+    bob = ledger_ops.acting_as("bob", "admin")
+    parent = finished_note(drv)
+    effect = next(e for e in ada.effects(parent) if e.effect_type == "test.publish")
+    shown_to_ada, shown_to_bob = plan_repeat(ada, effect), plan_repeat(bob, effect)
+    before = len(calls(logs["tool"]))
+    assert repeat_effect(ada, shown_to_ada, "customer lost it").outcome == "completed"
+    with pytest.raises(OperationRefused, match="changed since the plan"):
+        repeat_effect(bob, shown_to_bob, "customer lost it")
+    assert len(calls(logs["tool"])) == before + 1
+    kinds = [a.kind for a in ada.effect_attempts(effect)]
+    assert kinds.count(EffectAttemptKind.REPEAT.value) == 1
+    refused = [(a.actor, a.outcome) for a in reversed(ada.audit(action="repeat_effect"))
+               if a.effect_id == effect.effect_id]
+    assert refused == [("ada", "done"), ("bob", "refused")]
+
+
 def test_continue__refuses_to_cut_a_durable_timer_short(ops: Ledger) -> None:
     """Invariant: a run sleeping on a durable timer is not 'continued' early: it goes on by
     itself when the timer is due."""
