@@ -106,17 +106,24 @@ class RepeatOutcome:
     error: dict[str, Any] | None = None
 
 
-def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> RepeatOutcome:
+def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
+                  shown_attempts: int | None = None) -> RepeatOutcome:
     """Call the tool again with a new recorded key (kind ``repeat``), never blindly hidden in
-    a replay or continue. Needs the admin role; the attempt is committed before the call."""
+    a replay or continue. Needs the admin role; the attempt is committed before the call.
+
+    ``shown_attempts`` is the effect's attempt count as the person confirming saw it (a web
+    form, an API client); by default the plan's. The ledger refuses if it changed since."""
     effect = plan.effect
     ledger.require(AuditAction.REPEAT_EFFECT, run_id=effect.run_id, effect_id=effect.effect_id)
     call = _repeat_call(plan)
     if isinstance(call, OperationRefused):
         raise ledger.refuse(AuditAction.REPEAT_EFFECT, call, reason=reason,
                             run_id=effect.run_id, effect_id=effect.effect_id)
+    shown = plan.as_dict()
+    if shown_attempts is not None:
+        shown["attempts"] = shown_attempts
     started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
-                                  plan.as_dict())
+                                  shown)
     payload = dict(plan.effect.payload or {})
     error: dict[str, Any] | None = None
     outcome: str

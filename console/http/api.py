@@ -95,6 +95,8 @@ class DecisionBody(Strict):
 class RepeatBody(Strict):
     reason: Reason
     effect_type: str | None = Field(default=None, max_length=200)
+    # the effect's attempt count the client showed: refused if it changed since
+    attempts: int | None = Field(default=None, ge=0)
 
 
 def encode(value: Any) -> str:
@@ -302,7 +304,7 @@ def repeat_effect(ledger: Authed, effect_id: str, body: RepeatBody) -> dict[str,
 
     ledger.require(AuditAction.REPEAT_EFFECT)
     done = repeat(ledger, plan_repeat(ledger, ledger.find_effect(effect_id, body.effect_type)),
-                  body.reason)
+                  body.reason, shown_attempts=body.attempts)
     return {"outcome": done.outcome, "provider_ref": done.provider_ref,
             "attempt": done.started.attempt, "key": done.started.idempotency_key,
             "error": done.error, "effect": plain(done.effect)}

@@ -363,7 +363,8 @@ def verify_fragment(request: Request, run: str,
 @router.post("/effects/{effect_type}/{effect_id}/repeat", response_class=HTMLResponse)
 def repeat_page(request: Request, effect_type: str, effect_id: str, reason: Text,
                 csrf: Annotated[str | None, Form()] = None,
-                confirm: Annotated[str | None, Form()] = None) -> Response:
+                confirm: Annotated[str | None, Form()] = None,
+                attempts: Annotated[int | None, Form()] = None) -> Response:
     """PRIVILEGED (admin): a new call with a new recorded key."""
     from tasks.operator import plan_repeat, repeat_effect
 
@@ -376,7 +377,7 @@ def repeat_page(request: Request, effect_type: str, effect_id: str, reason: Text
         if confirm != "yes":
             raise ledger.refuse(AuditAction.REPEAT_EFFECT, InvalidInput(
                 "tick the confirmation box: nothing was sent"), effect_id=effect_id)
-        repeat_effect(ledger, plan_repeat(ledger, effect), reason)
+        repeat_effect(ledger, plan_repeat(ledger, effect), reason, shown_attempts=attempts)
         return RedirectResponse(f"/runs/{effect.run_id}?done=repeat", status_code=303)
     except OnwardError as exc:
         return failed(request, exc, ledger)
