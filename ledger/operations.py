@@ -397,7 +397,7 @@ def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
 
 def _check_repeat_plan(conn: Connection, effect: Effect, plan: dict[str, Any]) -> None:
     """The confirmed plan must still describe the effect (its attempt count, as shown) and
-    must not send a replay's effect where its run never sends (DESIGN.md section 8)."""
+    must not send a replay's effect where its run never sends (docs/design.md section 8)."""
     shown = plan.get("attempts")
     if not isinstance(shown, int) or isinstance(shown, bool):
         raise OperationRefused("a repeat must carry the attempt count of the plan that was "

@@ -1,5 +1,5 @@
 """Resolve, never abandon: every path that ends or refuses a run first learns the outcome of
-its effects (DESIGN.md section 13, invariant 2), against a real PostgreSQL with steps
+its effects (docs/design.md section 13, invariant 2), against a real PostgreSQL with steps
 executed in the test process (tests/support/driver.py). The provider is an in-process fake
 (tests/workflows_outcomes.OUTSIDE) that counts the objects it holds."""
 
