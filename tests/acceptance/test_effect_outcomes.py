@@ -17,6 +17,8 @@ from ledger.schema import EffectStatus
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider
 
+pytestmark = pytest.mark.acceptance
+
 WORKFLOWS = "tests.workflows_outcomes"
 
 
