@@ -1,8 +1,8 @@
 """effect outcomes and cooperative cancel: effects.status 'unsent', runs.cancel_requested,
 step_attempts.outcome 'cancelled'
 
-Revision ID: 0022
-Revises: 0021
+Revision ID: 0023
+Revises: 0022
 
 An effect that never reached the provider (no call, a stated refusal, or a lookup that found
 nothing) is closed ``unsent`` when its run ends, instead of ``failed``. A cancel of a run a
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0022'
-down_revision = '0021'
+revision = '0023'
+down_revision = '0022'
 branch_labels = None
 depends_on = None
 
