@@ -233,7 +233,9 @@ def metrics(
         require_current_schema(engine)
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
-    stop = serve_metrics(engine, port, host)
+    settings = _settings()
+    stop = serve_metrics(engine, port, host, worker_ttl_s=settings.worker_queue_ttl_s,
+                         outbox_grace_s=settings.outbox_grace_s)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
     _announce(f"serving http://{host}:{port}/metrics", port=port)
     with contextlib.suppress(KeyboardInterrupt):

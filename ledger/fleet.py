@@ -56,7 +56,7 @@ SELECT node, host, pid, pool, concurrency, queues, workflows, in_flight, started
 # Active runs by workflow and version (the status index holds the few that are not
 # terminal), against what live workers advertise: a workflow no live worker has, or a version
 # no live worker has, is unserved.
-_UNSERVED = """
+UNSERVED_SQL = """
 WITH served AS (
     SELECT DISTINCT workflow, version FROM onward.worker_queues
      WHERE seen_at > onward.now() - %(within)s * interval '1 second'
@@ -167,6 +167,6 @@ class FleetStore:
     def unserved(self, *, within_s: float) -> list[Unserved]:
         conn = HotConnection(self._url)
         try:
-            return [Unserved.from_row(r) for r in conn.all(_UNSERVED, {"within": within_s})]
+            return [Unserved.from_row(r) for r in conn.all(UNSERVED_SQL, {"within": within_s})]
         finally:
             conn.close()

@@ -1,79 +1,178 @@
-"""Numbers about the whole ledger for monitoring (docs/design.md section 11), one query each.
+"""Numbers about the ledger for monitoring (docs/design.md section 11, docs/runbook.md), per
+workflow and version, never per run.
 
-Everything here is read from PostgreSQL, the source of truth, so one exporter process can
-serve a fleet of any size and nothing is lost when a worker dies.
+A scrape costs the same whatever the ledger's history: counters are read from
+``metric_totals`` (a few rows per workflow version, added to by each worker process every few
+seconds: ``add_totals``); gauges count only what is active (runs running, waiting or parked,
+unresolved effects, the outbox, pending approvals, restores), each through an index on the
+column that selects them. ``bench/metrics.py`` measures a scrape of a ledger holding a
+million steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
-_SNAPSHOT = sa.text("""
-SELECT
-  (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb)
-     FROM (SELECT status, count(*) AS n FROM onward.runs GROUP BY status) s) AS runs_by_status,
-  (SELECT coalesce(jsonb_object_agg(coalesce(outcome, 'running'), n), '{}'::jsonb)
-     FROM (SELECT outcome, count(*) AS n FROM onward.step_attempts GROUP BY outcome) a)
-     AS attempts_by_outcome,
-  (SELECT coalesce(sum(stale_deliveries), 0) FROM onward.runs) AS stale_deliveries,
-  (SELECT coalesce(sum(restore_count), 0) FROM onward.runs) AS restores,
-  (SELECT coalesce(extract(epoch FROM onward.now() - min(c.created_at)), 0)
-     FROM onward.runs r JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
-    WHERE r.status IN ('running', 'waiting')) AS oldest_active_checkpoint_age_s,
-  (SELECT count(*) FROM onward.effects WHERE status IN ('pending', 'accepted'))
-     AS unresolved_effects,
-  (SELECT coalesce(extract(epoch FROM onward.now() - min(updated_at)), 0) FROM onward.effects
-    WHERE status IN ('pending', 'accepted')) AS oldest_unresolved_effect_age_s,
-  (SELECT count(*) FROM onward.outbox WHERE due_at <= onward.now()) AS outbox_due,
-  (SELECT coalesce(extract(epoch FROM onward.now() - min(due_at)), 0) FROM onward.outbox
-    WHERE due_at <= onward.now() AND published_at IS NULL AND NOT worker_publishes)
-     AS outbox_lag_s,
-  (SELECT count(*) FROM onward.approvals WHERE status = 'pending') AS pending_approvals
+from ledger.hot import HotConnection
+
+# Counters' keys: (workflow, version, metric, label).
+TotalKey = tuple[str, int, str, str]
+
+_ADD_TOTALS = """
+INSERT INTO onward.metric_totals (workflow, version, metric, label, value, updated_at)
+SELECT t.workflow, t.version, t.metric, t.label, t.value, onward.now()
+  FROM jsonb_to_recordset(%(rows)s) AS t(workflow text, version int, metric text, label text,
+                                         value float8)
+ ORDER BY 1, 2, 3, 4  -- one lock order for every writer: no deadlock between two flushes
+ON CONFLICT (workflow, version, metric, label)
+DO UPDATE SET value = onward.metric_totals.value + EXCLUDED.value, updated_at = onward.now()
+RETURNING 1
+"""
+
+_TOTALS = sa.text("SELECT workflow, version, metric, label, value FROM onward.metric_totals")
+
+# Runs that are not terminal, through ix_runs_status_lease (status first). For parked runs
+# the reason, for waiting runs what they wait for (approval, signal, effect, …).
+_ACTIVE_RUNS = sa.text("""
+SELECT workflow, coalesce(workflow_version, 0) AS version, status,
+       CASE status WHEN 'needs_review' THEN coalesce(parked_reason, 'unknown')
+                   WHEN 'waiting' THEN coalesce(split_part(waiting_on, ':', 1), 'unknown')
+                   ELSE '' END AS why,
+       count(*) AS n
+  FROM onward.runs WHERE status IN ('running', 'waiting', 'needs_review')
+ GROUP BY 1, 2, 3, 4
 """)
 
-_LATENCY = sa.text("""
-SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM ended_at - started_at)) AS q, count(*) AS n
-  FROM onward.step_attempts
- WHERE outcome = 'committed' AND ended_at > onward.now() - :window * interval '1 second'
+_RESTORES = sa.text("""
+SELECT r.workflow, coalesce(r.workflow_version, 0) AS version, count(*) AS n
+  FROM onward.step_attempts a JOIN onward.runs r ON r.id = a.run_id
+ WHERE a.outcome = 'worker_lost'
+ GROUP BY 1, 2
+""")
+
+_EFFECTS = sa.text("""
+SELECT r.workflow, coalesce(r.workflow_version, 0) AS version, e.status, count(*) AS n,
+       extract(epoch FROM onward.now() - min(e.updated_at))::float8 AS oldest_s
+  FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
+ WHERE e.status IN ('pending', 'accepted')
+ GROUP BY 1, 2, 3
+""")
+
+# Due rows, and how long the oldest has waited for a publish it should have had: rows the
+# dispatcher owns at once, rows a worker publishes itself after the grace period.
+_OUTBOX = sa.text("""
+SELECT r.workflow, coalesce(r.workflow_version, 0) AS version, count(*) AS due,
+       coalesce(extract(epoch FROM onward.now() - min(o.due_at) FILTER (
+           WHERE o.published_at IS NULL
+             AND (NOT o.worker_publishes
+                  OR o.created_at < onward.now() - :grace * interval '1 second'))), 0)::float8
+           AS lag_s
+  FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
+ WHERE o.due_at <= onward.now()
+ GROUP BY 1, 2
+""")
+
+# Pending approvals by workflow are the runs waiting on one (_ACTIVE_RUNS, kind approval);
+# the oldest comes from the partial index on pending approvals, with no join to runs.
+_APPROVALS = sa.text("""
+SELECT count(*) AS n,
+       coalesce(extract(epoch FROM onward.now() - min(created_at)), 0)::float8 AS oldest_s
+  FROM onward.approvals WHERE status = 'pending'
+""")
+
+_SERVED = sa.text("""
+SELECT DISTINCT workflow, version FROM onward.worker_queues
+ WHERE seen_at > onward.now() - :within * interval '1 second'
+""")
+
+_LIVE_WORKERS = sa.text("""
+SELECT count(*) AS n, coalesce(sum(in_flight), 0) AS in_flight FROM onward.workers
+ WHERE seen_at > onward.now() - :within * interval '1 second'
 """)
 
 
 @dataclass(frozen=True)
+class QuotaUse:
+    """Slots of one quota in use now, and its limit (None: unlimited)."""
+
+    quota: str
+    in_use: int
+    limit: int | None = None
+
+
+# Where quota slots come from once quotas exist: each probe reads its own table in the
+# scrape's transaction (one indexed query) and says what is in use.
+QUOTA_PROBES: list[Callable[[Connection], list[QuotaUse]]] = []
+
+
+@dataclass(frozen=True)
 class Health:
-    runs_by_status: dict[str, int]
-    attempts_by_outcome: dict[str, int]
-    stale_deliveries: int
-    restores: int
-    oldest_active_checkpoint_age_s: float
-    unresolved_effects: int
-    oldest_unresolved_effect_age_s: float
-    outbox_due: int
-    outbox_lag_s: float
-    pending_approvals: int
-    step_seconds: dict[float, float] = field(default_factory=dict)  # quantile -> seconds
-    steps_in_window: int = 0
+    totals: list[dict[str, Any]]  # workflow, version, metric, label, value
+    active_runs: list[dict[str, Any]]  # workflow, version, status, why, n
+    restores: list[dict[str, Any]]  # workflow, version, n
+    effects: list[dict[str, Any]]  # workflow, version, status, n, oldest_s
+    outbox: list[dict[str, Any]]  # workflow, version, due, lag_s
+    approvals_pending: int
+    oldest_approval_s: float
+    workers_live: int
+    steps_in_flight: int
+    unserved: list[dict[str, Any]]  # workflow, version, runs, workflow_served
+    quotas: list[QuotaUse] = field(default_factory=list)
 
 
-def health_txn(conn: Connection, *, latency_window_s: float = 300.0) -> Health:
-    row = conn.execute(_SNAPSHOT).mappings().one()
-    latency = conn.execute(_LATENCY, {"window": latency_window_s}).mappings().one()
-    quantiles = latency["q"] or []
+def _rows(conn: Connection, query: Any, **params: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(query, params).mappings()]
+
+
+def health_txn(conn: Connection, *, worker_ttl_s: float = 30.0,
+               outbox_grace_s: float = 30.0) -> Health:
+    """One scrape: a handful of indexed queries in the caller's (read-only) transaction."""
+    live = conn.execute(_LIVE_WORKERS, {"within": worker_ttl_s}).mappings().one()
+    approvals = conn.execute(_APPROVALS).mappings().one()
+    active = _rows(conn, _ACTIVE_RUNS)
+    served = {(r["workflow"], r["version"]) for r in _rows(conn, _SERVED,
+                                                          within=worker_ttl_s)}
     return Health(
-        runs_by_status={k: int(v) for k, v in row["runs_by_status"].items()},
-        attempts_by_outcome={k: int(v) for k, v in row["attempts_by_outcome"].items()},
-        stale_deliveries=int(row["stale_deliveries"]),
-        restores=int(row["restores"]),
-        oldest_active_checkpoint_age_s=float(row["oldest_active_checkpoint_age_s"]),
-        unresolved_effects=int(row["unresolved_effects"]),
-        oldest_unresolved_effect_age_s=float(row["oldest_unresolved_effect_age_s"]),
-        outbox_due=int(row["outbox_due"]),
-        outbox_lag_s=float(row["outbox_lag_s"]),
-        pending_approvals=int(row["pending_approvals"]),
-        step_seconds={q: float(v) for q, v in zip((0.5, 0.9, 0.99), quantiles, strict=False)
-                      if v is not None},
-        steps_in_window=int(latency["n"]),
+        totals=_rows(conn, _TOTALS),
+        active_runs=active,
+        restores=_rows(conn, _RESTORES),
+        effects=_rows(conn, _EFFECTS),
+        outbox=_rows(conn, _OUTBOX, grace=outbox_grace_s),
+        approvals_pending=int(approvals["n"]),
+        oldest_approval_s=float(approvals["oldest_s"]),
+        workers_live=int(live["n"]),
+        steps_in_flight=int(live["in_flight"]),
+        unserved=_unserved(active, served),
+        quotas=[use for probe in QUOTA_PROBES for use in probe(conn)],
     )
+
+
+def _unserved(active: list[dict[str, Any]], served: set[tuple[str, int]]
+              ) -> list[dict[str, Any]]:
+    """Active runs whose workflow (version 0: not bound yet) no live worker advertises, as
+    ``onward workers`` flags them (ledger/fleet.py)."""
+    workflows = {w for w, _ in served}
+    counts: dict[tuple[str, int], int] = {}
+    for row in active:
+        key = (row["workflow"], row["version"])
+        if row["status"] == "needs_review":
+            continue  # a person looks first, whoever serves it
+        if key in served or (row["version"] == 0 and row["workflow"] in workflows):
+            continue
+        counts[key] = counts.get(key, 0) + int(row["n"])
+    return [{"workflow": w, "version": v, "runs": n} for (w, v), n in sorted(counts.items())]
+
+
+def add_totals(conn: HotConnection, deltas: dict[TotalKey, float]) -> None:
+    """Add a worker process's counts since its last flush (one statement)."""
+    if not deltas:
+        return
+    rows = [{"workflow": w, "version": v, "metric": m, "label": label, "value": value}
+            for (w, v, m, label), value in sorted(deltas.items())]
+    conn.one(_ADD_TOTALS, {"rows": Jsonb(rows)})

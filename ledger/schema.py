@@ -14,6 +14,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -255,6 +256,9 @@ step_attempts = Table(
     Column("error_message", Text, nullable=True),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
     CheckConstraint(f"outcome IS NULL OR {_in('outcome', AttemptOutcome)}", name="outcome"),
+    # restores, counted at each scrape (ledger/health.py): few rows, whatever the history
+    Index("ix_step_attempts_worker_lost", "run_id",
+          postgresql_where=text("outcome = 'worker_lost'")),
 )
 
 outbox = Table(
@@ -466,6 +470,18 @@ workers = Table(
     Column("started_at", TS, nullable=False, server_default=func.onward.now()),
     Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
     Index("ix_workers_seen_at", "seen_at"),
+)
+
+metric_totals = Table(
+    "metric_totals",
+    metadata,
+    Column("workflow", Text, nullable=False),
+    Column("version", Integer, nullable=False),  # 0: not bound to a version yet
+    Column("metric", Text, nullable=False),  # e.g. steps_committed, step_seconds_bucket
+    Column("label", Text, nullable=False),  # e.g. an outcome, a bucket's upper bound
+    Column("value", Float(precision=53), nullable=False),
+    Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
+    PrimaryKeyConstraint("workflow", "version", "metric", "label"),
 )
 
 tokens = Table(

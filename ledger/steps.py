@@ -59,6 +59,8 @@ class Stale:
     reason: StaleReason
     current_seq: int | None = None
     status: str | None = None
+    workflow: str | None = None  # for metrics, when the run was found
+    workflow_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
 _COUNT_STALE = """
 UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
  WHERE id = %(run_id)s
-RETURNING seq, status, attempt, max_attempts,
+RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
           (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased
 """
 
@@ -639,7 +641,8 @@ class StepStore:
             reason = StaleReason.LEASED
         else:
             reason = StaleReason.ATTEMPTS_EXHAUSTED
-        return Stale(run_id, seq, reason, current_seq=row["seq"], status=row["status"])
+        return Stale(run_id, seq, reason, current_seq=row["seq"], status=row["status"],
+                     workflow=row["workflow"], workflow_version=row["workflow_version"])
 
     def commit(self, claim: Claim, advance: Advance) -> bool:
         """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""

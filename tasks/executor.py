@@ -76,6 +76,7 @@ class StepReport:
     workflow: str | None = None
     version: int | None = None
     next_step: str | None = None
+    status: str | None = None  # the run's status after a commit (running, waiting, completed…)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def execute_step(
         log.info("stale delivery" if count_stale else "run moved on before eager continuation",
                  run_id=str(claimed.run_id), seq=claimed.seq,
                  reason=claimed.reason.value, current_seq=claimed.current_seq)
-        return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason)
+        return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason,
+                          workflow=claimed.workflow, version=claimed.workflow_version)
     faults.point("after_claim", claimed.step)
     observe.claimed(claimed)
     if claimed.cancel_requested is not None:  # an operator asked: end it, run nothing
@@ -273,7 +275,7 @@ def _run_claimed(
     return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
                       queue=version_queue(config.queue, workflow.name, workflow.version),
                       workflow=workflow.name, version=workflow.version,
-                      next_step=advance.next_step)
+                      next_step=advance.next_step, status=advance.status.value)
 
 
 def _hand_back(store: StepStore, config: ExecutorConfig, claim: Claim, refusal: Refusal,

@@ -105,14 +105,17 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
             raise StepNotCommitted(f"{report.kind.value}: {report.detail[:200]}")
         return report.kind.value
 
-    signals.worker_process_shutdown.connect(_flush_traces, weak=False)
+    def flush_observers(**_kwargs: Any) -> None:
+        """A pool process (or a threads/solo worker) exits: flush its counters and the
+        spans it still buffers."""
+        if runtime.meter is not None:
+            runtime.meter.close()
+        tracing.flush()
+
+    signals.worker_process_shutdown.connect(flush_observers, weak=False)
+    signals.worker_shutdown.connect(flush_observers, weak=False)
     app.onward_runtime = runtime  # type: ignore[attr-defined]
     return app
-
-
-def _flush_traces(**_kwargs: Any) -> None:
-    """A pool process exits: export the spans it still buffers."""
-    tracing.flush()
 
 
 def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str = "",

@@ -33,7 +33,7 @@ from ledger.db import database_url
 from ledger.settings import OnwardSettings
 from ledger.steps import StepStore
 from tasks import faults
-from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
 from tasks.llm import set_token_sink
 from tasks.workflow import Registry
 from workers.broker import broker_url
@@ -45,6 +45,7 @@ from workers.events import (
     trace_headers,
 )
 from workers.logs import bind_step
+from workers.meter import StepMeter
 from workers.streams import RedisTokenSink
 
 STEP_TASK = "onward.step"
@@ -63,6 +64,7 @@ class WorkerRuntime:
     _config: ExecutorConfig | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _events: EagerEvents | None = field(default=None, init=False)
+    meter: StepMeter | None = field(default=None, init=False)
 
     @property
     def pool_size(self) -> int:
@@ -96,6 +98,7 @@ class WorkerRuntime:
             tool_lease_margin_s=self.settings.tool_lease_margin_s,
         )
         self._events = EagerEvents(self.app)
+        self.meter = StepMeter(database_url(self.settings))
         tracing.enable("onward-worker")  # per process: exporters must not cross fork
         faults.arm_from_env()
         url = broker_url(self.settings)
@@ -187,6 +190,7 @@ class WorkerRuntime:
             eager = self._events.received(hostname, name or "",
                                           display_kwargs(message.run_id, message.seq, 1),
                                           task_id)
+        started = time.perf_counter()
         try:
             report = execute_step(self._store, self.registry, self._config, message,
                                   worker=self.worker_id, publish=lambda *next_step:
@@ -200,6 +204,8 @@ class WorkerRuntime:
                 # the step did get its lease, the message is a counted no-op.
                 self.publish(message.run_id, message.seq, queue, name, traceparent)
             raise
+        if self.meter is not None and (delivered is None or report.kind is not ReportKind.STALE):
+            self.meter.observe(report, time.perf_counter() - started)
         if eager is not None:
             self._events.finished(hostname, *eager, report)
         return report, (follow[0] if follow else None)

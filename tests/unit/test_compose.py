@@ -158,6 +158,6 @@ def test_dockerfile__installs_the_project_on_python_3_11_slim() -> None:
     """The image is python:3.11-slim with the project pip-installed (the `onward` script)."""
     lines = [line.strip() for line in DOCKERFILE.read_text().splitlines()]
     assert "FROM python:3.11-slim" in lines
-    assert any(line.startswith("RUN pip install .") for line in lines)
+    assert any(line.startswith(("RUN pip install .", "RUN pip install \".")) for line in lines)
     for package in ("ledger", "tasks", "workers", "console"):
         assert f"COPY {package} {package}" in lines
