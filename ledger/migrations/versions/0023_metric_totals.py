@@ -3,8 +3,8 @@ step outcomes, duration histogram, stale deliveries), so a scrape reads a small 
 instead of counting history; a partial index on step executions whose worker was lost
 (restores)
 
-Revision ID: 0022
-Revises: 0021
+Revision ID: 0023
+Revises: 0022
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0022'
-down_revision = '0021'
+revision = '0023'
+down_revision = '0022'
 branch_labels = None
 depends_on = None
 
