@@ -3,8 +3,8 @@ step outcomes, duration histogram, stale deliveries), so a scrape reads a small 
 instead of counting history; a partial index on step executions whose worker was lost
 (restores)
 
-Revision ID: 0023
-Revises: 0022
+Revision ID: 0024
+Revises: 0023
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0023'
-down_revision = '0022'
+revision = '0024'
+down_revision = '0023'
 branch_labels = None
 depends_on = None
 
