@@ -99,7 +99,7 @@ def test_retry__non_retryable_error_fails_at_once(
         ("unknown_step", "went to unknown step 'no_such_step'"),
         ("bad_state", "state update is invalid for Bad"),
         ("unknown_field", "names fields ['nonexistent'] that Bad does not have"),
-        ("not_json", "finish result is not JSON"),
+        ("not_json", "finish result cannot be stored: value is not plain JSON"),
         ("not_an_outcome", "returned str; return ctx.goto(...), ctx.finish(...) or ctx.fail"),
     ],
 )
