@@ -28,7 +28,8 @@ What it sets up (nothing shared with other users of the servers is touched):
 * the reference provider (examples/provider.py, a real HTTP service with its own store),
   with a short key retention (``key_ttl_s``) so that a blind resend would create a duplicate;
 * real ``onward`` processes: 2 workers (``-c 2``), 2 dispatchers, 1 reaper, with a 3 s lease
-  and fast reaper/dispatcher timings.
+  (extended over a provider call to its time limit + 1 s) and fast reaper/dispatcher
+  timings.
 
 The workload (bench/chaos/agent.py): R runs started in waves during the chaos window; each
 step makes one irreversible write through a tool with a lookup by key. ``--blind-runs`` runs
@@ -53,7 +54,8 @@ Chaos, at seeded random moments (``--seed``):
   carry ``application_name`` chaos-<role><slot>.g<gen> through PGAPPNAME);
 * effect calls longer than the lease: the provider holds the next few creates
   ``--long-call-s`` seconds (the lease TTL + 1 s by default) before acting
-  (``--long-calls``);
+  (``--long-calls``); the tools' time limit (``ONWARD_TOOL_TIMEOUT_S``) is 2 s more, so
+  such a call outlives the lease TTL but not its own limit;
 * provider faults: dropped responses and HTTP 500s on the lookup tool's collection, and a
   period of asynchronous completion (202 + status polling);
 

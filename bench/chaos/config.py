@@ -46,6 +46,13 @@ class Config:
     long_call_s: float = 4.0
     concurrency: int = 2
 
+    @property
+    def tool_timeout_s(self) -> float:
+        """A provider call's time limit (ONWARD_TOOL_TIMEOUT_S): a long call outlives the
+        lease TTL, not the call's own limit, and a killed holder's extended lease (limit +
+        ONWARD_TOOL_LEASE_MARGIN_S) expires within seconds, as the bench's other timings."""
+        return self.long_call_s + 2.0
+
 
 def config_of(a: argparse.Namespace) -> Config:
     """The bench's configuration; counts not given scale with the chaos window."""
@@ -152,7 +159,8 @@ def _outage_args(p: argparse.ArgumentParser) -> None:
                    help="creates the provider holds --long-call-s before acting"
                         + _per_minute("long_calls"))
     p.add_argument("--long-call-s", type=float, default=None,
-                   help="how long a long call is held (default: the lease TTL + 1 s)")
+                   help="how long a long call is held (default: the lease TTL + 1 s); the "
+                        "tools' time limit is 2 s more")
     p.add_argument("--no-flush", action="store_true", help="do not FLUSHDB the broker")
     p.add_argument("--no-async", action="store_true", help="no asynchronous-completion period")
     p.add_argument("--key-ttl", type=float, default=0.2,

@@ -107,6 +107,8 @@ class Servers:
             "ONWARD_WORKFLOWS": "bench.chaos.agent",
             "ONWARD_CHECKPOINT_KEY": CHECKPOINT_KEY,
             "ONWARD_LEASE_TTL_S": str(self.cfg.lease_ttl_s),
+            "ONWARD_TOOL_TIMEOUT_S": str(self.cfg.tool_timeout_s),
+            "ONWARD_TOOL_LEASE_MARGIN_S": "1",
             "ONWARD_REAPER_INTERVAL_S": "0.5",
             "ONWARD_OUTBOX_GRACE_S": "1",
             "ONWARD_OUTBOX_REPUBLISH_S": "5",

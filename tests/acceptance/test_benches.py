@@ -70,20 +70,19 @@ def test_bench_waiting__waiting_runs_hold_nothing(server_urls: dict[str, str]) -
 def test_bench_chaos__tiny_run_loses_and_duplicates_nothing(server_urls: dict[str, str]) -> None:
     """python -m bench.chaos, tiny: 6 runs x 2 irreversible effects while a pool child, a
     whole worker and a dispatcher are SIGKILLed, the bench's own PostgreSQL is crashed and
-    started again, worker and dispatcher connections are terminated, and the provider drops
-    a response and answers a 500. Counted from the ledger and from the provider separately:
+    started again, worker and dispatcher connections are terminated, the provider drops a
+    response, answers a 500 and holds one create longer than the lease before acting.
+    Counted from the ledger and from the provider separately:
     no run lost, no duplicate object or commit, no orphan pending effect, and exactly the
     one planned park (a write whose tool has no lookup).
 
     The broker is the suite's Redis database (``--broker-db -1``), which other tests use at
     the same time, so it is not flushed (``--no-flush``; test_broker_loss.py flushes one of
-    its own). Calls longer than the lease (``--long-calls``) are left out until a call can
-    no longer outlive its lease: today the provider then holds a second object (issue 10
-    item 2)."""
+    its own)."""
     out = _bench("chaos", [
         "--runs", "6", "--steps", "2", "--window", "12", "--settle", "90",
         "--child-kills", "2", "--tree-kills", "1", "--dispatcher-kills", "1",
-        "--pg-restarts", "1", "--backend-kills", "2", "--long-calls", "0",
+        "--pg-restarts", "1", "--backend-kills", "2", "--long-calls", "1",
         "--drop-waves", "1", "--error-waves", "1", "--blind-runs", "1", "--no-async",
         "--broker-db", "-1", "--no-flush",
     ], server_urls)
@@ -96,4 +95,5 @@ def test_bench_chaos__tiny_run_loses_and_duplicates_nothing(server_urls: dict[st
     assert out["parked"] == out["expected_parked"] == 1
     assert out["postgres_restarts"] == 1
     assert out["backend_kills"] >= 1
+    assert out["long_calls"] == 1
     assert out["kills"] >= 3
