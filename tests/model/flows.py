@@ -1,0 +1,163 @@
+"""The workflow the model-based test drives, in two deployable versions.
+
+A run's input is a plan: a short list of operations, one per step execution of ``act``
+(model calls, effects through three kinds of tool, an approval, a signal, a timer, a
+deliberate failure). Version 2 stores its state under schema 2 and migrates schema-1 runs
+it picks up; both versions send the same payloads for the same intent, so a renumbered
+step would show as a second object for one intent at the provider.
+
+Each step body first reports itself to the test (``WORLD.on_body``), which checks that the
+step it is about to run has not committed already. Steps that resume from a wait check
+that the wait's meaning survived (the decision, the signal payload) and note a violation
+when it did not.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ledger.schema import ToolClass
+from tasks import StepContext, Workflow
+from tasks.llm import LLMResponse
+from tasks.tools import Tool
+from tests.model.world import WORLD
+
+APPROVAL_LIFETIME = timedelta(seconds=60)
+SIGNAL_TIMEOUT = timedelta(seconds=120)
+SLEEP = timedelta(seconds=30)
+
+OPS = ("llm", "llm2", "crm", "mail", "blind", "flaky", "approve", "approve_strict", "signal",
+       "sleep", "fail")
+
+
+def _crm_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.create("crm", payload, key, dedupes=False)  # type: ignore[no-any-return]
+
+
+def _crm_lookup(key: str) -> dict[str, Any] | None:
+    return WORLD.provider.lookup("crm", key)  # type: ignore[no-any-return]
+
+
+def _crm_simulate(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.simulate("crm", payload, key)  # type: ignore[no-any-return]
+
+
+def _mail_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.create("mail", payload, key, dedupes=True)  # type: ignore[no-any-return]
+
+
+def _mail_simulate(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.simulate("mail", payload, key)  # type: ignore[no-any-return]
+
+
+def _blind_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.create("blind", payload, key, dedupes=False)  # type: ignore[no-any-return]
+
+
+# irreversible, no provider-side dedupe, but a lookup by key: reconcile before resending
+crm = Tool("model.crm", ToolClass.IRREVERSIBLE, call=_crm_call, lookup=_crm_lookup,
+           simulate=_crm_simulate)
+# the provider dedupes by Idempotency-Key: resending with the same key is safe
+mail = Tool("model.mail", ToolClass.IDEMPOTENT_WRITE, call=_mail_call, simulate=_mail_simulate)
+# neither a lookup nor dedupe: an unknown outcome must park the run for a person
+blind = Tool("model.blind", ToolClass.IRREVERSIBLE, call=_blind_call)
+
+TOOLS = {"crm": crm, "mail": mail, "blind": blind}
+
+
+class _Model:
+    """The workflows' model client: the current example's counting model."""
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]],
+                 **params: Any) -> LLMResponse:
+        return WORLD.model.complete(model=model, messages=messages,  # type: ignore[no-any-return]
+                                    **params)
+
+
+class Plan(BaseModel):
+    ref: str
+    ops: list[str]
+    pc: int = 0
+    tag: str = ""
+
+
+class PlanV2(Plan):
+    schema_note: str = Field(min_length=1)
+
+
+flow_v1 = Workflow("model_flow", version=1, state=Plan, llm=_Model(), max_attempts=3)
+flow_v2 = Workflow("model_flow", version=2, state=PlanV2, llm=_Model(), max_attempts=3,
+                   state_schema_version=2)
+
+
+@flow_v2.migration(from_schema=1)
+def _add_schema_note(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "schema_note": "migrated from schema 1"}
+
+
+def _define(workflow: Workflow[Any]) -> None:
+    @workflow.step(start=True)
+    def act(ctx: StepContext, state: Plan) -> Any:
+        WORLD.on_body(ctx)
+        if state.pc >= len(state.ops):
+            return ctx.finish(ref=state.ref, pc=state.pc, version=workflow.version)
+        op, nxt = state.ops[state.pc], state.pc + 1
+        wait = _wait(ctx, state, op, nxt)
+        if wait is not None:
+            return wait
+        _work(ctx, state, op)
+        return ctx.goto(act, pc=nxt)
+
+    def _wait(ctx: StepContext, state: Plan, op: str, nxt: int) -> Any:
+        artifact = {"ref": state.ref, "pc": state.pc}
+        if op == "approve":
+            return ctx.ask_approval("ship", artifact=artifact, then=approved, on_reject=act,
+                                    on_expire=act, expires_in=APPROVAL_LIFETIME, pc=nxt)
+        if op == "approve_strict":
+            return ctx.ask_approval("ship", artifact=artifact, then=approved,
+                                    expires_in=APPROVAL_LIFETIME, pc=nxt)
+        if op == "signal":
+            return ctx.wait_for_signal("go", then=signalled, timeout=SIGNAL_TIMEOUT,
+                                       on_timeout=act, pc=nxt)
+        if op == "sleep":
+            return ctx.sleep(SLEEP, then=act, pc=nxt)
+        if op == "fail":
+            return ctx.fail("planned failure", pc=state.pc)
+        return None
+
+    def _work(ctx: StepContext, state: Plan, op: str) -> None:
+        if op in ("llm", "llm2"):
+            for call in range(1 if op == "llm" else 2):
+                ctx.llm(model="counting", messages=[
+                    {"role": "user", "content": f"{state.ref} op {state.pc} call {call}"}])
+        elif op in TOOLS:
+            ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc)
+        elif op == "flaky":
+            ctx.effect(crm, ref=state.ref, intent=state.pc)
+            if ctx.attempt == 1:
+                raise RuntimeError("flaky: the step raises after its effect, on attempt 1")
+
+    @workflow.step
+    def approved(ctx: StepContext, state: Plan) -> Any:
+        WORLD.on_body(ctx)
+        decision = ctx.decision
+        if decision is None or decision.get("status") != "approved":
+            WORLD.note("wait_meaning", f"run {ctx.run_id} seq {ctx.seq}: step 'approved' "
+                       f"ran with decision {decision!r} (v{workflow.version})")
+        return ctx.goto(act)
+
+    @workflow.step
+    def signalled(ctx: StepContext, state: Plan) -> Any:
+        WORLD.on_body(ctx)
+        payload = ctx.signal("go")
+        if payload is None:
+            WORLD.note("wait_meaning", f"run {ctx.run_id} seq {ctx.seq}: step 'signalled' "
+                       f"ran without the payload of signal 'go' (v{workflow.version})")
+        return ctx.goto(act)
+
+
+_define(flow_v1)
+_define(flow_v2)

@@ -1,0 +1,359 @@
+"""The moving parts the model-based test drives: a clock, two workers, a broker, a dispatcher.
+
+Everything here is the real thing except the broker (an in-memory list of messages, so
+the test decides which message is delivered to which worker, duplicated or lost) and the
+process boundary (a worker is a thread with its own ledger connection; a ``Crash`` raised in
+it is a SIGKILL: the thread ends, nothing in onward catches it, and the worker comes back
+with a new connection and a new id).
+
+Only one thread runs at a time: the test's thread waits while a worker thread executes, and
+a worker thread stops (``suspend``) only inside a provider call told to hang, until the
+test resumes it. Interleavings are therefore exactly the ones hypothesis chooses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from sqlalchemy.engine import Engine
+
+import ledger.hot
+import ledger.outbox
+from ledger import schema
+from ledger.checkpoints import CheckpointKeys
+from ledger.outbox import OutboxMessage, OutboxStore
+from ledger.steps import StepStore
+from tasks import faults
+from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.workflow import Registry
+from tests.model.world import Crash, set_current_runner
+from tests.support import clock as test_clock
+
+LEASE_TTL_S = 30.0
+OUTBOX_GRACE_S = 10.0
+OUTBOX_REPUBLISH_S = 5.0
+STALL_AFTER_S = 60.0
+THREAD_PATIENCE_S = 60.0  # a worker thread that neither finishes nor suspends is stuck
+
+
+# -- the clock -------------------------------------------------------------------------------
+class Clock:
+    """Moves ``onward.now()`` on every connection the test and the code under test use:
+    raw psycopg connections (workers, dispatcher) as they are opened and whenever time
+    moves, and engine connections at checkout."""
+
+    def __init__(self) -> None:
+        self.box = [timedelta(0)]
+        self._raw: list[psycopg.Connection[Any]] = []
+        self._original = ledger.hot.connect_raw
+
+    @property
+    def offset(self) -> timedelta:
+        return self.box[0]
+
+    def _set(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SELECT set_config(%s, %s, false)",
+                     (test_clock.SETTING, test_clock.interval(self.offset)))
+        if not conn.autocommit:
+            conn.commit()  # a session setting made in a transaction rolls back with it
+
+    def connect_raw(self, url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+        conn = self._original(url, autocommit=autocommit)
+        self._set(conn)
+        self._raw = [c for c in self._raw if not c.closed] + [conn]
+        return conn
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Clock]:
+        """Route the ledger's raw connections through this clock for the duration."""
+        ledger.hot.connect_raw = self.connect_raw  # type: ignore[assignment]
+        ledger.outbox.connect_raw = self.connect_raw  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            ledger.hot.connect_raw = self._original
+            ledger.outbox.connect_raw = self._original
+
+    def follow(self, engine: Engine) -> None:
+        test_clock.follow_engine(engine, self.box)
+
+    def reset(self) -> None:
+        self.box[0] = timedelta(0)
+        self.advance(0)
+
+    def advance(self, seconds: float) -> None:
+        self.box[0] = self.offset + timedelta(seconds=seconds)
+        self._raw = [c for c in self._raw if not c.closed]
+        for conn in self._raw:
+            self._set(conn)
+
+
+# -- crashes ---------------------------------------------------------------------------------
+@dataclass
+class Crashes:
+    """Where the next crash happens: at a named fault point, or after the k-th ledger
+    statement of the next delivery (a SIGKILL between any two statements)."""
+
+    point: str | None = None
+    after_statement: int | None = None
+
+    def fault_point(self, name: str, step: str | None = None) -> None:
+        if self.point == name:
+            self.point = None
+            raise Crash(f"killed at fault point {name}")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Crashes]:
+        original = faults.point
+        faults.point = self.fault_point
+        try:
+            yield self
+        finally:
+            faults.point = original
+
+
+class CrashingConnection:
+    """The worker's hot connection, counting statements so a crash can follow any one."""
+
+    def __init__(self, inner: Any, worker: Worker) -> None:
+        self._inner = inner
+        self._worker = worker
+
+    def _after(self) -> None:
+        crashes = self._worker.crashes
+        self._worker.statements += 1
+        if crashes.after_statement is not None \
+                and self._worker.statements >= crashes.after_statement:
+            crashes.after_statement = None
+            raise Crash(f"killed after ledger statement {self._worker.statements}")
+
+    def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        row = self._inner.one(sql, params)
+        self._after()
+        return row  # type: ignore[no-any-return]
+
+    def all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = self._inner.all(sql, params)
+        self._after()
+        return rows  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# -- the broker ------------------------------------------------------------------------------
+@dataclass
+class Broker:
+    """Messages ``(run_id, seq)`` published and not yet delivered (duplicates allowed)."""
+
+    messages: list[tuple[UUID, int]] = field(default_factory=list)
+
+    def publish(self, run_id: UUID, seq: int, *_: Any) -> None:
+        self.messages.append((run_id, seq))
+
+    def take(self, pick: int, keep: bool) -> tuple[UUID, int]:
+        index = pick % len(self.messages)
+        message = self.messages[index]
+        if not keep:
+            del self.messages[index]
+        return message
+
+
+# -- workers ---------------------------------------------------------------------------------
+@dataclass
+class Delivery:
+    """How one delivery to a worker ended (``suspended`` until it is resumed)."""
+
+    state: str  # done, crashed, error, suspended
+    reports: list[StepReport] = field(default_factory=list)
+    error: BaseException | None = None
+    where: str = ""
+
+
+class Worker:
+    """One worker process: a ledger connection, a registry (its deployed code), a thread."""
+
+    def __init__(self, index: int, url: str, keys: CheckpointKeys, config: ExecutorConfig,
+                 registry: Registry, broker: Broker, crashes: Crashes) -> None:
+        self.index = index
+        self.generation = 0
+        self._url, self._keys, self.config = url, keys, config
+        self.registry = registry
+        self.broker = broker
+        self.crashes = crashes
+        self.statements = 0
+        self.run_id: UUID | None = None
+        self._cond = threading.Condition()
+        self._state = "idle"  # idle, running, suspended, finished
+        self._resume: str | None = None
+        self._delivery = Delivery("done")
+        self._thread: threading.Thread | None = None
+        self.suspended_at = ""
+        self.store = self._new_store()
+
+    @property
+    def name(self) -> str:
+        return f"worker{self.index}:{self.generation}"
+
+    @property
+    def idle(self) -> bool:
+        return self._state == "idle"
+
+    @property
+    def suspended(self) -> bool:
+        return self._state == "suspended"
+
+    def _new_store(self) -> StepStore:
+        store = StepStore(self._url, self._keys, lease_ttl_s=LEASE_TTL_S)
+        store.conn = CrashingConnection(store.conn, self)  # type: ignore[assignment]
+        return store
+
+    def restart(self) -> None:
+        """The process is gone; a new one starts with a new connection and a new id."""
+        self.store.close()
+        self.generation += 1
+        self.store = self._new_store()
+
+    # -- the test's side --------------------------------------------------------------------
+    def deliver(self, message: tuple[UUID, int], eager: int) -> Delivery:
+        if not self.idle:
+            raise RuntimeError(f"{self.name} is busy")
+        self.statements = 0
+        self._delivery = Delivery("running")
+        self._state = "running"
+        self._thread = threading.Thread(target=self._main, args=(message, eager),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+        return self._wait()
+
+    def resume(self, action: str) -> Delivery:
+        if not self.suspended:
+            raise RuntimeError(f"{self.name} is not suspended")
+        with self._cond:
+            self._resume = action
+            self._state = "running"
+            self._cond.notify_all()
+        return self._wait()
+
+    def _wait(self) -> Delivery:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._state in ("suspended", "finished"),
+                                       timeout=THREAD_PATIENCE_S):
+                raise RuntimeError(f"{self.name} neither finished nor suspended in "
+                                   f"{THREAD_PATIENCE_S}s (blocked in the database?)")
+            if self._state == "suspended":
+                return Delivery("suspended", list(self._delivery.reports),
+                                where=self.suspended_at)
+        assert self._thread is not None
+        self._thread.join()
+        self._state = "idle"
+        delivery = self._delivery
+        if delivery.state == "crashed":
+            self.restart()
+        return delivery
+
+    # -- the worker thread's side -----------------------------------------------------------
+    def suspend(self, where: str) -> str:
+        """Called in the worker thread: stop here until the test says how to go on."""
+        with self._cond:
+            self.suspended_at = where
+            self._resume = None
+            self._state = "suspended"
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._resume is not None)
+            action = self._resume
+        assert action is not None
+        return action
+
+    def _main(self, message: tuple[UUID, int], eager: int) -> None:
+        set_current_runner(self)
+        try:
+            self._deliver(message, eager)
+            self._delivery.state = "done"
+        except Crash as exc:
+            self._delivery.state, self._delivery.error = "crashed", exc
+        except BaseException as exc:
+            self._delivery.state, self._delivery.error = "error", exc
+        finally:
+            set_current_runner(None)
+            with self._cond:
+                self._state = "finished"
+                self._cond.notify_all()
+
+    def _deliver(self, first: tuple[UUID, int], eager: int) -> None:
+        """What ``workers.runtime.WorkerRuntime.handle`` does with one message: execute it,
+        then (eager continuation) up to ``eager`` next steps of the run, then publish."""
+        message = StepMessage(run_id=first[0], seq=first[1])
+        follow: list[tuple[UUID, int, str]] = []
+        delivered = False
+        while True:
+            follow.clear()
+            self.run_id = message.run_id
+            try:
+                report = execute_step(self.store, self.registry, self.config, message,
+                                      worker=self.name, publish=lambda *m: follow.append(m),
+                                      count_stale=not delivered)
+            except Exception:
+                if delivered:
+                    self.broker.publish(message.run_id, message.seq)
+                raise
+            self._delivery.reports.append(report)
+            delivered = True
+            if not follow:
+                return
+            run_id, seq, _queue = follow[0]
+            if eager <= 0:
+                self.broker.publish(run_id, seq)
+                return
+            eager -= 1
+            message = StepMessage(run_id=run_id, seq=seq)
+
+
+# -- the dispatcher --------------------------------------------------------------------------
+class Dispatcher:
+    """``OutboxStore.sweep`` publishing into the in-memory broker; it can die after
+    publishing and before marking (``dispatcher_after_publish_before_mark``)."""
+
+    def __init__(self, url: str, broker: Broker) -> None:
+        self._url = url
+        self.broker = broker
+        self.store = self._new_store()
+
+    def _new_store(self) -> OutboxStore:
+        return OutboxStore(self._url, grace_s=OUTBOX_GRACE_S, republish_s=OUTBOX_REPUBLISH_S)
+
+    def sweep(self, crash_before_mark: bool) -> int:
+        def publish(message: OutboxMessage) -> None:
+            self.broker.publish(message.run_id, message.seq)
+
+        def after_publish() -> None:
+            if crash_before_mark:
+                raise Crash("dispatcher killed after publishing, before marking")
+
+        try:
+            return self.store.sweep(publish, after_publish=after_publish)
+        except Crash:
+            self.store.close()
+            self.store = self._new_store()
+            return 0
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def empty_ledger(engine: Engine) -> None:
+    """Delete every row of every onward table, children first (cheaper than TRUNCATE for the
+    few rows one example writes)."""
+    with engine.begin() as conn:
+        for table in reversed(schema.metadata.sorted_tables):
+            conn.execute(table.delete())
+
+
+Resume = Callable[[str], Delivery]

@@ -1,0 +1,249 @@
+"""The invariants of DESIGN.md section 13, as checks over the ledger and the outside world
+(docs/guarantees.md, "What the model-based test checks", states them for users).
+
+The test runs every check after every rule. Checks that the ledger alone can answer are one
+SQL query each, sent together in one round trip (``SQL_CHECKS``: each row is a violation);
+the others compare the ledger with what the fake provider and model saw. A check is
+switched off only by name, through ``DISABLED`` in tests/model/test_protocol.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ledger import Ledger
+from tests.model.flows import APPROVAL_LIFETIME, SIGNAL_TIMEOUT, SLEEP
+from tests.model.world import CALL_COST_USD, CALL_TOKENS, USD_PER_TOKEN, World
+
+CLOCK_TOLERANCE_S = 5.0
+
+
+@dataclass
+class RunBook:
+    """What the test knows of each run it created: the spend it started with (a replay
+    with inherited budgets starts with its parent's), and its last verified history."""
+
+    started_tokens: dict[UUID, int] = field(default_factory=dict)
+    started_cost: dict[UUID, Decimal] = field(default_factory=dict)
+    verified: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    conn: Connection
+    ledger: Ledger
+    world: World
+    book: RunBook
+    worker_errors: list[str]
+
+
+# -- checks the ledger answers alone: each row is one violation ---------------------------------
+SQL_CHECKS: dict[str, str] = {
+    # 1. at most one commit per (run, seq) ...
+    "one_commit_per_seq": """
+        SELECT format('run %s seq %s: %s attempts committed', run_id, seq, count(*))
+          FROM onward.step_attempts WHERE outcome = 'committed'
+         GROUP BY run_id, seq HAVING count(*) > 1""",
+    # ... and a committed step is never claimed again
+    "committed_step_never_reclaimed": """
+        SELECT format('run %s seq %s: claimed again (epoch %s, %s) after checkpoint %s '
+                      'committed', a.run_id, a.seq, a.lease_epoch, a.worker, c.seq)
+          FROM onward.step_attempts a
+          JOIN onward.checkpoints c ON c.run_id = a.run_id AND c.seq = a.seq + 1
+         WHERE a.started_at > c.created_at""",
+    # 2. no effect that may have reached the provider is left unresolved on a dead run
+    "no_unresolved_effect_on_a_dead_run": """
+        SELECT format('effect %s %s of %s run %s is %s after a call attempt', e.effect_type,
+                      left(e.effect_id, 16), r.status, e.run_id, e.status)
+          FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
+         WHERE e.status IN ('pending', 'accepted')
+           AND r.status IN ('completed', 'failed', 'diverged')
+           AND EXISTS (SELECT 1 FROM onward.effect_attempts a
+                        WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
+                          AND a.kind = 'call')""",
+    # ... and one that reached (or may have reached) the provider is never ``failed`` unless
+    # the provider refused it (:acted holds the keys the provider created objects for)
+    "reached_effect_never_failed": """
+        SELECT format('effect %s %s of run %s is failed, but %s (error %s)', e.effect_type,
+                      left(e.effect_id, 16), e.run_id,
+                      CASE WHEN e.effect_id = ANY(CAST(:acted AS text[]))
+                           THEN 'the provider created an object for its key'
+                           ELSE format('its last call ended %s', coalesce(last.outcome,
+                                                                          'unrecorded')) END,
+                      e.error)
+          FROM onward.effects e
+          LEFT JOIN LATERAL (SELECT a.outcome FROM onward.effect_attempts a
+                              WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
+                                AND a.kind = 'call' ORDER BY a.attempt DESC LIMIT 1) last ON true
+         WHERE e.status = 'failed'
+           AND (e.effect_id = ANY(CAST(:acted AS text[]))
+                OR (last IS NOT NULL AND coalesce(last.outcome, 'unknown') = 'unknown'))""",
+    # 3. every run is terminal, parked, or has a way forward: an outbox row or a lease if it
+    #    runs; a pending approval, or a signal not yet arrived, if it waits
+    "way_forward": """
+        SELECT format('run %s is %s at seq %s (waiting_on %s, lease %s) with no way forward',
+                      r.id, r.status, r.seq, r.waiting_on, r.lease_owner)
+          FROM onward.runs r
+         WHERE (r.status = 'running' AND r.lease_owner IS NULL
+                AND NOT EXISTS (SELECT 1 FROM onward.outbox o
+                                 WHERE o.run_id = r.id AND o.seq = r.seq))
+            OR (r.status = 'waiting' AND NOT coalesce(
+                (r.waiting_on LIKE 'approval:%' AND EXISTS (
+                    SELECT 1 FROM onward.approvals a
+                     WHERE a.id::text = substr(r.waiting_on, 10) AND a.status = 'pending'
+                       AND a.run_id = r.id AND a.seq = r.seq))
+                OR (r.waiting_on LIKE 'signal:%' AND NOT EXISTS (
+                    SELECT 1 FROM onward.signals s
+                     WHERE s.run_id = r.id AND 'signal:' || s.name = r.waiting_on
+                       AND s.consumed_seq IS NULL)), false))""",
+    # ... and a run that stops leaves no outbox row behind
+    "no_outbox_row_of_a_stopped_run": """
+        SELECT format('outbox row for run %s seq %s, which is %s', o.run_id, o.seq, r.status)
+          FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
+         WHERE r.status <> 'running'""",
+    # 7. one clock: a wait a step asked for is that long after its checkpoint, on the
+    #    database's clock (approval expiry, signal timeout, timer)
+    "one_clock": f"""
+        SELECT format('run %s seq %s: a %s wait of %ss ends %ss after its checkpoint on the '
+                      'database clock', run_id, seq, kind, wanted, round(lifetime::numeric, 1))
+          FROM (SELECT c.run_id, c.seq, c.control->>'kind' AS kind,
+                       CASE c.control->>'kind' WHEN 'approval' THEN
+                            {APPROVAL_LIFETIME.total_seconds()}
+                            WHEN 'signal' THEN {SIGNAL_TIMEOUT.total_seconds()}
+                            ELSE {SLEEP.total_seconds()} END AS wanted,
+                       extract(epoch FROM CASE c.control->>'kind'
+                            WHEN 'approval' THEN a.expires_at
+                            WHEN 'signal' THEN (c.control->>'timeout_at')::timestamptz
+                            ELSE (c.control->>'until')::timestamptz END - c.created_at)
+                           AS lifetime
+                  FROM onward.checkpoints c
+                  LEFT JOIN onward.approvals a ON a.id::text = c.control->>'approval_id'
+                 WHERE c.outcome = 'wait'
+                   AND c.control->>'kind' IN ('approval', 'signal', 'timer')) w
+         WHERE lifetime IS NULL OR abs(lifetime - wanted) > {CLOCK_TOLERANCE_S}""",
+    # budgets are never exceeded by more than one call's spend, counted as the model billed
+    # it (crashes, retries, replays included) on top of what the run started with
+    "budgets_hold": f"""
+        SELECT format('run %s: %s tokens / $%s spent (the ledger counts %s / $%s) against '
+                      'a budget of %s tokens / $%s', r.id, b.tokens + b.start_tokens,
+                      b.cost + b.start_cost, r.used_tokens, r.used_cost_usd, r.budget_tokens,
+                      r.budget_cost_usd)
+          FROM onward.runs r
+          JOIN unnest(CAST(:runs AS uuid[]), CAST(:tokens AS int[]), CAST(:cost AS numeric[]),
+                      CAST(:start_tokens AS int[]), CAST(:start_cost AS numeric[]))
+               AS b(run_id, tokens, cost, start_tokens, start_cost) ON b.run_id = r.id
+         WHERE b.tokens + b.start_tokens > r.budget_tokens + {CALL_TOKENS}
+            OR b.cost + b.start_cost > r.budget_cost_usd + {CALL_COST_USD}""",
+}
+
+
+def _sql_params(ctx: Context) -> dict[str, Any]:
+    """What the outside world saw, for the checks that compare it with the ledger."""
+    runs = sorted(ctx.book.started_tokens, key=str)
+    tokens = [ctx.world.model.tokens[r] for r in runs]
+    return {
+        "acted": sorted({o.key for o in ctx.world.provider.objects}),
+        "runs": runs, "tokens": tokens,
+        "cost": [Decimal(str(round(t * USD_PER_TOKEN, 6))) for t in tokens],
+        "start_tokens": [ctx.book.started_tokens[r] for r in runs],
+        "start_cost": [ctx.book.started_cost.get(r, Decimal(0)) for r in runs],
+    }
+
+
+def _sql_checks(ctx: Context, names: list[str]) -> dict[str, list[str]]:
+    if not names:
+        return {}
+    union = "\nUNION ALL\n".join(
+        f"SELECT '{name}' AS name, detail FROM ({SQL_CHECKS[name]}) AS q{i}(detail)"
+        for i, name in enumerate(names))
+    found: dict[str, list[str]] = {}
+    for name, detail in ctx.conn.execute(sa.text(union), _sql_params(ctx)):
+        found.setdefault(name, []).append(detail)
+    return found
+
+
+# -- checks against the outside world ------------------------------------------------------------
+def committed_step_never_runs(ctx: Context) -> list[str]:
+    """1. Noted as each step body starts (``WORLD.on_body``): its seq+1 must not exist yet."""
+    return list(ctx.world.violations.get("reran", []))
+
+
+def waits_keep_their_meaning(ctx: Context) -> list[str]:
+    """Noted by the steps that resume a wait: the decision or the signal payload is there."""
+    return list(ctx.world.violations.get("wait_meaning", []))
+
+
+def one_object_per_effect(ctx: Context) -> list[str]:
+    """2. At most one provider object per intent of a run (per idempotency key, too),
+    unless a person repeated it."""
+    found = [f"provider holds {n} {collection} objects for run {run} intent {ref}/{intent}"
+             for collection, run, ref, intent, n in ctx.world.provider.duplicate_intents()]
+    keys = Counter((o.collection, o.key) for o in ctx.world.provider.objects)
+    found += [f"provider holds {n} {c} objects for one idempotency key {k[:16]}…"
+              for (c, k), n in keys.items() if n > 1]
+    return found
+
+
+def verify_clean(ctx: Context) -> list[str]:
+    """5. ``Ledger.verify_run`` is clean on every run (rerun when its history changed)."""
+    found = []
+    for r in ctx.conn.execute(sa.text("""
+        SELECT r.id, r.seq, r.head_hash,
+               (SELECT count(*) FROM onward.checkpoints c WHERE c.run_id = r.id) AS cps,
+               (SELECT count(*) FROM onward.evidence e WHERE e.run_id = r.id) AS evidence
+          FROM onward.runs r""")).mappings():
+        fingerprint = (r["seq"], r["head_hash"], r["cps"], r["evidence"])
+        if ctx.book.verified.get(r["id"]) == fingerprint:
+            continue
+        problems = [str(p) for p in ctx.ledger.verify_run(r["id"])]
+        if not problems:
+            ctx.book.verified[r["id"]] = fingerprint
+        found += problems
+    return found
+
+
+def workers_never_die_of_errors(ctx: Context) -> list[str]:
+    """An error escaping ``execute_step`` (not a crash the test injected) loses the message
+    and leaves the lease held: the executor turns every error into a ledger outcome."""
+    return list(ctx.worker_errors)
+
+
+PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
+    "committed_step_never_runs": committed_step_never_runs,
+    "waits_keep_their_meaning": waits_keep_their_meaning,
+    "one_object_per_effect": one_object_per_effect,
+    "verify_clean": verify_clean,
+    "workers_never_die_of_errors": workers_never_die_of_errors,
+}
+
+CHECKS = [*SQL_CHECKS, *PYTHON_CHECKS]
+
+
+def check_all(ctx: Context, disabled: frozenset[str],
+              timings: Counter[str] | None = None) -> dict[str, list[str]]:
+    """Every enabled check; returns the violations found, by check name."""
+    unknown = disabled - set(CHECKS)
+    if unknown:
+        raise ValueError(f"unknown invariants disabled: {sorted(unknown)}; known: {CHECKS}")
+    timings = timings if timings is not None else Counter()
+    started = time.perf_counter()
+    found = _sql_checks(ctx, [n for n in SQL_CHECKS if n not in disabled])
+    timings["ms_sql_checks"] += round((time.perf_counter() - started) * 1000)
+    for name, check in PYTHON_CHECKS.items():
+        if name in disabled:
+            continue
+        started = time.perf_counter()
+        violations = check(ctx)
+        timings[f"ms_{name}"] += round((time.perf_counter() - started) * 1000)
+        if violations:
+            found[name] = violations
+    return found

@@ -1,0 +1,213 @@
+"""The outside world of the model-based test, in process: a provider and a model client.
+
+Fakes are allowed for the outside world only. Both count what they saw, so the invariants
+can be checked against what really happened out there, not against what the ledger says:
+
+* ``FakeProvider`` keeps every object it created, with the idempotency key it was sent and
+  the run whose step sent it (the run the calling worker was executing). It dedupes by key
+  when the collection says it does, answers lookups by key, and follows a script for its
+  next answers: answer, act but lose the response, refuse, be unavailable, or hang (the
+  calling worker stops there until the test resumes it: a call slower than the lease).
+* ``CountingModel`` bills every call (tokens and cost) to the run that made it, and can be
+  told to lose its next response after billing it.
+
+``Crash`` is what a SIGKILL leaves in process: a ``BaseException`` that nothing in onward
+catches, so the lease stays held and whatever was committed stays committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from tasks.llm import LLMResponse
+from tasks.tools import ToolError
+
+
+class Crash(BaseException):
+    """The worker process died here (in process: nothing in onward catches it)."""
+
+
+# -- which worker (and run) is executing: set by the worker thread ---------------------------
+_local = threading.local()
+
+
+def current_runner() -> Any:
+    """The worker thread executing now (``None`` on the test's own thread)."""
+    return getattr(_local, "runner", None)
+
+
+def set_current_runner(runner: Any) -> None:
+    _local.runner = runner
+
+
+def current_run() -> UUID | None:
+    runner = current_runner()
+    return runner.run_id if runner is not None else None
+
+
+# -- the provider ----------------------------------------------------------------------------
+PROVIDER_MODES = ("answer", "lose", "refuse", "unavailable", "hang")
+"""What the provider does with its next create call (``answer`` when nothing is scripted)."""
+
+RESUME_ACTIONS = ("act_answer", "act_lose", "no_act_lose", "act_crash", "no_act_crash")
+"""How a hung call ends: whether the provider acted, and whether the caller heard (or died)."""
+
+
+@dataclass(frozen=True)
+class ProviderObject:
+    id: str
+    collection: str
+    key: str
+    body: dict[str, Any]
+    run_id: UUID | None  # the run whose step sent it (None: an operator's repeat)
+    by_person: bool
+
+
+@dataclass
+class FakeProvider:
+    objects: list[ProviderObject] = field(default_factory=list)
+    script: deque[str] = field(default_factory=deque)
+    sandbox_calls: int = 0
+    calls: int = 0
+    lookups: int = 0
+    person: bool = False
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def create(self, collection: str, payload: dict[str, Any], key: str, *,
+               dedupes: bool) -> dict[str, Any]:
+        self.calls += 1
+        mode = self.script.popleft() if self.script else "answer"
+        if mode == "refuse":
+            raise ToolError(f"{collection}: refused (422), nothing created", retryable=False,
+                            status_code=422)
+        if mode == "unavailable":
+            raise ToolError(f"{collection}: unavailable (503), nothing created", retryable=True,
+                            status_code=503)
+        run_id = current_run()
+        if mode == "hang":
+            runner = current_runner()
+            action = runner.suspend(f"provider call {collection} key {key[:12]}") \
+                if runner is not None else "act_answer"
+            if action.startswith("act"):
+                obj = self._act(collection, payload, key, dedupes, run_id)
+            if action.endswith("crash"):
+                raise Crash(f"worker killed during the {collection} call")
+            if action.endswith("lose"):
+                raise ConnectionError(f"{collection}: no response (timed out)")
+            return self._answer(obj)
+        obj = self._act(collection, payload, key, dedupes, run_id)
+        if mode == "lose":
+            raise ConnectionError(f"{collection}: connection reset after the request was sent")
+        return self._answer(obj)
+
+    def _act(self, collection: str, payload: dict[str, Any], key: str, dedupes: bool,
+             run_id: UUID | None) -> ProviderObject:
+        if dedupes:
+            for obj in self.objects:
+                if obj.collection == collection and obj.key == key:
+                    if obj.body != payload:
+                        raise ToolError(f"{collection}: key reused with another body (409)",
+                                        retryable=False, status_code=409)
+                    return obj
+        obj = ProviderObject(f"{collection[:3]}_{next(self._ids)}", collection, key,
+                             dict(payload), run_id, self.person)
+        self.objects.append(obj)
+        return obj
+
+    @staticmethod
+    def _answer(obj: ProviderObject) -> dict[str, Any]:
+        return {"id": obj.id, "intent": obj.body.get("intent")}
+
+    def lookup(self, collection: str, key: str) -> dict[str, Any] | None:
+        self.lookups += 1
+        for obj in self.objects:
+            if obj.collection == collection and obj.key == key:
+                return self._answer(obj)
+        return None
+
+    def simulate(self, collection: str, payload: dict[str, Any], key: str) -> dict[str, Any]:
+        self.sandbox_calls += 1
+        return {"id": f"sim_{collection[:3]}_{self.sandbox_calls}", "intent": payload.get("intent")}
+
+    def objects_for_key(self, key: str) -> list[ProviderObject]:
+        return [o for o in self.objects if o.key == key]
+
+    def duplicate_intents(self) -> list[tuple[Any, ...]]:
+        """(collection, run, intent, count) sent more than once by the same run's steps,
+        objects an operator's repeat created excepted."""
+        counts = Counter((o.collection, o.run_id, o.body.get("ref"), o.body.get("intent"))
+                         for o in self.objects if not o.by_person)
+        return [(*k, n) for k, n in counts.items() if n > 1]
+
+    @contextmanager
+    def as_person(self) -> Iterator[None]:
+        self.person = True
+        try:
+            yield
+        finally:
+            self.person = False
+
+
+# -- the model ---------------------------------------------------------------------------------
+CALL_INPUT_TOKENS = 30
+CALL_OUTPUT_TOKENS = 10
+CALL_TOKENS = CALL_INPUT_TOKENS + CALL_OUTPUT_TOKENS
+USD_PER_TOKEN = 0.0001
+CALL_COST_USD = CALL_TOKENS * USD_PER_TOKEN
+
+
+@dataclass
+class CountingModel:
+    """A model client that bills each call to the run its worker executes."""
+
+    script: deque[str] = field(default_factory=deque)
+    calls: Counter[UUID | None] = field(default_factory=Counter)
+    tokens: Counter[UUID | None] = field(default_factory=Counter)
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]],
+                 **params: Any) -> LLMResponse:
+        run_id = current_run()
+        self.calls[run_id] += 1
+        self.tokens[run_id] += CALL_TOKENS
+        mode = self.script.popleft() if self.script else "answer"
+        if mode == "lose":
+            raise ConnectionError("model: billed, but the response was lost")
+        prompt = " ".join(str(m.get("content", "")) for m in messages)
+        return LLMResponse(text=f"answer to {prompt[:40]}", model=f"{model}-counting",
+                           input_tokens=CALL_INPUT_TOKENS, output_tokens=CALL_OUTPUT_TOKENS,
+                           cost_usd=CALL_COST_USD)
+
+
+@dataclass
+class World:
+    provider: FakeProvider = field(default_factory=FakeProvider)
+    model: CountingModel = field(default_factory=CountingModel)
+    # seen from inside step bodies, by kind ("reran", "wait_meaning")
+    violations: dict[str, list[str]] = field(default_factory=dict)
+    on_body: Callable[[Any], None] = lambda ctx: None  # called as each step body starts
+
+    def note(self, kind: str, violation: str) -> None:
+        self.violations.setdefault(kind, []).append(violation)
+
+
+class _WorldProxy:
+    """The world of the current example (the workflows' tools and model reach it here)."""
+
+    current: World = World()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(type(self).current, name)
+
+
+WORLD: Any = _WorldProxy()
+
+
+def install(world: World) -> None:
+    _WorldProxy.current = world
