@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench chaos clean
+.PHONY: demo test test-fast soak lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ test: $(STAMP)
 # unit and integration tiers only: no processes started, under two minutes
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit tests/integration
+
+# the step protocol as a state machine, long (tests/model; in `make test` it runs a short
+# profile): SOAK_EXAMPLES / SOAK_STEPS size it, the failures it finds are printed shrunk
+SOAK_EXAMPLES ?= 1500
+SOAK_STEPS ?= 60
+soak: $(STAMP)
+	ONWARD_MODEL_PROFILE=model-soak ONWARD_MODEL_EXAMPLES=$(SOAK_EXAMPLES) \
+	ONWARD_MODEL_STEPS=$(SOAK_STEPS) $(BIN)/python -m pytest tests/model -p no:cacheprovider \
+	    -o timeout=0 -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ledger tasks workers console examples bench tests harness

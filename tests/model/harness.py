@@ -39,6 +39,7 @@ from tests.support import clock as test_clock
 LEASE_TTL_S = 30.0
 OUTBOX_GRACE_S = 10.0
 OUTBOX_REPUBLISH_S = 5.0
+OUTBOX_REPUBLISH_MAX_S = 60.0
 STALL_AFTER_S = 60.0
 THREAD_PATIENCE_S = 60.0  # a worker thread that neither finishes nor suspends is stuck
 
@@ -70,16 +71,10 @@ class Clock:
         self._raw = [c for c in self._raw if not c.closed] + [conn]
         return conn
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Clock]:
-        """Route the ledger's raw connections through this clock for the duration."""
-        ledger.hot.connect_raw = self.connect_raw  # type: ignore[assignment]
-        ledger.outbox.connect_raw = self.connect_raw  # type: ignore[assignment]
-        try:
-            yield self
-        finally:
-            ledger.hot.connect_raw = self._original
-            ledger.outbox.connect_raw = self._original
+    def install(self, monkeypatch: Any) -> None:
+        """Route the ledger's raw connections through this clock (for one test)."""
+        monkeypatch.setattr(ledger.hot, "connect_raw", self.connect_raw)
+        monkeypatch.setattr(ledger.outbox, "connect_raw", self.connect_raw)
 
     def follow(self, engine: Engine) -> None:
         test_clock.follow_engine(engine, self.box)
@@ -327,7 +322,8 @@ class Dispatcher:
         self.store = self._new_store()
 
     def _new_store(self) -> OutboxStore:
-        return OutboxStore(self._url, grace_s=OUTBOX_GRACE_S, republish_s=OUTBOX_REPUBLISH_S)
+        return OutboxStore(self._url, grace_s=OUTBOX_GRACE_S, republish_s=OUTBOX_REPUBLISH_S,
+                           republish_max_s=OUTBOX_REPUBLISH_MAX_S)
 
     def sweep(self, crash_before_mark: bool) -> int:
         def publish(message: OutboxMessage) -> None:

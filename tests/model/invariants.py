@@ -182,6 +182,11 @@ def waits_keep_their_meaning(ctx: Context) -> list[str]:
     return list(ctx.world.violations.get("wait_meaning", []))
 
 
+def calls_under_a_live_lease(ctx: Context) -> list[str]:
+    """4. A provider call starts only under the caller's live lease (noted as it starts)."""
+    return list(ctx.world.violations.get("unleased_call", []))
+
+
 def one_object_per_effect(ctx: Context) -> list[str]:
     """2. At most one provider object per intent of a run (per idempotency key, too),
     unless a person repeated it."""
@@ -221,6 +226,7 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "committed_step_never_runs": committed_step_never_runs,
     "waits_keep_their_meaning": waits_keep_their_meaning,
     "one_object_per_effect": one_object_per_effect,
+    "calls_under_a_live_lease": calls_under_a_live_lease,
     "verify_clean": verify_clean,
     "workers_never_die_of_errors": workers_never_die_of_errors,
 }

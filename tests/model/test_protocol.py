@@ -55,7 +55,6 @@ from hypothesis.stateful import (
 
 from ledger import Ledger
 from ledger.api import REFUSALS
-from ledger.db import libpq_conninfo
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.schema import ApprovalStatus, LaunchMode
@@ -65,6 +64,7 @@ from tasks.executor import ExecutorConfig
 from tasks.workflow import Registry
 from tests.model import flows
 from tests.model.harness import (
+    LEASE_TTL_S,
     STALL_AFTER_S,
     Broker,
     Clock,
@@ -75,7 +75,7 @@ from tests.model.harness import (
     empty_ledger,
 )
 from tests.model.invariants import Context, RunBook, check_all
-from tests.model.world import PROVIDER_MODES, RESUME_ACTIONS, World, install
+from tests.model.world import PROVIDER_MODES, RESUME_ACTIONS, World, current_runner, install
 
 pytestmark = pytest.mark.model
 
@@ -132,6 +132,20 @@ class Environment:
 
 
 ENV: Environment | None = None
+SETTLE_ROUNDS = 30
+SETTLE_TICK_S = 61
+SETTLE_DELIVERIES = 50
+
+
+_VIOLATIONS: dict[str, type[AssertionError]] = {}
+
+
+def _violation(check: str) -> type[AssertionError]:
+    """One exception class per invariant, so hypothesis tells different failures apart and
+    reports (and shrinks) each one instead of only the first it met."""
+    if check not in _VIOLATIONS:
+        _VIOLATIONS[check] = type(f"Violated_{check}", (AssertionError,), {})
+    return _VIOLATIONS[check]
 
 
 def _alias(rule_function: Any, name: str, target: Bundle[Any] | None = None) -> Any:
@@ -164,6 +178,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.clock.reset()
         self.env.crashes.point = self.env.crashes.after_statement = None
         self.world = World(on_body=self._on_body)
+        self.world.provider.on_call = self._on_call
         install(self.world)
         self.ledger = self.env.ledger
         self.broker = Broker()
@@ -175,6 +190,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.book = RunBook()
         self.worker_errors: list[str] = []
         self.refs = 0
+        self.settled = False
         self.env.stats["setup_ms"] += round((time.perf_counter() - started) * 1000)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -186,6 +202,21 @@ class ProtocolMachine(RuleBasedStateMachine):
         if row is not None:
             self.world.note("reran", f"run {ctx.run_id}: step {ctx.step} ran from seq "
                             f"{ctx.seq} on {ctx.worker}, after seq {ctx.seq + 1} committed")
+
+    def _on_call(self, collection: str, key: str) -> None:
+        """As a provider call starts: the calling worker holds the run's lease, unexpired."""
+        runner = current_runner()
+        if runner is None:
+            return  # an operator's repeat
+        row = self.env.checker.execute(
+            "SELECT lease_owner, status, lease_expires_at - onward.now() AS left_ "
+            "FROM onward.runs WHERE id = %s", (runner.run_id,)).fetchone()
+        owner, status, left = row if row is not None else (None, None, None)
+        if owner != runner.name or status != "running" or left is None \
+                or left <= timedelta(0):
+            self.world.note("unleased_call", f"{runner.name} called {collection} (key "
+                            f"{key[:12]}…) for run {runner.run_id} while the run is {status} "
+                            f"with lease {owner!r}, {left} left")
 
     def _worker(self, index: int, state: str) -> Worker:
         candidates = [w for w in self.workers if getattr(w, state)]
@@ -228,17 +259,21 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.stats["runs"] += 1
         return run_id
 
-    @precondition(lambda self: self.broker.messages and any(w.idle for w in self.workers))
+    @precondition(lambda self: self.refs > 0 and any(w.idle for w in self.workers))
     @rule(worker=st.integers(0, 1), pick=st.integers(0, 63), keep=st.booleans(),
           eager=st.sampled_from([0, 0, 1, 4]),
           provider=st.lists(st.sampled_from(PROVIDER_MODES), max_size=2),
           model_loses=st.sampled_from([False, False, False, True]), crash=CRASH)
     def deliver(self, worker: int, pick: int, keep: bool, eager: int, provider: list[str],
                 model_loses: bool, crash: str | int | None) -> None:
-        """Deliver one message (``keep``: it stays in the broker, a duplicate) to a worker.
-        ``provider`` scripts the provider's next answers in this delivery, ``model_loses``
-        the model's first one, ``crash`` where the worker dies (a fault point, or after the
-        n-th ledger statement)."""
+        """Deliver one message (``keep``: it stays in the broker, a duplicate) to a worker;
+        with the broker empty, the dispatcher sweeps first. ``provider`` scripts the
+        provider's next answers in this delivery, ``model_loses`` the model's first one,
+        ``crash`` where the worker dies (a fault point, or after the n-th statement)."""
+        if not self.broker.messages:
+            self.dispatcher.sweep(crash_before_mark=False)
+        if not self.broker.messages:
+            return
         chosen = self._worker(worker, "idle")
         self.world.provider.script = deque(provider)
         self.world.model.script = deque(["lose"] if model_loses else [])
@@ -268,6 +303,24 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 63))
     def lose_message(self, pick: int) -> None:
         self.broker.take(pick, keep=False)
+
+    @precondition(lambda self: any(w.suspended for w in self.workers)
+                  and any(w.idle for w in self.workers))
+    @rule(provider=st.lists(st.sampled_from(PROVIDER_MODES[:-1]), max_size=2))
+    def lease_expires_under_a_hung_call(self, provider: list[str]) -> None:
+        """A call slower than the lease: the lease expires, the reaper gives the step back,
+        and the other worker runs it while the first one still waits for the provider."""
+        hung = self._worker(0, "suspended")
+        other = self._worker(0, "idle")
+        self.env.clock.advance(LEASE_TTL_S + 1)
+        self.reaper.sweep(stall_after_s=STALL_AFTER_S)
+        self.dispatcher.sweep(crash_before_mark=False)
+        self.world.provider.script = deque(provider)
+        mine = [i for i, m in enumerate(self.broker.messages) if m[0] == hung.run_id]
+        for index in reversed(mine):
+            if not other.idle:
+                return
+            self._record(other, other.deliver(self.broker.messages.pop(index), 0))
 
     @precondition(lambda self: any(w.suspended for w in self.workers))
     @rule(worker=st.integers(0, 1), action=st.sampled_from(RESUME_ACTIONS))
@@ -358,12 +411,51 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.stats["branches"] += 1
         return launched.run_id
 
+    @precondition(lambda self: not self.settled)
+    @rule()
+    def everything_settles(self) -> None:
+        """Liveness: with no more crashes or faults, and time passing, every run ends
+        (terminal or parked) within a bounded number of rounds of the fleet's ordinary work,
+        on the code deployed now: nothing bounces, waits or is re-sent forever."""
+        self.env.stats["settles"] += 1
+        self.settled = True  # once per example: it ends every run, so little follows it
+        for _ in range(SETTLE_ROUNDS):
+            self._quiet_round()
+            if not self._unsettled():
+                return
+            self.env.clock.advance(SETTLE_TICK_S)
+        unsettled = "\n    ".join(self._unsettled())
+        raise _violation("everything_settles")(
+            f"runs still unsettled after {SETTLE_ROUNDS} quiet rounds "
+            f"({SETTLE_TICK_S}s apart):\n    {unsettled}")
+
+    def _quiet_round(self) -> None:
+        self.world.provider.script.clear()
+        self.world.model.script.clear()
+        self.env.crashes.point = self.env.crashes.after_statement = None
+        for worker in self.workers:
+            while worker.suspended:
+                self._record(worker, worker.resume("act_answer"))
+        self.reaper.sweep(stall_after_s=STALL_AFTER_S)
+        self.dispatcher.sweep(crash_before_mark=False)
+        for n in range(SETTLE_DELIVERIES):
+            if not self.broker.messages:
+                break
+            worker = self.workers[n % len(self.workers)]
+            self._record(worker, worker.deliver(self.broker.take(0, keep=False), 0))
+
+    def _unsettled(self) -> list[str]:
+        rows = self.env.checker.execute(
+            "SELECT id, status, seq, step, waiting_on, last_error->>'message' FROM onward.runs "
+            "WHERE status IN ('running', 'waiting') ORDER BY id").fetchall()
+        return [f"run {r[0]} {r[1]} at seq {r[2]} step {r[3]} (waiting_on {r[4]}; last "
+                f"error {r[5]})" for r in rows]
+
     # -- weights: hypothesis picks among enabled rules uniformly, so the rules that make
     # progress are listed more than once (the copies print under the same name)
     start_2 = _alias(start, "start", target=runs)
     deliver_2 = _alias(deliver, "deliver")
     deliver_3 = _alias(deliver, "deliver")
-    fleet_works_2 = _alias(fleet_works, "fleet_works")
     dispatcher_sweep_2 = _alias(dispatcher_sweep, "dispatcher_sweep")
 
     # -- the invariants --------------------------------------------------------------------------
@@ -377,7 +469,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.stats["check_ms"] += round((time.perf_counter() - started) * 1000)
         if found:
             lines = [f"{name}:\n    " + "\n    ".join(items) for name, items in found.items()]
-            raise AssertionError("invariants violated:\n" + "\n".join(lines))
+            raise _violation(next(iter(found)))("invariants violated:\n" + "\n".join(lines))
 
     def teardown(self) -> None:
         for worker in self.workers:
@@ -408,18 +500,19 @@ def test_protocol__invariants_hold_under_random_interleavings(
     # (and no fsync wait per commit: the server's durability is not what is tested here)
     monkeypatch.setenv("PGOPTIONS", f"-c lock_timeout={LOCK_TIMEOUT_MS} "
                                     "-c synchronous_commit=off")
-    ledger = Ledger.from_env(settings).acting_as("model-operator", "admin")
+    ledger = Ledger.from_env(settings)  # trusted code: an admin of the settings' tenant
     clock = Clock()
     clock.follow(ledger.engine)
+    clock.install(monkeypatch)
     crashes = Crashes()
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                             retry_base_s=1.0, retry_max_s=10.0)
-    checker = psycopg.connect(libpq_conninfo(ledger.url), autocommit=True)
+    checker = clock.connect_raw(ledger.url)  # the test's own reads, on the ledger's clock
     stats: Counter[str] = Counter()
     ENV = Environment(ledger, clock, crashes, config, checker, stats)
     started = time.monotonic()
     try:
-        with clock.installed(), crashes.installed():
+        with crashes.installed():
             run_state_machine_as_test(ProtocolMachine, settings=_profile())
     finally:
         ENV = None

@@ -78,11 +78,13 @@ class FakeProvider:
     calls: int = 0
     lookups: int = 0
     person: bool = False
+    on_call: Callable[[str, str], None] = lambda collection, key: None  # as each call starts
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def create(self, collection: str, payload: dict[str, Any], key: str, *,
                dedupes: bool) -> dict[str, Any]:
         self.calls += 1
+        self.on_call(collection, key)
         mode = self.script.popleft() if self.script else "answer"
         if mode == "refuse":
             raise ToolError(f"{collection}: refused (422), nothing created", retryable=False,
