@@ -316,9 +316,10 @@ class Dispatcher:
     """``OutboxStore.sweep`` publishing into the in-memory broker; it can die after
     publishing and before marking (``dispatcher_after_publish_before_mark``)."""
 
-    def __init__(self, url: str, broker: Broker) -> None:
+    def __init__(self, url: str, broker: Broker, rank: Callable[[UUID], int]) -> None:
         self._url = url
         self.broker = broker
+        self._rank = rank
         self.store = self._new_store()
 
     def _new_store(self) -> OutboxStore:
@@ -326,10 +327,16 @@ class Dispatcher:
                            republish_max_s=OUTBOX_REPUBLISH_MAX_S)
 
     def sweep(self, crash_before_mark: bool) -> int:
+        """One sweep; the batch enters the broker in a fixed order (rows due at the same
+        instant come back from the ledger in any order, and hypothesis needs every example
+        to replay the same way)."""
+        batch: list[tuple[UUID, int]] = []
+
         def publish(message: OutboxMessage) -> None:
-            self.broker.publish(message.run_id, message.seq)
+            batch.append((message.run_id, message.seq))
 
         def after_publish() -> None:
+            self._publish(batch)
             if crash_before_mark:
                 raise Crash("dispatcher killed after publishing, before marking")
 
@@ -339,6 +346,10 @@ class Dispatcher:
             self.store.close()
             self.store = self._new_store()
             return 0
+
+    def _publish(self, batch: list[tuple[UUID, int]]) -> None:
+        for run_id, seq in sorted(batch, key=lambda m: (self._rank(m[0]), m[1])):
+            self.broker.publish(run_id, seq)
 
     def close(self) -> None:
         self.store.close()

@@ -35,6 +35,7 @@ class RunBook:
     started_tokens: dict[UUID, int] = field(default_factory=dict)
     started_cost: dict[UUID, Decimal] = field(default_factory=dict)
     verified: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)
+    order: dict[UUID, int] = field(default_factory=dict)  # creation order
 
 
 @dataclass

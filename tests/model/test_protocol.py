@@ -185,7 +185,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         url = self.ledger.url
         self.workers = [Worker(i, url, self.ledger.keys, self.env.config, CODE["v1"],
                                self.broker, self.env.crashes) for i in (0, 1)]
-        self.dispatcher = Dispatcher(url, self.broker)
+        self.dispatcher = Dispatcher(url, self.broker, self._rank)
         self.reaper = RecoveryStore(self.ledger.engine)
         self.book = RunBook()
         self.worker_errors: list[str] = []
@@ -234,7 +234,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             error = delivery.error
             self.worker_errors.append(f"{worker.name}: {type(error).__name__}: {error}")
 
+    def _rank(self, run_id: UUID) -> int:
+        """Runs in the order the test created them (a stable order for ties)."""
+        return self.book.order.get(run_id, len(self.book.order))
+
     def _book(self, run_id: UUID) -> None:
+        self.book.order[run_id] = len(self.book.order)
         run = self.ledger.get_run(run_id)
         assert run is not None
         self.book.started_tokens[run_id] = run.used_tokens
@@ -359,7 +364,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(pick=st.integers(0, 15), approve=st.booleans())
     def decide(self, pick: int, approve: bool) -> None:
-        pending = self.ledger.approvals(status=ApprovalStatus.PENDING)
+        pending = sorted(self.ledger.approvals(status=ApprovalStatus.PENDING),
+                         key=lambda a: (self._rank(a.run_id), a.seq))
         if not pending:
             return
         approval = pending[pick % len(pending)]
