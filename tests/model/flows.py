@@ -29,8 +29,11 @@ APPROVAL_LIFETIME = timedelta(seconds=60)
 SIGNAL_TIMEOUT = timedelta(seconds=120)
 SLEEP = timedelta(seconds=30)
 
-OPS = ("llm", "llm2", "crm", "mail", "blind", "flaky", "approve", "approve_strict", "signal",
-       "sleep", "fail")
+OPS = ("llm", "llm2", "crm", "crm_slow", "mail", "blind", "flaky", "talk_then_crm", "approve",
+       "approve_strict", "signal", "sleep", "fail")
+"""One step each: model calls, an effect through each kind of tool (a slow one followed by
+a model call), an effect then a raise (on the first attempt), three model calls then an
+effect (a token budget of 100 runs out in between), waits, a deliberate failure."""
 
 
 def _crm_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
@@ -43,6 +46,15 @@ def _crm_lookup(key: str) -> dict[str, Any] | None:
 
 def _crm_simulate(payload: dict[str, Any], key: str) -> dict[str, Any]:
     return WORLD.provider.simulate("crm", payload, key)  # type: ignore[no-any-return]
+
+
+def _crm_slow_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    return WORLD.provider.create("crm_slow", payload, key,  # type: ignore[no-any-return]
+                                 dedupes=False, slow=True)
+
+
+def _crm_slow_lookup(key: str) -> dict[str, Any] | None:
+    return WORLD.provider.lookup("crm_slow", key)  # type: ignore[no-any-return]
 
 
 def _mail_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
@@ -60,12 +72,15 @@ def _blind_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
 # irreversible, no provider-side dedupe, but a lookup by key: reconcile before resending
 crm = Tool("model.crm", ToolClass.IRREVERSIBLE, call=_crm_call, lookup=_crm_lookup,
            simulate=_crm_simulate)
+# the same, slower than the lease: every call hangs until the test ends it
+crm_slow = Tool("model.crm_slow", ToolClass.IRREVERSIBLE, call=_crm_slow_call,
+                lookup=_crm_slow_lookup, simulate=_crm_simulate)
 # the provider dedupes by Idempotency-Key: resending with the same key is safe
 mail = Tool("model.mail", ToolClass.IDEMPOTENT_WRITE, call=_mail_call, simulate=_mail_simulate)
 # neither a lookup nor dedupe: an unknown outcome must park the run for a person
 blind = Tool("model.blind", ToolClass.IRREVERSIBLE, call=_blind_call)
 
-TOOLS = {"crm": crm, "mail": mail, "blind": blind}
+TOOLS = {"crm": crm, "crm_slow": crm_slow, "mail": mail, "blind": blind}
 
 
 class _Model:
@@ -129,10 +144,16 @@ def _define(workflow: Workflow[Any]) -> None:
         return None
 
     def _work(ctx: StepContext, state: Plan, op: str) -> None:
-        if op in ("llm", "llm2"):
-            for call in range(1 if op == "llm" else 2):
+        if op in ("llm", "llm2", "talk_then_crm"):
+            for call in range({"llm": 1, "llm2": 2}.get(op, 3)):
                 ctx.llm(model="counting", messages=[
                     {"role": "user", "content": f"{state.ref} op {state.pc} call {call}"}])
+        if op == "talk_then_crm":
+            ctx.effect(crm, ref=state.ref, intent=state.pc)
+        elif op == "crm_slow":  # then a model call: a cancelled step must not make it
+            ctx.effect(crm_slow, ref=state.ref, intent=state.pc)
+            ctx.llm(model="counting", messages=[
+                {"role": "user", "content": f"{state.ref} op {state.pc} after the call"}])
         elif op in TOOLS:
             ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc)
         elif op == "flaky":

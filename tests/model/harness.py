@@ -24,7 +24,7 @@ from uuid import UUID
 import psycopg
 from sqlalchemy.engine import Engine
 
-import ledger.hot
+import ledger.db
 import ledger.outbox
 from ledger import schema
 from ledger.checkpoints import CheckpointKeys
@@ -47,13 +47,15 @@ THREAD_PATIENCE_S = 60.0  # a worker thread that neither finishes nor suspends i
 # -- the clock -------------------------------------------------------------------------------
 class Clock:
     """Moves ``onward.now()`` on every connection the test and the code under test use:
-    raw psycopg connections (workers, dispatcher) as they are opened and whenever time
-    moves, and engine connections at checkout."""
+    raw psycopg connections (dispatcher, the test's reads) as they are opened and whenever
+    time moves, engine connections at checkout, and a worker's hot connection (a pool of
+    one) before its first statement after time moved (``version`` counts the moves)."""
 
     def __init__(self) -> None:
         self.box = [timedelta(0)]
+        self.version = 0
         self._raw: list[psycopg.Connection[Any]] = []
-        self._original = ledger.hot.connect_raw
+        self._original = ledger.db.connect_raw
 
     @property
     def offset(self) -> timedelta:
@@ -73,8 +75,13 @@ class Clock:
 
     def install(self, monkeypatch: Any) -> None:
         """Route the ledger's raw connections through this clock (for one test)."""
-        monkeypatch.setattr(ledger.hot, "connect_raw", self.connect_raw)
         monkeypatch.setattr(ledger.outbox, "connect_raw", self.connect_raw)
+
+    def setting(self) -> dict[str, Any]:
+        """The statement that moves a connection's clock, for ``HotConnection.one``."""
+        return {"sql": "SELECT set_config(%(name)s, %(value)s, false)",
+                "params": {"name": test_clock.SETTING,
+                           "value": test_clock.interval(self.offset)}}
 
     def follow(self, engine: Engine) -> None:
         test_clock.follow_engine(engine, self.box)
@@ -84,6 +91,7 @@ class Clock:
         self.advance(0)
 
     def advance(self, seconds: float) -> None:
+        self.version += 1
         self.box[0] = self.offset + timedelta(seconds=seconds)
         self._raw = [c for c in self._raw if not c.closed]
         for conn in self._raw:
@@ -115,11 +123,20 @@ class Crashes:
 
 
 class CrashingConnection:
-    """The worker's hot connection, counting statements so a crash can follow any one."""
+    """The worker's hot connection (a pool of one connection), on the test's clock, counting
+    statements so a crash can follow any one."""
 
-    def __init__(self, inner: Any, worker: Worker) -> None:
+    def __init__(self, inner: Any, worker: Worker, clock: Clock) -> None:
         self._inner = inner
         self._worker = worker
+        self._clock = clock
+        self._clock_version = -1
+
+    def _before(self) -> None:
+        if self._clock_version != self._clock.version:
+            setting = self._clock.setting()
+            self._inner.one(setting["sql"], setting["params"])
+            self._clock_version = self._clock.version
 
     def _after(self) -> None:
         crashes = self._worker.crashes
@@ -130,17 +147,22 @@ class CrashingConnection:
             raise Crash(f"killed after ledger statement {self._worker.statements}")
 
     def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        self._before()
         row = self._inner.one(sql, params)
         self._after()
         return row  # type: ignore[no-any-return]
 
     def all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        self._before()
         rows = self._inner.all(sql, params)
         self._after()
         return rows  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 # -- the broker ------------------------------------------------------------------------------
@@ -176,13 +198,14 @@ class Worker:
     """One worker process: a ledger connection, a registry (its deployed code), a thread."""
 
     def __init__(self, index: int, url: str, keys: CheckpointKeys, config: ExecutorConfig,
-                 registry: Registry, broker: Broker, crashes: Crashes) -> None:
+                 registry: Registry, broker: Broker, crashes: Crashes, clock: Clock) -> None:
         self.index = index
         self.generation = 0
         self._url, self._keys, self.config = url, keys, config
         self.registry = registry
         self.broker = broker
         self.crashes = crashes
+        self.clock = clock
         self.statements = 0
         self.run_id: UUID | None = None
         self._cond = threading.Condition()
@@ -207,7 +230,7 @@ class Worker:
 
     def _new_store(self) -> StepStore:
         store = StepStore(self._url, self._keys, lease_ttl_s=LEASE_TTL_S)
-        store.conn = CrashingConnection(store.conn, self)  # type: ignore[assignment]
+        store.conn = CrashingConnection(store.conn, self, self.clock)  # type: ignore[assignment]
         return store
 
     def restart(self) -> None:

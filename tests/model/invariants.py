@@ -184,8 +184,16 @@ def waits_keep_their_meaning(ctx: Context) -> list[str]:
 
 
 def calls_under_a_live_lease(ctx: Context) -> list[str]:
-    """4. A provider call starts only under the caller's live lease (noted as it starts)."""
+    """4. A provider or model call starts only under the caller's live lease, on a running
+    run (noted as it starts)."""
     return list(ctx.world.violations.get("unleased_call", []))
+
+
+def model_paid_once(ctx: Context) -> list[str]:
+    """Budgets: a model answer is paid for once; a re-executed step gets it from the record
+    (only an answer lost on the way is ever asked for again)."""
+    return [f"run {run} was answered {n} times for {prompt!r}"
+            for run, prompt, n in ctx.world.model.paid_twice()]
 
 
 def one_object_per_effect(ctx: Context) -> list[str]:
@@ -228,6 +236,7 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "waits_keep_their_meaning": waits_keep_their_meaning,
     "one_object_per_effect": one_object_per_effect,
     "calls_under_a_live_lease": calls_under_a_live_lease,
+    "model_paid_once": model_paid_once,
     "verify_clean": verify_clean,
     "workers_never_die_of_errors": workers_never_die_of_errors,
 }

@@ -75,7 +75,14 @@ from tests.model.harness import (
     empty_ledger,
 )
 from tests.model.invariants import Context, RunBook, check_all
-from tests.model.world import PROVIDER_MODES, RESUME_ACTIONS, World, current_runner, install
+from tests.model.world import (
+    MODEL_MODES,
+    PROVIDER_MODES,
+    RESUME_ACTIONS,
+    World,
+    current_runner,
+    install,
+)
 
 pytestmark = pytest.mark.model
 
@@ -179,12 +186,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.crashes.point = self.env.crashes.after_statement = None
         self.world = World(on_body=self._on_body)
         self.world.provider.on_call = self._on_call
+        self.world.model.on_call = lambda prompt: self._on_call("model", prompt)
         install(self.world)
         self.ledger = self.env.ledger
         self.broker = Broker()
         url = self.ledger.url
         self.workers = [Worker(i, url, self.ledger.keys, self.env.config, CODE["v1"],
-                               self.broker, self.env.crashes) for i in (0, 1)]
+                               self.broker, self.env.crashes, self.env.clock) for i in (0, 1)]
         self.dispatcher = Dispatcher(url, self.broker, self._rank)
         self.reaper = RecoveryStore(self.ledger.engine)
         self.book = RunBook()
@@ -204,7 +212,8 @@ class ProtocolMachine(RuleBasedStateMachine):
                             f"{ctx.seq} on {ctx.worker}, after seq {ctx.seq + 1} committed")
 
     def _on_call(self, collection: str, key: str) -> None:
-        """As a provider call starts: the calling worker holds the run's lease, unexpired."""
+        """As a provider or model call starts: the calling worker holds the run's lease,
+        unexpired, and the run is still running (not cancelled, failed or parked)."""
         runner = current_runner()
         if runner is None:
             return  # an operator's repeat
@@ -268,12 +277,13 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(worker=st.integers(0, 1), pick=st.integers(0, 63), keep=st.booleans(),
           eager=st.sampled_from([0, 0, 1, 4]),
           provider=st.lists(st.sampled_from(PROVIDER_MODES), max_size=2),
-          model_loses=st.sampled_from([False, False, False, True]), crash=CRASH)
+          model=st.sampled_from(["answer", "answer", "answer", *MODEL_MODES[1:]]),
+          crash=CRASH)
     def deliver(self, worker: int, pick: int, keep: bool, eager: int, provider: list[str],
-                model_loses: bool, crash: str | int | None) -> None:
+                model: str, crash: str | int | None) -> None:
         """Deliver one message (``keep``: it stays in the broker, a duplicate) to a worker;
         with the broker empty, the dispatcher sweeps first. ``provider`` scripts the
-        provider's next answers in this delivery, ``model_loses`` the model's first one,
+        provider's next answers in this delivery, ``model`` the model's first one,
         ``crash`` where the worker dies (a fault point, or after the n-th statement)."""
         if not self.broker.messages:
             self.dispatcher.sweep(crash_before_mark=False)
@@ -281,7 +291,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         chosen = self._worker(worker, "idle")
         self.world.provider.script = deque(provider)
-        self.world.model.script = deque(["lose"] if model_loses else [])
+        self.world.model.script = deque([model])
         self.env.crashes.point = crash if isinstance(crash, str) else None
         self.env.crashes.after_statement = crash if isinstance(crash, int) else None
         self._record(chosen, chosen.deliver(self.broker.take(pick, keep), eager))
@@ -436,12 +446,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             f"({SETTLE_TICK_S}s apart):\n    {unsettled}")
 
     def _quiet_round(self) -> None:
+        """The fleet's ordinary work: calls end (answered in time), sweeps, deliveries."""
         self.world.provider.script.clear()
         self.world.model.script.clear()
         self.env.crashes.point = self.env.crashes.after_statement = None
         for worker in self.workers:
-            while worker.suspended:
-                self._record(worker, worker.resume("act_answer"))
+            self._finish_calls(worker)
         self.reaper.sweep(stall_after_s=STALL_AFTER_S)
         self.dispatcher.sweep(crash_before_mark=False)
         for n in range(SETTLE_DELIVERIES):
@@ -449,6 +459,11 @@ class ProtocolMachine(RuleBasedStateMachine):
                 break
             worker = self.workers[n % len(self.workers)]
             self._record(worker, worker.deliver(self.broker.take(0, keep=False), 0))
+            self._finish_calls(worker)
+
+    def _finish_calls(self, worker: Worker) -> None:
+        while worker.suspended:
+            self._record(worker, worker.resume("act_answer"))
 
     def _unsettled(self) -> list[str]:
         rows = self.env.checker.execute(

@@ -82,10 +82,11 @@ class FakeProvider:
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def create(self, collection: str, payload: dict[str, Any], key: str, *,
-               dedupes: bool) -> dict[str, Any]:
+               dedupes: bool, slow: bool = False) -> dict[str, Any]:
+        """A create call; ``slow``: the endpoint hangs unless the script says otherwise."""
         self.calls += 1
         self.on_call(collection, key)
-        mode = self.script.popleft() if self.script else "answer"
+        mode = self.script.popleft() if self.script else ("hang" if slow else "answer")
         if mode == "refuse":
             raise ToolError(f"{collection}: refused (422), nothing created", retryable=False,
                             status_code=422)
@@ -165,6 +166,11 @@ USD_PER_TOKEN = 0.0001
 CALL_COST_USD = CALL_TOKENS * USD_PER_TOKEN
 
 
+MODEL_MODES = ("answer", "lose", "nul")
+"""What the model does with its next call: answer; bill and lose the answer; answer with a
+NUL character in the text (bad input the ledger must refuse without paying again)."""
+
+
 @dataclass
 class CountingModel:
     """A model client that bills each call to the run its worker executes."""
@@ -172,19 +178,29 @@ class CountingModel:
     script: deque[str] = field(default_factory=deque)
     calls: Counter[UUID | None] = field(default_factory=Counter)
     tokens: Counter[UUID | None] = field(default_factory=Counter)
+    answered: Counter[tuple[UUID | None, str]] = field(default_factory=Counter)
+    on_call: Callable[[str], None] = lambda prompt: None  # as each call starts
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
         run_id = current_run()
+        prompt = " ".join(str(m.get("content", "")) for m in messages)
+        self.on_call(prompt)
         self.calls[run_id] += 1
         self.tokens[run_id] += CALL_TOKENS
         mode = self.script.popleft() if self.script else "answer"
         if mode == "lose":
             raise ConnectionError("model: billed, but the response was lost")
-        prompt = " ".join(str(m.get("content", "")) for m in messages)
-        return LLMResponse(text=f"answer to {prompt[:40]}", model=f"{model}-counting",
+        self.answered[(run_id, prompt)] += 1
+        text = f"answer to {prompt[:40]}" + ("\u0000" if mode == "nul" else "")
+        return LLMResponse(text=text, model=f"{model}-counting",
                            input_tokens=CALL_INPUT_TOKENS, output_tokens=CALL_OUTPUT_TOKENS,
                            cost_usd=CALL_COST_USD)
+
+    def paid_twice(self) -> list[tuple[UUID | None, str, int]]:
+        """Requests a run was answered (and billed) for more than once: a re-executed step
+        gets its recorded answer, so only a lost answer is ever paid for again."""
+        return [(run, prompt, n) for (run, prompt), n in self.answered.items() if n > 1]
 
 
 @dataclass
