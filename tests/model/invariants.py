@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import Ledger
+from tests.model import known
 from tests.model.flows import APPROVAL_LIFETIME, SIGNAL_TIMEOUT, SLEEP
 from tests.model.world import CALL_COST_USD, CALL_TOKENS, USD_PER_TOKEN, World
 
@@ -68,6 +69,7 @@ SQL_CHECKS: dict[str, str] = {
           FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
          WHERE e.status IN ('pending', 'accepted')
            AND r.status IN ('completed', 'failed', 'diverged')
+           AND coalesce(r.last_error->>'reason', '') <> ALL(CAST(:excused AS text[]))
            AND EXISTS (SELECT 1 FROM onward.effect_attempts a
                         WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
                           AND a.kind = 'call')""",
@@ -81,11 +83,12 @@ SQL_CHECKS: dict[str, str] = {
                            ELSE format('its last call ended %s', coalesce(last.outcome,
                                                                           'unrecorded')) END,
                       e.error)
-          FROM onward.effects e
+          FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
           LEFT JOIN LATERAL (SELECT a.outcome FROM onward.effect_attempts a
                               WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
                                 AND a.kind = 'call' ORDER BY a.attempt DESC LIMIT 1) last ON true
          WHERE e.status = 'failed'
+           AND coalesce(r.last_error->>'reason', '') <> ALL(CAST(:excused AS text[]))
            AND (e.effect_id = ANY(CAST(:acted AS text[]))
                 OR (last IS NOT NULL AND coalesce(last.outcome, 'unknown') = 'unknown'))""",
     # 3. every run is terminal, parked, or has a way forward: an outbox row or a lease if it
@@ -152,6 +155,7 @@ def _sql_params(ctx: Context) -> dict[str, Any]:
     runs = sorted(ctx.book.started_tokens, key=str)
     tokens = [ctx.world.model.tokens[r] for r in runs]
     return {
+        "excused": list(known.REFUSALS_NOT_CHECKED),
         "acted": sorted({o.key for o in ctx.world.provider.objects}),
         "runs": runs, "tokens": tokens,
         "cost": [Decimal(str(round(t * USD_PER_TOKEN, 6))) for t in tokens],

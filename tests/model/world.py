@@ -78,6 +78,7 @@ class FakeProvider:
     calls: int = 0
     lookups: int = 0
     person: bool = False
+    slow_calls: bool = True  # False: "hang" answers at once (tests/model/known.py)
     on_call: Callable[[str, str], None] = lambda collection, key: None  # as each call starts
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -87,6 +88,8 @@ class FakeProvider:
         self.calls += 1
         self.on_call(collection, key)
         mode = self.script.popleft() if self.script else ("hang" if slow else "answer")
+        if mode == "hang" and not self.slow_calls:
+            mode = "answer"
         if mode == "refuse":
             raise ToolError(f"{collection}: refused (422), nothing created", retryable=False,
                             status_code=422)
