@@ -153,7 +153,9 @@ SQL_CHECKS: dict[str, str] = {
 def _sql_params(ctx: Context) -> dict[str, Any]:
     """What the outside world saw, for the checks that compare it with the ledger."""
     runs = sorted(ctx.book.started_tokens, key=str)
-    tokens = [ctx.world.model.tokens[r] for r in runs]
+    billed = (ctx.world.model.heard_tokens if known.LOST_MODEL_ANSWERS_UNCOUNTED
+              else ctx.world.model.tokens)
+    tokens = [billed[r] for r in runs]
     return {
         "excused": list(known.REFUSALS_NOT_CHECKED),
         "acted": sorted({o.key for o in ctx.world.provider.objects}),

@@ -27,3 +27,9 @@ NO_SLOW_PROVIDER = not CHECK_EVERYTHING
 # of runs that such a refusal ended (every other run's effects are checked).
 REFUSALS_NOT_CHECKED: tuple[str, ...] = () if CHECK_EVERYTHING else (
     "budget_exhausted", "deadline_exceeded")
+
+# F7 (issue 10 item 7, a design question): a model call whose answer is lost on the way
+# (billed by the provider, never heard by the worker) is not debited, so a run can spend
+# one call more than its budget per lost answer. Off: the budget check counts the calls
+# whose answers reached the worker (all answers heard are debited, NUL ones included).
+LOST_MODEL_ANSWERS_UNCOUNTED = not CHECK_EVERYTHING

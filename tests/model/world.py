@@ -180,7 +180,8 @@ class CountingModel:
 
     script: deque[str] = field(default_factory=deque)
     calls: Counter[UUID | None] = field(default_factory=Counter)
-    tokens: Counter[UUID | None] = field(default_factory=Counter)
+    tokens: Counter[UUID | None] = field(default_factory=Counter)  # billed
+    heard_tokens: Counter[UUID | None] = field(default_factory=Counter)  # answers returned
     answered: Counter[tuple[UUID | None, str]] = field(default_factory=Counter)
     on_call: Callable[[str], None] = lambda prompt: None  # as each call starts
 
@@ -195,6 +196,7 @@ class CountingModel:
         if mode == "lose":
             raise ConnectionError("model: billed, but the response was lost")
         self.answered[(run_id, prompt)] += 1
+        self.heard_tokens[run_id] += CALL_TOKENS
         text = f"answer to {prompt[:40]}" + ("\u0000" if mode == "nul" else "")
         return LLMResponse(text=text, model=f"{model}-counting",
                            input_tokens=CALL_INPUT_TOKENS, output_tokens=CALL_OUTPUT_TOKENS,
