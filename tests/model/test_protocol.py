@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+import tasks.executor
 from ledger import Ledger
 from ledger.api import REFUSALS
 from ledger.recovery import RecoveryStore
@@ -95,7 +97,7 @@ DISABLED: frozenset[str] = frozenset(
 # no "explain" phase: its line tracing makes every example several times slower
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 hsettings.register_profile(
-    "model-ci", max_examples=20, stateful_step_count=30, deadline=None,
+    "model-ci", max_examples=20, stateful_step_count=40, deadline=None,
     suppress_health_check=list(HealthCheck), print_blob=True, phases=PHASES)
 hsettings.register_profile(
     "model-soak", max_examples=1500, stateful_step_count=60, deadline=None,
@@ -136,6 +138,7 @@ class Environment:
     config: ExecutorConfig
     checker: psycopg.Connection[Any]
     stats: Counter[str]
+    jitter: random.Random  # the executor's retry jitter, reseeded for every example
 
 
 ENV: Environment | None = None
@@ -183,6 +186,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         started = time.perf_counter()
         empty_ledger(self.env.ledger.engine)
         self.env.clock.reset()
+        self.env.jitter.seed(0)  # hypothesis replays an example only if it behaves the same
         self.env.crashes.point = self.env.crashes.after_statement = None
         self.world = World(on_body=self._on_body)
         self.world.provider.on_call = self._on_call
@@ -531,7 +535,10 @@ def test_protocol__invariants_hold_under_random_interleavings(
                             retry_base_s=1.0, retry_max_s=10.0)
     checker = clock.connect_raw(ledger.url)  # the test's own reads, on the ledger's clock
     stats: Counter[str] = Counter()
-    ENV = Environment(ledger, clock, crashes, config, checker, stats)
+    jitter = random.Random(0)
+    # other threads (psycopg_pool's) draw from the global generator at times of their own
+    monkeypatch.setattr(tasks.executor, "random", jitter)
+    ENV = Environment(ledger, clock, crashes, config, checker, stats, jitter)
     started = time.monotonic()
     try:
         with crashes.installed():
