@@ -28,10 +28,12 @@ import ledger.db
 import ledger.outbox
 from ledger import schema
 from ledger.checkpoints import CheckpointKeys
+from ledger.fleet import FleetStore
 from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.steps import StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
+from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from tests.model.world import Crash, set_current_runner
 from tests.support import clock as test_clock
@@ -215,6 +217,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self.suspended_at = ""
         self.store = self._new_store()
+        self.advertise()
 
     @property
     def name(self) -> str:
@@ -238,6 +241,18 @@ class Worker:
         self.store.close()
         self.generation += 1
         self.store = self._new_store()
+        self.advertise()
+
+    def advertise(self) -> None:
+        """What a starting worker tells the ledger (workers/app.py ``start_advertising``):
+        the workflow versions it runs and their state models (``start_run`` checks them)."""
+        queues = []
+        for queue, workflow, version in worker_queues(self.config.queue, self.registry):
+            code = self.registry.get(workflow, version or None)
+            start = code.start.name if code is not None and code.start is not None else None
+            queues.append((queue, workflow, version, start))
+        schemas = {(w.name, w.version): w.state.model_json_schema() for w in self.registry.all()}
+        FleetStore(self._url).advertise(None, queues, schemas)
 
     # -- the test's side --------------------------------------------------------------------
     def deliver(self, message: tuple[UUID, int], eager: int) -> Delivery:

@@ -369,7 +369,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         a rollback."""
         chosen = self._worker(worker, "idle")
         chosen.registry = CODE[code]
-        chosen.restart()
+        chosen.restart()  # and advertises its code
 
     # -- rules: people ---------------------------------------------------------------------------
     @rule(run=runs, payload=st.integers(0, 3))
