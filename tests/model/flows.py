@@ -28,6 +28,7 @@ from tests.model.world import WORLD
 APPROVAL_LIFETIME = timedelta(seconds=60)
 SIGNAL_TIMEOUT = timedelta(seconds=120)
 SLEEP = timedelta(seconds=30)
+SLOW_CALL_TIMEOUT_S = 45.0  # longer than the lease TTL (30 s): the lease is extended over it
 
 OPS = ("llm", "llm2", "crm", "crm_slow", "mail", "blind", "flaky", "talk_then_crm", "approve",
        "approve_strict", "signal", "sleep", "fail")
@@ -36,8 +37,9 @@ a model call), an effect then a raise (on the first attempt), three model calls 
 effect (a token budget of 100 runs out in between), waits, a deliberate failure."""
 
 
-def _crm_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
-    return WORLD.provider.create("crm", payload, key, dedupes=False)  # type: ignore[no-any-return]
+def _crm_call(payload: dict[str, Any], key: str, *, timeout: float) -> dict[str, Any]:
+    return WORLD.provider.create("crm", payload, key,  # type: ignore[no-any-return]
+                                 dedupes=False, timeout=timeout)
 
 
 def _crm_lookup(key: str) -> dict[str, Any] | None:
@@ -48,25 +50,27 @@ def _crm_simulate(payload: dict[str, Any], key: str) -> dict[str, Any]:
     return WORLD.provider.simulate("crm", payload, key)  # type: ignore[no-any-return]
 
 
-def _crm_slow_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
+def _crm_slow_call(payload: dict[str, Any], key: str, *, timeout: float) -> dict[str, Any]:
     return WORLD.provider.create("crm_slow", payload, key,  # type: ignore[no-any-return]
-                                 dedupes=False, slow=True)
+                                 dedupes=False, slow=True, timeout=timeout)
 
 
 def _crm_slow_lookup(key: str) -> dict[str, Any] | None:
     return WORLD.provider.lookup("crm_slow", key)  # type: ignore[no-any-return]
 
 
-def _mail_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
-    return WORLD.provider.create("mail", payload, key, dedupes=True)  # type: ignore[no-any-return]
+def _mail_call(payload: dict[str, Any], key: str, *, timeout: float) -> dict[str, Any]:
+    return WORLD.provider.create("mail", payload, key,  # type: ignore[no-any-return]
+                                 dedupes=True, timeout=timeout)
 
 
 def _mail_simulate(payload: dict[str, Any], key: str) -> dict[str, Any]:
     return WORLD.provider.simulate("mail", payload, key)  # type: ignore[no-any-return]
 
 
-def _blind_call(payload: dict[str, Any], key: str) -> dict[str, Any]:
-    return WORLD.provider.create("blind", payload, key, dedupes=False)  # type: ignore[no-any-return]
+def _blind_call(payload: dict[str, Any], key: str, *, timeout: float) -> dict[str, Any]:
+    return WORLD.provider.create("blind", payload, key,  # type: ignore[no-any-return]
+                                 dedupes=False, timeout=timeout)
 
 
 # irreversible, no provider-side dedupe, but a lookup by key: reconcile before resending
@@ -74,7 +78,7 @@ crm = Tool("model.crm", ToolClass.IRREVERSIBLE, call=_crm_call, lookup=_crm_look
            simulate=_crm_simulate)
 # the same, slower than the lease: every call hangs until the test ends it
 crm_slow = Tool("model.crm_slow", ToolClass.IRREVERSIBLE, call=_crm_slow_call,
-                lookup=_crm_slow_lookup, simulate=_crm_simulate)
+                lookup=_crm_slow_lookup, simulate=_crm_simulate, timeout_s=SLOW_CALL_TIMEOUT_S)
 # the provider dedupes by Idempotency-Key: resending with the same key is safe
 mail = Tool("model.mail", ToolClass.IDEMPOTENT_WRITE, call=_mail_call, simulate=_mail_simulate)
 # neither a lookup nor dedupe: an unknown outcome must park the run for a person

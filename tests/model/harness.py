@@ -56,6 +56,7 @@ class Clock:
     def __init__(self) -> None:
         self.box = [timedelta(0)]
         self.version = 0
+        self.on_advance: list[Callable[[float], None]] = []  # called with the new offset (s)
         self._raw: list[psycopg.Connection[Any]] = []
         self._original = ledger.db.connect_raw
 
@@ -98,6 +99,8 @@ class Clock:
         self._raw = [c for c in self._raw if not c.closed]
         for conn in self._raw:
             self._set(conn)
+        for hook in self.on_advance:
+            hook(self.offset.total_seconds())
 
 
 # -- crashes ---------------------------------------------------------------------------------

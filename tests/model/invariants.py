@@ -69,7 +69,6 @@ SQL_CHECKS: dict[str, str] = {
           FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
          WHERE e.status IN ('pending', 'accepted')
            AND r.status IN ('completed', 'failed', 'diverged')
-           AND coalesce(r.last_error->>'reason', '') <> ALL(CAST(:excused AS text[]))
            AND EXISTS (SELECT 1 FROM onward.effect_attempts a
                         WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
                           AND a.kind = 'call')""",
@@ -83,12 +82,11 @@ SQL_CHECKS: dict[str, str] = {
                            ELSE format('its last call ended %s', coalesce(last.outcome,
                                                                           'unrecorded')) END,
                       e.error)
-          FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
+          FROM onward.effects e
           LEFT JOIN LATERAL (SELECT a.outcome FROM onward.effect_attempts a
                               WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
                                 AND a.kind = 'call' ORDER BY a.attempt DESC LIMIT 1) last ON true
          WHERE e.status = 'failed'
-           AND coalesce(r.last_error->>'reason', '') <> ALL(CAST(:excused AS text[]))
            AND (e.effect_id = ANY(CAST(:acted AS text[]))
                 OR (last IS NOT NULL AND coalesce(last.outcome, 'unknown') = 'unknown'))""",
     # 3. every run is terminal, parked, or has a way forward: an outbox row or a lease if it
@@ -157,7 +155,6 @@ def _sql_params(ctx: Context) -> dict[str, Any]:
               else ctx.world.model.tokens)
     tokens = [billed[r] for r in runs]
     return {
-        "excused": list(known.REFUSALS_NOT_CHECKED),
         "acted": sorted({o.key for o in ctx.world.provider.objects}),
         "runs": runs, "tokens": tokens,
         "cost": [Decimal(str(round(t * USD_PER_TOKEN, 6))) for t in tokens],

@@ -64,7 +64,7 @@ from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.workflow import Registry
-from tests.model import flows, known
+from tests.model import flows
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -185,13 +185,15 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.stats["examples"] += 1
         started = time.perf_counter()
         empty_ledger(self.env.ledger.engine)
+        self.env.clock.on_advance.clear()
         self.env.clock.reset()
         self.env.jitter.seed(0)  # hypothesis replays an example only if it behaves the same
         self.env.crashes.point = self.env.crashes.after_statement = None
         self.world = World(on_body=self._on_body)
         self.world.provider.on_call = self._on_call
-        self.world.provider.slow_calls = not known.NO_SLOW_PROVIDER
-        self.world.model.on_call = lambda prompt: self._on_call("model", prompt)
+        self.world.model.on_call = lambda prompt: self._on_call("model", prompt, None)
+        self.world.provider.clock_s = lambda: self.env.clock.offset.total_seconds()
+        self.env.clock.on_advance[:] = [self.world.provider.expire]
         install(self.world)
         self.ledger = self.env.ledger
         self.broker = Broker()
@@ -216,9 +218,10 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.world.note("reran", f"run {ctx.run_id}: step {ctx.step} ran from seq "
                             f"{ctx.seq} on {ctx.worker}, after seq {ctx.seq + 1} committed")
 
-    def _on_call(self, collection: str, key: str) -> None:
-        """As a provider or model call starts: the calling worker holds the run's lease,
-        unexpired, and the run is still running (not cancelled, failed or parked)."""
+    def _on_call(self, collection: str, key: str, timeout: float | None) -> None:
+        """As a provider or model call starts: the calling worker holds the run's lease, the
+        lease covers the call's time limit, and the run is still running (not cancelled,
+        failed or parked)."""
         runner = current_runner()
         if runner is None:
             return  # an operator's repeat
@@ -226,11 +229,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             "SELECT lease_owner, status, lease_expires_at - onward.now() AS left_ "
             "FROM onward.runs WHERE id = %s", (runner.run_id,)).fetchone()
         owner, status, left = row if row is not None else (None, None, None)
+        needed = timedelta(seconds=timeout or 0)
         if owner != runner.name or status != "running" or left is None \
-                or left <= timedelta(0):
+                or left <= needed:
             self.world.note("unleased_call", f"{runner.name} called {collection} (key "
                             f"{key[:12]}…) for run {runner.run_id} while the run is {status} "
-                            f"with lease {owner!r}, {left} left")
+                            f"with lease {owner!r}, {left} left (the call may take {needed})")
 
     def _worker(self, index: int, state: str) -> Worker:
         candidates = [w for w in self.workers if getattr(w, state)]
@@ -332,7 +336,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         and the other worker runs it while the first one still waits for the provider."""
         hung = self._worker(0, "suspended")
         other = self._worker(0, "idle")
-        self.env.clock.advance(LEASE_TTL_S + 1)
+        left = self.env.checker.execute(
+            "SELECT extract(epoch FROM lease_expires_at - onward.now()) FROM onward.runs "
+            "WHERE id = %s", (hung.run_id,)).fetchone()
+        self.env.clock.advance(max(float(left[0] or 0) if left else 0, LEASE_TTL_S) + 1)
         self.reaper.sweep(stall_after_s=STALL_AFTER_S)
         self.dispatcher.sweep(crash_before_mark=False)
         self.world.provider.script = deque(provider)

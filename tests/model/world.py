@@ -71,26 +71,40 @@ class ProviderObject:
 
 
 @dataclass
+class HungCall:
+    collection: str
+    payload: dict[str, Any]
+    key: str
+    dedupes: bool
+    run_id: UUID | None
+    deadline: float | None  # the caller's time limit, on the database clock (offset seconds)
+    timed_out: bool = False
+    obj: ProviderObject | None = None
+
+
+@dataclass
 class FakeProvider:
     objects: list[ProviderObject] = field(default_factory=list)
     script: deque[str] = field(default_factory=deque)
+    hung: dict[int, HungCall] = field(default_factory=dict)  # by calling worker
     sandbox_calls: int = 0
     calls: int = 0
     lookups: int = 0
     person: bool = False
-    slow_calls: bool = True  # False: "hang" answers at once (tests/model/known.py)
-    on_call: Callable[[str, str], None] = lambda collection, key: None  # as each call starts
+    # as each call starts (collection, key, time limit)
+    on_call: Callable[[str, str, float | None], None] = lambda collection, key, timeout: None
+    clock_s: Callable[[], float] = lambda: 0.0  # the database clock's offset, in seconds
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def create(self, collection: str, payload: dict[str, Any], key: str, *,
-               dedupes: bool, slow: bool = False) -> dict[str, Any]:
-        """A create call; ``slow``: the endpoint hangs unless the script says otherwise."""
+               dedupes: bool, slow: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        """A create call, given up by its caller after ``timeout`` seconds (of the database's
+        clock); ``slow``: the endpoint hangs unless the script says otherwise."""
         self.calls += 1
-        self.on_call(collection, key)
+        self.on_call(collection, key, timeout)
         mode = self.script.popleft() if self.script else ("hang" if slow else "answer")
-        if mode == "hang" and not self.slow_calls:
-            mode = "answer"
-        if mode == "refuse":
+        existing = self._existing(collection, key) if dedupes else None
+        if mode == "refuse" and existing is None:
             raise ToolError(f"{collection}: refused (422), nothing created", retryable=False,
                             status_code=422)
         if mode == "unavailable":
@@ -98,20 +112,50 @@ class FakeProvider:
                             status_code=503)
         run_id = current_run()
         if mode == "hang":
-            runner = current_runner()
-            action = runner.suspend(f"provider call {collection} key {key[:12]}") \
-                if runner is not None else "act_answer"
-            if action.startswith("act"):
-                obj = self._act(collection, payload, key, dedupes, run_id)
-            if action.endswith("crash"):
-                raise Crash(f"worker killed during the {collection} call")
-            if action.endswith("lose"):
-                raise ConnectionError(f"{collection}: no response (timed out)")
-            return self._answer(obj)
+            return self._hang(collection, payload, key, dedupes, run_id, timeout)
         obj = self._act(collection, payload, key, dedupes, run_id)
         if mode == "lose":
             raise ConnectionError(f"{collection}: connection reset after the request was sent")
         return self._answer(obj)
+
+    def _hang(self, collection: str, payload: dict[str, Any], key: str, dedupes: bool,
+              run_id: UUID | None, timeout: float | None) -> dict[str, Any]:
+        """Stop the calling worker until the test ends the call. The provider keeps to the
+        caller's time limit (docs/effects.md: one that acts after its client gave up must
+        dedupe by key): if time passes the limit first, it acts then (``expire``) and the
+        caller hears a timeout whenever it is resumed."""
+        runner = current_runner()
+        if runner is None:
+            return self._answer(self._act(collection, payload, key, dedupes, run_id))
+        deadline = self.clock_s() + timeout if timeout is not None else None
+        call = HungCall(collection, payload, key, dedupes, run_id, deadline)
+        self.hung[id(runner)] = call
+        try:
+            action = runner.suspend(f"provider call {collection} key {key[:12]}")
+        finally:
+            del self.hung[id(runner)]
+        if not call.timed_out and action.startswith("act"):
+            call.obj = self._act(collection, payload, key, dedupes, run_id)
+        if action.endswith("crash"):
+            raise Crash(f"worker killed during the {collection} call")
+        if call.timed_out:
+            raise TimeoutError(f"{collection}: no answer within {timeout}s")
+        if call.obj is None or action.endswith("lose"):
+            raise ConnectionError(f"{collection}: no response (connection lost)")
+        return self._answer(call.obj)
+
+    def expire(self, now_s: float) -> None:
+        """Time moved: a hung call past its caller's time limit ends there, the provider
+        having acted (the worst case: an object the caller never heard of)."""
+        for call in self.hung.values():
+            if not call.timed_out and call.deadline is not None and now_s > call.deadline:
+                call.timed_out = True
+                call.obj = self._act(call.collection, call.payload, call.key, call.dedupes,
+                                     call.run_id)
+
+    def _existing(self, collection: str, key: str) -> ProviderObject | None:
+        return next((o for o in self.objects if o.collection == collection and o.key == key),
+                    None)
 
     def _act(self, collection: str, payload: dict[str, Any], key: str, dedupes: bool,
              run_id: UUID | None) -> ProviderObject:
