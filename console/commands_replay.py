@@ -17,7 +17,16 @@ from rich.table import Table
 from rich.text import Text
 
 from console.commands_corpus import corpus_app
-from console.common import EXIT_FAILED, EXIT_REFUSED, err, fail, open_ledger, out, reported
+from console.common import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    err,
+    fail,
+    open_ledger,
+    out,
+    reported,
+    short,
+)
 from console.safe import add_row, line, visible
 from ledger import Ledger
 from ledger.audit import AuditAction
@@ -32,6 +41,7 @@ from tasks.corpus.report import (
     Policy,
     Summary,
     dumps,
+    groups,
     headline,
     summarize,
     to_json,
@@ -177,22 +187,19 @@ def _table(replay: CorpusReplay, summary: Summary, policy: Policy, diffs: int) -
                                          ("runs", "identical", "divergent", "allowed",
                                           "skipped")))
     out.print(by_workflow)
-    if summary.by_kind:
-        kinds = Table("divergence", "runs")
-        for kind, count in summary.by_kind.items():
-            add_row(kinds, kind + (" (allowed)" if Kind(kind) in policy.allow else ""), count)
-        out.print(kinds)
-    divergent = [o for o in replay.outcomes if verdict_of(o, policy) != IDENTICAL]
-    if divergent:
-        runs = Table("run", "workflow", "seq", "step", "divergence", "first difference")
-        for o in divergent:
-            finding = o.finding or {}
-            add_row(runs, o.run_id, o.workflow, finding.get("seq", "-"),
-                    finding.get("step") or "-", verdict_of(o, policy),
-                    str(finding.get("message", ""))[:160])
-        out.print(runs)
-    for o in [o for o in divergent if (o.finding or {}).get("diff")][:diffs]:
-        _diff(o)
+    found = groups(replay, policy)
+    if found:
+        table = Table("divergence", "where", "what", "runs", "e.g. run")
+        for group in found:
+            add_row(table, group.verdict, f"{group.step} (seq {group.seq})", group.what,
+                    len(group.runs), short(group.runs[0].run_id, 13))
+        out.print(table)
+    for group in found[:diffs]:
+        if (group.runs[0].finding or {}).get("diff"):
+            _diff(group.runs[0])
+    if found and diffs < len(found):
+        out.print(line(f"({len(found) - diffs} more divergence(s): --diffs N shows more; "
+                       "--markdown FILE or --format json lists every run)"))
     out.print(line(summary.why))
 
 

@@ -608,6 +608,9 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
     hint = "    stop the embedded servers: onward embedded down" if settings.embedded else ""
     console.print(f"inspect: onward runs show {victim.id}{hint}")
     console.print(console_hint(settings))
+    console.print("replay: onward corpus add demo --workflow research_agent --since 1h && onward "
+                  "corpus replay demo --code examples.research_v2   (the research runs against "
+                  "version 2 of the agent, offline; README: regression suite)")
     for problem in problems:
         console.print(f"[bold red]FAILED:[/bold red] {problem}")
     summary = {

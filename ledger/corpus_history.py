@@ -71,7 +71,8 @@ class History:
 
 
 def read_history_txn(conn: Connection, run_id: UUID, *, with_tables: bool = True) -> History:
-    """The run, its checkpoints and (``with_tables``) its evidence and effects by seq."""
+    """The run and its checkpoints; with ``with_tables``, also its evidence and effects by
+    seq when a checkpoint does not name the calls of its step itself (older envelopes)."""
     run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().one()
     rows = conn.execute(sa.select(checkpoints).where(checkpoints.c.run_id == run_id)
                         .order_by(checkpoints.c.seq)).mappings().all()
@@ -82,7 +83,8 @@ def read_history_txn(conn: Connection, run_id: UUID, *, with_tables: bool = True
         step=run["step"], result=run["result"], last_error=run["last_error"],
         parked_reason=run["parked_reason"],
         checkpoints={row["seq"]: _checkpoint(row, states) for row in rows})
-    if with_tables:
+    if with_tables and any(cp.calls is None for cp in history.checkpoints.values()
+                           if cp.seq > history.first_seq):
         history.table_calls.update(_table_calls(conn, run_id))
     return history
 

@@ -113,6 +113,53 @@ def _decide(summary: Summary) -> None:
         summary.passed, summary.why = True, "within what the command allows"
 
 
+def label(finding: dict[str, Any] | None) -> str:
+    """A divergence in a few words: what a reviewer scans and runs are grouped by."""
+    if not finding:
+        return ""
+    kind, call, command = finding.get("kind"), finding.get("call"), finding.get("command_id")
+    diff = [str(line) for line in finding.get("diff") or []]
+    if kind == Kind.REQUEST.value:
+        return f"{call} {command} asks something else"
+    if kind == Kind.UNRECORDED.value:
+        return f"{call} {command} was never recorded"
+    if kind == Kind.NOT_MADE.value:
+        return f"recorded {call} {command} not made"
+    if kind == Kind.NEXT_STEP.value and len(diff) == 2:
+        return f"{diff[0][2:]} → {diff[1][2:]}"
+    paths = [line[2:].split(":", 1)[0] for line in diff if line[:3] in ("~ /", "+ /", "- /")]
+    if kind in (Kind.STATE.value, Kind.RESULT.value) and paths:
+        return f"{'state' if kind == Kind.STATE.value else 'result'} " \
+               f"{', '.join(paths[:3])}{' …' if len(paths) > 3 else ''}"
+    return str(finding.get("message", ""))[:120]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs that diverged the same way: kind, step and what differed."""
+
+    verdict: str
+    step: str | None
+    seq: int | None
+    what: str
+    runs: list[RunOutcome]
+
+
+def groups(replay: CorpusReplay, policy: Policy) -> list[Group]:
+    """The distinct divergences, the most frequent first (each with its runs)."""
+    found: dict[tuple[str, str | None, str], list[RunOutcome]] = {}
+    for outcome in replay.outcomes:
+        verdict = verdict_of(outcome, policy)
+        if verdict == IDENTICAL:
+            continue
+        finding = outcome.finding or {}
+        key = (verdict, finding.get("step"), label(finding))
+        found.setdefault(key, []).append(outcome)
+    return [Group(verdict, step, (runs[0].finding or {}).get("seq"), what, runs)
+            for (verdict, step, what), runs in sorted(found.items(),
+                                                      key=lambda item: -len(item[1]))]
+
+
 def headline(summary: Summary) -> str:
     parts = [f"{summary.runs} runs", f"{summary.identical} identical",
              f"{summary.divergent} divergent"]
@@ -132,7 +179,10 @@ def to_json(replay: CorpusReplay, summary: Summary, policy: Policy) -> dict[str,
         "allowed": sorted(k.value for k in policy.allow), "max_divergent": summary.limit,
         "seconds": round(replay.seconds, 3), "jobs": replay.jobs,
         "summary": {k: v for k, v in summary.__dict__.items() if k not in ("passed", "why")},
-        "runs": [{**o.as_json(), "verdict": verdict_of(o, policy)} for o in replay.outcomes],
+        "divergences": [{"verdict": g.verdict, "step": g.step, "seq": g.seq, "what": g.what,
+                         "runs": [o.run_id for o in g.runs]} for g in groups(replay, policy)],
+        "runs": [{**o.as_json(), "verdict": verdict_of(o, policy),
+                  "what": label(o.finding)} for o in replay.outcomes],
     }
 
 
@@ -152,14 +202,18 @@ def to_markdown(replay: CorpusReplay, summary: Summary, policy: Policy,
         lines.append(f"| `{workflow}` | {row.get('runs', 0)} | {row.get('identical', 0)} | "
                      f"{row.get('divergent', 0)} | {row.get('allowed', 0)} | "
                      f"{row.get('skipped', 0)} |")
-    if summary.by_kind:
-        lines += ["", "| divergence | runs |", "|---|---:|"]
-        lines += [f"| {_md(kind)} | {n} |" for kind, n in summary.by_kind.items()]
-    divergent = [o for o in replay.outcomes if verdict_of(o, policy) not in (IDENTICAL,)]
-    if divergent:
-        lines += ["", "### Divergent runs", ""]
-    for index, outcome in enumerate(divergent):
-        lines += _md_run(outcome, policy, with_diff=index < diffs)
+    found = groups(replay, policy)
+    if found:
+        lines += ["", "| divergence | where | what | runs |", "|---|---|---|---:|"]
+        lines += [f"| {_md(g.verdict)} | `{g.step}` (seq {g.seq}) | {_md(g.what)} | "
+                  f"{len(g.runs)} |" for g in found]
+    for index, group in enumerate(found):
+        lines += ["", f"### {_md(group.verdict)} at `{group.step}`: {_md(group.what)} "
+                      f"({len(group.runs)} run{'s' if len(group.runs) > 1 else ''})", ""]
+        lines += _md_run(group.runs[0], policy, with_diff=index < diffs)
+        if len(group.runs) > 1:
+            lines += ["", "<details><summary>every run</summary>", "",
+                      *(f"- `{o.run_id}`" for o in group.runs), "", "</details>"]
     return "\n".join(lines) + "\n"
 
 
@@ -168,7 +222,7 @@ def _md_run(outcome: RunOutcome, policy: Policy, *, with_diff: bool) -> list[str
     where = f"seq {finding.get('seq')}, step `{finding.get('step')}`" \
         if finding.get("seq") is not None else "whole run"
     verdict = verdict_of(outcome, policy)
-    lines = [f"- **`{outcome.run_id}`** ({outcome.workflow}) — {_md(verdict)} at {where}: "
+    lines = [f"e.g. **`{outcome.run_id}`** ({outcome.workflow}) — {_md(verdict)} at {where}: "
              f"{_md(str(finding.get('message', '')))}"]
     if with_diff and finding.get("diff"):
         lines += ["", "  ```diff", *(f"  {line}" for line in finding["diff"]), "  ```", ""]

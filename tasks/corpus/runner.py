@@ -31,7 +31,7 @@ from ledger.db import wrap_driver_errors
 from ledger.exceptions import IntegrityViolation
 from ledger.scratch import scratch_database
 from tasks import faults
-from tasks.corpus.replayer import Replayer, ReplayOptions, RunOutcome
+from tasks.corpus.replayer import Replayer, ReplayOptions, RunOutcome, verify_runs
 
 Progress = Callable[[int, int], None]
 """(runs done, runs in all): called as outcomes arrive."""
@@ -62,8 +62,7 @@ def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptio
         try:
             with wrap_driver_errors("loading the bundle"), scratch.engine.begin() as conn:
                 load_txn(conn, bundle, str(bundle.header.get("tenant_id")))
-            outcomes = _replay_all(settings, url, bundle.run_ids, options, jobs, progress)
-            _refuse_unverified(outcomes)
+            outcomes = _replay_all(settings, scratch, bundle.run_ids, options, jobs, progress)
             copies = _copies(scratch, outcomes, keep) if keep is not None else []
         finally:
             scratch.engine.dispose()
@@ -82,32 +81,43 @@ def _source(bundle: Bundle) -> dict[str, Any]:
             "tenant_id": bundle.header.get("tenant_id"), "runs": len(bundle.run_ids)}
 
 
-def _replay_all(settings: OnwardSettings, url: str, run_ids: list[UUID],
+def _replay_all(settings: OnwardSettings, scratch: Ledger, run_ids: list[UUID],
                 options: ReplayOptions, jobs: int, progress: Progress | None) -> list[RunOutcome]:
+    """Replay in ``jobs`` processes while this one verifies every run: a run that does not
+    verify refuses the whole replay (nothing is reported from unverified records; the
+    replays meanwhile call nothing outside the scratch ledger)."""
     order = {str(run_id): i for i, run_id in enumerate(run_ids)}
     chunks = [run_ids[i::jobs * 4] for i in range(jobs * 4)]
-    payloads = [json.dumps({"url": url, "settings": _settings_json(settings),
+    payloads = [json.dumps({"url": scratch.url, "settings": _settings_json(settings),
                             "options": options.as_json(), "runs": [str(r) for r in chunk]})
                 for chunk in chunks if chunk]
     outcomes: list[RunOutcome] = []
-    for result in _map(payloads, jobs):
-        outcomes.extend(RunOutcome.from_json(o) for o in json.loads(result))
-        if progress is not None:
-            progress(len(outcomes), len(run_ids))
+    with _mapped(payloads, jobs) as results:
+        _refuse_unverified(verify_runs(scratch, run_ids))
+        for result in results:
+            outcomes.extend(RunOutcome.from_json(o) for o in json.loads(result))
+            if progress is not None:
+                progress(len(outcomes), len(run_ids))
     return sorted(outcomes, key=lambda o: order[o.run_id])
 
 
-def _map(payloads: list[str], jobs: int) -> Iterator[str]:
+@contextlib.contextmanager
+def _mapped(payloads: list[str], jobs: int) -> Iterator[Iterator[str]]:
+    """The replays' results as they come; with ``jobs`` > 1 they are already running in
+    their processes when this yields."""
     if jobs == 1:  # in this process, with a replayer of its own, closed afterwards
         with _quiet(), contextlib.closing(_replayer(json.loads(payloads[0]))) as replayer:
-            for payload in payloads:
-                runs = json.loads(payload)["runs"]
-                yield json.dumps([replayer.replay(UUID(r)).as_json() for r in runs])
+            yield (json.dumps([replayer.replay(UUID(r)).as_json()
+                               for r in json.loads(payload)["runs"]]) for payload in payloads)
         return
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                              initializer=_init_worker) as pool:
-        yield from pool.map(replay_chunk, payloads)
+        try:
+            yield pool.map(replay_chunk, payloads)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # nothing more to replay: refused or stopped
+            raise
 
 
 def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
@@ -153,10 +163,9 @@ def _replayer(data: dict[str, Any]) -> Replayer:
     return Replayer(_ledger(settings, data["url"]), ReplayOptions.from_json(data["options"]))
 
 
-def _refuse_unverified(outcomes: list[RunOutcome]) -> None:
-    broken = [o for o in outcomes if o.problems]
+def _refuse_unverified(broken: dict[str, list[str]]) -> None:
     if broken:
-        shown = "; ".join(p for o in broken[:3] for p in o.problems[:1])
+        shown = "; ".join(problems[0] for problems in list(broken.values())[:3])
         raise IntegrityViolation(
             f"{len(broken)} run(s) of the bundle do not verify with the keys configured here, "
             f"so nothing is reported: {shown} (are these the MAC keys of the ledger the bundle "

@@ -21,6 +21,7 @@ from tasks.corpus.report import Policy, summarize
 from tasks.corpus.runner import CorpusReplay, replay_bundle
 from tests.support.corpus import record_flow, record_note, table_digest
 from tests.support.driver import Driver, driver
+from tests.support.model_server import ModelServer, running_model_server
 
 MODULES = ["tests.workflows_corpus", "tests.workflows_ops"]
 
@@ -135,3 +136,52 @@ def test_replay__a_workflow_the_code_lacks_is_skipped_not_failed(
     assert only(result).kind == Kind.NO_CODE.value
     summary = summarize(result, Policy())
     assert (summary.skipped, summary.passed) == (1, False)
+
+
+@pytest.fixture()
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    """The model server the research agent records its answers from (the outside world)."""
+    import examples.research
+
+    with running_model_server(tmp_path, "--latency-ms", "1") as server:
+        monkeypatch.setenv("ONWARD_MODEL_URL", server.url)
+        examples.research._Model._client.cache_clear()  # built once per process, from the env
+        yield server
+    examples.research._Model._client.cache_clear()
+
+
+def test_replay__the_research_agents_second_version_against_the_first_ones_runs(
+        ledger: Ledger, settings: OnwardSettings, model: ModelServer) -> None:
+    """Invariant: the README's example: replayed against examples.research_v2, a research
+    run whose sources are all vetted diverges where v2 asks the model with the new prompt
+    (with the two prompts' diff), the others where v2 goes to its new validation step;
+    against examples.research (the code that recorded them) every run is identical. The
+    replays ask the model server nothing."""
+    from examples.research_v2 import vetted
+    from tasks.corpus.report import groups
+    runs: dict[str, bool] = {}
+    with driver(ledger, ["examples.research"]) as drv:
+        for i in range(6):
+            run_id = ledger.start_run("research_agent", {"topic": f"topic-{i:02d}"})
+            drv.drive(run_id)
+            sources = ledger.checkpoints(run_id)[1].state["sources"]
+            runs[str(run_id)] = all(vetted(s) for s in sources)
+    assert set(runs.values()) == {True, False}, "the topics should exercise both paths"
+    asked = model.stats()["requests"]
+    Corpora(ledger).add("c", Selection())
+    bundle = read_bundle(Corpora(ledger).snapshot("c"), ledger.keys)
+    same = replay_bundle(settings, bundle, ReplayOptions(("examples.research",)), jobs=1)
+    assert all(o.identical for o in same.outcomes)
+    v2 = replay_bundle(settings, bundle, ReplayOptions(("examples.research_v2",)), jobs=1)
+    for outcome in v2.outcomes:
+        finding = outcome.finding or {}
+        if runs[outcome.run_id]:
+            assert (finding["kind"], finding["step"]) == ("request_differs", "draft")
+            assert any(line.startswith("+Write a short, neutral report on topic-")
+                       for line in finding["diff"]), finding["diff"]
+        else:
+            assert (finding["kind"], finding["step"]) == ("next_step", "extract_claims")
+            assert finding["diff"] == ["- goto draft", "+ goto check_claims"]
+        assert outcome.replayed_version == 2
+    assert len(groups(v2, Policy())) == 2
+    assert model.stats()["requests"] == asked

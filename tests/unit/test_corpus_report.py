@@ -84,10 +84,11 @@ def test_junit__one_case_per_run_failures_skips_and_escaped_text() -> None:
 
 
 def test_markdown__summary_tables_and_each_divergent_run_with_its_diff() -> None:
-    """Invariant: the Markdown says passed or FAILED, has a row per workflow and per kind,
-    and shows each divergent run's first difference with its diff."""
+    """Invariant: the Markdown says passed or FAILED, has a row per workflow and per
+    distinct divergence, and shows an example run of each with its diff."""
     replay = _replay(_run("1", None), _run("2", Kind.STATE))
     text = to_markdown(replay, summarize(replay, Policy()), Policy())
     assert text.startswith("## Corpus replay: FAILED")
-    assert "| `wf` | 2 | 1 | 1 | 0 | 0 |" in text and "| state | 1 |" in text
+    assert "| `wf` | 2 | 1 | 1 | 0 | 0 |" in text
+    assert "| state | `s` (seq 2) | state <here> & there | 1 |" in text
     assert "**`2`**" in text and "```diff" in text and "  + b" in text
