@@ -158,8 +158,14 @@ class ModelServer:
             self.stats.moved(-1)
 
     def _hold_s(self, answer_id: str) -> float:
-        spread = (int(answer_id[-4:], 16) / 0xFFFF) * 2 - 1  # in [-1, 1], from the request
-        return max(0.0, self.limits.latency_ms * (1 + self.limits.jitter * spread) / 1000)
+        return hold_s(answer_id, self.limits.latency_ms, self.limits.jitter)
+
+
+def hold_s(answer_id: str, latency_ms: float, jitter: float) -> float:
+    """How long the server holds the request whose answer has ``answer_id`` (deterministic:
+    a benchmark can subtract exactly the model's latency from a step's duration)."""
+    spread = (int(answer_id[-4:], 16) / 0xFFFF) * 2 - 1  # in [-1, 1], from the request
+    return max(0.0, latency_ms * (1 + jitter * spread) / 1000)
 
 
 def answer_for(model: str, messages: list[dict[str, Any]],

@@ -282,6 +282,7 @@ class Handler(BaseHTTPRequestHandler):
 def serve(port: int, db: Path, port_file: Path | None = None) -> None:
     store = Store(db)
     handler = type("BoundHandler", (Handler,), {"store": store})
+    ThreadingHTTPServer.request_queue_size = 256  # many workers at once (bench/agents.py)
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     actual = server.server_address[1]

@@ -97,3 +97,25 @@ def test_bench_chaos__tiny_run_loses_and_duplicates_nothing(server_urls: dict[st
     assert out["backend_kills"] >= 1
     assert out["long_calls"] == 1
     assert out["kills"] >= 3
+
+
+def test_bench_agents__reports_every_field(server_urls: dict[str, str]) -> None:
+    """bench/agents.py, tiny (threads -c 8, 100 ms model, 8 runs x 3 steps, a quota phase of
+    4 runs at 2 concurrent): every field the issue lists is in the JSON, the model server
+    saw the onward side's calls in flight together, the ratio is the quotient of the rates,
+    and the quota phase met the server's limit as 429s (no quota is declared yet)."""
+    out = _bench("agents.py", ["--runs", "8", "--steps", "3", "--latency-ms", "100",
+                               "--pool", "threads", "-c", "8", "--quota-runs", "4",
+                               "--quota-concurrency", "2", "--quota-rate", "50",
+                               "--deadline", "120"], server_urls)
+
+    for key in ("inflight_max", "inflight_avg", "steps_per_s", "celery_steps_per_s",
+                "ratio_vs_celery", "ideal_steps_per_s", "worker_rss_mb", "cpu_ms_per_step",
+                "overhead_p50_ms", "overhead_p99_ms", "model_429s", "model_max_concurrency",
+                "model_limit_concurrency", "throttled_fleet_cpu_s"):
+        assert key in out and out[key] is not None, (key, out)
+    assert out["steps_per_s"] > 0 and out["celery_steps_per_s"] > 0
+    assert 1 < out["inflight_max"] <= 8
+    assert out["ratio_vs_celery"] == pytest.approx(
+        out["steps_per_s"] / out["celery_steps_per_s"], rel=0.01)
+    assert out["model_max_concurrency"] <= out["model_limit_concurrency"] == 2

@@ -1,0 +1,81 @@
+"""Plain Celery making the same calls as bench/agent_flow.py's steps, with no durability:
+the comparison side of bench/agents.py. Same Celery settings as ``onward worker``
+(``workers.app.celery_config``), same pool and concurrency, same model and provider calls;
+each task sends the next one (``apply_async``) and the last one of a chain records when it
+finished. A task whose call fails ends its chain (there is no durability to resume it): it is
+recorded as lost, with the step it reached.
+
+Run as a worker: ``python -m bench.plain_agents`` with BENCH_BROKER_URL, BENCH_PLAIN_QUEUE,
+BENCH_POOL, BENCH_CONCURRENCY, BENCH_NODE, ONWARD_MODEL_URL and ONWARD_EXAMPLE_PROVIDER_URL.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("BENCH_POOL") == "gevent":  # before anything imports socket users
+    from gevent import monkey
+
+    monkey.patch_all()
+
+import socket
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from bench.agent_flow import MODEL, messages_for, model_client, writes_at
+from examples.provider_client import create
+from ledger.settings import OnwardSettings
+from workers.app import celery_config
+
+TASK = "bench.plain_agent_step"
+
+
+def done_key(queue: str) -> str:
+    return f"bench:{queue}:agents_done"
+
+
+def make_app(broker: str, queue: str) -> Celery:
+    app = Celery("bench_plain_agents", set_as_current=False)
+    config = celery_config(OnwardSettings(broker_url=broker, queue=queue))
+    config.pop("broker_transport", None)  # stock kombu Redis transport, ack emulation on
+    config.pop("broker_transport_options", None)
+    app.conf.update(config)
+    client: dict[str, Any] = {}
+
+    @app.task(name=TASK, ignore_result=True, acks_late=True)
+    def step(run: str, n: int, steps: int) -> None:
+        try:
+            model_client().complete(model=MODEL, messages=messages_for(run, n))
+            if writes_at(n):
+                create("plain_writes", {"run": run, "n": n}, f"{run}:{n}")
+        except Exception as exc:  # no durability: the chain ends here, counted as lost
+            finish(run, f"lost {n} {type(exc).__name__}")
+            raise
+        if n + 1 < steps:
+            step.apply_async(kwargs={"run": run, "n": n + 1, "steps": steps}, queue=queue)
+        else:
+            finish(run, "done")
+
+    def finish(run: str, how: str) -> None:
+        if client.get("pid") != os.getpid():
+            client.update(pid=os.getpid(), redis=redis.Redis.from_url(broker))
+        client["redis"].rpush(done_key(queue), f"{run} {time.time():.6f} {how}")
+
+    return app
+
+
+def main() -> None:
+    queue = os.environ["BENCH_PLAIN_QUEUE"]
+    app = make_app(os.environ["BENCH_BROKER_URL"], queue)
+    node = os.environ.get("BENCH_NODE") or f"plain-{os.getpid()}@{socket.gethostname()}"
+    app.worker_main(["worker", "-P", os.environ.get("BENCH_POOL", "prefork"), "-c",
+                     os.environ.get("BENCH_CONCURRENCY", "2"), "-Q", queue, "-E",
+                     "--without-gossip", "--without-mingle", "-n", node,
+                     f"--loglevel={os.environ.get('BENCH_LOGLEVEL', 'WARNING')}"])
+
+
+if __name__ == "__main__":
+    main()
