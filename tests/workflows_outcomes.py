@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -94,6 +95,22 @@ def send_then_talk(ctx: StepContext, state: Send) -> Any:
     for i in range(5):
         ctx.llm(model="m", messages=[{"role": "user", "content": f"tell me more {i}"}])
     return ctx.finish()
+
+
+approved_send = Workflow("test_outcome_approved_send", version=1, state=Send)
+
+
+@approved_send.step(start=True)
+def ask(ctx: StepContext, state: Send) -> Any:
+    return ctx.ask_approval("send", artifact={"n": 1}, then=send_approved,
+                            expires_in=timedelta(seconds=2))
+
+
+@approved_send.step
+def send_approved(ctx: StepContext, state: Send) -> Any:
+    """Acts only while its approval holds: a retry after it expired is refused."""
+    done = ctx.effect(with_lookup, n=1)
+    return ctx.finish(sent=done["id"])
 
 
 # -- for real workers: the reference provider over HTTP -----------------------------------

@@ -129,6 +129,31 @@ def test_deadline__reaper_queues_a_run_with_an_unknown_effect_instead_of_failing
     assert one_effect(drv.ledger, run_id).status is EffectStatus.COMPLETED
 
 
+def test_expired_approval__resolves_before_the_run_fails(drv: Driver, ops: Ledger) -> None:
+    """Invariant: a step resumed by an approval that expires before its retry (the first
+    try lost the provider's answer) is refused ``approval_expired`` only after its effect
+    was looked up and recorded ``completed``; never closed as failed."""
+    run_id = drv.ledger.start_run("test_outcome_approved_send", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    [asked] = ops.approvals(run_id=run_id)
+    ops.approve(asked.id, artifact_hash=asked.artifact_hash)
+    OUTSIDE.lose_answers = 1
+    drv.step(run_id, 1)
+    assert (one_effect(ops, run_id).status, OUTSIDE.count()) == (EffectStatus.PENDING, 1)
+
+    def expired() -> bool:
+        with ops.engine.connect() as conn:
+            return bool(conn.execute(sa.text(
+                "SELECT onward.now() > expires_at FROM onward.approvals WHERE id = :id"),
+                {"id": asked.id}).scalar())
+
+    wait_for(expired, timeout=10, what="the approval to expire")
+    run = drv.drive(run_id)
+    assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "approval_expired")
+    assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
+    assert OUTSIDE.count() == 1
+
+
 def test_failed_run__never_sent_effect_is_closed_unsent_and_sent_once_after_continue(
         drv: Driver) -> None:
     """Invariant: an effect whose every call was refused (nothing landed) is closed
