@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -103,13 +104,40 @@ def encode(value: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
 
 
-def decode(cursor: str | None) -> Any:
+T = TypeVar("T")
+
+
+def decode(cursor: str | None, parse: Callable[[Any], T]) -> T | None:
+    """The position a ``next_cursor`` names, read by ``parse``; anything else a client sends
+    is refused as bad input (422), never a server error."""
     if cursor is None:
         return None
     try:
-        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except ValueError as exc:
+        return parse(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
         raise InvalidInput("cursor: pass back the next_cursor a list answered") from exc
+
+
+def _uuid_cursor(value: Any) -> UUID:
+    if not isinstance(value, str):
+        raise TypeError("a run cursor is a run id")
+    return UUID(value)
+
+
+def _int_cursor(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise TypeError("this cursor is a non-negative integer")
+    return value
+
+
+def _approval_cursor(value: Any) -> tuple[datetime, UUID]:
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, str) for v in value)):
+        raise TypeError("an approvals cursor is [created_at, id]")
+    when = datetime.fromisoformat(value[0])
+    if when.tzinfo is None:
+        raise ValueError("an approvals cursor's time has a zone")
+    return when, UUID(value[1])
 
 
 def page(items: list[Any], limit: int, cursor: Any) -> dict[str, Any]:
@@ -152,9 +180,9 @@ def list_runs(ledger: Authed, status: RunStatus | None = None,
               prefix: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F-]{1,36}$")] = None,
               limit: Limit = 50, cursor: str | None = None) -> dict[str, Any]:
     """Runs of the token's tenant, newest first (``runs ls``)."""
-    before = decode(cursor)
+    before = decode(cursor, _uuid_cursor)
     where = RunFilter(status=status, workflow=workflow, workflow_version=version, since=since,
-                      until=until, id_prefix=prefix, before=UUID(before) if before else None)
+                      until=until, id_prefix=prefix, before=before)
     found = ledger.find_runs(where, limit=limit)
     return page([_run_row(r) for r in found], limit, str(found[-1].id) if found else None)
 
@@ -280,7 +308,7 @@ def list_effects(ledger: Authed, run: str | None = None, status: EffectStatus | 
                  effect_type: str | None = None, limit: Limit = 50,
                  cursor: str | None = None) -> dict[str, Any]:
     """Effects, newest first (``effects ls``)."""
-    offset = int(decode(cursor) or 0)
+    offset = decode(cursor, _int_cursor) or 0
     found = ledger.find_effects(run_id=run_of(ledger, run) if run else None, status=status,
                                 effect_type=effect_type, limit=limit, offset=offset)
     return page(found, limit, offset + limit)
@@ -316,8 +344,7 @@ def list_approvals(ledger: Authed, status: ApprovalStatus | None = ApprovalStatu
                    run: str | None = None, mine: bool = False, limit: Limit = 50,
                    cursor: str | None = None) -> dict[str, Any]:
     """Approvals, newest first (``approvals ls``); ``mine``: those you may decide."""
-    after = decode(cursor)
-    before = (datetime.fromisoformat(after[0]), UUID(after[1])) if after else None
+    before = decode(cursor, _approval_cursor)
     found = ledger.approvals(status=status, run_id=run_of(ledger, run) if run else None,
                              limit=limit, before=before, approver=mine)
     last = [found[-1].created_at.isoformat(), str(found[-1].id)] if found else None
@@ -356,8 +383,8 @@ def list_audit(ledger: Authed, run: str | None = None, action: str | None = None
                since: datetime | None = None, limit: Limit = 50,
                cursor: str | None = None) -> dict[str, Any]:
     """The tenant's audit log, newest first (``audit ls``)."""
-    before = decode(cursor)
+    before = decode(cursor, _int_cursor)
     rows = ledger.audit(run_id=run_of(ledger, run) if run else None, action=action,
                         actor=actor, outcome=outcome, since=since, limit=limit,
-                        before=int(before) if before is not None else None)
+                        before=before)
     return page(rows, limit, rows[-1].id if rows else None)
