@@ -189,6 +189,12 @@ class Ledger:
                                      after_seq=after_seq, timeout=timeout)
 
     # -- reads -----------------------------------------------------------------------------
+    def now(self) -> datetime:
+        """The database's time (``onward.now()``): what every comparison the ledger makes
+        uses, so what a console shows agrees with what the ledger decides."""
+        with wrap_driver_errors("reading the database clock"), self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.onward.now())).scalar_one()
+
     def get_run(self, run_id: UUID) -> run_ops.Run | None:
         """The run, if it exists in the actor's tenant."""
         with wrap_driver_errors("reading a run"), self.engine.connect() as conn:

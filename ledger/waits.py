@@ -171,6 +171,14 @@ def _fail(conn: Connection, run_id: UUID, reason: str, message: str, **extra: An
                 last_error={"type": reason, "reason": reason, "message": message, **extra})
     )
     close_unsent(conn, run_id, "run failed")
+    # An approval of a run that ended is no longer anyone's to decide: off the inbox.
+    conn.execute(
+        approvals.update()
+        .where(approvals.c.run_id == run_id,
+               approvals.c.status == ApprovalStatus.PENDING.value)
+        .values(status=ApprovalStatus.INVALIDATED.value, decided_at=sa.func.onward.now(),
+                comment=f"run failed ({reason}): {message}"[:2000])
+    )
 
 
 def get_approval_txn(conn: Connection, approval_id: UUID, *, lock: bool = False) -> Approval:
@@ -264,7 +272,7 @@ def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str
 
 
 def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
-               max_bytes: int | None = None, max_depth: int | None = None) -> bool:
+               max_bytes: int, max_depth: int) -> bool:
     """Store a signal for the run; wake it if it waits for this name. Returns whether it woke.
 
     A signal sent before the run waits is kept and consumed when the wait begins. A payload
@@ -278,7 +286,7 @@ def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
         body = canonical_json(payload, max_depth=max_depth)
     except InvalidInput as exc:
         raise InvalidInput(f"signal {name!r} payload: {exc}") from exc
-    if max_bytes is not None and len(body) > max_bytes:
+    if len(body) > max_bytes:
         raise InvalidInput(f"signal {name!r} payload is {len(body)} bytes, over the limit of "
                            f"{max_bytes} (ONWARD_MAX_SIGNAL_BYTES); send a reference instead")
     run = _lock_run(conn, run_id)

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 from uuid import UUID
@@ -161,8 +161,8 @@ def run_context(ledger: Ledger, run_id: UUID, before_epoch: int | None = None) -
 
 
 def why_waiting(ledger: Ledger, run: Any) -> str | None:
-    """Why the run is not moving right now, in words."""
-    now = datetime.now(UTC)
+    """Why the run is not moving right now, in words (by the database's clock)."""
+    now = ledger.now()
     waiting = str(run.waiting_on or "")
     if run.status.terminal:
         return None
@@ -404,7 +404,7 @@ def approvals_page(request: Request, mine: str = "", status: str = "pending",
             a, ledger.actor.name, ledger.actor.approver_roles) for a in found}
         return render(request, "approvals.html", ledger, approvals=found, exact=exact,
                       decidable=decidable, mine=mine == "1", status=status, done=done,
-                      now=datetime.now(UTC))
+                      now=ledger.now())
     except (OnwardError, ValueError) as exc:
         return failed(request, exc if isinstance(exc, OnwardError) else InvalidInput(str(exc)),
                       ledger)

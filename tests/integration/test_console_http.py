@@ -180,3 +180,23 @@ def test_api__malformed_cursors_are_bad_input_not_server_errors(drv: Driver) -> 
                 assert answer.status_code == 422, (path, value, answer.text)
                 assert "cursor" in answer.json()["detail"]
             assert http.get(path, params={"cursor": "%%%"}, headers=viewer).status_code == 422
+
+
+def test_page__why_it_waits_reads_the_database_clock(drv: Driver) -> None:
+    """Invariant (docs/design.md section 13, one clock): the console says a worker holds a
+    run only while its lease is live by the database's clock, the clock `runs continue`
+    uses; a console host whose clock is behind must not show an expired lease as held."""
+    from console.http.pages import why_waiting
+    from ledger.steps import Claim
+    from tests.support.clock import follow_engine
+
+    admin = drv.ledger.acting_as("root", "admin")
+    run_id = admin.start_run("test_ops_notes", {"topic": "clock"})
+    assert isinstance(drv.store.claim(run_id, 0, "w:1"), Claim)  # a 30 s lease, taken ...
+    follow_engine(admin.engine, [timedelta(minutes=10)])  # ... 10 minutes ago, by the db
+    admin.engine.dispose()
+    run = admin.get_run(run_id)
+    assert run is not None
+    shown = why_waiting(admin, run) or ""
+    assert not shown.startswith("running: worker"), shown
+    assert admin.continue_run(run_id, "the worker is gone").previous_status is RunStatus.RUNNING

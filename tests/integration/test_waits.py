@@ -68,7 +68,8 @@ def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
     stepping.start()
     wait_for(lambda: _claimed(ledger, run_id), timeout=10, what="the step to be claimed")
     with ledger.engine.begin() as conn:
-        assert signal_txn(conn, run_id, "go", {"n": 3}) is False  # holds the run's row lock
+        assert signal_txn(conn, run_id, "go", {"n": 3}, max_bytes=1000,
+                          max_depth=8) is False  # holds the run's row lock
         wait_for(lambda: _blocked_commits(ledger) == 1, timeout=10,
                  what="the waiting commit to block on the run's row lock")
     stepping.join(timeout=10)
@@ -87,3 +88,31 @@ def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
     finished = drv.drive(run_id)
     assert (finished.status, finished.result) == (RunStatus.COMPLETED, {"payload": {"n": 3}})
     assert RecoveryStore(ledger.engine).sweep(stall_after_s=60).waits.signals_delivered == 0
+
+
+def test_deadline__a_waiting_run_failed_by_its_deadline_leaves_no_pending_approval(
+        drv: Driver, ledger: Ledger) -> None:
+    """Invariant (docs/operating.md: a stopped run's approvals stop being pending, as cancel
+    invalidates them): the reaper failing a waiting run past its deadline takes its approval
+    off the inbox (invalidated, with the reason), so nobody is asked to decide for a dead run
+    (found by review: it stayed pending until its own expiry)."""
+    from datetime import timedelta
+
+    from ledger.runs import Budgets
+    from ledger.schema import ApprovalStatus
+    from tests.support.clock import follow_engine
+
+    run_id = ledger.start_run("test_review", {"doc": "offer", "expires_s": 3600},
+                              budgets=Budgets(deadline=timedelta(minutes=30)))
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    follow_engine(ledger.engine, [timedelta(minutes=45)])  # deadline passed, approval not
+    ledger.engine.dispose()
+    RecoveryStore(ledger.engine).sweep(stall_after_s=3600)
+    run = ledger.get_run(run_id)
+    assert run is not None and run.status is RunStatus.FAILED
+    assert run.last_error is not None and run.last_error["reason"] == "deadline_exceeded"
+    admin = ledger.acting_as("root", "admin")
+    assert [a.run_id for a in admin.approvals(status=ApprovalStatus.PENDING)] == []
+    (approval,) = admin.approvals(run_id=run_id, status=None)
+    assert approval.status is ApprovalStatus.INVALIDATED
+    assert approval.comment is not None and "deadline_exceeded" in approval.comment
