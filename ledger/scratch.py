@@ -49,19 +49,25 @@ def scratch_database(settings: OnwardSettings, url: str | None = None) -> Iterat
 
 @contextmanager
 def _given(url: str) -> Iterator[str]:
+    """Use a database the operator named: refused (and left untouched) when it already holds
+    an onward schema, which may be a real ledger; otherwise the schema this replay creates
+    is the only thing it drops afterwards."""
     engine = sa.create_engine(url)
     try:
         with wrap_driver_errors("checking the scratch database"), engine.connect() as conn:
             found = conn.execute(sa.text("SELECT to_regnamespace(:s)"), {"s": SCHEMA}).scalar()
         if found is not None:
             raise OperationRefused(
-                "the scratch database already holds an onward schema: a replay uses, then "
-                "drops, the onward schema of the database it is given; give an empty one")
-        _migrate(url)
-        yield url
+                "the scratch database already holds an onward schema (a ledger?): a replay "
+                "creates, uses, then drops the onward schema of the database it is given, so "
+                "it needs one without; nothing was changed")
+        try:
+            _migrate(url)
+            yield url
+        finally:
+            with wrap_driver_errors("emptying the scratch database"), engine.begin() as conn:
+                conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
     finally:
-        with wrap_driver_errors("emptying the scratch database"), engine.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
         engine.dispose()
 
 

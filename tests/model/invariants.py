@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md section 13, as checks over the ledger and the outside world
+"""The invariants of docs/design.md section 13, as checks over the ledger and the outside world
 (docs/guarantees.md, "What the model-based test checks", states them for users).
 
 The test runs every check after every rule. Checks that the ledger alone can answer are one

@@ -1,4 +1,4 @@
-"""The step protocol tested as a state machine (DESIGN.md section 13, issue 10 item 13).
+"""The step protocol tested as a state machine (docs/design.md section 13, issue 10 item 13).
 
 Hypothesis drives the real ledger (PostgreSQL), the real executor (``execute_step``), two
 real ``StepStore``s (two workers with their own connections and ids), the real reaper
@@ -526,7 +526,7 @@ def _profile() -> hsettings:
 
 def test_protocol__invariants_hold_under_random_interleavings(
         settings: OnwardSettings, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every invariant of DESIGN.md section 13 (tests/model/invariants.py) holds after every
+    """Every invariant of docs/design.md section 13 (tests/model/invariants.py) holds after every
     rule of every interleaving hypothesis explores, against the real ledger and executor."""
     global ENV
     # one thread runs at a time: a lock wait can only be a bug, so make it an error
