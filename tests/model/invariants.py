@@ -192,6 +192,12 @@ def calls_under_a_live_lease(ctx: Context) -> list[str]:
     return list(ctx.world.violations.get("unleased_call", []))
 
 
+def repeats_are_deliberate(ctx: Context) -> list[str]:
+    """2. A person's repeat happens once per confirmation, and never reaches the real
+    provider for a simulation's or an evidence replay's effect (noted by the repeat rule)."""
+    return list(ctx.world.violations.get("repeat", []))
+
+
 def model_paid_once(ctx: Context) -> list[str]:
     """Budgets: a model answer is paid for once; a re-executed step gets it from the record
     (only an answer lost on the way is ever asked for again)."""
@@ -240,6 +246,7 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "one_object_per_effect": one_object_per_effect,
     "calls_under_a_live_lease": calls_under_a_live_lease,
     "model_paid_once": model_paid_once,
+    "repeats_are_deliberate": repeats_are_deliberate,
     "verify_clean": verify_clean,
     "workers_never_die_of_errors": workers_never_die_of_errors,
 }

@@ -63,6 +63,7 @@ from ledger.schema import ApprovalStatus, LaunchMode
 from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.executor import ExecutorConfig
+from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
 from tests.model import flows
 from tests.model.harness import (
@@ -395,6 +396,35 @@ class ProtocolMachine(RuleBasedStateMachine):
         with contextlib.suppress(*REFUSALS):
             decide(approval.id, artifact_hash=approval.artifact_hash, comment="model test")
 
+    @rule(pick=st.integers(0, 15), twice=st.booleans())
+    def person_repeats_effect(self, pick: int, twice: bool) -> None:
+        """An admin repeats an external effect (its objects are a person's decision, under a
+        key of their own); confirming the same plan a second time is refused (two admins
+        confirming one plan make one repeat); a simulation's effect goes to the sandbox."""
+        effects = sorted(self.ledger.find_effects(limit=500),
+                         key=lambda e: (self._rank(e.run_id), e.seq, e.command_id))
+        if not effects:
+            return
+        effect = effects[pick % len(effects)]
+        plan = plan_repeat(self.ledger, effect)
+        real_before = len(self.world.provider.objects)
+        with self.world.provider.as_person():
+            try:
+                repeat_effect(self.ledger, plan, "model test: repeat")
+            except REFUSALS:
+                return
+            self.env.stats["repeats"] += 1
+            if twice:
+                with contextlib.suppress(*REFUSALS):
+                    repeat_effect(self.ledger, plan, "model test: the same plan again")
+                    self.world.note("repeat", f"effect {effect.effect_type} "
+                                    f"{effect.effect_id[:16]}…: a second confirmation of the "
+                                    "same plan repeated it again")
+        if plan.run_mode in ("simulation", "evidence") \
+                and len(self.world.provider.objects) > real_before:
+            self.world.note("repeat", f"effect {effect.effect_id[:16]}… of a {plan.run_mode} "
+                            "run was repeated at the real provider")
+
     @rule(run=runs)
     def cancel(self, run: UUID) -> None:
         with contextlib.suppress(*REFUSALS):
@@ -533,7 +563,11 @@ def test_protocol__invariants_hold_under_random_interleavings(
     # (and no fsync wait per commit: the server's durability is not what is tested here)
     monkeypatch.setenv("PGOPTIONS", f"-c lock_timeout={LOCK_TIMEOUT_MS} "
                                     "-c synchronous_commit=off")
-    ledger = Ledger.from_env(settings)  # trusted code: an admin of the settings' tenant
+    # trusted code: an admin of the settings' tenant; the flows module is where `effects
+    # repeat` finds the model test's tools
+    settings = settings.model_copy(update={"workflows": [*settings.workflows,
+                                                         "tests.model.flows"]})
+    ledger = Ledger.from_env(settings)
     clock = Clock()
     clock.follow(ledger.engine)
     clock.install(monkeypatch)
