@@ -12,7 +12,8 @@ operator commands (``Ledger``) through random interleavings of:
     worker killed) · crash at each named fault point, or after any ledger statement · reaper
     sweep · dispatcher sweep (killed before marking) · time passing · signal · approve,
     reject, expiry · cancel · continue · replay (evidence, simulation, live) · branch ·
-    deploy v2 (a state migration) or roll back to v1 on either worker
+    an admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
+    worker · a quiet stretch after which every run must have settled
 
 and checks every invariant of tests/model/invariants.py after every rule. A worker's crash
 is a ``BaseException`` raised where the worker would have been SIGKILLed: nothing in onward
