@@ -27,6 +27,7 @@ Sizing: the ``model-ci`` profile (default) runs in tens of seconds; ``make soak`
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import time
@@ -341,7 +342,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         left = self.env.checker.execute(
             "SELECT extract(epoch FROM lease_expires_at - onward.now()) FROM onward.runs "
             "WHERE id = %s", (hung.run_id,)).fetchone()
-        self.env.clock.advance(max(float(left[0] or 0) if left else 0, LEASE_TTL_S) + 1)
+        # whole seconds: a real-time fraction would make the example replay differently
+        self.env.clock.advance(math.ceil(max(float(left[0] or 0) if left else 0,
+                                             LEASE_TTL_S)) + 1)
         self.reaper.sweep(stall_after_s=STALL_AFTER_S)
         self.dispatcher.sweep(crash_before_mark=False)
         self.world.provider.script = deque(provider)
