@@ -39,6 +39,9 @@ def scratch_database(settings: OnwardSettings, url: str | None = None) -> Iterat
     name = f"{PREFIX}_{secrets.token_hex(6)}"
     _admin(base, f'CREATE DATABASE "{name}"', what="create a scratch database")
     try:
+        # a throwaway database need not wait for its commits to reach the disk
+        _admin(base, f'ALTER DATABASE "{name}" SET synchronous_commit = off',
+               what="configure the scratch database")
         scratch = make_url(base).set(database=name).render_as_string(hide_password=False)
         _migrate(scratch)
         yield scratch

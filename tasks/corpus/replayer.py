@@ -117,8 +117,10 @@ class Replayer:
             finding = Finding(Kind.NO_CODE, f"{', '.join(self.options.modules)} defines no "
                               f"workflow {rec.workflow!r}: not replayed")
             return RunOutcome(**{**base.as_json(), "finding": _plain(finding)})
-        replay_id = self._fork(rec)
-        stopped_as_recorded = self._drive(rec, replay_id)
+        replay_id, status = self._fork(rec)
+        stopped_as_recorded = self._drive(rec, replay_id, {
+            "seq": rec.first_seq, "status": status,
+            "workflow_version": rec.checkpoints[rec.first_seq].workflow_version})
         rep = self._history(replay_id, with_tables=False)
         verdict = compare(rec, rep, ignore=self.options.ignore,
                           requests=lambda kind, cid: self._request(run_id, kind, cid),
@@ -135,24 +137,24 @@ class Replayer:
             return recorded_request_txn(conn, run_id, kind, command_id)
 
     # -- the replay ---------------------------------------------------------------------------
-    def _fork(self, rec: History) -> UUID:
+    def _fork(self, rec: History) -> tuple[UUID, str]:
         actor = Actor(ACTOR, Role.ADMIN, rec.tenant_id)
         request = ForkRequest(rec.run_id, rec.first_seq, LaunchMode.EVIDENCE,
                               f"corpus replay of {self.options.label or 'a corpus'} against "
                               f"{', '.join(self.options.modules)}", BudgetPolicy.INHERITED)
         settings = self.ledger.settings
         with wrap_driver_errors("starting a replay"), self.ledger.engine.begin() as conn:
-            return fork_txn(conn, self.ledger.keys, actor, request,
-                            default_max_attempts=settings.step_max_attempts,
-                            max_state_bytes=settings.max_state_bytes).run_id
+            launched = fork_txn(conn, self.ledger.keys, actor, request,
+                                default_max_attempts=settings.step_max_attempts,
+                                max_state_bytes=settings.max_state_bytes)
+        return launched.run_id, launched.status.value
 
-    def _drive(self, rec: History, run_id: UUID) -> bool:
+    def _drive(self, rec: History, run_id: UUID, row: dict[str, Any] | None) -> bool:
         """Execute the replay's steps until it stops; True when it was stopped where the
         recorded run was stopped by something its code did not decide (see ``_stop_at``).
         After a commit that goes straight on, the next seq and the version the step ran
         with are known; anything else reads where the run is."""
         stop_at = _stop_at(rec)
-        row = self._position(run_id)
         for _ in range(4 * len(rec.checkpoints) + 20):  # a replay that loops is stopped
             if row is None or row["status"] != RunStatus.RUNNING.value:
                 return False

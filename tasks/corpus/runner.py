@@ -2,15 +2,15 @@
 into a scratch ledger, replay its runs in parallel processes, collect one outcome per run,
 and drop the scratch ledger. Nothing is written anywhere else.
 
-Worker processes are started fresh (``spawn``): they share nothing with this one but the
-scratch ledger's URL and the options, passed as JSON text, and send back JSON text.
+Worker processes are forked from a fresh server process that imported only
+tasks/corpus/worker.py (``forkserver``): they share nothing with this one but the scratch
+ledger's URL and the options, passed as JSON text, and send back JSON text.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import multiprocessing
 import os
 import time
@@ -20,9 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-import sqlalchemy as sa
-import structlog
-
 from ledger import Ledger, OnwardSettings
 from ledger.bundle import Bundle
 from ledger.corpus_bundle import load_txn
@@ -30,8 +27,8 @@ from ledger.corpus_replays import ReplayCopy, copy_replays_txn
 from ledger.db import wrap_driver_errors
 from ledger.exceptions import IntegrityViolation
 from ledger.scratch import scratch_database
-from tasks import faults
-from tasks.corpus.replayer import Replayer, ReplayOptions, RunOutcome, verify_runs
+from tasks.corpus.replayer import ReplayOptions, RunOutcome, verify_runs
+from tasks.corpus.worker import init_worker, ledger_for, quiet, replay_chunk, replayer_for
 
 Progress = Callable[[int, int], None]
 """(runs done, runs in all): called as outcomes arrive."""
@@ -58,7 +55,7 @@ def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptio
     started = time.perf_counter()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(bundle.run_ids)))
     with scratch_database(settings, scratch_url) as url:
-        scratch = _ledger(settings, url)
+        scratch = ledger_for(settings, url)
         try:
             with wrap_driver_errors("loading the bundle"), scratch.engine.begin() as conn:
                 load_txn(conn, bundle, str(bundle.header.get("tenant_id")))
@@ -68,11 +65,6 @@ def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptio
             scratch.engine.dispose()
     return CorpusReplay(_source(bundle), options, outcomes, time.perf_counter() - started,
                         jobs, copies)
-
-
-def _ledger(settings: OnwardSettings, url: str) -> Ledger:
-    scratch = settings.model_copy(update={"database_url": url})
-    return Ledger(sa.create_engine(url, pool_size=2), scratch)
 
 
 def _source(bundle: Bundle) -> dict[str, Any]:
@@ -106,13 +98,14 @@ def _mapped(payloads: list[str], jobs: int) -> Iterator[Iterator[str]]:
     """The replays' results as they come; with ``jobs`` > 1 they are already running in
     their processes when this yields."""
     if jobs == 1:  # in this process, with a replayer of its own, closed afterwards
-        with _quiet(), contextlib.closing(_replayer(json.loads(payloads[0]))) as replayer:
+        with quiet(), contextlib.closing(replayer_for(json.loads(payloads[0]))) as replayer:
             yield (json.dumps([replayer.replay(UUID(r)).as_json()
                                for r in json.loads(payload)["runs"]]) for payload in payloads)
         return
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tasks.corpus.worker"])
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                             initializer=_init_worker) as pool:
+                             initializer=init_worker) as pool:
         try:
             yield pool.map(replay_chunk, payloads)
         except BaseException:
@@ -122,45 +115,6 @@ def _mapped(payloads: list[str], jobs: int) -> Iterator[Iterator[str]]:
 
 def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
     return settings.model_dump(mode="json", exclude={"token", "token_file", "database_url"})
-
-
-# -- in each worker process -------------------------------------------------------------------
-_replayers: dict[str, Replayer] = {}
-
-
-def _init_worker() -> None:
-    """A replay process runs no fault points and logs nothing but failures of its own:
-    the report says what each replay did."""
-    os.environ.pop("ONWARD_FAULTS", None)
-    faults.arm_from_env()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """``_init_worker``'s quiet logging, for replays in this process, then put back."""
-    previous = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-    try:
-        yield
-    finally:
-        structlog.configure(**previous)
-
-
-def replay_chunk(payload: str) -> str:
-    """Replay the runs a payload names (JSON in, JSON out): one task of the pool. A worker
-    process keeps its replayer for the pool's life (the pool ends with the replay)."""
-    data = json.loads(payload)
-    key = json.dumps([data["url"], data["options"]], sort_keys=True)
-    replayer = _replayers.get(key)
-    if replayer is None:
-        replayer = _replayers[key] = _replayer(data)
-    return json.dumps([replayer.replay(UUID(r)).as_json() for r in data["runs"]])
-
-
-def _replayer(data: dict[str, Any]) -> Replayer:
-    settings = OnwardSettings(**{**data["settings"], "database_url": data["url"]})
-    return Replayer(_ledger(settings, data["url"]), ReplayOptions.from_json(data["options"]))
 
 
 def _refuse_unverified(broken: dict[str, list[str]]) -> None:

@@ -119,3 +119,23 @@ def test_bench_agents__reports_every_field(server_urls: dict[str, str]) -> None:
     assert out["ratio_vs_celery"] == pytest.approx(
         out["steps_per_s"] / out["celery_steps_per_s"], rel=0.01)
     assert out["model_max_concurrency"] <= out["model_limit_concurrency"] == 2
+
+
+def test_bench_corpus__replays_identical_then_divergent_where_expected(
+        server_urls: dict[str, str]) -> None:
+    """bench/corpus.py with 12 runs: replayed against the code that recorded them, every run
+    is identical; against version 2 of the research agent, every run diverges, each the way
+    its recorded sources say (the new validation step, or the new draft prompt); the JSON
+    line has the issue's keys for both."""
+    out = _bench("corpus.py", ["--runs", "12", "--record-jobs", "1"], server_urls, timeout=600)
+
+    for row in (out, out["changed"]):
+        for key in ("runs", "seconds", "runs_per_s", "identical", "divergent",
+                    "expected_divergent"):
+            assert row[key] is not None, (key, row)
+    assert (out["runs"], out["identical"], out["divergent"], out["expected_divergent"]) == \
+        (12, 12, 0, 0)
+    changed = out["changed"]
+    assert (changed["identical"], changed["divergent"], changed["expected_divergent"]) == \
+        (0, 12, 12)
+    assert changed["by_kind"] == {k: v for k, v in changed["expected_by_kind"].items() if v}
