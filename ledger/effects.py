@@ -36,16 +36,32 @@ class CancelRequested(OnwardError):
     ``cancelled`` once its effects are resolved (docs/operating.md, "Cancel")."""
 
 
+# A call of effect ``e`` may have reached the provider: some call attempt (or an operator's
+# repeat) ended without a known outcome (its answer was lost, its worker died, it is still
+# in flight, or its late answer was fenced out; a repeat the provider only accepted) and no
+# LATER lookup by the effect's key
+# said 'missing'. A stated refusal ('failed': nothing happened *this time*) says nothing
+# about an earlier call, and a lookup by the effect's key says nothing about a repeat,
+# which was sent under a key of its own.
+def unknown_call(e: str) -> str:
+    """``UNKNOWN_CALL`` for the effect row named ``e`` in the enclosing query."""
+    return f"""EXISTS (SELECT 1 FROM onward.effect_attempts c
+     WHERE c.effect_type = {e}.effect_type AND c.effect_id = {e}.effect_id
+       AND c.kind IN ('call', 'repeat')
+       AND coalesce(c.outcome, 'unknown') IN ('unknown', 'accepted')
+       AND (c.kind = 'repeat' OR NOT EXISTS (
+            SELECT 1 FROM onward.effect_attempts l
+             WHERE l.effect_type = c.effect_type AND l.effect_id = c.effect_id
+               AND l.attempt > c.attempt AND l.kind = 'lookup' AND l.outcome = 'missing')))"""
+
+
+UNKNOWN_CALL = unknown_call("e")
 # The outcome at the provider of effect ``e`` is unknown: it was accepted, or it is pending
-# and its latest attempt (a call, lookup or repeat) did not end with a stated refusal
-# ('failed') or a lookup that found nothing ('missing'). A pending effect with no attempt
-# was never sent. Such an effect is never closed by a refusal, a deadline or a cancel.
-LAST_OUTCOME = """(SELECT a.outcome FROM onward.effect_attempts a
-                    WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
-                    ORDER BY a.attempt DESC LIMIT 1)"""
-OUTCOME_UNKNOWN = f"""(e.status = 'accepted' OR (e.status = 'pending' AND e.attempts > 0
-    AND coalesce({LAST_OUTCOME}, 'unknown') NOT IN ('failed', 'missing')))"""
-NEVER_LANDED = f"(e.status = 'pending' AND NOT {OUTCOME_UNKNOWN})"
+# with a call that may have reached the provider (``UNKNOWN_CALL``). A pending effect with
+# no attempt was never sent. Such an effect is never closed by a refusal, a deadline or a
+# cancel.
+OUTCOME_UNKNOWN = f"(e.status = 'accepted' OR (e.status = 'pending' AND {UNKNOWN_CALL}))"
+NEVER_LANDED = f"(e.status = 'pending' AND NOT {UNKNOWN_CALL})"
 
 
 @dataclass(frozen=True)
@@ -72,7 +88,7 @@ class Effect:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
-    last_outcome: str | None = None  # the latest attempt's outcome, where it was read
+    call_unknown: bool | None = None  # ``UNKNOWN_CALL``, where it was read (else None)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Effect:
@@ -85,8 +101,7 @@ class Effect:
         """Whether the provider may have acted (see ``OUTCOME_UNKNOWN``)."""
         if self.status is EffectStatus.ACCEPTED:
             return True
-        return (self.status is EffectStatus.PENDING and self.attempts > 0
-                and self.last_outcome not in ("failed", "missing"))
+        return self.status is EffectStatus.PENDING and bool(self.call_unknown)
 
 
 @dataclass(frozen=True)
@@ -142,11 +157,9 @@ WITH lease AS (
        AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM reopened)
 )
 SELECT lease.held, lease.cancelling, found.*,
-       (SELECT a.outcome FROM onward.effect_attempts a
-         WHERE a.effect_type = found.effect_type AND a.effect_id = found.effect_id
-         ORDER BY a.attempt DESC LIMIT 1) AS last_outcome
+       CALL_UNKNOWN AS call_unknown
   FROM lease LEFT JOIN found ON true
-"""
+""".replace("CALL_UNKNOWN", unknown_call("found"))
 
 _BEGIN_ATTEMPT = """
 WITH lease AS (
@@ -216,7 +229,7 @@ SELECT e.*, EXISTS (SELECT 1 FROM fence) AS fenced_in FROM onward.effects e
 """
 
 _UNRESOLVED = f"""
-SELECT e.*, {LAST_OUTCOME} AS last_outcome
+SELECT e.*, {UNKNOWN_CALL} AS call_unknown
   FROM onward.effects e
  WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
  ORDER BY e.seq, e.created_at
@@ -328,8 +341,7 @@ class EffectStore:
         return Effect.from_row(row)
 
     def unresolved(self, run_id: UUID) -> list[Effect]:
-        """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``),
-        with their latest attempt's outcome."""
+        """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
         return [Effect.from_row(r) for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
 
     def approval(self, approval_id: str) -> dict[str, Any] | None:

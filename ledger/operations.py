@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from ledger import signed, waits
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import Effect
+from ledger.effects import OUTCOME_UNKNOWN, Effect
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import (
     ApprovalStatus,
@@ -277,12 +277,16 @@ def _request_cancel(conn: Connection, run: RowMapping, status: RunStatus,
         queue_step_txn(conn, run["id"], run["seq"])
 
 
+_UNKNOWN_EFFECTS = sa.text(f"""
+SELECT e.effect_type, e.effect_id, e.status FROM onward.effects e
+ WHERE e.run_id = :run_id AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
+ ORDER BY e.seq, e.created_at
+""")
+
+
 def _unknown_effects(conn: Connection, run_id: UUID) -> list[str]:
-    rows = conn.execute(
-        sa.select(effects.c.effect_type, effects.c.effect_id, effects.c.status)
-        .where(effects.c.run_id == run_id,
-               effects.c.status.in_([EffectStatus.PENDING.value, EffectStatus.ACCEPTED.value]))
-    ).all()
+    """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
+    rows = conn.execute(_UNKNOWN_EFFECTS, {"run_id": run_id}).all()
     return [f"{r.effect_type} {r.effect_id} ({r.status})" for r in rows]
 
 

@@ -98,7 +98,8 @@ class EffectStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"  # the provider refused definitively
     # Closed when its run ended, known never to have reached the provider: no call was
-    # started, or every call was refused and a lookup found nothing. The same run's step
+    # started, or each call was refused or followed by a lookup that found nothing
+    # (ledger/effects.py, UNKNOWN_CALL). The same run's step
     # (after ``continue``) may send it again under the same key.
     UNSENT = "unsent"
 

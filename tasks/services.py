@@ -227,9 +227,9 @@ class StepServices:
                          error=_error(exc))
             self.unknown[effect.effect_id] = tool.name
             raise EffectOutcomeUnknown(f"lookup of {tool.name} failed: {exc}") from exc
-        if found is None:
+        if found is None:  # the earlier call never landed: send again, same key
             self._record_effect(effect, attempt, outcome="missing", status=EffectStatus.PENDING)
-            return self._send(tool, effect, payload)
+            return self._send(tool, replace(effect, call_unknown=False), payload)
         return self._apply(tool, effect, attempt, ToolResult.coerce(found), reconciled=True)
 
     def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
@@ -238,9 +238,11 @@ class StepServices:
         try:
             raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
         except ToolError as exc:
-            if exc.retryable:  # the provider said nothing happened: not an unknown outcome
+            if exc.retryable:  # nothing happened *this time*: an earlier call may have landed
                 self._record_effect(effect, attempt, outcome="failed", status=EffectStatus.PENDING,
                              error=_error(exc))
+                if effect.outcome_unknown:
+                    self.unknown[effect.effect_id] = tool.name
                 raise EffectOutcomeUnknown(f"{tool.name} refused for now: {exc}") from exc
             failed = self._record_effect(effect, attempt, outcome="failed",
                                   status=EffectStatus.FAILED, error=_error(exc))

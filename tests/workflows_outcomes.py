@@ -22,7 +22,7 @@ from examples.provider_client import provider_tool
 from ledger.schema import ToolClass
 from tasks import StepContext, Workflow
 from tasks.services import EffectOutcomeUnknown
-from tasks.tools import Tool, ToolResult
+from tasks.tools import Tool, ToolError, ToolResult
 
 
 @dataclass
@@ -31,16 +31,22 @@ class Outside:
 
     objects: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     lose_answers: int = 0  # the next n creates act, then the caller hears nothing
+    refuse: int = 0  # then the next n creates are refused with a 503: nothing happens
     timeouts: list[float | None] = field(default_factory=list)  # what each call was given
 
     def reset(self) -> None:
         self.objects.clear()
         self.lose_answers = 0
+        self.refuse = 0
         self.timeouts.clear()
 
     def create(self, payload: dict[str, Any], key: str, *,
                timeout: float | None = None) -> ToolResult:
         self.timeouts.append(timeout)
+        if self.refuse > 0 and self.lose_answers == 0:
+            self.refuse -= 1
+            raise ToolError("provider answered 503: busy, nothing was done", retryable=True,
+                            status_code=503)
         ref = f"obj_{len(self.objects) + 1}"
         self.objects.append((key, {"id": ref, **payload}))
         if self.lose_answers > 0:
@@ -55,6 +61,15 @@ class Outside:
                 return ToolResult("completed", obj["id"], obj)
         return None
 
+    def create_once(self, payload: dict[str, Any], key: str, *,
+                    timeout: float | None = None) -> ToolResult:
+        """A provider that deduplicates by key: the same key gives the same object."""
+        if self.refuse == 0 or self.lose_answers > 0:
+            for owner, obj in self.objects:
+                if owner == key:
+                    return ToolResult("completed", obj["id"], obj)
+        return self.create(payload, key, timeout=timeout)
+
     def count(self, key: str | None = None) -> int:
         return sum(1 for owner, _ in self.objects if key is None or owner == key)
 
@@ -65,7 +80,8 @@ with_lookup = Tool("test.outcome.with_lookup", ToolClass.IRREVERSIBLE,
                    call=OUTSIDE.create, lookup=OUTSIDE.find, timeout_s=7.0)
 without_lookup = Tool("test.outcome.without_lookup", ToolClass.IRREVERSIBLE,
                       call=OUTSIDE.create)
-TOOLS = {"lookup": with_lookup, "blind": without_lookup}
+keyed = Tool("test.outcome.keyed", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.create_once)
+TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed}
 
 
 class Send(BaseModel):

@@ -86,6 +86,79 @@ def test_attempt_budget__without_lookup_the_run_parks(drv: Driver) -> None:
     assert OUTSIDE.count() == 1
 
 
+def test_later_refusal__never_closes_an_earlier_unknown_call(drv: Driver) -> None:
+    """Invariant (design 13.2; review F13): a call whose answer was lost may have landed,
+    and a later attempt's stated refusal (a 503: nothing happened *that* time) says nothing
+    about it. When the attempts run out the run is parked ``effect_outcome_unknown`` with
+    its effect still ``pending``, never failed nor closed ``unsent``."""
+    OUTSIDE.lose_answers, OUTSIDE.refuse = 1, 5
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "keyed"})
+    run = drv.drive(run_id)
+    effect = one_effect(drv.ledger, run_id)
+    outcomes = [a.outcome for a in drv.ledger.effect_attempts(effect)]
+    assert outcomes == ["unknown", "failed", "failed"]  # three step attempts, two refusals
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    assert effect.status is EffectStatus.PENDING
+    assert OUTSIDE.count() == 1
+
+
+def test_later_refusal__a_lookup_that_found_nothing_first_lets_the_run_fail_unsent(
+        drv: Driver) -> None:
+    """Invariant: a refusal *after* a lookup that found nothing leaves nothing that can have
+    landed: the run fails and the effect is closed ``unsent`` (continue sends it once)."""
+    OUTSIDE.lose_answers, OUTSIDE.refuse = 1, 0
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "lookup"})
+    drv.step(run_id, 0)  # acted, answer lost
+    OUTSIDE.objects.clear()  # the provider dropped the object: the lookup finds nothing
+    OUTSIDE.refuse = 5
+    run = drv.drive(run_id)
+    effect = one_effect(drv.ledger, run_id)
+    kinds = [(a.kind, a.outcome) for a in drv.ledger.effect_attempts(effect)]
+    assert kinds[:3] == [("call", "unknown"), ("lookup", "missing"), ("call", "failed")]
+    assert run.status is RunStatus.FAILED
+    assert effect.status is EffectStatus.UNSENT
+
+
+def test_cancel__a_later_refusal_does_not_let_cancel_close_an_unknown_call(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant (review F13, cancel path): a run between retries whose first call lost its
+    answer and whose second was refused still has an effect of unknown outcome: cancel
+    asks a worker to resolve it (here: no lookup, so the run parks) instead of closing it
+    ``unsent`` at once."""
+    OUTSIDE.lose_answers, OUTSIDE.refuse = 1, 1
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "keyed"})
+    drv.step(run_id, 0)
+    drv.step(run_id, 0)
+    assert [a.outcome for a in ops.effect_attempts(one_effect(ops, run_id))] == [
+        "unknown", "failed"]
+    cancelled = ops.cancel(run_id, "customer withdrew")
+    assert cancelled.requested is True
+    assert one_effect(ops, run_id).status is EffectStatus.PENDING
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    assert one_effect(ops, run_id).status is EffectStatus.PENDING
+    assert OUTSIDE.count() == 1
+
+
+def test_deadline__reaper_does_not_fail_a_run_whose_unknown_call_was_followed_by_a_refusal(
+        drv: Driver) -> None:
+    """Invariant (review F13, the reaper's deadline path): an unknown call followed by a
+    refused one still blocks the reaper from failing the run: it queues it, and the worker
+    (no lookup) parks it; the effect is never closed ``unsent``."""
+    OUTSIDE.lose_answers, OUTSIDE.refuse = 1, 1
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "keyed"},
+                                  budgets=Budgets(deadline=timedelta(milliseconds=300)))
+    drv.step(run_id, 0)
+    drv.step(run_id, 0)
+    wait_for(lambda: past_deadline(drv.ledger, run_id), timeout=10, what="the deadline")
+    RecoveryStore(drv.ledger.engine).sweep(stall_after_s=60)
+    assert drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+    assert one_effect(drv.ledger, run_id).status is EffectStatus.PENDING
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    assert OUTSIDE.count() == 1
+
+
 def test_token_budget__refusal_mid_step_resolves_a_swallowed_unknown_outcome(
         drv: Driver) -> None:
     """Invariant: a token budget that stops a step after its body swallowed an unknown
