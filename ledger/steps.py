@@ -8,6 +8,7 @@ transactions per step (claim and commit); this module is where that budget is ke
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -237,6 +238,13 @@ WITH claimed AS (
            attempts_total = attempts_total + 1,
            -- an expired lease still set means its holder never finished: a restore
            restore_count = restore_count + (lease_expires_at IS NOT NULL)::int,
+           -- a run not yet bound to a version binds to the code that first claims it, so
+           -- a retry of a step that acted is routed to that code (docs/versioning.md)
+           workflow_version = coalesce(workflow_version,
+                                       (%(bind)s::jsonb -> workflow ->> 0)::int),
+           state_schema_version = CASE WHEN workflow_version IS NULL
+                                       THEN (%(bind)s::jsonb -> workflow ->> 1)::int
+                                       ELSE state_schema_version END,
            updated_at = onward.now()
      WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
        AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())
@@ -608,12 +616,16 @@ class StepStore:
         return self.conn.one(sql, params)
 
     # -- the hot path -------------------------------------------------------------------
-    def claim(self, run_id: UUID, seq: int, owner: str, *,
-              count_stale: bool = True) -> Claim | Stale:
+    def claim(self, run_id: UUID, seq: int, owner: str, *, count_stale: bool = True,
+              bind: Mapping[str, list[int]] | None = None) -> Claim | Stale:
         """Take the lease of ``run_id`` at ``seq`` (docs/design.md section 4.1) or say why not.
 
+        A run bound to no version yet is bound, by the same statement, to ``bind``'s
+        ``[version, state_schema_version]`` for its workflow (the claiming code's: see
+        ``Registry.first_claim_versions``); a workflow ``bind`` lacks leaves it unbound.
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
-        row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl})
+        row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
+                                 "bind": Jsonb(dict(bind or {}))})
         if row is not None:
             claim = Claim.from_row(row)
             ref = artifact_ref(claim.checkpoint.state) if claim.checkpoint else None

@@ -90,10 +90,13 @@ def head_disagreement(head: CheckpointBody, *, workflow: str, workflow_version: 
     if head.workflow is not None and workflow != head.workflow:
         return (f"the run names workflow {workflow!r}, its head checkpoint was signed for "
                 f"workflow {head.workflow!r} {edited}")
-    if workflow_version != head.workflow_version:
+    # A run's start (or a fork of it) names no version: the first claim binds the run to
+    # the claiming code's version and schema (ledger/steps.py), which no checkpoint signs yet.
+    unbound = head.workflow_version is None
+    if not unbound and workflow_version != head.workflow_version:
         return (f"the run names workflow version {workflow_version}, its head checkpoint was "
                 f"signed for workflow version {head.workflow_version} {edited}")
-    if state_schema_version != head.state_schema_version:
+    if not unbound and state_schema_version != head.state_schema_version:
         return (f"the run names state schema version {state_schema_version}, its head "
                 f"checkpoint was signed for state schema version {head.state_schema_version} "
                 f"{edited}")

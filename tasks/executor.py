@@ -123,7 +123,8 @@ def execute_step(
     evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes,
                                          keys=config.keys,
                                          max_json_depth=config.max_json_depth)
-    claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale)
+    claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale,
+                          bind=registry.first_claim_versions())
     if isinstance(claimed, Stale):
         log.info("stale delivery" if count_stale else "run moved on before eager continuation",
                  run_id=str(claimed.run_id), seq=claimed.seq,

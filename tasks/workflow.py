@@ -214,6 +214,15 @@ class Registry:
     def names(self) -> list[str]:
         return sorted({name for name, _ in self._workflows})
 
+    def first_claim_versions(self) -> dict[str, list[int]]:
+        """What a run not yet bound to a version binds to when this code claims it (the
+        claim records it, ledger/steps.py): per workflow, the newest version's
+        ``[version, state_schema_version]``, the code that would run its first step."""
+        bound: dict[str, list[int]] = {}
+        for workflow in self.all():  # sorted: the newest version of each name comes last
+            bound[workflow.name] = [workflow.version, workflow.state_schema_version]
+        return bound
+
     def all(self) -> list[Workflow[Any]]:
         return [self._workflows[key] for key in sorted(self._workflows)]
 

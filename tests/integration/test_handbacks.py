@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
 from ledger.runs import Budgets
+from ledger.steps import Stale
 from tasks.executor import ReportKind
 from tests.support import clock
 from tests.support.driver import Driver, driver
@@ -85,3 +86,61 @@ def test_handback__hand_backs_back_off_and_a_commit_resets_their_count(
     finished = v2.drive(run_id)
     assert (finished.status, finished.handbacks, finished.attempts_total) == (
         RunStatus.COMPLETED, 0, 2)
+
+
+@pytest.fixture()
+def paying() -> Iterator[list[dict[str, object]]]:
+    from tests.versions import first_step
+
+    first_step.OBJECTS.clear()
+    first_step.LOSE_NEXT_ANSWER.clear()
+    yield first_step.OBJECTS
+    first_step.OBJECTS.clear()
+    first_step.LOSE_NEXT_ANSWER.clear()
+
+
+def test_first_step__a_retry_runs_on_the_code_that_began_it(
+        ledger: Ledger, paying: list[dict[str, object]]) -> None:
+    """Invariant (docs/versioning.md; at most one provider object per effect): a run binds
+    to the version of the code that first claims it, in the claim itself. v2 begins the
+    first step, pays, and the answer is lost; the retry delivered to a v1 worker (rolling
+    deploy; v1 names the payment by another key) is handed back, not run, and v2's retry
+    finds its payment by lookup: one provider object, the run completed on v2."""
+    from tests.versions import first_step
+
+    run_id = ledger.start_run("test_first_step", {"amount": 70})
+    first_step.LOSE_NEXT_ANSWER.append(True)
+    with driver(ledger, ["tests.versions.first_step_v2"]) as v2, \
+            driver(ledger, ["tests.versions.first_step_v1"]) as v1:
+        assert v2.step(run_id, 0).kind is ReportKind.RETRY
+        assert len(paying) == 1
+        bound = ledger.get_run(run_id)
+        retried_by_v1 = v1.step(run_id, 0).kind
+        assert len(paying) == 1, (f"v1 ran the retry ({retried_by_v1.value}): payments "
+                                  f"under keys {[o['key'] for o in paying]}")
+        assert retried_by_v1 is ReportKind.RELEASED  # handed back: v1 lacks v2
+        assert bound is not None and (bound.seq, bound.workflow_version) == (0, 2)
+        clock.set_on_store(v2.store, timedelta(minutes=1))  # past the hand-back's backoff
+        finished = v2.drive(run_id)
+    assert len(paying) == 1, [o["key"] for o in paying]
+    assert finished.status is RunStatus.COMPLETED, finished.last_error
+    assert finished.result == {"paid": paying[0]["id"], "version": 2}
+    assert (finished.workflow_version, finished.handbacks) == (2, 0)
+    [effect] = ledger.effects(run_id)
+    assert effect.status.value == "completed"
+    assert ledger.verify_run(run_id) == []
+
+
+def test_first_step__an_unbound_run_is_bound_by_its_first_claim_and_still_verifies(
+        ledger: Ledger, v1: Driver) -> None:
+    """Invariant: the binding is made by the claim statement (no extra round trip) and is
+    consistent with the run's signed start: a run at seq 0 bound by a claim whose step has
+    not committed verifies, and a v1 worker runs it (the same version) after its retry."""
+    run_id = ledger.start_run("test_versioned", {})
+    assert ledger.get_run(run_id).workflow_version is None  # type: ignore[union-attr]
+    claim = v1.store.claim(run_id, 0, "w:1", bind={"test_versioned": [1, 1]})
+    assert not isinstance(claim, Stale)
+    assert (claim.workflow_version, claim.state_schema_version) == (1, 1)
+    assert v1.store.release(claim, {"type": "Test", "message": "let go"})
+    assert ledger.verify_run(run_id) == []
+    assert v1.drive(run_id).status is RunStatus.WAITING

@@ -1,0 +1,16 @@
+"""``test_first_step`` version 2: the same payment, named by a business key (``key=``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks import StepContext, Workflow
+from tests.versions.first_step import Money, pay
+
+first_step = Workflow("test_first_step", version=2, state=Money)
+
+
+@first_step.step(start=True)
+def send(ctx: StepContext, state: Money) -> Any:
+    done = ctx.effect(pay, key=f"invoice-{state.to}", amount=state.amount, to=state.to)
+    return ctx.finish(paid=done["id"], version=2)
