@@ -51,6 +51,9 @@ _DECIDED_FAILURES = {
     "irreversible_blocked": "start a new replay or branch with --allow-irreversible",
     "no_simulation": "a tool has no simulate implementation; replay it live or from evidence",
 }
+# Failures with a reason that continue resumes: the cause was outside the run (a model or
+# tool answer the ledger cannot record); the resumed step asks again, paid again.
+_CONTINUABLE_FAILURES = frozenset({"invalid_answer"})
 
 
 class UnknownEffect(OperationRefused):
@@ -200,7 +203,7 @@ def _check_failure(conn: Connection, run: RowMapping) -> None:
         raise OperationRefused(f"run {run['id']} failed on purpose (its step returned "
                                "ctx.fail): that is its result; branch it to take another path")
     reason = (run["last_error"] or {}).get("reason")
-    if reason is not None:
+    if reason is not None and reason not in _CONTINUABLE_FAILURES:
         hint = _DECIDED_FAILURES.get(reason, "replay or branch it instead")
         raise OperationRefused(f"run {run['id']} failed with {reason}, which continuing would "
                                f"only repeat: {hint}")

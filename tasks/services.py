@@ -457,8 +457,9 @@ class StepServices:
                 "invalid_answer",
                 f"the {record.kind} answer of {record.source} to {record.command_id} cannot be "
                 f"recorded: {exc}. It was paid for ({tokens} tokens, ${record.cost_usd:.4f}, "
-                "debited) and is not asked again; fix the client or tool that produced it, "
-                "then continue the run", spent))
+                "debited) and no retry asks again; once the client, tool or provider that "
+                "produced it is fixed, continue the run: its step asks again, and that call "
+                "is paid again", spent))
             raise Suspend() from exc
 
     def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:

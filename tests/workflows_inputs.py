@@ -18,12 +18,13 @@ class NulModel:
 
     def __init__(self) -> None:
         self.paid = 0
+        self.fixed = False  # the provider fixed its encoding: plain text from now on
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
         self.paid += 1
-        return LLMResponse(text="before\x00after", model=model, input_tokens=50,
-                           output_tokens=10, cost_usd=0.6)
+        return LLMResponse(text="before after" if self.fixed else "before\x00after",
+                           model=model, input_tokens=50, output_tokens=10, cost_usd=0.6)
 
 
 MODEL = NulModel()

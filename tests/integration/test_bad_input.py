@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ledger import Ledger, RunStatus
+from ledger.audit import Role
 from ledger.exceptions import InvalidInput, OnwardError
 from ledger.runs import Budgets, IdempotencyConflict, Run
 from tests.support import reads
@@ -57,6 +58,30 @@ def test_bad_input__a_nul_in_a_model_answer_is_paid_once_and_fails_the_run(
     assert "NUL" in message and "$.text" in message
     assert (run.used_tokens, float(run.used_cost_usd)) == (60, 0.6)
     assert run.attempts_total == 1
+
+
+def test_bad_input__a_run_failed_invalid_answer_is_continued_once_the_model_is_fixed(
+        limited: Ledger, drv: Driver) -> None:
+    """Invariant: every run is terminal, parked or has a way forward, and its error says
+    which. A run failed ``invalid_answer`` says that continuing asks the model again, paid
+    again; continue is allowed (audited), and once the provider answers plain text the
+    step asks once more, records the answer and the run completes: two paid calls in all,
+    both debited, no budget refilled."""
+    before = MODEL.paid
+    run_id = limited.start_run("test_bad_input", {"kind": "nul_answer"})
+    message = _failed(drv.drive(run_id))
+    assert "continue the run" in message and "paid again" in message
+    MODEL.fixed = True
+    try:
+        limited.acting_as("olga", Role.OPERATOR).continue_run(run_id, "the provider is fixed")
+        run = drv.drive(run_id)
+    finally:
+        MODEL.fixed = False
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    assert MODEL.paid - before == 2
+    assert (run.used_tokens, float(run.used_cost_usd)) == (120, 1.2)
+    [continued] = limited.audit(run_id=run_id, action="continue")
+    assert continued.details["last_error"]["reason"] == "invalid_answer"
 
 
 def test_bad_input__a_nul_in_a_state_update_is_a_step_failure(limited: Ledger,
