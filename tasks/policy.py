@@ -83,7 +83,8 @@ def _recheck_approval(claim: Claim, effects: EffectStore,
                       keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """After a wait, the run's step must be the continuation its MAC'd control names for
     what happened: an approval's ``then`` only when approved (and unexpired, and for the
-    artifact asked about), ``on_reject`` only when rejected, ``on_expire`` only when
+    artifact asked about; unexpired when the approved step first started),
+    ``on_reject`` only when rejected, ``on_expire`` only when
     expired. An approved or rejected decision must verify against the MAC written where it
     was taken: one set in the database (status 'approved') parks the run."""
     control: dict[str, Any] = (claim.checkpoint.control if claim.checkpoint else None) or {}
@@ -96,7 +97,7 @@ def _recheck_approval(claim: Claim, effects: EffectStore,
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
     if control["kind"] != "approval":
         return None
-    approval = effects.approval(control["approval_id"])
+    approval = effects.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
     status = approval["status"] if approval else "missing"
     if status == "pending" and approval is not None and not approval["unexpired"]:
         status = "expired"  # the reaper has not swept it yet
@@ -132,9 +133,15 @@ def _recheck_approved(claim: Claim, control: dict[str, Any],
                        f"{control['artifact_hash'][:12]}…")
     if claim.launch.evidence:
         return None  # an evidence replay follows a decision taken in the past, as it was
-    if not approval["unexpired"] or claim.claimed_at >= approval["expires_at"]:
+    # An approval authorises the approved step that STARTS before it expires: a retry (or a
+    # continue) of a step whose first attempt began in time goes on, finding the effects
+    # it recorded, so what it paid is never lost nor paid twice (docs/operating.md).
+    started = approval["step_started_at"] or claim.claimed_at
+    if started >= approval["expires_at"]:
         expired_at = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
         return FailFor("approval_expired",
                        f"approval {approval['id']} expired at {expired_at} before the approved "
-                       "step could run", {})
+                       f"step {claim.step} first started (at {started:%Y-%m-%d %H:%M:%S}); "
+                       "nothing it would do was done: replay or branch the run from its "
+                       "approval wait to ask again", {})
     return None

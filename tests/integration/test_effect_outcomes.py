@@ -202,10 +202,19 @@ def test_deadline__reaper_queues_a_run_with_an_unknown_effect_instead_of_failing
     assert one_effect(drv.ledger, run_id).status is EffectStatus.COMPLETED
 
 
-def test_expired_approval__resolves_before_the_run_fails(drv: Driver, ops: Ledger) -> None:
-    """Invariant: a step resumed by an approval that expires before its retry (the first
-    try lost the provider's answer) is refused ``approval_expired`` only after its effect
-    was looked up and recorded ``completed``; never closed as failed."""
+def approval_expired(ops: Ledger, approval_id: UUID) -> bool:
+    with ops.engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT onward.now() > expires_at FROM onward.approvals WHERE id = :id"),
+            {"id": approval_id}).scalar())
+
+
+def test_expired_approval__a_retry_of_a_step_that_started_in_time_goes_on(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant (the lead's decision on review F7): an approval authorises the approved
+    step that *starts* before it expires. A retry after the expiry of a step whose first
+    attempt began in time (and paid, losing the answer) is not refused: it looks the
+    payment up, records it ``completed`` and the run completes with it. One object."""
     run_id = drv.ledger.start_run("test_outcome_approved_send", {})
     assert drv.drive(run_id).status is RunStatus.WAITING
     [asked] = ops.approvals(run_id=run_id)
@@ -213,18 +222,30 @@ def test_expired_approval__resolves_before_the_run_fails(drv: Driver, ops: Ledge
     OUTSIDE.lose_answers = 1
     drv.step(run_id, 1)
     assert (one_effect(ops, run_id).status, OUTSIDE.count()) == (EffectStatus.PENDING, 1)
+    wait_for(lambda: approval_expired(ops, asked.id), timeout=10,
+             what="the approval to expire")
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    effect = one_effect(ops, run_id)
+    assert (effect.status, effect.reconciled) == (EffectStatus.COMPLETED, True)
+    assert run.result == {"sent": effect.provider_ref}
+    assert OUTSIDE.count() == 1
 
-    def expired() -> bool:
-        with ops.engine.connect() as conn:
-            return bool(conn.execute(sa.text(
-                "SELECT onward.now() > expires_at FROM onward.approvals WHERE id = :id"),
-                {"id": asked.id}).scalar())
 
-    wait_for(expired, timeout=10, what="the approval to expire")
+def test_expired_approval__a_step_first_started_after_expiry_is_refused(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant: an approved step whose first attempt would start after the approval
+    expired (by the database's clock) does not run: the run fails ``approval_expired``
+    and nothing is sent."""
+    run_id = drv.ledger.start_run("test_outcome_approved_send", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    [asked] = ops.approvals(run_id=run_id)
+    ops.approve(asked.id, artifact_hash=asked.artifact_hash)
+    wait_for(lambda: approval_expired(ops, asked.id), timeout=10,
+             what="the approval to expire")
     run = drv.drive(run_id)
     assert (run.status, run.last_error["reason"]) == (RunStatus.FAILED, "approval_expired")
-    assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
-    assert OUTSIDE.count() == 1
+    assert ops.effects(run_id) == [] and OUTSIDE.count() == 0
 
 
 def test_failed_run__never_sent_effect_is_closed_unsent_and_sent_once_after_continue(
