@@ -60,6 +60,10 @@ def plain_config(broker: str, queue: str, variant: str) -> dict[str, Any]:
     config = celery_config(OnwardSettings(broker_url=broker, queue=queue))
     config.pop("broker_transport", None)
     config.pop("broker_transport_options", None)
+    # on RabbitMQ, plain Celery as a team gets it: classic queues, no publisher confirms
+    for key in ("task_default_queue_type", "task_create_missing_queue_type",
+                "worker_detect_quorum_queues"):
+        config.pop(key, None)
     if "tuned" in flags and broker.startswith(("redis://", "rediss://")):
         config["broker_transport"] = "workers.transport:Transport"
     if "noevents" in flags:  # reference only: `onward worker` always runs with events on
@@ -105,10 +109,13 @@ class _Recorder:
                 client.rpush(self._records, *items)
 
 
-def make_app(broker: str, queue: str, variant: str = "default") -> Celery:
+def make_app(broker: str, queue: str, variant: str = "default",
+             records: str | None = None) -> Celery:
+    """The plain app; ``records`` is the Redis its tasks record start times in (the broker
+    itself when it is Redis)."""
     app = Celery("bench_plain", set_as_current=False)
     app.conf.update(plain_config(broker, queue, variant))
-    recorder = _Recorder(broker, queue)
+    recorder = _Recorder(records or broker, queue)
     held: dict[str, Any] = {}
     tuned = "tuned" in variant_flags(variant)
 
@@ -146,7 +153,8 @@ def main() -> None:
     configure_logging(loglevel)  # as `onward worker` does
     queue = os.environ["BENCH_PLAIN_QUEUE"]
     variant = os.environ.get("BENCH_PLAIN_VARIANT", "default")
-    app = make_app(os.environ["BENCH_BROKER_URL"], queue, variant)
+    app = make_app(os.environ["BENCH_BROKER_URL"], queue, variant,
+                   os.environ.get("BENCH_RECORDS_URL"))
     node = os.environ.get("BENCH_NODE") or f"plain-{os.getpid()}@{socket.gethostname()}"
     app.worker_main(worker_argv(int(os.environ.get("BENCH_CONCURRENCY", "2")), queue, node,
                                 loglevel, events="noevents" not in variant_flags(variant)))

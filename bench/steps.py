@@ -79,6 +79,7 @@ from sqlalchemy.engine import Engine  # noqa: E402
 from bench import baretx  # noqa: E402
 from bench.plain_celery import TASK as PLAIN_TASK  # noqa: E402
 from bench.plain_celery import make_app, record_keys  # noqa: E402
+from harness.brokers import amqp_depths, delete_amqp_queues  # noqa: E402
 from harness.databases import create_database, drop_database, redact  # noqa: E402
 from harness.errors import HarnessError as BenchFailed  # noqa: E402
 from harness.processes import Proc, Processes  # noqa: E402
@@ -190,22 +191,42 @@ class Result:
         return None if value is None else value * 1000 / self.steps
 
 
-def queue_depth(client: redis.Redis, prefix: str) -> int:
-    """Messages waiting in every broker list named ``prefix*`` (onward may route each
-    workflow version to its own queue, ``<queue>.<workflow>.v<version>``)."""
-    total = 0
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        if client.type(key) == b"list":
-            total += int(client.llen(key))
-    return total
+class Queues:
+    """Depth of a side's broker queues: Redis lists named ``prefix*`` (onward may route each
+    workflow version to its own queue, ``<queue>.<workflow>.v<version>``), or on RabbitMQ
+    the ready messages of the queues the side uses (a passive declare each)."""
+
+    def __init__(self, client: redis.Redis | None, amqp: Any = None) -> None:
+        self.client = client  # None on RabbitMQ
+        self.amqp = amqp  # a Celery app whose connection reaches RabbitMQ
+
+    def depth(self, prefix: str) -> int:
+        if self.client is not None:
+            total = 0
+            for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
+                if self.client.type(key) == b"list":
+                    total += int(self.client.llen(key))
+            return total
+        names = [prefix, f"{prefix}.{WORKFLOW}", f"{prefix}.{WORKFLOW}.v1"]
+        return sum(amqp_depths(self.amqp, names).values())
+
+    def delete(self, prefix: str) -> None:
+        if self.client is not None:
+            keys = [*self.client.scan_iter(match=f"{prefix}*", count=1000),
+                    *self.client.scan_iter(match=f"_kombu.binding*.{prefix}*", count=1000)]
+            if keys:
+                self.client.delete(*keys)
+        else:
+            delete_amqp_queues(self.amqp, [prefix, f"{prefix}.{WORKFLOW}",
+                                           f"{prefix}.{WORKFLOW}.v1"])
 
 
-def drain(client: redis.Redis, prefix: str, procs: Processes, timeout: float = 120.0) -> int:
+def drain(queues: Queues, prefix: str, procs: Processes, timeout: float = 120.0) -> int:
     """Wait until the side's queues are empty, so that leftover (duplicate) messages are not
     processed during the next scenario; return how many were left at the start."""
-    left = queue_depth(client, prefix)
+    left = queues.depth(prefix)
     deadline = time.monotonic() + timeout
-    while queue_depth(client, prefix) and time.monotonic() < deadline:
+    while queues.depth(prefix) and time.monotonic() < deadline:
         procs.check_alive()
         time.sleep(0.1)
     return left
@@ -216,12 +237,12 @@ class OnwardSide:
     """Runs of ``test_chain`` through one onward stack (its own database, queue, processes)."""
 
     def __init__(self, ledger: Ledger, procs: Processes, account: CpuAccount,
-                 client: redis.Redis) -> None:
+                 queues: Queues) -> None:
         self.ledger = ledger
         self.engine: Engine = ledger.engine
         self.procs = procs
         self.account = account
-        self.client = client
+        self.queues = queues
 
     def run(self, runs: int, steps: int) -> Result:
         with self.engine.begin() as conn:
@@ -232,7 +253,7 @@ class OnwardSide:
         self._wait(ids, runs * steps)
         after, cpu_after = CpuMeter.sample(), self.account.sample()
         py_cpu, pg_cpu = CpuAccount.delta(cpu_before, cpu_after)
-        leftover = drain(self.client, self.ledger.settings.queue, self.procs)
+        leftover = drain(self.queues, self.ledger.settings.queue, self.procs)
         with self.engine.connect() as conn:
             seconds = float(conn.execute(sa.text(
                 "SELECT extract(epoch FROM max(finished_at) - :t0) FROM onward.runs "
@@ -280,9 +301,10 @@ class PlainSide:
     """Chains of plain Celery tasks (bench/plain_celery.py) on one queue."""
 
     def __init__(self, app: Any, client: redis.Redis, queue: str, procs: Processes,
-                 account: CpuAccount) -> None:
+                 account: CpuAccount, queues: Queues) -> None:
         self.app = app
-        self.client = client
+        self.client = client  # where the plain tasks record their start times
+        self.queues = queues
         self.queue = queue
         self.procs = procs
         self.account = account
@@ -313,7 +335,7 @@ class PlainSide:
             self.procs.check_alive()
         after, cpu_after = CpuMeter.sample(), self.account.sample()
         py_cpu, _ = CpuAccount.delta(cpu_before, cpu_after)
-        drain(self.client, self.queue, self.procs)
+        drain(self.queues, self.queue, self.procs)
         deadline = time.monotonic() + 10
         while int(self.client.llen(self.records_key)) < runs * steps:
             if time.monotonic() > deadline:
@@ -668,6 +690,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loglevel", default="WARNING",
                         help="log level of every process, both sides (Celery logs 2 lines "
                              "per task at INFO)")
+    parser.add_argument("--broker", metavar="URL",
+                        help="the broker every side uses, e.g. amqp://guest:guest@127.0.0.1:5672// "
+                             "(default: ONWARD_BROKER_URL or the embedded Redis); plain Celery "
+                             "on RabbitMQ uses classic queues without publisher confirms")
     parser.add_argument("--bare-clients", type=int, default=4)
     parser.add_argument("--bare-seconds", type=float, default=4.0)
     parser.add_argument("--variant", metavar="MODULE",
@@ -700,16 +726,24 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     base = OnwardSettings()
     admin_url = database_url(base)
-    broker = broker_url(base)
+    records = broker_url(base)  # a Redis: where plain Celery's tasks record start times
+    if not records.startswith(("redis://", "rediss://")):
+        records = broker_url(base.model_copy(update={"broker_url": None}))
+    broker = args.broker or broker_url(base)
     home = base.home_dir
     token = secrets.token_hex(4)
     host = socket.gethostname()
     log(f"database server {redact(admin_url)}, broker {redact(broker)}")
     log_dir = Path(tempfile.mkdtemp(prefix="onward-bench-"))
     common_env = {"ONWARD_BROKER_URL": broker, "ONWARD_HOME": str(home),
-                  "ONWARD_WORKFLOWS": WORKFLOW_MODULE, "BENCH_BROKER_URL": broker}
+                  "ONWARD_WORKFLOWS": WORKFLOW_MODULE, "BENCH_BROKER_URL": broker,
+                  "BENCH_RECORDS_URL": records}
     procs = Processes(env=common_env, log_dir=log_dir)
-    client = redis.Redis.from_url(broker)
+    client = redis.Redis.from_url(records)
+    on_redis = broker.startswith(("redis://", "rediss://"))
+    broker_queues = Queues(client if on_redis else None,
+                           None if on_redis else make_app(broker, "bench.probe", "default",
+                                                          records))
     profile_env: dict[str, str] = {}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -736,21 +770,23 @@ def main(argv: list[str] | None = None) -> int:
                         "profile_env": profile_env, "host": host}
         plain_queue, more = start_plain("celery", "default", **plain_shared)
         pending += more
-        plain_app = make_app(broker, plain_queue, "default")
+        plain_app = make_app(broker, plain_queue, "default", records)
         sides: dict[str, Callable[[int, int], Result]] = {}
         for stack in stacks:
             account = CpuAccount(stack.pids, stack.ledger.engine)
-            sides[stack.name] = OnwardSide(stack.ledger, procs, account, client).run
+            sides[stack.name] = OnwardSide(stack.ledger, procs, account, broker_queues).run
         sides["celery"] = PlainSide(plain_app, client, plain_queue, procs,
-                                    CpuAccount([p.pid for p, _ in more])).run
+                                    CpuAccount([p.pid for p, _ in more]), broker_queues).run
         queues = [s.queue for s in stacks] + [plain_queue]
         if args.celery_variant:
             queue, more = start_plain("celery_variant", args.celery_variant, **plain_shared)
             pending += more
             queues.append(queue)
-            sides["celery_variant"] = PlainSide(make_app(broker, queue, args.celery_variant),
+            sides["celery_variant"] = PlainSide(make_app(broker, queue, args.celery_variant,
+                                                         records),
                                                 client, queue, procs,
-                                                CpuAccount([p.pid for p, _ in more])).run
+                                                CpuAccount([p.pid for p, _ in more]),
+                                                broker_queues).run
         conninfo = libpq_conninfo(main_stack.db_url)
         baretx.setup(conninfo)
         for proc, node in pending:
@@ -856,9 +892,8 @@ def main(argv: list[str] | None = None) -> int:
         log("stopping processes")
         procs.stop_all()
         for queue in queues:
-            keys = [*record_keys(queue), *client.scan_iter(match=f"{queue}*", count=1000),
-                    *client.scan_iter(match=f"_kombu.binding*.{queue}*", count=1000)]
-            client.delete(*keys)
+            client.delete(*record_keys(queue))
+            broker_queues.delete(queue)
         for stack in stacks:
             stack.ledger.engine.dispose()
             if args.keep_db:

@@ -25,7 +25,7 @@ from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings
 from ledger.db import database_url
 from tests.support.cluster import ROOT, Cluster
-from tests.support.messages import Publisher
+from tests.support.messages import Publisher, remove_amqp_queues
 from workers.broker import broker_url
 
 # pytest-xdist workers inherit COLUMNS=80/LINES=24; rich would fix every console's width
@@ -177,6 +177,7 @@ def cluster(settings_env: dict[str, str], tmp_path: Path,
     if failed is not None and failed.failed:
         print(running.logs())
     running.stop_all()
+    remove_amqp_queues(settings_env)
 
 
 @pytest.fixture(autouse=True)
@@ -214,6 +215,7 @@ def module_cluster(module_env: dict[str, str],
     running = Cluster(env=module_env, log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop_all()
+    remove_amqp_queues(module_env)
 
 
 @pytest.fixture()

@@ -52,7 +52,26 @@ def celery_config(settings: OnwardSettings) -> dict[str, Any]:
             "ack_emulation": settings.broker_ack_emulation,
             "visibility_timeout": 3600,
         }
+    elif is_amqp(url):
+        config.update(amqp_config())
     return config
+
+
+def is_amqp(url: str) -> bool:
+    return url.startswith(("amqp://", "amqps://", "pyamqp://"))
+
+
+def amqp_config() -> dict[str, Any]:
+    """RabbitMQ (docs/brokers.md): every step queue a quorum queue (replicated, durable;
+    Celery then uses per-consumer prefetch, as quorum queues require), publishes confirmed
+    by the broker before ``send_task`` returns, persistent messages, late acks as above."""
+    return {
+        "task_default_queue_type": "quorum",
+        "task_create_missing_queue_type": "quorum",
+        "worker_detect_quorum_queues": True,
+        "task_default_delivery_mode": "persistent",
+        "broker_transport_options": {"confirm_publish": True},
+    }
 
 
 class StepAMQP(AMQP):  # type: ignore[misc]
@@ -110,6 +129,7 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
         spans it still buffers."""
         if runtime.meter is not None:
             runtime.meter.close()
+        runtime.flush_events()
         tracing.flush()
 
     signals.worker_process_shutdown.connect(flush_observers, weak=False)

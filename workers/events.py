@@ -13,6 +13,9 @@ logged and the dispatcher is rebuilt on the next step.
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 import time
 from typing import Any
 from uuid import UUID, uuid4
@@ -54,12 +57,15 @@ class StepNotCommitted(OnwardError):
 
 
 class EagerEvents:
-    """Task events for steps run by eager continuation. Each group of events is sent
-    through a producer borrowed from Celery's pool for that send (a threads or gevent
-    worker runs steps in many threads at once)."""
+    """Task events for steps run by eager continuation, handed to a sender thread of this
+    process (one per prefork child, or per threads/gevent worker): a step does not wait for
+    the broker to take them. Each event carries the time it happened."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._queue: queue.SimpleQueue[tuple[str, tuple[tuple[str, dict[str, Any]], ...]]] = \
+            queue.SimpleQueue()
+        self._pid = 0
 
     @property
     def enabled(self) -> bool:
@@ -68,14 +74,37 @@ class EagerEvents:
     def _send(self, hostname: str, *events: tuple[str, dict[str, Any]]) -> None:
         if not self.enabled:
             return
-        try:
-            with self.app.producer_pool.acquire(block=True) as producer:
-                dispatcher = self.app.events.Dispatcher(
-                    producer.connection, hostname, True, producer.channel, False)
+        now = time.time()
+        for _, fields in events:
+            fields.setdefault("timestamp", now)
+        if self._pid != os.getpid():  # first event of this process: start its sender
+            self._pid = os.getpid()
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=self._sender, args=(self._queue,), daemon=True,
+                             name="onward-eager-events").start()
+        self._queue.put((hostname, events))
+
+    def _sender(self, pending: queue.SimpleQueue[tuple[str, tuple[tuple[str, dict[str, Any]],
+                                                                   ...]]]) -> None:
+        dispatcher, hostname = None, ""
+        while True:
+            node, events = pending.get()
+            try:
+                if dispatcher is None or node != hostname:
+                    dispatcher = self.app.events.Dispatcher(self.app.connection_for_write(),
+                                                            node, True, None, False)
+                    hostname = node
                 for type_, fields in events:
                     dispatcher.send(type_, **fields)
-        except Exception as exc:  # an event is never worth a step
-            log.warning("could not send a task event", error=repr(exc))
+            except Exception as exc:  # an event is never worth a step
+                log.warning("could not send a task event", error=repr(exc))
+                dispatcher = None
+
+    def flush(self, timeout_s: float = 2.0) -> None:
+        """Give the sender a moment to send what is queued (a process about to exit)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def received(self, hostname: str, name: str, kwargsrepr: str,
                  parent_id: str | None) -> tuple[str, float]:

@@ -120,6 +120,11 @@ class WorkerRuntime:
         if store is not None:
             store.close()
 
+    def flush_events(self) -> None:
+        """Let the eager steps' Flower events still queued be sent (the process exits)."""
+        if self._events is not None:
+            self._events.flush()
+
     @property
     def worker_id(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"

@@ -2,7 +2,7 @@
 (harness/processes.py; the same harness the benchmarks and the demo use).
 
 Nothing here fakes a part of onward: each process is the same ``onward`` command an
-operator runs, against a real PostgreSQL and a real Redis.
+operator runs, against a real PostgreSQL and a real broker (Redis, or RabbitMQ).
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ class Cluster(Processes):
                name: str = "worker", wait_ready: bool = True, pool: str = "prefork") -> Proc:
         """``onward worker -P pool -c concurrency``: prefork children run the steps, or (threads,
         gevent) the worker process itself does."""
-        proc = super().worker(name, concurrency=concurrency, node=f"{name}-{self.started}@test",
-                              env=env, pool=pool)
+        # a node name of this test's own (its queue's tag): on RabbitMQ a node's remote-control
+        # queue is exclusive, so two tests' workers may not share a name
+        tag = self.env.get("ONWARD_QUEUE", "").rsplit(".", 1)[-1]
+        proc = super().worker(name, concurrency=concurrency,
+                              node=f"{name}-{self.started}-{tag}@test", env=env, pool=pool)
         if wait_ready:
             wait_for(lambda: proc.ready() or not proc.alive(), timeout=60,
                      what=f"{name} to be ready")

@@ -12,7 +12,9 @@ from uuid import UUID
 
 import redis
 
+from harness.brokers import amqp_depths, delete_amqp_queues
 from ledger import OnwardSettings
+from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.app import create_app
 from workers.broker import broker_url
@@ -26,7 +28,9 @@ class Publisher:
         self.settings = settings
         self.queue = settings.queue
         self.app = create_app(settings, registry=Registry())
-        self.redis = redis.Redis.from_url(broker_url(settings))
+        url = broker_url(settings)
+        self.redis = redis.Redis.from_url(url) if url.startswith(("redis://", "rediss://")) \
+            else None
 
     def step(self, run_id: UUID | str, seq: int, **options: Any) -> None:
         """A step message exactly as the dispatcher publishes it."""
@@ -44,12 +48,38 @@ class Publisher:
                              content_encoding="utf-8", headers=headers or {}, retry=True)
 
     def queued(self) -> int:
-        """Messages waiting in Redis (not yet fetched by any worker), in the base queue and
-        in the per-workflow-version queues derived from it (``<queue>.<workflow>.v<n>``)."""
+        """Messages waiting in the broker (not yet fetched by any worker), in the base queue
+        and in the per-workflow(-version) queues derived from it (``<queue>.<workflow>…``)."""
+        if self.redis is None:
+            return sum(amqp_depths(self.app, test_queues(self.settings)).values())
         keys = [self.queue, *(key for key in self.redis.scan_iter(match=f"{self.queue}.*",
                                                                   _type="list"))]
         return sum(int(self.redis.llen(key)) for key in keys)
 
     def close(self) -> None:
-        self.redis.close()
+        if self.redis is not None:
+            self.redis.close()
         self.app.close()
+
+
+def test_queues(settings: OnwardSettings) -> list[str]:
+    """The queues a test's workers consume: the base queue and one per workflow (version)
+    of the test workflows."""
+    registry = Registry()
+    registry.load_modules(settings.workflows)
+    return [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, registry))]
+
+
+def remove_amqp_queues(env: dict[str, str]) -> None:
+    """After a test on RabbitMQ, delete its queues (unique per test): quorum queues are
+    durable and would pile up on the machine's broker. Nothing to do on Redis."""
+    if not env.get("ONWARD_BROKER_URL", "").startswith(("amqp://", "amqps://", "pyamqp://")):
+        return
+    settings = OnwardSettings(**{"broker_url": env["ONWARD_BROKER_URL"],
+                                 "queue": env["ONWARD_QUEUE"],
+                                 "workflows": env.get("ONWARD_WORKFLOWS", "")})
+    app = create_app(settings, registry=Registry())
+    try:
+        delete_amqp_queues(app, test_queues(settings))
+    finally:
+        app.close()

@@ -161,3 +161,18 @@ def test_dockerfile__installs_the_project_on_python_3_11_slim() -> None:
     assert any(line.startswith(("RUN pip install .", "RUN pip install \".")) for line in lines)
     for package in ("ledger", "tasks", "workers", "console"):
         assert f"COPY {package} {package}" in lines
+
+
+def test_compose__rabbitmq_is_a_profile_and_the_broker_url_can_point_at_it() -> None:
+    """``--profile rabbitmq`` adds a RabbitMQ with a healthcheck; the default stack stays on
+    Redis; ONWARD_BROKER_URL overrides the broker of every onward process (and Flower), and
+    those that wait for a broker wait for RabbitMQ only when its profile is on."""
+    services = _services()
+    rabbit = services["rabbitmq"]
+    assert rabbit["profiles"] == ["rabbitmq"] and rabbit["healthcheck"]["test"]
+    assert "profiles" not in services["redis"]
+    text = COMPOSE.read_text()
+    assert "ONWARD_BROKER_URL: &broker ${ONWARD_BROKER_URL:-redis://redis:6379/0}" in text
+    for name in ("worker", "dispatcher", "flower"):
+        spec = services[name]["depends_on"]["rabbitmq"]
+        assert spec == {"condition": "service_healthy", "required": False}, name
