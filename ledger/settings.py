@@ -169,6 +169,12 @@ class OnwardSettings(BaseSettings):
         "worker of -c N borrows one per statement from a pool of min(N, this); a prefork child "
         "uses one.",
     )
+    eager_events: bool = Field(
+        default=True,
+        description="Send Flower the task events (received, started, succeeded or failed) of "
+        "each step run by eager continuation, so it lists them as tasks; off saves their "
+        "three publishes per eager step and hides those steps from Flower.",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",

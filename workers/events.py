@@ -61,15 +61,16 @@ class EagerEvents:
     process (one per prefork child, or per threads/gevent worker): a step does not wait for
     the broker to take them. Each event carries the time it happened."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, on: bool = True) -> None:
         self.app = app
+        self.on = on
         self._queue: queue.SimpleQueue[tuple[str, tuple[tuple[str, dict[str, Any]], ...]]] = \
             queue.SimpleQueue()
         self._pid = 0
 
     @property
     def enabled(self) -> bool:
-        return bool(self.app.conf.worker_send_task_events)
+        return self.on and bool(self.app.conf.worker_send_task_events)
 
     def _send(self, hostname: str, *events: tuple[str, dict[str, Any]]) -> None:
         if not self.enabled:

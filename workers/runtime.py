@@ -97,7 +97,7 @@ class WorkerRuntime:
             tool_timeout_s=self.settings.tool_timeout_s,
             tool_lease_margin_s=self.settings.tool_lease_margin_s,
         )
-        self._events = EagerEvents(self.app)
+        self._events = EagerEvents(self.app, self.settings.eager_events)
         self.meter = StepMeter(database_url(self.settings))
         tracing.enable("onward-worker")  # per process: exporters must not cross fork
         faults.arm_from_env()
