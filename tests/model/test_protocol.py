@@ -67,7 +67,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
-from tests.model import flows
+from tests.model import flows, known
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -304,6 +304,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         chosen = self._worker(worker, "idle")
         self.world.provider.script = deque(provider)
         self.world.model.script = deque([model])
+        if model == "nul" and known.NO_CRASH_AFTER_NUL_ANSWERS:
+            crash = None
         self.env.crashes.point = crash if isinstance(crash, str) else None
         self.env.crashes.after_statement = crash if isinstance(crash, int) else None
         self._record(chosen, chosen.deliver(self.broker.take(pick, keep), eager))
@@ -412,6 +414,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         effect = effects[pick % len(effects)]
         plan = plan_repeat(self.ledger, effect)
         real_before = len(self.world.provider.objects)
+        if known.NO_REFUSED_REPEATS:
+            self.world.provider.script.clear()
         with self.world.provider.as_person():
             try:
                 repeat_effect(self.ledger, plan, "model test: repeat")
