@@ -35,7 +35,7 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
-from ledger.lineage import APPROVAL_AT, SIGNAL_AT, Divergence, resume_after_wait
+from ledger.lineage import APPROVAL_AT, SIGNAL_AT, STEP_AFTER, Divergence, resume_after_wait
 from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
 from ledger.runs import validate_input
 from ledger.schema import (
@@ -379,8 +379,11 @@ def _evidence_start(conn: Connection, parent: RowMapping, cp: RowMapping,
     if source is not None and control.get("kind") == "signal":
         signal = conn.exec_driver_sql(SIGNAL_AT, {"run_id": source, "seq": seq,
                                                   "name": control.get("name")}).first()
+    timed_out = None
+    if source is not None and signal is None and control.get("on_timeout"):
+        timed_out = conn.exec_driver_sql(STEP_AFTER, {"run_id": source, "seq": seq}).scalar()
     resumed = resume_after_wait(control, seq, dict(approval) if approval else None,
-                                signal is not None)
+                                signal is not None, timed_out)
     if isinstance(resumed, Divergence):
         return _Start(RunStatus.DIVERGED, control.get("then"), control,
                       last_error=resumed.report(parent["id"], source))

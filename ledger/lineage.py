@@ -75,9 +75,11 @@ class Divergence:
 
 
 def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any] | None,
-                      signal_seen: bool) -> str | Divergence:
+                      signal_seen: bool, source_next: str | None = None) -> str | Divergence:
     """The step an evidence replay takes after the wait recorded in ``control`` at ``seq``:
-    the one its source took after the recorded decision, or a divergence."""
+    the one its source took after the recorded decision, or a divergence. ``source_next``
+    is the step the source ran after that wait (its checkpoint ``seq + 1``), which tells a
+    signal wait that timed out into its ``on_timeout`` step from one still waiting."""
     kind = control.get("kind")
     then = str(control.get("then"))
     if kind == "timer":
@@ -85,6 +87,8 @@ def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any
     if kind == "signal":
         if signal_seen:
             return then
+        if control.get("on_timeout") and source_next == control["on_timeout"]:
+            return str(control["on_timeout"])  # the source's wait timed out
         return Divergence("signal", "no_decision", then, seq, f"signal:{control.get('name')}",
                           f"the parent received no signal {control.get('name')!r} at seq "
                           f"{seq}; an evidence replay cannot go past this wait")
@@ -103,6 +107,8 @@ def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any
         return then
     if status is ApprovalStatus.REJECTED and control.get("on_reject"):
         return str(control["on_reject"])
+    if status is ApprovalStatus.EXPIRED and control.get("on_expire"):
+        return str(control["on_expire"])
     return Divergence("approval", "no_decision", then, seq, command_id,
                       f"the parent's approval {approval['id']} at seq {seq} is {status.value}: "
                       "there is no decision an evidence replay could follow")
@@ -122,6 +128,10 @@ SELECT id FROM chain WHERE mode IS DISTINCT FROM 'evidence' ORDER BY depth LIMIT
 APPROVAL_AT = """
 SELECT id, status, artifact_hash, decided_by FROM onward.approvals
  WHERE run_id = %(run_id)s AND seq = %(seq)s ORDER BY created_at DESC LIMIT 1
+"""
+
+STEP_AFTER = """
+SELECT step FROM onward.checkpoints WHERE run_id = %(run_id)s AND seq = %(seq)s + 1
 """
 
 SIGNAL_AT = """
@@ -171,6 +181,11 @@ class LineageStore:
 
     def signal_at(self, run_id: UUID, name: str, seq: int) -> dict[str, Any] | None:
         return self.conn.one(SIGNAL_AT, {"run_id": run_id, "name": name, "seq": seq})
+
+    def step_after(self, run_id: UUID, seq: int) -> str | None:
+        """The step ``run_id`` ran after checkpoint ``seq`` (None: it has not)."""
+        row = self.conn.one(STEP_AFTER, {"run_id": run_id, "seq": seq})
+        return row["step"] if row else None
 
     def diverge(self, run_id: UUID, epoch: int, step: str | None,
                 report: dict[str, Any]) -> bool:

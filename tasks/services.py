@@ -571,7 +571,9 @@ class StepServices:
                     if source is not None and control.get("kind") == "approval" else None)
         signal = (self.lineage.signal_at(source, str(control.get("name")), seq)
                   if source is not None and control.get("kind") == "signal" else None)
-        resumed = resume_after_wait(control, seq, approval, signal is not None)
+        timed_out = (self.lineage.step_after(source, seq) if source is not None and signal is None
+                     and control.get("kind") == "signal" and control.get("on_timeout") else None)
+        resumed = resume_after_wait(control, seq, approval, signal is not None, timed_out)
         if isinstance(resumed, Divergence):
             divergence = replace(resumed, step=self.step, seq=self.seq)
             report = divergence.report(self.launch.parent_run_id, source)

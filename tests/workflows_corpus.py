@@ -101,3 +101,35 @@ def confirm(ctx: StepContext, state: Order) -> Any:
     if variant() == "result":
         result["by"] = "someone else"
     return ctx.finish(**result)
+
+
+class Chase(BaseModel):
+    wait_ms: int = 50
+    outcome: str = ""
+
+
+waits = Workflow("test_corpus_waits", version=1, state=Chase,
+                 description="ask (expires → chase) → wait for a reply (times out → give up)")
+
+
+@waits.step(start=True)
+def ask(ctx: StepContext, state: Chase) -> Any:
+    return ctx.ask_approval("go_ahead", artifact={"ask": "go ahead?"}, then=proceed,
+                            on_expire=chase, expires_in=timedelta(milliseconds=state.wait_ms))
+
+
+@waits.step
+def chase(ctx: StepContext, state: Chase) -> Any:
+    expired = (ctx.decision or {}).get("status", "")
+    return ctx.wait_for_signal("reply", then=proceed, on_timeout=give_up,
+                               timeout=timedelta(milliseconds=state.wait_ms), outcome=expired)
+
+
+@waits.step
+def proceed(ctx: StepContext, state: Chase) -> Any:
+    return ctx.finish(outcome="proceeded")
+
+
+@waits.step
+def give_up(ctx: StepContext, state: Chase) -> Any:
+    return ctx.finish(outcome=f"gave up after the approval {state.outcome}")

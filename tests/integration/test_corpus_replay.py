@@ -19,7 +19,7 @@ from tasks.corpus.compare import Kind
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.report import Policy, summarize
 from tasks.corpus.runner import CorpusReplay, replay_bundle
-from tests.support.corpus import record_flow, record_note, table_digest
+from tests.support.corpus import record_flow, record_note, record_timeouts, table_digest
 from tests.support.driver import Driver, driver
 from tests.support.model_server import ModelServer, running_model_server
 
@@ -92,6 +92,19 @@ def test_replay__each_code_change_is_reported_at_its_first_point(
     assert not outcome.identical
     finding = outcome.finding or {}
     assert (finding["kind"], finding["seq"], finding["step"]) == (kind.value, seq, step), finding
+
+
+def test_replay__an_expired_approval_and_a_timed_out_signal_are_followed(
+        drv: Driver, settings: OnwardSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: a recorded run whose approval expired (it went on to ``on_expire``) and
+    whose signal wait then timed out (``on_timeout``) replays identically: the replay
+    follows where the recorded run went after each wait, and ``ctx.decision`` reads the
+    expired approval as the recorded step did."""
+    record_timeouts(drv)
+    Corpora(drv.ledger).add("c", Selection())
+    outcome = only(replay(drv, settings, monkeypatch))
+    assert outcome.identical, outcome.finding
+    assert outcome.steps_replayed == outcome.steps_recorded == 4
 
 
 def test_replay__a_changed_prompt_shows_the_diff_of_the_two_requests(

@@ -68,3 +68,24 @@ def record_flow(drv: Driver, sku: str) -> UUID:
     run = drv.drive(run_id)
     assert run.status is RunStatus.COMPLETED, run
     return run_id
+
+
+def record_timeouts(drv: Driver) -> UUID:
+    """A completed ``test_corpus_waits`` run: its approval expired (the run went on to
+    ``on_expire``), then its signal wait timed out (``on_timeout``), as the reaper decides."""
+    from ledger.recovery import RecoveryStore
+    from tests.support.cluster import wait_for
+
+    run_id = drv.ledger.start_run("test_corpus_waits", {"wait_ms": 50})
+    reaper = RecoveryStore(drv.ledger.engine, drv.ledger.keys)
+    def swept() -> bool:
+        reaper.sweep(stall_after_s=600)
+        return drv.ledger.get_run(run_id).status is RunStatus.RUNNING
+
+    for _ in range(2):  # the approval expires, then the signal wait times out
+        assert drv.drive(run_id).status is RunStatus.WAITING
+        wait_for(swept, timeout=30, what="the reaper to end the wait")
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {
+        "outcome": "gave up after the approval expired"}, run
+    return run_id
