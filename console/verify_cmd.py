@@ -9,6 +9,7 @@ from uuid import UUID
 
 import typer
 
+from console.commands_anchor import compare_with_anchor
 from console.common import open_ledger, resolve_run
 from console.safe import console, line
 from ledger.audit import AuditAction
@@ -18,21 +19,28 @@ out = console()
 
 
 def verify(
-    run_id: Annotated[str | None, typer.Argument(help="The run to check (id or prefix).")]
-    = None,
+    run_id: Annotated[str | None, typer.Argument(
+        metavar="[RUN | ANCHOR]", help="The run to check (id or prefix); with --anchor, an "
+        "anchor file or directory (default: the latest in ONWARD_ANCHOR_LOCATION).")] = None,
     all_runs: Annotated[bool, typer.Option(
         "--all", help="Check every run of your tenant, and its audit log.")] = False,
     audit_only: Annotated[bool, typer.Option(
         "--audit", help="Check only your tenant's audit log (row MACs and the chain).")]
     = False,
+    anchor: Annotated[bool, typer.Option(
+        "--anchor", help="Compare your tenant's runs with an anchor (onward anchor): report "
+        "runs that moved backwards, were rewritten or vanished since it was taken.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per problem.")] = False,
 ) -> None:
     """Verify what the ledger signed: checkpoint MACs, the hash chain, the head, artifact
-    hashes, recorded evidence, effects, results, and (--all, --audit) the audit chain. Exit 3
-    when a problem is found."""
-    if sum((run_id is not None, all_runs, audit_only)) != 1:
-        out.print(line(("error:", "red"), " give a RUN, --all or --audit"))
+    hashes, recorded evidence, effects, results, and (--all, --audit) the audit chain; or
+    (--anchor) that no run moved backwards since an anchor. Exit 3 when a problem is found."""
+    if sum((run_id is not None and not anchor, all_runs, audit_only, anchor)) != 1:
+        out.print(line(("error:", "red"), " give a RUN, --all, --audit or --anchor"))
         raise typer.Exit(2)
+    if anchor:
+        _verify_anchor(run_id, as_json)
+        return
     ledger = open_ledger(AuditAction.VERIFY)
     target = resolve_run(ledger, run_id) if run_id is not None else None
     results: Iterable[tuple[UUID | None, list[Problem]]] = (
@@ -50,6 +58,15 @@ def verify(
     if not as_json:
         audit_note = f", the audit log: {len(audit_problems)}" if target is None else ""
         out.print(line(f"checked {checked} run(s), {found} problem(s){audit_note}"))
+    if found:
+        raise typer.Exit(3)
+
+
+def _verify_anchor(path: str | None, as_json: bool) -> None:
+    problems, summary = compare_with_anchor(open_ledger(AuditAction.VERIFY), path)
+    found = _report(problems, as_json)
+    if not as_json:
+        out.print(line(summary), soft_wrap=True)
     if found:
         raise typer.Exit(3)
 

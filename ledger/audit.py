@@ -57,6 +57,7 @@ class AuditAction(StrEnum):
     CORPUS_REMOVE = "corpus_remove"
     CORPUS_EXPORT = "corpus_export"  # a corpus's records written to a bundle (data leaves)
     CORPUS_IMPORT = "corpus_import"
+    ANCHOR = "anchor"  # every run's head written to the anchor location (docs/guarantees.md)
 
 
 class AuditOutcome(StrEnum):
@@ -82,6 +83,7 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.CORPUS_REMOVE: Role.OPERATOR,
     AuditAction.CORPUS_EXPORT: Role.OPERATOR,
     AuditAction.CORPUS_IMPORT: Role.OPERATOR,
+    AuditAction.ANCHOR: Role.ADMIN,
 }
 
 

@@ -96,6 +96,15 @@ class OnwardSettings(BaseSettings):
         "back (its attempts unspent, backing off 1 s, 2 s, 4 s ... up to worker_queue_ttl_s); "
         "after this many hand-backs in a row it is parked no_worker_for_version.",
     )
+    anchor_location: str | None = Field(
+        default=None,
+        description="Where anchors (signed digests of every run's head) are written: a "
+        "directory or file:// URL outside the database's reach; unset: no anchors.",
+    )
+    anchor_interval_s: float = Field(
+        default=3600.0, gt=0,
+        description="The reaper writes an anchor this often when anchor_location is set.",
+    )
     checkpoint_key: str | None = Field(
         default=None,
         description="Secret for checkpoint MACs; unset means a key generated under home.",

@@ -96,3 +96,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def micros(at: datetime) -> int:
     """A time as a MAC covers it: microseconds since the epoch (time zone free)."""
     return (at - _EPOCH) // timedelta(microseconds=1)
+
+
+def anchor(header: Mapping[str, Any]) -> dict[str, Any]:
+    """An anchor's header (ledger/anchor.py): when it was taken, how many runs it holds and
+    the Merkle root over their heads, what it was compared with. Kept outside the ledger."""
+    return {"mac": "anchor", **header}

@@ -7,9 +7,11 @@ import threading
 
 import structlog
 
+from ledger.anchor_store import open_store
+from ledger.anchoring import Anchorer, RollbackFound
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import create_engine, require_current_schema
-from ledger.exceptions import LedgerUnavailable
+from ledger.exceptions import LedgerUnavailable, OnwardError
 from ledger.recovery import RecoveryStore, SweepReport
 from ledger.settings import OnwardSettings
 from workers.dispatcher import install_stop_signals
@@ -20,8 +22,12 @@ log = structlog.get_logger("onward.reaper")
 class Reaper:
     def __init__(self, settings: OnwardSettings) -> None:
         self.settings = settings
-        self.store = RecoveryStore(create_engine(settings, pool_size=1),
-                                   CheckpointKeys.from_settings(settings))
+        engine = create_engine(settings, pool_size=1)
+        keys = CheckpointKeys.from_settings(settings)
+        self.store = RecoveryStore(engine, keys)
+        self.anchorer = (Anchorer(engine, keys, open_store(settings.anchor_location),
+                                  settings.anchor_interval_s)
+                         if settings.anchor_location else None)
         self.stopping = threading.Event()
 
     def sweep_once(self) -> SweepReport:
@@ -36,7 +42,32 @@ class Reaper:
                         signal_timeouts=report.waits.signal_timeouts,
                         deadlines=report.waits.deadlines,
                         signals_delivered=report.waits.signals_delivered)
+        self.anchor_if_due()
         return report
+
+    def anchor_if_due(self) -> None:
+        """Write an anchor every ONWARD_ANCHOR_INTERVAL_S (ledger/anchoring.py); a ledger
+        that moved back since the latest anchor is logged, and not anchored."""
+        if self.anchorer is None:
+            return
+        try:
+            done = self.anchorer.run_if_due()
+        except RollbackFound as exc:
+            log.error("not anchored: the ledger moved back since the latest anchor",
+                      detail=str(exc), runs=[str(p.run_id) for p in exc.problems[:20]])
+            return
+        except LedgerUnavailable:
+            raise
+        except OnwardError as exc:
+            log.error("anchor not written", error=str(exc))
+            return
+        if done is not None:
+            log.info("anchor written", anchor=done.where, runs=done.runs, root=done.root,
+                     bytes=done.size)
+            if done.not_anchored:
+                log.error("heads left out of the anchor: their MAC does not verify "
+                          "(onward verify RUN)", runs=[str(r) for r in done.not_anchored[:20]],
+                          count=len(done.not_anchored))
 
     def run(self) -> None:
         log.info("reaper started", interval_s=self.settings.reaper_interval_s,
