@@ -167,6 +167,10 @@ def corpus_export(
     out.print(line(("exported", "green"), " corpus ", name, " to ", str(file)))
     out.print(line(f"  {rows}"))
     out.print(line(f"  sha256 {exported.digest}"))
+    if exported.skipped:
+        err.print(line(f"note: {len(exported.skipped)} pinned run(s) left out: they no longer "
+                       "stopped (continued after they were pinned): ",
+                       ", ".join(f"{s['run_id']} ({s['status']})" for s in exported.skipped)))
 
 
 @corpus_app.command("import")

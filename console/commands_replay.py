@@ -112,6 +112,9 @@ def corpus_replay(
     ledger = open_ledger(AuditAction.REPLAY if open_branches else None)
     bundle, label = _bundle(ledger, source)
     options = ReplayOptions(modules, versions, tuple(ignore_field or ()), label)
+    for left_out in bundle.header.get("skipped") or []:
+        err.print(line(f"note: pinned run {left_out.get('run_id')} is left out: it is "
+                       f"{left_out.get('status')} (continued after it was pinned)"))
     err.print(line(f"replaying {len(bundle.run_ids)} run(s) of {label} against "
                    f"{', '.join(modules)} …"))
     keep = (lambda o: _openable(o, policy)) if open_branches else None

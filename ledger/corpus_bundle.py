@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.bundle import BUNDLE_VERSION, FORMAT, TABLES, Bundle, BundleWriter, DropPolicy
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
-from ledger.corpus import get_corpus_txn
+from ledger.corpus import PINNABLE, get_corpus_txn
 from ledger.db import HEAD_REVISION
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.schema import (
@@ -44,6 +44,7 @@ class Exported:
     digest: str
     counts: dict[str, int]
     dropped: tuple[str, ...]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # pinned, not stopped now
 
 
 def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
@@ -52,13 +53,20 @@ def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
     audit row records it (a replay by name reads without writing anything)."""
     actor.require(AuditAction.CORPUS_EXPORT)
     corpus = get_corpus_txn(conn, actor.tenant_id, name)
-    pinned = sa.select(corpus_runs.c.run_id).where(corpus_runs.c.tenant_id == actor.tenant_id,
-                                                   corpus_runs.c.corpus == name)
+    pins = sa.select(corpus_runs.c.run_id).where(corpus_runs.c.tenant_id == actor.tenant_id,
+                                                 corpus_runs.c.corpus == name)
+    stopped = [s.value for s in PINNABLE]
+    # a run pinned when it stopped may have been continued since: it is left out until it
+    # stops again (a bundle holds only runs that stopped; nothing may execute an import)
+    pinned = sa.select(runs.c.id).where(runs.c.id.in_(pins), runs.c.status.in_(stopped))
+    skipped = [{"run_id": str(r.id), "status": r.status} for r in conn.execute(
+        sa.select(runs.c.id, runs.c.status).where(runs.c.id.in_(pins),
+                                                  runs.c.status.not_in(stopped)))]
     writer = BundleWriter(out)
     writer.line({
         "format": FORMAT, "version": BUNDLE_VERSION, "schema_revision": HEAD_REVISION,
         "corpus": name, "description": corpus.description, "tenant_id": actor.tenant_id,
-        "exported_by": actor.name, "dropped": list(drop.fields),
+        "exported_by": actor.name, "dropped": list(drop.fields), "skipped": skipped,
         "exported_at": conn.execute(sa.select(sa.func.onward.now())).scalar_one().isoformat(),
     })
     for table in TABLES:
@@ -69,8 +77,8 @@ def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
         record_txn(conn, keys, actor, AuditRecord(
             AuditAction.CORPUS_EXPORT, AuditOutcome.DONE,
             details={"corpus": name, "digest": digest, "counts": writer.counts,
-                     "dropped": list(drop.fields)}))
-    return Exported(name, digest, writer.counts, drop.fields)
+                     "dropped": list(drop.fields), "skipped": skipped}))
+    return Exported(name, digest, writer.counts, drop.fields, skipped)
 
 
 def _rows(conn: Connection, table: str, pinned: Any,
@@ -175,6 +183,9 @@ def _check_rows(bundle: Bundle, tenant_id: str) -> None:
         if run["parent_run_id"] is not None:
             raise InvalidInput(f"bundle run {run['id']} is a replay or branch: a bundle holds "
                                "recorded runs only")
+        if run["status"] not in {s.value for s in PINNABLE}:
+            raise InvalidInput(f"bundle run {run['id']} is {run['status']}: a bundle holds runs "
+                               "that stopped, which nothing executes once imported")
     effect_runs = {(e["effect_type"], e["effect_id"]) for e in bundle.rows["effects"]}
     for table in TABLES[2:]:
         for row in bundle.rows[table]:

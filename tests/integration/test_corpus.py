@@ -203,6 +203,34 @@ def test_corpus_export__drops_fields_by_policy_and_refuses_what_a_replay_needs(
         DropPolicy(("runs.nonsense",))
 
 
+def test_corpus_export__leaves_out_a_pinned_run_continued_since_and_import_refuses_it(
+        drv: Driver, second_url: str, settings: OnwardSettings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: nothing executes an imported run. A failed run that was pinned and then
+    continued (running again) is left out of the export, which names it; a bundle that
+    holds a run that is not stopped (re-signed by someone with the key) is refused, and
+    the target ledger gains no row."""
+    monkeypatch.setenv("ONWARD_TEST_OPS_BROKEN", "1")
+    broken = drv.ledger.start_run("test_ops_fragile", {})
+    assert drv.drive(broken).status is RunStatus.FAILED
+    kept = record_note(drv, "kept")
+    corpora = Corpora(drv.ledger)
+    corpora.add("c", Selection(run_ids=(broken, kept)))
+    drv.ledger.continue_run(broken, "the template is fixed")
+    assert drv.ledger.get_run(broken).status is RunStatus.RUNNING
+    out = io.BytesIO()
+    exported_now = corpora.export("c", out)
+    assert exported_now.skipped == [{"run_id": str(broken), "status": "running"}]
+    bundle = read_bundle(out.getvalue(), drv.ledger.keys)
+    assert bundle.run_ids == [kept] and bundle.header["skipped"] == exported_now.skipped
+    running = _resign(_rewrite(out.getvalue(), '"status":"completed"', '"status":"running"'),
+                      drv.ledger.keys)
+    with other_ledger(second_url, settings) as target:
+        with pytest.raises(InvalidInput, match="is running"):
+            Corpora(target).import_bundle(read_bundle(running, drv.ledger.keys))
+        assert row_counts(target.engine)["runs"] == 0
+
+
 def test_corpus_import__refuses_another_tenants_bundle(
         drv: Driver, second_url: str, settings: OnwardSettings) -> None:
     """Invariant: a bundle's runs keep their tenant; an actor of another tenant cannot
