@@ -42,6 +42,8 @@ class StaleReason(StrEnum):
     LEASED = "leased"  # another worker holds a live lease
     NOT_RUNNABLE = "not_runnable"  # finished, failed, parked or cancelled
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # the reaper will park it
+    NOT_DUE = "not_due"  # a retry backoff, timer or hand-back delay runs until later
+    RACED = "raced"  # the run was claimable again by the time the refusal was looked at
     NOT_CLAIMED = "not_claimed"  # an uncounted claim (eager continuation) found it elsewhere
 
 
@@ -284,7 +286,10 @@ _COUNT_STALE = """
 UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
  WHERE id = %(run_id)s
 RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
-          (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased
+          (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased,
+          EXISTS (SELECT 1 FROM onward.outbox o
+                   WHERE o.run_id = %(run_id)s AND o.seq = runs.seq
+                     AND o.due_at > onward.now()) AS not_due
 """
 
 # A signal wait consumes a signal sent before the wait began in this same statement (so no
@@ -651,8 +656,12 @@ class StepStore:
             reason = StaleReason.NOT_RUNNABLE
         elif row["leased"]:
             reason = StaleReason.LEASED
-        else:
+        elif row["attempt"] >= row["max_attempts"]:
             reason = StaleReason.ATTEMPTS_EXHAUSTED
+        elif row["not_due"]:
+            reason = StaleReason.NOT_DUE
+        else:
+            reason = StaleReason.RACED
         return Stale(run_id, seq, reason, current_seq=row["seq"], status=row["status"],
                      workflow=row["workflow"], workflow_version=row["workflow_version"])
 

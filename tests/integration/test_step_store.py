@@ -195,6 +195,30 @@ def test_step_store__crash_loop_cannot_refill_the_attempt_budget(ledger: Ledger)
         store.close()
 
 
+def test_step_store__a_copy_delivered_during_a_retry_backoff_is_stale_not_due(
+        ledger: Ledger, stores: list[StepStore]) -> None:
+    """Invariant: a stale delivery says why it was refused (chaos finding 4). A copy of the
+    step's message arriving while its retry waits out the backoff is refused, with no new
+    attempt, as ``not_due`` (it was reported ``attempts_exhausted`` with attempts left);
+    with the attempts spent it is ``attempts_exhausted``."""
+    store = stores[0]
+    run_id = ledger.start_run("test_chain", {"steps": 3}, max_attempts=2)
+    claim = store.claim(run_id, 0, "w:1")
+    assert isinstance(claim, Claim)
+    assert store.fail(claim, "tick", {"type": "StepError", "message": "boom"}, retry_in_s=30.0)
+    early = store.claim(run_id, 0, "w:2")
+    assert isinstance(early, Stale) and early.reason == "not_due", early  # StaleReason.NOT_DUE
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["attempt"], row["attempts_total"], row["stale_deliveries"]) == (1, 1, 1)
+
+    spent = ledger.start_run("test_chain", {"steps": 3}, max_attempts=1)
+    last = store.claim(spent, 0, "w:1")
+    assert isinstance(last, Claim)
+    assert store.release(last, {"type": "Test", "message": "gone"}, spend_attempt=True)
+    refused = store.claim(spent, 0, "w:2")
+    assert isinstance(refused, Stale) and refused.reason is StaleReason.ATTEMPTS_EXHAUSTED
+
+
 def test_step_store__fail_with_retry_writes_a_delayed_outbox_row(
         ledger: Ledger, stores: list[StepStore]) -> None:
     """A retryable step error releases the lease, keeps the run at its seq and writes the
