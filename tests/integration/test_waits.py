@@ -50,9 +50,14 @@ def _claimed(ledger: Ledger, run_id: UUID) -> bool:
                                 "AND outcome IS NULL", id=run_id))
 
 
-def _blocked_commits(ledger: Ledger) -> int:
+def _commits_blocked_by(ledger: Ledger, holder: int) -> int:
+    """Step commits waiting for a lock that backend ``holder`` holds. pg_stat_activity lists
+    every database of the server: counting any blocked commit (another test's, a bench's)
+    let the signal commit before this test's commit began, so the race never happened."""
     return int(_scalar(ledger, "SELECT count(*) FROM pg_stat_activity "  # type: ignore[arg-type]
-                               "WHERE wait_event_type = 'Lock' AND query LIKE '%early_signal%'"))
+                               "WHERE datname = current_database() "
+                               "AND CAST(:holder AS int) = ANY(pg_blocking_pids(pid)) "
+                               "AND query LIKE '%early_signal%'", holder=holder))
 
 
 def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
@@ -70,7 +75,8 @@ def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
     with ledger.engine.begin() as conn:
         assert signal_txn(conn, run_id, "go", {"n": 3}, max_bytes=1000,
                           max_depth=8) is False  # holds the run's row lock
-        wait_for(lambda: _blocked_commits(ledger) == 1, timeout=10,
+        holder = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        wait_for(lambda: _commits_blocked_by(ledger, holder) == 1, timeout=10,
                  what="the waiting commit to block on the run's row lock")
     stepping.join(timeout=10)
     run = ledger.get_run(run_id)
