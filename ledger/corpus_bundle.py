@@ -139,6 +139,7 @@ def load_txn(conn: Connection, bundle: Bundle, tenant_id: str) -> Loaded:
     """Insert the bundle's rows in the caller's transaction (skipping runs already present
     with the same head). Nothing is verified yet: ``verify_loaded_txn`` does that."""
     _check_rows(bundle, tenant_id)
+    check_complete(bundle)
     present = _present(conn, bundle)
     keep = {run_id for run_id in bundle.run_ids if run_id not in present}
     effect_runs = {(e["effect_type"], e["effect_id"]): e["run_id"]
@@ -193,6 +194,29 @@ def _check_rows(bundle: Bundle, tenant_id: str) -> None:
                      if table == "effect_attempts" else row["run_id"] in ids)
             if not owned:
                 raise InvalidInput(f"a {table} row of the bundle belongs to no run in it")
+
+
+def check_complete(bundle: Bundle) -> None:
+    """Every model call, read and effect a checkpoint names under its MAC (its refs) is in
+    the bundle: a record left out (or deleted from the ledger before the export) is
+    refused here, not found missing by a replay."""
+    recorded = {(row["run_id"], row["command_id"]) for row in bundle.rows["evidence"]}
+    effects_held = {(row["effect_type"], row["effect_id"]) for row in bundle.rows["effects"]}
+    for cp in bundle.rows["checkpoints"]:
+        refs = cp.get("refs") or {}
+        for used in refs.get("evidence") or []:
+            if (cp["run_id"], used.get("command_id")) not in recorded:
+                raise IntegrityViolation(
+                    f"run {cp['run_id']}'s checkpoint {cp['seq']} names the recorded "
+                    f"{used.get('kind')} call {used.get('command_id')}, which the bundle does "
+                    "not hold (deleted from the ledger, or left out): nothing was loaded")
+        for used in refs.get("effects") or []:
+            if (used.get("effect_type"), used.get("effect_id")) not in effects_held:
+                raise IntegrityViolation(
+                    f"run {cp['run_id']}'s checkpoint {cp['seq']} names effect "
+                    f"{used.get('effect_type')} {str(used.get('effect_id'))[:16]}…, which the "
+                    "bundle does not hold (deleted from the ledger, or left out): nothing was "
+                    "loaded")
 
 
 def _present(conn: Connection, bundle: Bundle) -> set[UUID]:

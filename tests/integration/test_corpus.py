@@ -178,6 +178,24 @@ def test_corpus_import__refuses_a_bundle_that_does_not_verify_and_writes_nothing
             ("corpus_import", "refused")]
 
 
+def test_corpus_import__refuses_a_bundle_missing_a_record_a_checkpoint_names(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: a bundle is complete for what its checkpoints name under their MACs: a
+    recorded model answer deleted from the ledger before the export (database access, no
+    key) makes the import refuse the bundle, naming the call; nothing is written."""
+    run_id = record_note(drv, "gone")
+    with drv.ledger.engine.begin() as conn:
+        assert conn.execute(sa.text("DELETE FROM onward.evidence WHERE run_id = :r"),
+                            {"r": run_id}).rowcount == 1
+    corpora = Corpora(drv.ledger)
+    corpora.add("g", Selection(run_ids=(run_id,)))
+    bundle = read_bundle(exported(corpora, "g"), drv.ledger.keys)
+    with other_ledger(second_url, settings) as target:
+        with pytest.raises(IntegrityViolation, match="summarize@0#1, which the bundle does not"):
+            Corpora(target).import_bundle(bundle)
+        assert row_counts(target.engine)["runs"] == 0
+
+
 def test_corpus_export__drops_fields_by_policy_and_refuses_what_a_replay_needs(
         drv: Driver, second_url: str, settings: OnwardSettings) -> None:
     """Invariant: ``--drop-field`` leaves a sensitive field out of the bundle (the value is
