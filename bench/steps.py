@@ -86,6 +86,8 @@ from harness.processes import Proc, Processes  # noqa: E402
 from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
+from tasks.routing import worker_queues  # noqa: E402
+from tasks.workflow import Registry  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
 
 WORKFLOW = "test_chain"  # tests/workflows.py: `tick` runs `steps` times, then finishes
@@ -216,9 +218,11 @@ class Queues:
                     *self.client.scan_iter(match=f"_kombu.binding*.{prefix}*", count=1000)]
             if keys:
                 self.client.delete(*keys)
-        else:
-            delete_amqp_queues(self.amqp, [prefix, f"{prefix}.{WORKFLOW}",
-                                           f"{prefix}.{WORKFLOW}.v1"])
+        else:  # every queue an onward worker of the bench declared (one per workflow version)
+            registry = Registry()
+            registry.load_modules([WORKFLOW_MODULE])
+            delete_amqp_queues(self.amqp, [prefix, *(q for q, _, _ in
+                                                     worker_queues(prefix, registry))])
 
 
 def drain(queues: Queues, prefix: str, procs: Processes, timeout: float = 120.0) -> int:
