@@ -347,8 +347,8 @@ class _Ending:
                              spent=refusal.spent, step=self.step)
         return self.fail(error, refusal.message)
 
-    def park(self, reason: str, error_type: str, message: str) -> StepReport:
-        self.log.error("run parked for review", reason=reason, detail=message)
+    def park(self, reason: str, error_type: str, message: str, **fields: Any) -> StepReport:
+        self.log.error("run parked for review", reason=reason, detail=message, **fields)
         if not self.store.park(self.claim, self.step, reason,
                                error_record(error_type, message)):
             return self._report(ReportKind.LEASE_LOST)
@@ -367,7 +367,8 @@ class _Ending:
                  if effect is not None else "an effect")
         return self.park("effect_outcome_unknown", "EffectOutcomeUnknown",
                          f"{why}; {named} may have reached the provider and its outcome is "
-                         "unknown: a person checks the provider before anything else")
+                         "unknown: a person checks the provider before anything else",
+                         effect_id=effect.effect_id if effect is not None else None)
 
     def fail(self, error: dict[str, Any], detail: str) -> StepReport:
         """Fail the run for good, its never-sent effects closed in the same statement."""
