@@ -27,8 +27,10 @@ def test_scratch__an_empty_database_named_is_used_then_emptied(
         settings: OnwardSettings, empty_database: str) -> None:
     """A named empty database gets the onward schema for the replay and loses it after."""
     with scratch_database(settings, url=empty_database) as url:
-        with sa.create_engine(url).connect() as conn:
+        inside = sa.create_engine(url)
+        with inside.connect() as conn:
             assert conn.execute(sa.text("SELECT to_regnamespace('onward')")).scalar()
+        inside.dispose()
     engine = sa.create_engine(empty_database)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT to_regnamespace('onward')")).scalar() is None
