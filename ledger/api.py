@@ -473,7 +473,7 @@ class Ledger:
                       provider_ref: str | None = None, result: dict[str, Any] | None = None,
                       error: dict[str, Any] | None = None) -> Effect:
         with wrap_driver_errors("recording a repeat"), self.engine.begin() as conn:
-            return operations.finish_repeat_txn(conn, started, outcome=outcome,
+            return operations.finish_repeat_txn(conn, self.keys, started, outcome=outcome,
                                                 provider_ref=provider_ref, result=result,
                                                 error=error)
 

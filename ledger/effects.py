@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import OnwardError
 from ledger.hot import HotConnection
 from ledger.schema import EffectAttemptKind, EffectStatus
@@ -89,6 +91,9 @@ class Effect:
     updated_at: datetime
     completed_at: datetime | None
     call_unknown: bool | None = None  # ``UNKNOWN_CALL``, where it was read (else None)
+    intent_mac: str | None = None  # ledger/signed.py effect_intent
+    outcome_mac: str | None = None  # ledger/signed.py effect_outcome (completed or failed)
+    tenant_id: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Effect:
@@ -134,10 +139,10 @@ WITH lease AS (
 ), ins AS (
     INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step,
                                 command_id, tool_class, request_hash, recipient, payload,
-                                status)
+                                status, intent_mac)
     SELECT %(effect_id)s, %(effect_type)s, %(run_id)s, %(tenant_id)s, %(seq)s, %(step)s,
            %(command_id)s, %(tool_class)s, %(request_hash)s, %(recipient)s, %(payload)s,
-           'pending'
+           'pending', %(intent_mac)s
      WHERE (SELECT held FROM lease)
     ON CONFLICT (effect_type, effect_id) DO NOTHING
     RETURNING *, true AS created
@@ -204,7 +209,7 @@ WITH fence AS (
 ), attempt AS (
     UPDATE onward.effect_attempts
        SET ended_at = onward.now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
-           error = %(error)s
+           error = %(error)s, mac = %(attempt_mac)s
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
        AND EXISTS (SELECT 1 FROM fence)
 ), effect AS (
@@ -216,7 +221,13 @@ WITH fence AS (
            reconciled = reconciled OR %(reconciled)s,
            polls = polls + %(poll)s,
            updated_at = onward.now(),
-           completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN onward.now() END
+           completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN onward.now() END,
+           -- the outcome's MAC was computed from the values expected here; written only if
+           -- they are the values written (else left unsigned, and verify says so)
+           outcome_mac = CASE
+               WHEN coalesce(%(provider_ref)s, provider_ref) IS NOT DISTINCT FROM %(final_ref)s
+                AND coalesce(%(result)s::jsonb, result) IS NOT DISTINCT FROM %(final_result)s
+               THEN %(outcome_mac)s END
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
        AND status IN ('pending', 'accepted') AND EXISTS (SELECT 1 FROM fence)
  RETURNING *
@@ -236,11 +247,32 @@ SELECT e.*, {UNKNOWN_CALL} AS call_unknown
 """
 
 
+def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
+    """Raise IntegrityViolation unless the effect's intent, and its outcome once it is
+    completed or failed, match their MACs."""
+    what = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
+    keys.check(signed.effect_intent(vars(effect)), effect.intent_mac, f"{what}'s request")
+    if effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED):
+        keys.check(signed.effect_outcome(effect.effect_type, effect.effect_id,
+                                         effect.status.value, effect.provider_ref,
+                                         effect.result),
+                   effect.outcome_mac, f"{what}'s outcome ({effect.status.value})")
+
+
 class EffectStore:
     """Effect rows and their attempts, on the worker's hot connection."""
 
-    def __init__(self, conn: HotConnection) -> None:
+    def __init__(self, conn: HotConnection, keys: CheckpointKeys) -> None:
         self.conn = conn
+        self.keys = keys
+        self._began: dict[tuple[str, str, int], EffectAttemptKind] = {}
+
+    def check(self, effect: Effect) -> Effect:
+        """The effect, once its intent and (completed or failed) its outcome verify against
+        their MACs; raises IntegrityViolation for an effect edited outside onward, so a step
+        or a replay is never answered with an edited result."""
+        check_effect(self.keys, effect)
+        return effect
 
     def intend(self, intent: Intent) -> tuple[Effect, bool]:
         """Insert the effect as ``pending`` (committed) or read the existing one.
@@ -260,13 +292,14 @@ class EffectStore:
             "recipient": intent.recipient,
             "payload": Jsonb(intent.payload) if intent.payload is not None else None,
             "epoch": intent.lease_epoch,
+            "intent_mac": self.keys.sign(signed.effect_intent(vars(intent))),
         }
         for _ in range(3):  # a concurrent insert can hide from this statement's snapshot
             row = self.conn.one(_INTEND, params)
             if row is not None and row["effect_id"] is not None:
                 if not row["held"] and row["created"]:
                     raise OnwardError("unreachable: an intent was inserted without the lease")
-                effect = Effect.from_row(row)
+                effect = self.check(Effect.from_row(row))
                 if not row["held"] and effect.status not in (EffectStatus.COMPLETED,
                                                              EffectStatus.FAILED):
                     raise self._not_held(intent, bool(row["cancelling"]))
@@ -301,7 +334,9 @@ class EffectStore:
             raise EffectFenced(
                 f"effect {effect.effect_id[:16]}… ({effect.effect_type}): not calling — the "
                 f"lease of epoch {epoch} is no longer live or the effect was resolved meanwhile")
-        return int(row["attempt"])
+        attempt = int(row["attempt"])
+        self._began[(effect.effect_type, effect.effect_id, attempt)] = kind  # signed at its end
+        return attempt
 
     def record(
         self,
@@ -322,6 +357,13 @@ class EffectStore:
 
         A completed or failed effect is never overwritten; its row is returned as it is.
         """
+        kind = self._began.pop((effect.effect_type, effect.effect_id, attempt), None)
+        if kind is None:
+            raise OnwardError(f"effect {effect.effect_id[:16]}…: attempt {attempt} was not "
+                              "begun by this store; it cannot be recorded (and signed) here")
+        final_ref = provider_ref if provider_ref is not None else effect.provider_ref
+        final_result = result if result is not None else effect.result
+        terminal = status in (EffectStatus.COMPLETED, EffectStatus.FAILED)
         row = self.conn.one(_RECORD, {
             "run_id": effect.run_id, "epoch": epoch,
             "effect_type": effect.effect_type, "effect_id": effect.effect_id,
@@ -330,6 +372,14 @@ class EffectStore:
             "result": Jsonb(result) if result is not None else None,
             "error": Jsonb(error) if error is not None else None,
             "reconciled": reconciled, "poll": 1 if poll else 0,
+            "final_ref": final_ref,
+            "final_result": Jsonb(final_result) if final_result is not None else None,
+            "outcome_mac": self.keys.sign(signed.effect_outcome(
+                effect.effect_type, effect.effect_id, status.value, final_ref,
+                final_result)) if terminal else None,
+            "attempt_mac": self.keys.sign(signed.effect_attempt(
+                effect.effect_type, effect.effect_id, attempt, kind.value, effect.effect_id,
+                outcome, provider_ref)),
         })
         if row is None:
             raise OnwardError(f"effect {effect.effect_id} vanished")

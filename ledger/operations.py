@@ -423,28 +423,36 @@ def _check_repeat_plan(conn: Connection, effect: Effect, plan: dict[str, Any]) -
                                "a repeat of it may only call the tool's sandbox")
 
 
-def finish_repeat_txn(conn: Connection, started: RepeatStarted, *, outcome: str,
-                      provider_ref: str | None, result: dict[str, Any] | None,
+def finish_repeat_txn(conn: Connection, keys: CheckpointKeys, started: RepeatStarted, *,
+                      outcome: str, provider_ref: str | None, result: dict[str, Any] | None,
                       error: dict[str, Any] | None) -> Effect:
     """Record what the provider answered to the repeat. A completed repeat of an effect whose
     outcome was never known (or failed) completes the effect with the new object."""
     effect = started.effect
+    current = get_effect_txn(conn, effect.effect_type, effect.effect_id, lock=True)
+    completes = (outcome == EffectStatus.COMPLETED.value
+                 and current.status is not EffectStatus.COMPLETED)
     conn.execute(
         effect_attempts.update()
         .where(effect_attempts.c.effect_type == effect.effect_type,
                effect_attempts.c.effect_id == effect.effect_id,
                effect_attempts.c.attempt == started.attempt)
         .values(ended_at=sa.func.onward.now(), outcome=outcome, provider_ref=provider_ref,
-                error=error)
+                error=error, mac=keys.sign(signed.effect_attempt(
+                    effect.effect_type, effect.effect_id, started.attempt,
+                    EffectAttemptKind.REPEAT.value, started.idempotency_key, outcome,
+                    provider_ref)))
     )
-    if outcome == EffectStatus.COMPLETED.value:
+    if completes:
         conn.execute(
             effects.update()
             .where(effects.c.effect_type == effect.effect_type,
-                   effects.c.effect_id == effect.effect_id,
-                   effects.c.status != EffectStatus.COMPLETED.value)
+                   effects.c.effect_id == effect.effect_id)
             .values(status=EffectStatus.COMPLETED.value, provider_ref=provider_ref,
                     result=result, error=None, completed_at=sa.func.onward.now(),
-                    updated_at=sa.func.onward.now())
+                    updated_at=sa.func.onward.now(),
+                    outcome_mac=keys.sign(signed.effect_outcome(
+                        effect.effect_type, effect.effect_id, EffectStatus.COMPLETED.value,
+                        provider_ref, result)))
         )
     return get_effect_txn(conn, effect.effect_type, effect.effect_id)

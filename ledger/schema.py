@@ -302,6 +302,8 @@ effects = Table(
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("completed_at", TS, nullable=True),
+    Column("intent_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py effect_intent
+    Column("outcome_mac", Text, nullable=True),  # set when completed or failed: effect_outcome
     PrimaryKeyConstraint("effect_type", "effect_id"),
     CheckConstraint(_in("status", EffectStatus), name="status"),
     CheckConstraint(_in("tool_class", ToolClass), name="tool_class"),
@@ -324,6 +326,7 @@ effect_attempts = Table(
     Column("outcome", Text, nullable=True),  # completed, accepted, failed, found, missing, unknown
     Column("provider_ref", Text, nullable=True),
     Column("error", JSONB, nullable=True),
+    Column("mac", Text, nullable=True),  # set when it ends: ledger/signed.py effect_attempt
     PrimaryKeyConstraint("effect_type", "effect_id", "attempt"),
     ForeignKeyConstraint(
         ["effect_type", "effect_id"], ["effects.effect_type", "effects.effect_id"],

@@ -80,13 +80,15 @@ def _plain(value: Any) -> Any:
 
 def approval_decision(fields: Mapping[Any, Any]) -> dict[str, Any]:
     """A person's decision on an approval: which approval (of which run and seq, for which
-    action and artifact hash), approved or rejected, by whom, when, with what comment.
-    Written where the decision is taken; a resumed step acts on it only if it verifies."""
+    action and artifact hash), approved or rejected, by whom, when. Written where the
+    decision is taken; a resumed step acts on it only if it verifies. (The approver's
+    comment is kept, signed, in the decision's audit row; a bundle may leave it out of the
+    approval row.)"""
     decided_at = fields["decided_at"]
     return {"mac": "approval_decision", "id": str(fields["id"]),
             "run_id": str(fields["run_id"]), "seq": fields["seq"], "action": fields["action"],
             "artifact_hash": fields["artifact_hash"], "status": str(fields["status"]),
-            "decided_by": fields["decided_by"], "comment": fields["comment"],
+            "decided_by": fields["decided_by"],
             "decided_at_us": micros(decided_at) if decided_at is not None else None}
 
 
@@ -102,3 +104,34 @@ def anchor(header: Mapping[str, Any]) -> dict[str, Any]:
     """An anchor's header (ledger/anchor.py): when it was taken, how many runs it holds and
     the Merkle root over their heads, what it was compared with. Kept outside the ledger."""
     return {"mac": "anchor", **header}
+
+
+INTENT_FIELDS = ("effect_type", "effect_id", "run_id", "tenant_id", "seq", "step",
+                 "command_id", "tool_class", "request_hash")
+
+
+def effect_intent(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """An effect as it was requested, before any call: which run, step and call asked for
+    what. The payload is bound through its request hash (``onward verify`` checks a stored
+    payload against it), so a bundle may leave the payload out and still verify; the
+    recipient, derived from the payload for display, is not signed."""
+    return {"mac": "effect_intent", **{name: _plain(fields[name]) for name in INTENT_FIELDS}}
+
+
+def effect_outcome(effect_type: str, effect_id: str, status: str, provider_ref: str | None,
+                   result: Any) -> dict[str, Any]:
+    """What an effect came to (completed or failed): the provider's reference and the
+    result a re-executed step or an evidence replay is answered with. (The provider's error
+    text is informative, not signed: a bundle may leave it out.)"""
+    return {"mac": "effect_outcome", "effect_type": effect_type, "effect_id": effect_id,
+            "status": status, "provider_ref": provider_ref, "result": result}
+
+
+def effect_attempt(effect_type: str, effect_id: str, attempt: int, kind: str,
+                   idempotency_key: str, outcome: str | None,
+                   provider_ref: str | None) -> dict[str, Any]:
+    """One call, lookup, status poll or repeat as it ended: its kind, the key it sent, and
+    what it learnt (outcome, the provider's reference; the error text is not signed)."""
+    return {"mac": "effect_attempt", "effect_type": effect_type, "effect_id": effect_id,
+            "attempt": attempt, "kind": kind, "idempotency_key": idempotency_key,
+            "outcome": outcome, "provider_ref": provider_ref}

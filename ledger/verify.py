@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import signed
+from ledger.bundle import DROPPED
 from ledger.checkpoints import (
     CheckpointBody,
     CheckpointKeys,
@@ -22,6 +23,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
+from ledger.effects import Effect, check_effect, list_effects_txn
 from ledger.evidence import checked_response
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.schema import (
@@ -31,6 +33,8 @@ from ledger.schema import (
     artifacts,
     audit,
     checkpoints,
+    effect_attempts,
+    effects,
     evidence,
     runs,
 )
@@ -41,7 +45,7 @@ class Problem:
     run_id: UUID | None  # None: a problem of the tenant's audit chain as a whole
     seq: int | None
     kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result,
-    # approval, audit
+    # approval, audit, effect
     detail: str
 
     def __str__(self) -> str:
@@ -74,6 +78,8 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_check_head_mac(keys, run))
     problems.extend(_beyond_head(conn, run))
     problems.extend(_check_evidence(conn, keys, run_id))
+    problems.extend(_check_effects(conn, keys, run_id))
+    problems.extend(_check_used(conn, run, rows))
     problems.extend(_check_audit_rows(conn, keys, run_id))
     problems.extend(_check_approvals(conn, keys, run_id, rows))
     problems.extend(_check_result(keys, run))
@@ -242,6 +248,86 @@ def _check_evidence(conn: Connection, keys: CheckpointKeys,
             yield Problem(run_id, row["seq"], "evidence", str(exc))
 
 
+def _check_effects(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iterator[Problem]:
+    """Each effect's request and (completed or failed) outcome match their MACs; each
+    attempt that ended matches its MAC; attempts are numbered without gaps; an attempt that
+    saw the effect completed is not contradicted by the effect's status."""
+    for effect in list_effects_txn(conn, run_id):
+        try:
+            check_effect(keys, effect)
+        except IntegrityViolation as exc:
+            yield Problem(run_id, effect.seq, "effect", str(exc))
+        if effect.payload not in (None, DROPPED) and \
+                sha256_hex(canonical_json(effect.payload)) != effect.request_hash:
+            yield Problem(run_id, effect.seq, "effect",
+                          f"effect {effect.effect_type} {effect.effect_id[:16]}…'s stored "
+                          "payload is not what its signed request hash names (edited)")
+        yield from _check_attempts(conn, keys, effect)
+
+
+def _check_attempts(conn: Connection, keys: CheckpointKeys,
+                    effect: Effect) -> Iterator[Problem]:
+    rows = conn.execute(sa.select(effect_attempts).where(
+        effect_attempts.c.effect_type == effect.effect_type,
+        effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
+    ).mappings().all()
+    what = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
+    numbers = [row["attempt"] for row in rows]
+    if numbers != list(range(1, effect.attempts + 1)):
+        yield Problem(effect.run_id, effect.seq, "effect",
+                      f"{what}: {effect.attempts} attempt(s) were begun, the attempt rows are "
+                      f"numbered {numbers} (deleted outside onward)")
+    elif not rows and effect.status.value in ("completed", "failed"):
+        yield Problem(effect.run_id, effect.seq, "effect",
+                      f"{what} is {effect.status.value} with no attempt rows (deleted "
+                      "outside onward)")
+    for row in rows:
+        if row["outcome"] is None and row["ended_at"] is None and row["mac"] is None:
+            continue  # still in flight, or its worker died before it ended
+        try:
+            keys.check(signed.effect_attempt(
+                effect.effect_type, effect.effect_id, row["attempt"], row["kind"],
+                row["idempotency_key"], row["outcome"], row["provider_ref"]),
+                row["mac"], f"{what}: attempt {row['attempt']}")
+        except IntegrityViolation as exc:
+            yield Problem(effect.run_id, effect.seq, "effect", str(exc))
+    seen_completed = any(row["outcome"] == "completed" for row in rows)
+    if seen_completed and effect.status.value not in ("completed", "failed"):
+        yield Problem(effect.run_id, effect.seq, "effect",
+                      f"{what} is {effect.status.value}, but an attempt saw it completed "
+                      "(its status was edited outside onward)")
+
+
+def _check_used(conn: Connection, run: sa.RowMapping,
+                rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
+    """What the run's committed steps used, as their MAC'd checkpoints name it, is still
+    there as named: each effect with the status it had, each of the run's own recorded
+    answers for the same request (an evidence replay's answers are its source's)."""
+    own_evidence = run["mode"] != "evidence"
+    for row in rows:
+        refs = row["refs"] or {}
+        for ref in refs.get("effects", []):
+            status = conn.execute(sa.select(effects.c.status).where(
+                effects.c.effect_type == ref["effect_type"],
+                effects.c.effect_id == ref["effect_id"])).scalar()
+            if status != ref["status"]:
+                yield Problem(run["id"], row["seq"], "effect",
+                              f"the step that made checkpoint {row['seq']} used effect "
+                              f"{ref['effect_type']} {str(ref['effect_id'])[:16]}… "
+                              f"({ref['status']}); it is now "
+                              f"{status or 'missing'} (edited or deleted outside onward)")
+        for ref in refs.get("evidence", []) if own_evidence else []:
+            found = conn.execute(sa.select(evidence.c.request_hash).where(
+                evidence.c.run_id == run["id"],
+                evidence.c.command_id == ref["command_id"])).scalar()
+            if found != ref["request_hash"]:
+                yield Problem(run["id"], row["seq"], "evidence",
+                              f"the step that made checkpoint {row['seq']} used recorded "
+                              f"answer {ref['command_id']}; it is "
+                              f"{'missing' if found is None else 'for another request'} "
+                              "(deleted or edited outside onward)")
+
+
 def _check_audit_rows(conn: Connection, keys: CheckpointKeys,
                       run_id: UUID) -> Iterator[Problem]:
     """The run's own audit rows match their MACs (the chain is checked per tenant)."""
@@ -280,7 +366,7 @@ def _approval_problem(keys: CheckpointKeys, approval: sa.RowMapping,
         shown = sha256_hex(canonical_json(approval["artifact"]))
     except InvalidInput as exc:
         return f"its artifact is not plain JSON: {exc}"
-    if shown != approval["artifact_hash"]:
+    if shown != approval["artifact_hash"] and approval["artifact"] != DROPPED:
         return "its artifact does not match its hash (edited outside onward)"
     if approval["status"] in (ApprovalStatus.APPROVED.value, ApprovalStatus.REJECTED.value):
         try:

@@ -119,7 +119,7 @@ def execute_step(
     ``count_stale=False`` is for a claim no message asked for (eager continuation): if it
     finds the run elsewhere, that is not a stale delivery and is not counted as one.
     """
-    effects = effects or EffectStore(store.conn)
+    effects = effects or EffectStore(store.conn, config.keys)
     evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes,
                                          keys=config.keys,
                                          max_json_depth=config.max_json_depth)

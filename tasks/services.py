@@ -14,8 +14,9 @@ Replays and branches (docs/design.md section 8) change where answers come from, 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from ledger.checkpoints import canonical_json, sha256_hex
@@ -31,6 +32,8 @@ from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, Wait
 from tasks.exceptions import OutcomeError, StepError
 from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
 from tasks.tools import Tool, ToolError, ToolResult, invoke
+
+T = TypeVar("T")
 
 
 class EffectFailed(StepError):
@@ -161,7 +164,7 @@ class StepServices:
         if self.launch.evidence:
             return self._recorded_effect(tool, command_id, request_hash, payload)
         self._check_launch_allows(tool, command_id)
-        effect, created = self.effects.intend(Intent(
+        effect, created = self._verified(lambda: self.effects.intend(Intent(
             effect_id=effect_id_for(self.run_id, tool.name, command_id),
             effect_type=tool.name, run_id=self.run_id, tenant_id=self.tenant_id, seq=self.seq,
             step=self.step, command_id=command_id, tool_class=tool.tool_class.value,
@@ -169,7 +172,7 @@ class StepServices:
             recipient=tool.recipient(payload) if tool.recipient else None,
             payload=payload if tool.store_payload else None,
             lease_epoch=self.epoch,
-        ))
+        )))
         if effect.request_hash != request_hash:
             conflict = EffectConflict(
                 f"effect {effect.effect_id[:16]}… ({tool.name}, {command_id}) was first "
@@ -427,6 +430,15 @@ class StepServices:
         ))
         return dict(kept.response["result"])
 
+    def _verified(self, read: Callable[[], T]) -> T:
+        """What ``read`` returns, unless it does not verify against its MAC: then the run is
+        parked (integrity) and nothing is answered with the edited record."""
+        try:
+            return read()
+        except IntegrityViolation as exc:
+            self.control.park("integrity", exc)
+            raise
+
     def _find(self, run_id: UUID, command_id: str, *,
               unless_cancelled: bool = False) -> Evidence | None:
         """A recorded answer that verifies; one that does not parks the run (integrity):
@@ -534,6 +546,9 @@ class StepServices:
         source = self._evidence_source()
         recorded = (self.lineage.effect(tool.name, effect_id_for(source, tool.name, command_id))
                     if source is not None else None)
+        if recorded is not None:
+            found = recorded
+            recorded = self._verified(lambda: self.effects.check(found))
         shown = _shown(payload) if tool.store_payload else None
         if recorded is None:
             raise self._diverge("effect", "no_record", command_id,

@@ -259,7 +259,7 @@ def test_failed_run__never_sent_effect_is_closed_unsent_and_sent_once_after_cont
     store = drv.store
     claim = store.claim(run_id, 0, "driver:0")
     assert isinstance(claim, Claim)
-    effects = EffectStore(store.conn)
+    effects = EffectStore(store.conn, drv.ledger.keys)
     effect, _ = effects.intend(Intent(
         effect_id="k" * 64, effect_type="test.outcome.without_lookup", run_id=run_id,
         tenant_id="default", seq=0, step="send", command_id="send@0#9",
@@ -291,7 +291,7 @@ def test_record__a_stale_holders_late_answer_is_not_recorded(ops: Ledger) -> Non
     try:
         first = short.claim(run_id, 0, "first:1")
         assert isinstance(first, Claim)
-        stale = EffectStore(short.conn)
+        stale = EffectStore(short.conn, ops.keys)
         effect, _ = stale.intend(Intent(
             effect_id="e" * 64, effect_type="test.outcome.with_lookup", run_id=run_id,
             tenant_id="default", seq=0, step="send", command_id="send@0#1",
@@ -303,7 +303,7 @@ def test_record__a_stale_holders_late_answer_is_not_recorded(ops: Ledger) -> Non
                          and c, timeout=10,
                          what="the lease to expire and the step to be taken over")
         assert isinstance(taken, Claim)
-        current = EffectStore(second.conn)
+        current = EffectStore(second.conn, ops.keys)
         attempt = current.begin_attempt(effect, EffectAttemptKind.LOOKUP, worker="second:2",
                                         epoch=taken.epoch, cover_s=5)
         current.record(effect, attempt, outcome="found", status=EffectStatus.COMPLETED,
@@ -330,7 +330,7 @@ def test_begin_attempt__extends_the_lease_over_the_call_timeout(ops: Ledger) -> 
     try:
         claim = store.claim(run_id, 0, "w:1")
         assert isinstance(claim, Claim)
-        effects = EffectStore(store.conn)
+        effects = EffectStore(store.conn, ops.keys)
         effect, _ = effects.intend(Intent(
             effect_id="c" * 64, effect_type="test.outcome.with_lookup", run_id=run_id,
             tenant_id="default", seq=0, step="send", command_id="send@0#1",

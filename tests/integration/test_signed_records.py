@@ -224,3 +224,78 @@ def test_audit__concurrent_writers_and_sealers_make_one_chain(ops: Ledger) -> No
             "SELECT chain_seq FROM onward.audit ORDER BY chain_seq")]
     assert places == list(range(1, 81))
     assert ops.verify_audit() == []
+
+
+# -- effects and their attempts ----------------------------------------------------------------
+EFFECT_EDITS = {
+    # name: (SQL on the parent's completed test.publish effect, what verify says)
+    "result": ("UPDATE onward.effects SET result = '{\"id\": \"forged\"}' "
+               "WHERE run_id = :r AND effect_type = 'test.publish'", "outcome (completed)"),
+    "request_hash": ("UPDATE onward.effects SET request_hash = repeat('0', 64) "
+                     "WHERE run_id = :r AND effect_type = 'test.publish'", "request"),
+    "payload": ("UPDATE onward.effects SET payload = jsonb_set(payload, '{channel}', "
+                "'\"mallory\"') WHERE run_id = :r AND effect_type = 'test.publish'",
+                "payload is not what its signed request hash names"),
+    "status_and_mac": ("UPDATE onward.effects SET status = 'unsent', outcome_mac = NULL "
+                       "WHERE run_id = :r AND effect_type = 'test.publish'",
+                       "an attempt saw it completed"),
+    "attempt": ("UPDATE onward.effect_attempts a SET provider_ref = 'elsewhere' FROM "
+                "onward.effects e WHERE e.run_id = :r AND e.effect_type = 'test.publish' "
+                "AND a.effect_type = e.effect_type AND a.effect_id = e.effect_id",
+                "attempt 1"),
+    "attempt_deleted": ("DELETE FROM onward.effect_attempts a USING onward.effects e "
+                        "WHERE e.run_id = :r AND e.effect_type = 'test.publish' "
+                        "AND a.effect_type = e.effect_type AND a.effect_id = e.effect_id",
+                        "attempt rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EFFECT_EDITS))
+def test_effects__edits_are_reported_and_an_evidence_replay_refuses_them(
+        drv: Driver, ops: Ledger, logs: dict[str, Path], case: str) -> None:  # noqa: F811
+    """Invariant: an effect's request, its outcome (result, status) and each attempt are
+    signed: an edit in SQL is reported by `verify` (kind `effect`); an evidence replay that
+    would be answered with an edited effect parks `integrity` instead, calling nothing."""
+    parent = finished_note(drv, ops)
+    sql, said = EFFECT_EDITS[case]
+    assert reads.execute(ops.engine, sql, r=parent) >= 1
+    seen = outside(logs)
+
+    problems = ops.verify_run(parent)
+
+    assert problems and {p.kind for p in problems} <= {"effect"}, problems
+    assert any(said in p.detail for p in problems), problems
+    if case == "result":
+        replay = drv.drive(ops.replay(parent, 2, "evidence", "what was sent?").run_id)
+        assert (replay.status, replay.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+        assert outside(logs) == seen
+
+
+def test_effects__a_retried_step_is_not_answered_with_an_edited_result(
+        drv: Driver, ops: Ledger, logs: dict[str, Path],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: a step retried after its effect completed (the step failed before its
+    commit) gets the recorded result only if it verifies: a result edited in between parks
+    the run `integrity`; the step does not finish with the forged value, nothing is sent
+    again."""
+    from tasks import faults
+
+    monkeypatch.setenv("ONWARD_FAULTS", "after_effect_recorded@post:raise:once")
+    faults.arm_from_env()
+    try:
+        run_id = ops.start_run("test_ops_notes", {"topic": "pricing"})
+        for seq in range(3):  # summarize, review, post (raises after its effect completed)
+            drv.step(run_id, seq)
+    finally:
+        monkeypatch.delenv("ONWARD_FAULTS")
+        faults.arm_from_env()
+    assert ops.get_run(run_id).seq == 2
+    assert reads.execute(ops.engine, "UPDATE onward.effects SET result = '{\"id\": \"forged\"}'"
+                         " WHERE run_id = :r AND effect_type = 'test.publish'", r=run_id) == 1
+    sent = outside(logs)
+
+    run = drv.drive(run_id)
+
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert run.result is None
+    assert outside(logs) == sent
