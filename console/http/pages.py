@@ -149,6 +149,7 @@ def run_context(ledger: Ledger, run_id: UUID, before_epoch: int | None = None) -
     effects = ledger.effects(run_id)
     return {
         "run": run, "timeline": timeline, "why": why_waiting(ledger, run),
+        "result_problem": ledger.result_problem(run_id),
         "checkpoints": ledger.checkpoint_summaries(run_id),
         "effects": effects, "unknown": [e for e in effects if e.status.value == "pending"],
         "model_calls": ledger.model_calls(run_id),

@@ -97,3 +97,31 @@ def test_migration_0016__signs_existing_evidence_and_results(old_engine: Engine)
     assert checked_response(keys, rows["good"]) == {}
     assert rows["bad"]["mac"] is None
     assert result_problem(keys, run) is None
+
+
+def test_migration_0025__signs_existing_effects_and_attempts(old_engine: Engine) -> None:
+    """Invariant: upgrading signs existing effects (request, and the outcome of completed
+    ones) and the attempts that ended, so their runs verify after the upgrade."""
+    from ledger.effects import Effect, check_effect
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0024")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        conn.execute(sa.text(
+            "INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step, "
+            "command_id, tool_class, request_hash, status, provider_ref, result, attempts) "
+            "VALUES ('e1', 'crm', :run, 'default', 0, 's', 's@0#1', 'irreversible', 'h', "
+            "'completed', 'obj_1', '{\"id\": 1}', 1)"), {"run": run_id})
+        conn.execute(sa.text(
+            "INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker, "
+            "idempotency_key, ended_at, outcome, provider_ref) VALUES ('crm', 'e1', 1, 'call', "
+            "'w', 'e1', now(), 'completed', 'obj_1')"))
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        effect = Effect.from_row(dict(conn.execute(sa.text(
+            "SELECT * FROM onward.effects")).mappings().one()))
+        attempt = conn.execute(sa.text("SELECT * FROM onward.effect_attempts")).mappings().one()
+    check_effect(keys, effect)
+    keys.check(signed.effect_attempt("crm", "e1", 1, "call", "e1", "completed", "obj_1"),
+               attempt["mac"], "attempt")

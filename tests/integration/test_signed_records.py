@@ -87,8 +87,8 @@ def test_evidence__edited_model_answer_is_reported_and_never_replayed(
 def test_result__edited_result_is_reported_and_marked_by_runs_show(
         drv: Driver, ops: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """Invariant: a finished run's result is signed with the run's id and seq: an edit is
-    reported by `verify` and `runs show` marks the result as not verifying (text and
-    --json); an untouched result shows as verified."""
+    reported by `verify`, and `runs show` (text and --json) and the run's web page mark
+    the result as not verifying; an untouched result shows as verified."""
     run_id = finished_note(drv, ops)
     untouched = finished_note(drv, ops)
     assert reads.execute(ops.engine, "UPDATE onward.runs SET result = "
@@ -105,6 +105,15 @@ def test_result__edited_result_is_reported_and_marked_by_runs_show(
     assert "does not verify" in _cli("runs", "show", str(run_id), secret=secret)
     assert json.loads(_cli("runs", "show", str(untouched), "--json",
                            secret=secret))["run"]["result_verified"] is True
+    from fastapi.testclient import TestClient
+
+    from console.http.app import create_app
+    from console.http.pages import COOKIE
+
+    with TestClient(create_app(ops)) as web:
+        web.cookies.set(COOKIE, secret)
+        assert "result does not verify" in web.get(f"/runs/{run_id}").text
+        assert "result does not verify" not in web.get(f"/runs/{untouched}").text
 
 
 def _cli(*args: str, secret: str) -> str:
