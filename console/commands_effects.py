@@ -1,10 +1,11 @@
-"""``onward effects``: external writes across runs, one effect's attempts, and the
-privileged repeat (admin): a new call with its own recorded key, never hidden in a replay
-or a continue."""
+"""``onward effects``: external writes across runs, one effect's attempts, the privileged
+repeat (admin): a new call with its own recorded key, never hidden in a replay or a
+continue, and the privileged resolve (admin): what a person found at the provider."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -25,10 +26,14 @@ from console.common import (
     when,
 )
 from console.safe import add_row, json_text, line
+from ledger import Ledger
 from ledger.audit import AuditAction
+from ledger.effects import Effect, EffectAttempt
+from ledger.exceptions import InvalidInput
+from ledger.operations import Finding, resolve_plan
 from ledger.schema import EffectStatus
 
-effects_app = typer.Typer(help="External effects: list, inspect, repeat (admin).",
+effects_app = typer.Typer(help="External effects: list, inspect, repeat and resolve (admin).",
                           no_args_is_help=True)
 
 EffectArg = Annotated[str, typer.Argument(help="Effect id (or a unique prefix, 8+ chars).")]
@@ -137,3 +142,88 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
                    f"; {done.error['message']}" if done.error else ""), soft_wrap=True)
     if done.outcome not in ("completed", "accepted"):
         raise typer.Exit(1)
+
+
+@effects_app.command("resolve")
+def effects_resolve(
+    effect_id: EffectArg,
+    effect_type: TypeOpt = None,
+    completed: Annotated[bool, typer.Option(
+        "--completed", help="The provider holds the object: give its --provider-ref (and "
+                            "--result).")] = False,
+    not_sent: Annotated[bool, typer.Option(
+        "--not-sent", help="The provider holds nothing for the effect's key: it is closed "
+                           "unsent and the run's step sends it again with the SAME key.")]
+    = False,
+    provider_ref: Annotated[str | None, typer.Option(
+        "--provider-ref", help="The provider's reference of the object you found.")] = None,
+    result: Annotated[str | None, typer.Option(
+        "--result", help="What the provider holds, as a JSON object (the step gets it as "
+                         "the effect's result; default {}).")] = None,
+    reason: ReasonOpt = None,
+    yes: YesFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """PRIVILEGED (admin): record what you found at the provider for an effect whose outcome
+    onward cannot learn (a run parked effect_outcome_unknown, effect_unpollable or
+    effect_stalled), then `onward runs continue` the run. Nothing is sent by this command.
+    Shows what will be recorded first."""
+    ledger = open_ledger(AuditAction.RESOLVE_EFFECT)
+    with reported():
+        effect = ledger.find_effect(effect_id, effect_type)
+        finding, answer = _finding(ledger, effect, completed, not_sent, result, reason)
+        attempts = ledger.effect_attempts(effect)
+    plan = resolve_plan(effect, finding, provider_ref, answer)
+    _show_resolve(plan, attempts)
+    with reported():
+        confirm("record this finding?", yes)
+        done = ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
+                                     finding=finding, provider_ref=provider_ref,
+                                     result=answer)
+    if as_json:
+        print_json({"finding": finding.value, "effect": plain(done)})
+        return
+    out.print(line(("recorded", "green"), f": effect {done.status.value}; now `onward runs "
+                   f"continue {done.run_id}` to let the run go on"), soft_wrap=True)
+
+
+def _finding(ledger: Ledger, effect: Effect, completed: bool, not_sent: bool,
+             result: str | None, reason: str | None) -> tuple[Finding, dict[str, Any] | None]:
+    """The finding the options name, or an audited refusal (exit 2)."""
+    problem = None
+    if completed == not_sent:
+        problem = "say what you found: --completed (with --provider-ref) or --not-sent"
+    elif not_sent and result is not None:
+        problem = "--result goes with --completed: a write that did not happen has none"
+    answer: Any = None
+    if problem is None and result is not None:
+        try:
+            answer = json.loads(result)
+        except ValueError as exc:
+            problem = f"--result is not JSON: {exc}"
+    if problem is not None:
+        raise ledger.refuse(AuditAction.RESOLVE_EFFECT, InvalidInput(problem), reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
+    return (Finding.COMPLETED if completed else Finding.NOT_SENT), answer
+
+
+def _show_resolve(plan: dict[str, Any], attempts: list[EffectAttempt]) -> None:
+    out.print(line(("resolve", "bold"), " ", plan["effect_type"], " effect ",
+                   plan["effect_id"]), soft_wrap=True)
+    out.print(line("  run:            ", plan["run_id"], f" seq {plan['seq']} command ",
+                   plan["command_id"]), soft_wrap=True)
+    out.print(line("  recipient:      ", plan["recipient"] or "-"), soft_wrap=True)
+    out.print(line("  payload:        ", json_text(plan["payload"])), soft_wrap=True)
+    out.print(line("  status now:     ", plan["status"]), soft_wrap=True)
+    for a in attempts:
+        out.print(line(f"  attempt {a.attempt}:      ", a.kind, " by ", a.worker, " → ",
+                       a.outcome or "unknown", f" {a.provider_ref}" if a.provider_ref else ""),
+                  soft_wrap=True)
+    out.print(line("  you found:      ", (plan["finding"], "bold"),
+                   f" (provider ref {plan['provider_ref']})" if plan["provider_ref"] else ""),
+              soft_wrap=True)
+    if plan["result"] is not None:
+        out.print(line("  result:         ", json_text(plan["result"])), soft_wrap=True)
+    out.print(line("  then:           ", plan["then"]), soft_wrap=True)
+    out.print(line("  attempts now:   ", str(plan["attempts"]),
+                   " (refused if this changes before it is recorded)"))

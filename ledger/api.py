@@ -29,7 +29,7 @@ from ledger.audit import (
     list_audit_txn,
     record_txn,
 )
-from ledger.checkpoints import CheckpointKeys
+from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
@@ -476,6 +476,40 @@ class Ledger:
             return operations.finish_repeat_txn(conn, self.keys, started, outcome=outcome,
                                                 provider_ref=provider_ref, result=result,
                                                 error=error)
+
+    def resolve_effect(self, effect_type: str, effect_id: str, reason: str | None,
+                       plan: dict[str, Any], *, finding: operations.Finding,
+                       provider_ref: str | None = None,
+                       result: dict[str, Any] | None = None) -> Effect:
+        """Record what a person found at the provider for an effect whose outcome is unknown
+        (admin, audited): ``completed`` with the provider's reference and result, or
+        ``not_sent`` (closed ``unsent``; the run's step sends it again with the same key).
+        ``plan`` is what was shown (``operations.resolve_plan``); refused if the effect
+        changed since. The run is not moved: continue it afterwards."""
+        def body(conn: Connection) -> Effect:
+            self._check_result(result)
+            return operations.resolve_effect_txn(
+                conn, self.keys, self.actor, effect_type, effect_id, reason, plan,
+                finding=finding, provider_ref=provider_ref, result=result)
+
+        try:  # a refusal is audited with the effect's run, when there is one
+            run_id: UUID | None = self.find_effect(effect_id, effect_type).run_id
+        except REFUSALS:
+            run_id = None
+        return self._command(AuditAction.RESOLVE_EFFECT, body, reason=reason, run_id=run_id,
+                             effect_id=effect_id)
+
+    def _check_result(self, result: dict[str, Any] | None) -> None:
+        """A result a person gives: a JSON object within the effect payload limits."""
+        if result is None:
+            return
+        if not isinstance(result, dict):
+            raise InvalidInput("the result is a JSON object (what the provider answered)")
+        size = len(canonical_json(result, max_depth=self.settings.max_json_depth))
+        if size > self.settings.max_effect_payload_bytes:
+            raise InvalidInput(f"the result is {size} bytes, over the limit of "
+                               f"{self.settings.max_effect_payload_bytes} "
+                               "(ONWARD_MAX_EFFECT_PAYLOAD_BYTES)")
 
     # -- approvals and signals (docs/design.md section 6) ------------------------------------------
     def approve(self, approval_id: UUID, *, artifact_hash: str,

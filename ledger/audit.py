@@ -47,6 +47,7 @@ class AuditAction(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
     REPEAT_EFFECT = "repeat_effect"
+    RESOLVE_EFFECT = "resolve_effect"  # a person records what they found at the provider
     INSPECT = "inspect"  # a run's or an effect's full detail was read
     VERIFY = "verify"  # a run's stored history was checked
     START = "start"  # a run started by an operator or a service (CLI, HTTP API)
@@ -73,6 +74,7 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.APPROVE: Role.APPROVER,
     AuditAction.REJECT: Role.APPROVER,
     AuditAction.REPEAT_EFFECT: Role.ADMIN,
+    AuditAction.RESOLVE_EFFECT: Role.ADMIN,
     AuditAction.INSPECT: Role.VIEWER,
     AuditAction.VERIFY: Role.VIEWER,
     AuditAction.START: Role.OPERATOR,

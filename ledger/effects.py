@@ -40,21 +40,23 @@ class CancelRequested(OnwardError):
 
 # A call of effect ``e`` may have reached the provider: some call attempt (or an operator's
 # repeat) ended without a known outcome (its answer was lost, its worker died, it is still
-# in flight, or its late answer was fenced out; a repeat the provider only accepted) and no
-# LATER lookup by the effect's key
-# said 'missing'. A stated refusal ('failed': nothing happened *this time*) says nothing
-# about an earlier call, and a lookup by the effect's key says nothing about a repeat,
-# which was sent under a key of its own.
+# in flight, or its late answer was fenced out; a repeat the provider only accepted), and
+# neither a LATER lookup by the effect's key said 'missing' nor a person recorded what
+# they found since (kind 'resolve', `onward effects resolve`). A stated refusal ('failed':
+# nothing happened *this time*) says nothing about an earlier call, and a lookup by the
+# effect's key says nothing about a repeat, which was sent under a key of its own.
 def unknown_call(e: str) -> str:
     """``UNKNOWN_CALL`` for the effect row named ``e`` in the enclosing query."""
     return f"""EXISTS (SELECT 1 FROM onward.effect_attempts c
      WHERE c.effect_type = {e}.effect_type AND c.effect_id = {e}.effect_id
        AND c.kind IN ('call', 'repeat')
        AND coalesce(c.outcome, 'unknown') IN ('unknown', 'accepted')
-       AND (c.kind = 'repeat' OR NOT EXISTS (
+       AND NOT EXISTS (
             SELECT 1 FROM onward.effect_attempts l
              WHERE l.effect_type = c.effect_type AND l.effect_id = c.effect_id
-               AND l.attempt > c.attempt AND l.kind = 'lookup' AND l.outcome = 'missing')))"""
+               AND l.attempt > c.attempt
+               AND (l.kind = 'resolve'
+                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind = 'call'))))"""
 
 
 UNKNOWN_CALL = unknown_call("e")
@@ -90,6 +92,7 @@ class Effect:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    polling_since: datetime | None = None  # the status-polling window's start (else created)
     call_unknown: bool | None = None  # ``UNKNOWN_CALL``, where it was read (else None)
     intent_mac: str | None = None  # ledger/signed.py effect_intent
     outcome_mac: str | None = None  # ledger/signed.py effect_outcome (completed or failed)
@@ -438,8 +441,11 @@ class EffectAttempt:
 
 
 def list_effects_txn(conn: Connection, run_id: UUID) -> list[Effect]:
+    """The run's effects, each with ``call_unknown`` (so ``outcome_unknown`` is known)."""
     rows = conn.execute(
-        sa.select(effects_table).where(effects_table.c.run_id == run_id)
+        sa.select(effects_table,
+                  sa.literal_column(unknown_call("onward.effects")).label("call_unknown"))
+        .where(effects_table.c.run_id == run_id)
         .order_by(effects_table.c.seq, effects_table.c.created_at)
     ).mappings()
     return [Effect.from_row(dict(r)) for r in rows]

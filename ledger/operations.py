@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -21,7 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from ledger import signed, waits
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import OUTCOME_UNKNOWN, Effect
+from ledger.effects import OUTCOME_UNKNOWN, Effect, unknown_call
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
 from ledger.schema import (
     ApprovalStatus,
@@ -132,6 +133,14 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
         raise OperationRefused(f"run {run_id} changed while it was being continued")
+    if run["parked_reason"] == "effect_stalled":
+        # a person continues a job polled past its tool's status_timeout_s: the step asks
+        # the provider again, with a fresh polling window of that length
+        conn.execute(effects.update()
+                     .where(effects.c.run_id == run_id,
+                            effects.c.status == EffectStatus.ACCEPTED.value)
+                     .values(polling_since=sa.func.onward.now(),
+                             updated_at=sa.func.onward.now()))
     queue_step_txn(conn, run_id, run["seq"])
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
@@ -456,3 +465,118 @@ def finish_repeat_txn(conn: Connection, keys: CheckpointKeys, started: RepeatSta
                         provider_ref, result)))
         )
     return get_effect_txn(conn, effect.effect_type, effect.effect_id)
+
+
+# -- resolve an effect by hand: what a person found at the provider -------------------------
+class Finding(StrEnum):
+    """What a person found at the provider for an effect whose outcome onward cannot learn."""
+
+    COMPLETED = "completed"  # the provider holds the object: its reference (and result)
+    NOT_SENT = "not_sent"  # the provider holds nothing for the effect's key: send it again
+
+
+_CALL_UNKNOWN = sa.text(f"""
+SELECT {unknown_call("e")} FROM onward.effects e
+ WHERE e.effect_type = :effect_type AND e.effect_id = :effect_id
+""")
+
+
+def resolve_plan(effect: Effect, finding: Finding, provider_ref: str | None,
+                 result: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``resolve_effect_txn`` will record, shown before it is confirmed; confirming it
+    carries the effect's attempt count as shown (refused if the effect changed since)."""
+    then = ("the step that asked for it gets this result when the run goes on; nothing is "
+            "sent" if finding is Finding.COMPLETED else
+            "the effect is closed unsent; when the run goes on, its step sends it again "
+            "with the SAME key (make sure the provider holds nothing for it)")
+    return {"effect_type": effect.effect_type, "effect_id": effect.effect_id,
+            "run_id": str(effect.run_id), "seq": effect.seq, "command_id": effect.command_id,
+            "recipient": effect.recipient, "payload": effect.payload,
+            "status": effect.status.value, "attempts": effect.attempts,
+            "finding": finding.value, "provider_ref": provider_ref, "result": result,
+            "then": then}
+
+
+def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effect_type: str,
+                       effect_id: str, reason: str | None, plan: dict[str, Any], *,
+                       finding: Finding, provider_ref: str | None = None,
+                       result: dict[str, Any] | None = None) -> Effect:
+    """Record what a person found at the provider for an effect whose outcome is unknown
+    (docs/operating.md, "Resolve an effect by hand"): ``completed`` with the provider's
+    reference and result, or ``not_sent`` (closed ``unsent``: the run's step sends it again
+    with the same key). An attempt of kind ``resolve`` and an audit row record who said so
+    and why; the run is not moved (``continue`` resumes it)."""
+    actor.require(AuditAction.RESOLVE_EFFECT)
+    reason = require_reason(reason, AuditAction.RESOLVE_EFFECT)
+    found = get_effect_txn(conn, effect_type, effect_id)
+    run = lock_run_txn(conn, found.run_id, actor)  # run before effect, as everywhere
+    effect = get_effect_txn(conn, effect_type, effect_id, lock=True)
+    _check_resolvable(conn, run, effect, plan, finding, provider_ref)
+    attempt = conn.execute(
+        effects.update().where(effects.c.effect_type == effect_type,
+                               effects.c.effect_id == effect_id)
+        .values(attempts=effects.c.attempts + 1, updated_at=sa.func.onward.now())
+        .returning(effects.c.attempts)
+    ).scalar_one()
+    outcome = "found" if finding is Finding.COMPLETED else "missing"
+    kind = EffectAttemptKind.RESOLVE.value
+    conn.execute(effect_attempts.insert().values(  # signed like every attempt as it ends
+        effect_type=effect_type, effect_id=effect_id, attempt=attempt, kind=kind,
+        worker=f"operator:{actor.name}", lease_epoch=None, idempotency_key=effect_id,
+        ended_at=sa.func.onward.now(), outcome=outcome, provider_ref=provider_ref,
+        mac=keys.sign(signed.effect_attempt(effect_type, effect_id, attempt, kind, effect_id,
+                                            outcome, provider_ref))))
+    if finding is Finding.COMPLETED:
+        values: dict[str, Any] = {
+            "status": EffectStatus.COMPLETED.value, "provider_ref": provider_ref,
+            "result": result or {}, "error": None, "reconciled": True,
+            "outcome_mac": keys.sign(signed.effect_outcome(
+                effect_type, effect_id, EffectStatus.COMPLETED.value, provider_ref,
+                result or {}))}
+    else:
+        values = {"status": EffectStatus.UNSENT.value,
+                  "error": {**(effect.error or {}),
+                            "closed_by": f"resolved by {actor.name}: not sent"}}
+    conn.execute(effects.update().where(effects.c.effect_type == effect_type,
+                                        effects.c.effect_id == effect_id)
+                 .values(**values, completed_at=sa.func.onward.now(),
+                         updated_at=sa.func.onward.now()))
+    record_txn(conn, keys, actor, AuditRecord(
+        AuditAction.RESOLVE_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
+        effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
+        details={**plan, "attempt": attempt, "previous_status": effect.status.value}))
+    return get_effect_txn(conn, effect_type, effect_id)
+
+
+def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: dict[str, Any],
+                      finding: Finding, provider_ref: str | None) -> None:
+    """Only an effect whose outcome onward cannot know may be resolved by a person, and
+    only as it stands in the plan that was confirmed, while no worker holds its step."""
+    name = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
+    shown = plan.get("attempts")
+    if not isinstance(shown, int) or isinstance(shown, bool) or shown != effect.attempts:
+        raise OperationRefused(
+            f"{name} changed since the plan you confirmed (it showed {shown} attempts, it now "
+            f"has {effect.attempts}): look at it again (onward effects show)")
+    if run["mode"] == LaunchMode.EVIDENCE.value:
+        raise OperationRefused(f"{name} belongs to an evidence replay, which calls nothing")
+    if RunStatus(run["status"]) is RunStatus.RUNNING and _leased(run, _now(conn)):
+        raise OperationRefused(f"run {run['id']} is running: worker {run['lease_owner']} holds "
+                               "its step and may be asking the provider right now; resolve "
+                               "the effect once the run is parked")
+    if effect.status not in (EffectStatus.PENDING, EffectStatus.ACCEPTED):
+        raise OperationRefused(f"{name} is {effect.status.value}: its outcome is known")
+    if effect.status is EffectStatus.PENDING and not conn.execute(_CALL_UNKNOWN, {
+            "effect_type": effect.effect_type, "effect_id": effect.effect_id}).scalar():
+        raise OperationRefused(
+            f"{name} cannot have reached the provider (never sent, refused each time, or "
+            "found missing since): the run's step sends it with the same key when the run "
+            "goes on; there is nothing to resolve")
+    if finding is Finding.NOT_SENT and effect.status is EffectStatus.ACCEPTED:
+        raise OperationRefused(
+            f"{name} was accepted by the provider (reference {effect.provider_ref}): it "
+            "reached the provider; record what the job came to (completed), or continue the "
+            "run to poll it again")
+    if finding is Finding.COMPLETED and not (provider_ref or "").strip():
+        raise InvalidInput("a completed effect needs the provider's reference of the object "
+                           "you found (--provider-ref)")

@@ -117,6 +117,7 @@ class EffectAttemptKind(StrEnum):
     LOOKUP = "lookup"
     STATUS = "status"
     REPEAT = "repeat"  # an operator's privileged re-send
+    RESOLVE = "resolve"  # a person's finding at the provider (`onward effects resolve`)
 
 
 class LaunchMode(StrEnum):
@@ -304,6 +305,9 @@ effects = Table(
     Column("completed_at", TS, nullable=True),
     Column("intent_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py effect_intent
     Column("outcome_mac", Text, nullable=True),  # set when completed or failed: effect_outcome
+    # where the status-polling window of an accepted effect starts (NULL: created_at); a
+    # person who continues a run parked effect_stalled opens a fresh window
+    Column("polling_since", TS, nullable=True),
     PrimaryKeyConstraint("effect_type", "effect_id"),
     CheckConstraint(_in("status", EffectStatus), name="status"),
     CheckConstraint(_in("tool_class", ToolClass), name="tool_class"),

@@ -302,11 +302,13 @@ class StepServices:
                 "no status call (or the provider gave no reference) to learn its outcome")
             self.control.park("effect_unpollable", stuck)
             raise stuck
-        age = (self.clock.now() - effect.created_at).total_seconds()
+        age = (self.clock.now() - (effect.polling_since or effect.created_at)).total_seconds()
         if age > tool.status_timeout_s:
             stalled = EffectOutcomeUnknown(
                 f"effect {effect.effect_id[:16]}… ({tool.name}) is still accepted after "
-                f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s)")
+                f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s): check the job at the "
+                "provider, then `onward runs continue` to poll it again for as long, or "
+                "`onward effects resolve` to record what it came to")
             self.control.park("effect_stalled", stalled)
             raise stalled
         attempt = self._begin(tool, effect, EffectAttemptKind.STATUS)

@@ -33,12 +33,27 @@ class Outside:
     lose_answers: int = 0  # the next n creates act, then the caller hears nothing
     refuse: int = 0  # then the next n creates are refused with a 503: nothing happens
     timeouts: list[float | None] = field(default_factory=list)  # what each call was given
+    job_done: bool = False  # an accepted job (``submit``) finishes when this is set
+    status_polls: int = 0
 
     def reset(self) -> None:
         self.objects.clear()
         self.lose_answers = 0
         self.refuse = 0
         self.timeouts.clear()
+        self.job_done = False
+        self.status_polls = 0
+
+    def submit(self, payload: dict[str, Any], key: str) -> ToolResult:
+        """The provider accepts a job and finishes it later (``job_done``)."""
+        self.objects.append((key, {"id": f"job_{key[:8]}", **payload}))
+        return ToolResult("accepted", f"job_{key[:8]}")
+
+    def job_status(self, ref: str) -> ToolResult:
+        self.status_polls += 1
+        if self.job_done:
+            return ToolResult("completed", ref, {"id": ref, "report": "ready"})
+        return ToolResult("accepted", ref)
 
     def create(self, payload: dict[str, Any], key: str, *,
                timeout: float | None = None) -> ToolResult:
@@ -81,7 +96,9 @@ with_lookup = Tool("test.outcome.with_lookup", ToolClass.IRREVERSIBLE,
 without_lookup = Tool("test.outcome.without_lookup", ToolClass.IRREVERSIBLE,
                       call=OUTSIDE.create)
 keyed = Tool("test.outcome.keyed", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.create_once)
-TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed}
+job = Tool("test.outcome.job", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.submit,
+           status=OUTSIDE.job_status, status_timeout_s=60)
+TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed, "job": job}
 
 
 class Send(BaseModel):

@@ -26,6 +26,7 @@ from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput
 from ledger.forks import BudgetPolicy
 from ledger.inspect import RunFilter
+from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode
 from ledger.tokens import Unauthenticated
 
@@ -98,6 +99,19 @@ class RepeatBody(Strict):
     effect_type: str | None = Field(default=None, max_length=200)
     # the effect's attempt count the client showed: refused if it changed since
     attempts: int | None = Field(default=None, ge=0)
+
+
+class ResolveBody(Strict):
+    reason: Reason
+    finding: Literal["completed", "not_sent"] = Field(
+        description="completed: the provider holds the object (give provider_ref); "
+                    "not_sent: it holds nothing for the effect's key (sent again, same key)")
+    provider_ref: str | None = Field(default=None, max_length=1000)
+    result: dict[str, Any] | None = Field(
+        default=None, description="what the provider holds (completed only)")
+    effect_type: str | None = Field(default=None, max_length=200)
+    # the effect's attempt count the client showed (GET /effects/{id}): refused if it changed
+    attempts: int = Field(ge=0)
 
 
 def encode(value: Any) -> str:
@@ -336,6 +350,25 @@ def repeat_effect(ledger: Authed, effect_id: str, body: RepeatBody) -> dict[str,
     return {"outcome": done.outcome, "provider_ref": done.provider_ref,
             "attempt": done.started.attempt, "key": done.started.idempotency_key,
             "error": done.error, "effect": plain(done.effect)}
+
+
+@router.post("/effects/{effect_id}/resolve", tags=["effects"])
+def resolve_effect(ledger: Authed, effect_id: str, body: ResolveBody) -> dict[str, Any]:
+    """PRIVILEGED (admin): record what a person found at the provider for an effect whose
+    outcome is unknown (``effects resolve``); nothing is sent. Continue the run afterwards."""
+    ledger.require(AuditAction.RESOLVE_EFFECT)
+    effect = ledger.find_effect(effect_id, body.effect_type)
+    finding = Finding(body.finding)
+    if finding is Finding.NOT_SENT and body.result is not None:
+        raise ledger.refuse(AuditAction.RESOLVE_EFFECT, InvalidInput(
+            "result goes with completed: a write that did not happen has none"),
+            reason=body.reason, run_id=effect.run_id, effect_id=effect.effect_id)
+    plan = {**resolve_plan(effect, finding, body.provider_ref, body.result),
+            "attempts": body.attempts}
+    done = ledger.resolve_effect(effect.effect_type, effect.effect_id, body.reason, plan,
+                                 finding=finding, provider_ref=body.provider_ref,
+                                 result=body.result)
+    return {"finding": finding.value, "effect": plain(done)}
 
 
 # -- approvals ----------------------------------------------------------------------------

@@ -26,8 +26,10 @@ from console.http.errors import status_of
 from ledger import Ledger, RunStatus
 from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json
+from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied
 from ledger.inspect import RunFilter
+from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, LaunchMode
 from ledger.tokens import Unauthenticated
 
@@ -151,7 +153,7 @@ def run_context(ledger: Ledger, run_id: UUID, before_epoch: int | None = None) -
         "run": run, "timeline": timeline, "why": why_waiting(ledger, run),
         "result_problem": ledger.result_problem(run_id),
         "checkpoints": ledger.checkpoint_summaries(run_id),
-        "effects": effects, "unknown": [e for e in effects if e.status.value == "pending"],
+        "effects": effects, "unknown": [e for e in effects if e.outcome_unknown],
         "model_calls": ledger.model_calls(run_id),
         "approvals": ledger.approvals(run_id=run_id, status=None),
         "parent": ledger.get_run(run.parent_run_id) if run.parent_run_id else None,
@@ -382,6 +384,51 @@ def repeat_page(request: Request, effect_type: str, effect_id: str, reason: Text
         return RedirectResponse(f"/runs/{effect.run_id}?done=repeat", status_code=303)
     except OnwardError as exc:
         return failed(request, exc, ledger)
+
+
+@router.post("/effects/{effect_type}/{effect_id}/resolve", response_class=HTMLResponse)
+def resolve_page(request: Request, effect_type: str, effect_id: str, reason: Text,
+                 finding: Text, csrf: Annotated[str | None, Form()] = None,
+                 confirm: Annotated[str | None, Form()] = None,
+                 provider_ref: Annotated[str | None, Form()] = None,
+                 result: Annotated[str | None, Form()] = None,
+                 attempts: Annotated[int | None, Form()] = None) -> Response:
+    """PRIVILEGED (admin): record what a person found at the provider (nothing is sent)."""
+    ledger = None
+    try:
+        check_csrf(request, csrf)
+        ledger = signed_in(request)
+        ledger.require(AuditAction.RESOLVE_EFFECT)
+        effect = ledger.find_effect(effect_id, effect_type)
+        found, answer = _resolution(ledger, effect, confirm, finding, result, reason)
+        plan = {**resolve_plan(effect, found, provider_ref or None, answer),
+                "attempts": attempts}
+        ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
+                              finding=found, provider_ref=provider_ref or None, result=answer)
+        return RedirectResponse(f"/runs/{effect.run_id}?done=resolve", status_code=303)
+    except OnwardError as exc:
+        return failed(request, exc, ledger)
+
+
+def _resolution(ledger: Ledger, effect: Effect, confirm: str | None, finding: str,
+                result: str | None, reason: str) -> tuple[Finding, Any]:
+    """The finding and result a resolve form names, or an audited refusal."""
+    problem, answer = None, None
+    if confirm != "yes":
+        problem = "tick the confirmation box: nothing was recorded"
+    elif finding not in {f.value for f in Finding}:
+        problem = "say what you found: completed or not_sent"
+    elif (result or "").strip():
+        try:
+            answer = json.loads(result or "")
+        except ValueError as exc:
+            problem = f"the result is not JSON: {exc}"
+    if problem is None and finding == Finding.NOT_SENT.value and answer is not None:
+        problem = "a result goes with completed: a write that did not happen has none"
+    if problem is not None:
+        raise ledger.refuse(AuditAction.RESOLVE_EFFECT, InvalidInput(problem), reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
+    return Finding(finding), answer
 
 
 # -- approvals ----------------------------------------------------------------------------

@@ -210,3 +210,44 @@ def test_cli_since__counts_back_from_the_database_clock(
     assert str(run_id) in [a["run_id"] for a in audit]
     refused = onward("runs", "ls", "--since", "2026-01-01T09:00", role="viewer", code=2)
     assert "no time zone" in refused
+
+
+def test_cli_effects_resolve__admin_records_what_was_found_then_continue(drv: Driver) -> None:
+    """Invariant (review F11): ``effects resolve`` needs the admin role (checked before
+    anything is shown), refuses a finding it cannot read (audited, exit 2), shows what it
+    will record before asking, and records it; the continued run finishes with the object
+    the person found, and nothing is sent again."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    OUTSIDE.reset()
+    with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
+        OUTSIDE.lose_answers = 1
+        run_id = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
+        assert outcomes.drive(run_id).parked_reason == "effect_outcome_unknown"
+        [effect] = json.loads(onward("effects", "ls", "--run", str(run_id), "--json"))
+        key = effect["effect_id"]
+        refused = onward("effects", "resolve", key, "--completed", "--provider-ref", "obj_1",
+                         "--reason", "found it", "--yes", code=2)
+        assert "needs the admin role" in refused and "you found" not in refused
+        onward("effects", "resolve", key, "--completed", "--not-sent", "--reason", "x",
+               "--yes", role="admin", code=2)
+        onward("effects", "resolve", key, "--completed", "--provider-ref", "obj_1",
+               "--result", "{not json", "--reason", "x", "--yes", role="admin", code=2)
+        declined = onward("effects", "resolve", key, "--completed", "--provider-ref", "obj_1",
+                          "--reason", "found it", role="admin", input="n\n", code=1)
+        assert "you found:      completed (provider ref obj_1)" in declined
+        out = onward("effects", "resolve", key, "--completed", "--provider-ref", "obj_1",
+                     "--result", '{"id": "obj_1", "n": 1}', "--reason", "found it",
+                     "--json", role="admin", input="y\n")
+        done = json.loads(out.strip().splitlines()[-1])
+        assert (done["finding"], done["effect"]["status"]) == ("completed", "completed")
+        audit = json.loads(onward("audit", "ls", "--run", str(run_id), "--json"))
+        assert [(a["action"], a["outcome"]) for a in audit
+                if a["action"] == "resolve_effect"] == [
+            ("resolve_effect", "done"), ("resolve_effect", "refused"),
+            ("resolve_effect", "refused")]  # the role refusal came before the effect was read
+        onward("runs", "continue", str(run_id), "--reason", "found obj_1", "--yes")
+        run = outcomes.drive(run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {"sent": "obj_1"}
+    assert OUTSIDE.count() == 1
+    OUTSIDE.reset()

@@ -200,3 +200,51 @@ def test_page__why_it_waits_reads_the_database_clock(drv: Driver) -> None:
     shown = why_waiting(admin, run) or ""
     assert not shown.startswith("running: worker"), shown
     assert admin.continue_run(run_id, "the worker is gone").previous_status is RunStatus.RUNNING
+
+
+def test_api_and_page__resolve_an_effect_whose_outcome_is_unknown(
+        client: TestClient, drv: Driver) -> None:
+    """Invariant (review F11): a person records what they found at the provider through the
+    API (admin only: an operator is 403, audited; a stale attempt count is 409) or the run
+    page's resolve button (shown to an admin, only on an effect whose outcome is unknown);
+    nothing is sent, and the continued run uses what was recorded."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    OUTSIDE.reset()
+    olga, ada = token(drv.ledger, "olga", "operator"), token(drv.ledger, "ada", "admin")
+    with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
+        runs = []
+        for _ in range(2):
+            OUTSIDE.lose_answers = 1
+            run_id = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
+            assert outcomes.drive(run_id).parked_reason == "effect_outcome_unknown"
+            runs.append((run_id, outcomes.ledger.effects(run_id)[0]))
+        (api_run, effect), (page_run, shown) = runs
+        body = {"reason": "found it", "finding": "completed", "provider_ref": "obj_1",
+                "result": {"id": "obj_1", "n": 1}, "attempts": effect.attempts}
+        path = f"/api/v1/effects/{effect.effect_id}/resolve"
+        assert client.post(path, json=body, headers=auth(olga)).status_code == 403
+        stale = client.post(path, json={**body, "attempts": 0}, headers=auth(ada))
+        assert stale.status_code == 409, stale.text
+        answer = client.post(path, json=body, headers=auth(ada))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["effect"]["status"] == "completed"
+        client.cookies.set(COOKIE, olga)
+        assert "I checked the provider" not in client.get(f"/runs/{page_run}").text
+        client.cookies.set(COOKIE, ada)
+        assert "I checked the provider" in client.get(f"/runs/{page_run}").text
+        form = {"reason": "found it", "finding": "completed", "provider_ref": "obj_2",
+                "result": "{\"id\": \"obj_2\"}", "attempts": str(shown.attempts),
+                "confirm": "yes",
+                "csrf": csrf_of(ada)}
+        done = client.post(f"/effects/{shown.effect_type}/{shown.effect_id}/resolve",
+                           data=form, follow_redirects=False)
+        assert done.status_code == 303, done.text
+        assert "I checked the provider" not in client.get(f"/runs/{page_run}").text
+        for run_id in (api_run, page_run):
+            outcomes.ledger.continue_run(run_id, "the provider holds it")
+            assert outcomes.drive(run_id).status is RunStatus.COMPLETED
+    assert OUTSIDE.count() == 2  # one object per run, each sent once
+    rows = [(a.actor, a.outcome) for a in reversed(drv.ledger.audit(action="resolve_effect"))]
+    assert rows == [("olga", "refused"), ("ada", "refused"), ("ada", "done"), ("ada", "done")]
+    OUTSIDE.reset()

@@ -13,13 +13,16 @@ from uuid import UUID
 import pytest
 import sqlalchemy as sa
 
-from ledger import Ledger, RunStatus
+from ledger import Ledger, RunStatus, operations
 from ledger.audit import Role
 from ledger.effects import EffectFenced, EffectStore, Intent
+from ledger.exceptions import InvalidInput, OperationRefused, PermissionDenied
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.schema import EffectAttemptKind, EffectStatus
 from ledger.steps import Claim, StepStore
+from tasks.executor import ReportKind
+from tests.support import clock
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver
 from tests.workflows_outcomes import OUTSIDE
@@ -394,3 +397,184 @@ def test_cancel__unknown_outcome_that_cannot_be_asked_parks_then_a_person_decide
     assert ops.get_run(run_id).status is RunStatus.CANCELLED
     assert one_effect(ops, run_id).status is EffectStatus.PENDING
     assert OUTSIDE.count() == 1
+
+
+# -- a job polled past its status timeout (review F6) ----------------------------------------
+@pytest.fixture()
+def offset() -> list[timedelta]:
+    """How far ahead the clocks of ``later`` (and the worker, when a test moves it) run."""
+    return [timedelta(0)]
+
+
+@pytest.fixture()
+def later(ops: Ledger, offset: list[timedelta]) -> Iterator[Ledger]:
+    """The operator's ledger on an engine whose clock runs ``offset[0]`` ahead."""
+    engine = sa.create_engine(ops.engine.url)
+    clock.follow_engine(engine, offset)
+    yield Ledger(engine, ops.settings).acting_as("olga", Role.OPERATOR)
+    engine.dispose()
+
+
+def stalled_job(drv: Driver, ops: Ledger, offset: list[timedelta]) -> UUID:
+    """A run whose job the provider accepted, polled past its tool's 60 s status timeout:
+    parked ``effect_stalled``."""
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "job"})
+    assert drv.step(run_id, 0).kind is ReportKind.WAITING  # accepted; polled later
+    offset[0] = timedelta(seconds=120)
+    clock.set_on_store(drv.store, offset[0])
+    assert drv.step(run_id, 0).kind is ReportKind.PARKED
+    assert ops.get_run(run_id).parked_reason == "effect_stalled"
+    return run_id
+
+
+def test_stalled_effect__continue_polls_the_provider_again(
+        drv: Driver, ops: Ledger, later: Ledger, offset: list[timedelta]) -> None:
+    """Invariant (docs/operating.md, review F6): a person who continues a run parked
+    ``effect_stalled`` gets one more status poll: the job finished meanwhile, so the run
+    completes with its result (it used to re-park at once without asking)."""
+    run_id = stalled_job(drv, ops, offset)
+    OUTSIDE.job_done = True
+    polls = OUTSIDE.status_polls
+    later.continue_run(run_id, "the provider says the job is done")
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, (run.parked_reason, run.last_error)
+    assert OUTSIDE.status_polls - polls == 1
+    assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
+
+
+def test_stalled_effect__continue_opens_a_fresh_polling_window(
+        drv: Driver, ops: Ledger, later: Ledger, offset: list[timedelta]) -> None:
+    """Invariant: after continue, a job still running is polled again for another
+    ``status_timeout_s`` (the run waits, it is not re-parked at once), and parks again only
+    once that window has passed too."""
+    run_id = stalled_job(drv, ops, offset)
+    later.continue_run(run_id, "the job is slow today; poll it again")
+    assert drv.step(run_id, 0).kind is ReportKind.WAITING
+    offset[0] = timedelta(seconds=150)  # 30 s into the new window
+    clock.set_on_store(drv.store, offset[0])
+    assert drv.step(run_id, 0).kind is ReportKind.WAITING
+    offset[0] = timedelta(seconds=200)  # 80 s into it: past the 60 s limit
+    clock.set_on_store(drv.store, offset[0])
+    assert drv.step(run_id, 0).kind is ReportKind.PARKED
+    assert ops.get_run(run_id).parked_reason == "effect_stalled"
+
+
+# -- a person resolves an effect by hand (review F11) ----------------------------------------
+@pytest.fixture()
+def admin(ledger: Ledger) -> Ledger:
+    return ledger.acting_as("ada", Role.ADMIN)
+
+
+def parked_unknown(drv: Driver) -> UUID:
+    """A run whose irreversible call (no lookup, no provider dedupe) acted and lost its
+    answer: its next attempt parks it ``effect_outcome_unknown``."""
+    run_id = lost_first_answer(drv, "blind")
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "effect_outcome_unknown")
+    return run_id
+
+
+def test_resolve__a_person_who_found_the_object_finishes_the_run_with_it(
+        drv: Driver, ops: Ledger, admin: Ledger) -> None:
+    """Invariant (design 1 and 13.2: an external write happens once *or a person decides*;
+    review F11): a person who checked the provider and found the object records it
+    (admin, with a reason, audited); ``continue`` then finishes the run with that object,
+    and nothing is sent again. One object."""
+    run_id = parked_unknown(drv)
+    effect = one_effect(ops, run_id)
+    plan = operations.resolve_plan(effect, operations.Finding.COMPLETED, "obj_1",
+                                   {"id": "obj_1", "n": 1})
+    with pytest.raises(PermissionDenied):  # an operator may not: admin only
+        ops.resolve_effect(effect.effect_type, effect.effect_id, "found it", plan,
+                           finding=operations.Finding.COMPLETED, provider_ref="obj_1")
+    done = admin.resolve_effect(effect.effect_type, effect.effect_id,
+                                "found obj_1 in the provider's dashboard", plan,
+                                finding=operations.Finding.COMPLETED, provider_ref="obj_1",
+                                result={"id": "obj_1", "n": 1})
+    assert (done.status, done.provider_ref, done.reconciled) == (
+        EffectStatus.COMPLETED, "obj_1", True)
+    kinds = [(a.kind, a.outcome) for a in ops.effect_attempts(done)]
+    assert kinds == [("call", "unknown"), ("resolve", "found")]
+    assert ops.effect_attempts(done)[-1].worker == "operator:ada"
+    ops.continue_run(run_id, "the payment exists: obj_1")
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    assert run.result == {"sent": "obj_1"}
+    assert OUTSIDE.count() == 1
+    done_row, refused_row = ops.audit(run_id=run_id, action="resolve_effect")  # newest first
+    assert (refused_row.actor, refused_row.outcome) == ("olga", "refused")
+    entry = done_row
+    assert (entry.actor, entry.outcome, entry.reason) == (
+        "ada", "done", "found obj_1 in the provider's dashboard")
+    assert entry.details is not None and entry.details["finding"] == "completed"
+
+
+def test_resolve__not_sent_lets_the_run_send_it_once_with_the_same_key(
+        drv: Driver, ops: Ledger, admin: Ledger) -> None:
+    """Invariant: a person who found nothing at the provider records ``not_sent``: the
+    effect is closed ``unsent`` and the continued run sends it once, with the same key."""
+    run_id = parked_unknown(drv)
+    OUTSIDE.objects.clear()  # the provider never kept it (the person checked: nothing)
+    effect = one_effect(ops, run_id)
+    plan = operations.resolve_plan(effect, operations.Finding.NOT_SENT, None, None)
+    done = admin.resolve_effect(effect.effect_type, effect.effect_id, "nothing there", plan,
+                                finding=operations.Finding.NOT_SENT)
+    assert done.status is EffectStatus.UNSENT
+    ops.continue_run(run_id, "the provider holds nothing: send it")
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    assert OUTSIDE.count() == 1 and OUTSIDE.count(effect.effect_id) == 1
+    assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
+
+
+def test_resolve__refused_unless_the_outcome_is_unknown_and_the_plan_still_holds(
+        drv: Driver, ops: Ledger, admin: Ledger) -> None:
+    """Invariant: only an effect whose outcome onward cannot know is resolved by a person,
+    as it stood in the plan that was confirmed; each refusal is audited and changes
+    nothing."""
+    run_id = parked_unknown(drv)
+    effect = one_effect(ops, run_id)
+    stale = {**operations.resolve_plan(effect, operations.Finding.NOT_SENT, None, None),
+             "attempts": effect.attempts - 1}
+    with pytest.raises(OperationRefused, match="changed since the plan"):
+        admin.resolve_effect(effect.effect_type, effect.effect_id, "x", stale,
+                             finding=operations.Finding.NOT_SENT)
+    plan = operations.resolve_plan(effect, operations.Finding.COMPLETED, None, None)
+    with pytest.raises(InvalidInput, match="provider-ref"):
+        admin.resolve_effect(effect.effect_type, effect.effect_id, "x", plan,
+                             finding=operations.Finding.COMPLETED)
+    admin.resolve_effect(effect.effect_type, effect.effect_id, "found", plan,
+                         finding=operations.Finding.COMPLETED, provider_ref="obj_1")
+    again = operations.resolve_plan(one_effect(ops, run_id), operations.Finding.NOT_SENT,
+                                    None, None)
+    with pytest.raises(OperationRefused, match="its outcome is known"):
+        admin.resolve_effect(effect.effect_type, effect.effect_id, "x", again,
+                             finding=operations.Finding.NOT_SENT)
+    refused = [a for a in ops.audit(run_id=run_id, action="resolve_effect")
+               if a.outcome == "refused"]
+    assert len(refused) == 3
+    assert one_effect(ops, run_id).provider_ref == "obj_1"
+
+
+def test_resolve__an_accepted_job_can_be_recorded_completed_not_unsent(
+        drv: Driver, ops: Ledger, admin: Ledger, later: Ledger,
+        offset: list[timedelta]) -> None:
+    """Invariant: an effect the provider accepted reached it: a person may record what the
+    job came to (completed), never that it was not sent."""
+    run_id = stalled_job(drv, ops, offset)
+    effect = one_effect(ops, run_id)
+    not_sent = operations.resolve_plan(effect, operations.Finding.NOT_SENT, None, None)
+    with pytest.raises(OperationRefused, match="accepted by the provider"):
+        admin.resolve_effect(effect.effect_type, effect.effect_id, "x", not_sent,
+                             finding=operations.Finding.NOT_SENT)
+    plan = operations.resolve_plan(effect, operations.Finding.COMPLETED, effect.provider_ref,
+                                   {"id": effect.provider_ref, "report": "ready"})
+    admin.resolve_effect(effect.effect_type, effect.effect_id, "the job's page says done",
+                         plan, finding=operations.Finding.COMPLETED,
+                         provider_ref=effect.provider_ref,
+                         result={"id": effect.provider_ref, "report": "ready"})
+    later.continue_run(run_id, "the job is done")
+    polls = OUTSIDE.status_polls
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    assert OUTSIDE.status_polls == polls  # the recorded result is used: nothing asked
