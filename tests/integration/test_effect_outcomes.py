@@ -501,6 +501,7 @@ def test_resolve__a_person_who_found_the_object_finishes_the_run_with_it(
     assert run.status is RunStatus.COMPLETED, run.last_error
     assert run.result == {"sent": "obj_1"}
     assert OUTSIDE.count() == 1
+    assert ops.verify_run(run_id) == []  # the finding is signed like every effect record
     done_row, refused_row = ops.audit(run_id=run_id, action="resolve_effect")  # newest first
     assert (refused_row.actor, refused_row.outcome) == ("olga", "refused")
     entry = done_row
@@ -525,6 +526,7 @@ def test_resolve__not_sent_lets_the_run_send_it_once_with_the_same_key(
     assert run.status is RunStatus.COMPLETED, run.last_error
     assert OUTSIDE.count() == 1 and OUTSIDE.count(effect.effect_id) == 1
     assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
+    assert ops.verify_run(run_id) == []
 
 
 def test_resolve__refused_unless_the_outcome_is_unknown_and_the_plan_still_holds(
