@@ -34,6 +34,12 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 SCHEMA = "onward"
 VERSION_TABLE = "onward_alembic_version"
 
+NULLABLE_JSON = JSONB(none_as_null=True)
+"""A JSON column that may be absent: Python None is stored as SQL NULL, never as JSON
+``null`` (which SQL reads as a value: ``cancel_requested IS NOT NULL`` is a cancel request).
+Every write through SQLAlchemy (an import, a fork, continue) then keeps NULL as NULL, as
+the hot path's psycopg statements do."""
+
 metadata = MetaData(
     schema=SCHEMA,
     naming_convention={
@@ -173,9 +179,9 @@ runs = Table(
     Column("stale_deliveries", Integer, nullable=False, server_default=text("0")),
     # hand-backs by workers lacking the run's version since its last commit or continue
     Column("handbacks", Integer, nullable=False, server_default=text("0")),
-    Column("last_error", JSONB, nullable=True),
+    Column("last_error", NULLABLE_JSON, nullable=True),
     Column("parked_reason", Text, nullable=True),
-    Column("result", JSONB, nullable=True),
+    Column("result", NULLABLE_JSON, nullable=True),
     Column("result_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py result
     Column("waiting_on", Text, nullable=True),  # e.g. "effect:<effect_id>" while paused
     Column("wait_until", TS, nullable=True),  # a signal wait's timeout
@@ -191,9 +197,9 @@ runs = Table(
     Column("launch_reason", Text, nullable=True),
     Column("mode", Text, nullable=True),  # LaunchMode for replays and branches
     Column("allow_irreversible", Boolean, nullable=False, server_default=text("false")),
-    Column("branch_patch", JSONB, nullable=True),  # RFC 6902 patch a branch started from
+    Column("branch_patch", NULLABLE_JSON, nullable=True),  # RFC 6902 patch a branch began with
     # who asked to cancel a run a worker held, and why: the worker ends it (docs/operating.md)
-    Column("cancel_requested", JSONB, nullable=True),
+    Column("cancel_requested", NULLABLE_JSON, nullable=True),
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),
@@ -233,9 +239,9 @@ checkpoints = Table(
     Column("state", JSONB, nullable=False),
     Column("workflow_version", Integer, nullable=True),
     Column("lease_epoch", BigInteger, nullable=False),
-    Column("control", JSONB, nullable=True),  # a wait's continuations (covered by the MAC)
+    Column("control", NULLABLE_JSON, nullable=True),  # a wait's continuations (MAC'd)
     Column("state_schema_version", Integer, nullable=True),
-    Column("refs", JSONB, nullable=True),  # evidence, effects and budgets of the step (MAC'd)
+    Column("refs", NULLABLE_JSON, nullable=True),  # evidence, effects, budgets of the step (MAC'd)
     Column("workflow", Text, nullable=True),  # the run's workflow (MAC'd from envelope 2 on)
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     PrimaryKeyConstraint("run_id", "seq"),
@@ -292,11 +298,11 @@ effects = Table(
     Column("tool_class", Text, nullable=False),
     Column("request_hash", Text, nullable=False),
     Column("recipient", Text, nullable=True),
-    Column("payload", JSONB, nullable=True),  # NULL when the tool's policy keeps payloads out
+    Column("payload", NULLABLE_JSON, nullable=True),  # NULL: the tool's policy keeps it out
     Column("status", Text, nullable=False),
     Column("provider_ref", Text, nullable=True),
-    Column("result", JSONB, nullable=True),
-    Column("error", JSONB, nullable=True),
+    Column("result", NULLABLE_JSON, nullable=True),
+    Column("error", NULLABLE_JSON, nullable=True),
     Column("reconciled", Boolean, nullable=False, server_default=text("false")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("polls", Integer, nullable=False, server_default=text("0")),
@@ -329,7 +335,7 @@ effect_attempts = Table(
     Column("ended_at", TS, nullable=True),
     Column("outcome", Text, nullable=True),  # completed, accepted, failed, found, missing, unknown
     Column("provider_ref", Text, nullable=True),
-    Column("error", JSONB, nullable=True),
+    Column("error", NULLABLE_JSON, nullable=True),
     Column("mac", Text, nullable=True),  # set when it ends: ledger/signed.py effect_attempt
     PrimaryKeyConstraint("effect_type", "effect_id", "attempt"),
     ForeignKeyConstraint(
@@ -360,7 +366,7 @@ evidence = Table(
     Column("source", Text, nullable=False),  # model name or tool name
     Column("source_version", Text, nullable=True),
     Column("request_hash", Text, nullable=False),
-    Column("response", JSONB, nullable=True),  # inline when small
+    Column("response", NULLABLE_JSON, nullable=True),  # inline when small
     Column("artifact_sha256", Text, ForeignKey("artifacts.sha256"), nullable=True),
     Column("input_tokens", Integer, nullable=False, server_default=text("0")),
     Column("output_tokens", Integer, nullable=False, server_default=text("0")),
@@ -431,7 +437,7 @@ audit = Table(
     Column("approval_id", UUID(as_uuid=True), nullable=True),
     Column("before_seq", Integer, nullable=True),
     Column("after_seq", Integer, nullable=True),
-    Column("details", JSONB, nullable=True),
+    Column("details", NULLABLE_JSON, nullable=True),
     Column("token_id", UUID(as_uuid=True), nullable=True),  # the token the actor presented
     Column("mac", Text, nullable=True),  # key_id:MAC of the content, by its writer
     Column("chain_seq", BigInteger, nullable=True),  # place in the tenant's sealed chain
@@ -461,7 +467,7 @@ worker_queues = Table(
     Column("version", Integer, nullable=False),
     Column("seen_at", TS, nullable=False, server_default=func.onward.now()),
     Column("start_step", Text, nullable=True),  # names a run's first message (Flower)
-    Column("state_schema", JSONB),  # JSON Schema of that version's state model
+    Column("state_schema", NULLABLE_JSON, nullable=True),  # JSON Schema of its state model
 )
 
 workers = Table(
@@ -534,7 +540,7 @@ corpus_runs = Table(
     Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id"), nullable=False),
     Column("pinned_by", Text, nullable=False),
     Column("pinned_at", TS, nullable=False, server_default=func.onward.now()),
-    Column("selection", JSONB, nullable=True),  # the filter that pinned it (corpus add)
+    Column("selection", NULLABLE_JSON, nullable=True),  # the filter that pinned it (corpus add)
     PrimaryKeyConstraint("tenant_id", "corpus", "run_id"),
     ForeignKeyConstraint(["tenant_id", "corpus"], ["corpora.tenant_id", "corpora.name"],
                          ondelete="CASCADE"),
