@@ -22,12 +22,6 @@ CHECK_EVERYTHING = os.environ.get("ONWARD_MODEL_KNOWN", "") == "check"
 # whose answers reached the worker (all answers heard are debited, NUL ones included).
 LOST_MODEL_ANSWERS_UNCOUNTED = not CHECK_EVERYTHING
 
-# F8 (issue 10 items 1 and 9): a person's repeat that the provider refused hides an earlier
-# call of unknown outcome (ledger/effects.py LAST_OUTCOME reads the latest attempt of any
-# kind): the next attempt resends under the original key without a lookup, and a provider
-# that does not dedupe creates a second object. Off: a person's repeat is always answered.
-NO_REFUSED_REPEATS = not CHECK_EVERYTHING
-
 # F9 (issue 10 items 7 and 12): a model answer the ledger cannot keep (a NUL) is debited and
 # then the run is failed, in two statements; a crash between them makes the next attempt
 # ask (and pay) again. Off: a delivery whose model answers with a NUL does not crash.

@@ -414,8 +414,6 @@ class ProtocolMachine(RuleBasedStateMachine):
         effect = effects[pick % len(effects)]
         plan = plan_repeat(self.ledger, effect)
         real_before = len(self.world.provider.objects)
-        if known.NO_REFUSED_REPEATS:
-            self.world.provider.script.clear()
         with self.world.provider.as_person():
             try:
                 repeat_effect(self.ledger, plan, "model test: repeat")
