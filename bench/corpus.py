@@ -108,7 +108,8 @@ def figures(replay: CorpusReplay, expected: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--jobs", type=int, default=None, help="replay processes (CPUs)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="replay processes (default: two per CPU)")
     parser.add_argument("--record-jobs", type=int, default=2, help="recording processes")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()

@@ -62,7 +62,7 @@ def corpus_replay(
         "--code", help="Module(s) defining the candidate workflows (repeatable or "
         "comma-separated), importable from PYTHONPATH.")],
     jobs: Annotated[int | None, typer.Option(min=1, help="Replay processes (default: "
-                                             "one per CPU).")] = None,
+                                             "two per CPU).")] = None,
     versions: Annotated[str, typer.Option(
         help="recorded: each step runs with the version the recorded step ran with when the "
         "code has it (faithful for runs that migrated); latest: the code's latest version "

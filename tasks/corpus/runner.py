@@ -53,7 +53,7 @@ def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptio
     """Replay every run of a verified ``bundle`` against ``options.modules``; ``keep``
     selects the replays to copy out (``--open-branches``) before the scratch ledger goes."""
     started = time.perf_counter()
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(bundle.run_ids)))
+    jobs = max(1, min(jobs or default_jobs(), len(bundle.run_ids)))
     with scratch_database(settings, scratch_url) as url:
         scratch = ledger_for(settings, url)
         try:
@@ -65,6 +65,12 @@ def replay_bundle(settings: OnwardSettings, bundle: Bundle, options: ReplayOptio
             scratch.engine.dispose()
     return CorpusReplay(_source(bundle), options, outcomes, time.perf_counter() - started,
                         jobs, copies)
+
+
+def default_jobs() -> int:
+    """Two replay processes per CPU: a replay spends much of its time waiting for
+    PostgreSQL (two round trips per step), so one per CPU leaves them idle."""
+    return 2 * (os.cpu_count() or 1)
 
 
 def _source(bundle: Bundle) -> dict[str, Any]:
