@@ -109,11 +109,12 @@ def worker(
 ) -> None:
     """Run a Celery worker that executes steps (prefork, threads or gevent pool)."""
     from ledger import tracing
-    from ledger.db import create_engine, require_current_schema
+    from ledger.db import create_engine
     from tasks.routing import worker_queues
     from workers.app import create_app, start_advertising
     from workers.logs import configure_logging, json_logs
     from workers.pools import PoolKind, PoolOptions
+    from workers.revision import schema_changed_under, wait_for_ledger
 
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
     configure_logging(loglevel, capture_stdout=True)
@@ -129,7 +130,7 @@ def worker(
         settings = settings.model_copy(update={"workflows": workflows.split(",")})
     engine = create_engine(settings)
     try:
-        require_current_schema(engine)
+        wait_for_ledger(engine, "worker")
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
     engine.dispose()  # no pooled connection may be inherited by the forked pool children
@@ -154,6 +155,9 @@ def worker(
         ])
     finally:
         advertiser.retire()
+    changed = advertiser.schema_changed or schema_changed_under(settings)
+    if changed:  # an upgrade stopped it: exit 2, for the supervisor to restart it on new code
+        _fail(changed, EXIT_REFUSED)
 
 
 def _bad_pool(pool: str) -> NoReturn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -110,3 +111,56 @@ def require_current_schema(engine: Engine) -> None:
             f"the ledger database {state}, this code needs {HEAD_REVISION}: "
             "run `onward db upgrade` first"
         )
+
+
+_REVISION = f"SELECT version_num FROM {SCHEMA}.{VERSION_TABLE}"
+
+
+def stored_revision(url: str) -> str | None:
+    """The stored revision, read on a connection of its own that is closed at once (safe in
+    a process that forks pool children; one connection per check)."""
+    conn = connect_raw(url)
+    try:
+        with wrap_driver_errors("reading the schema revision"):
+            table = conn.execute("SELECT to_regclass(%s)",
+                                 (f"{SCHEMA}.{VERSION_TABLE}",)).fetchone()
+            if table is None or table[0] is None:
+                return None
+            row = conn.execute(_REVISION).fetchone()
+            return str(row[0]) if row is not None and row[0] is not None else None
+    finally:
+        conn.close()
+
+
+def revision_changed(found: str | None) -> SchemaMismatch:
+    """The error of a process that notices, while it runs, that the ledger is no longer at
+    the revision of its code (``onward db upgrade`` ran meanwhile)."""
+    state = "has no onward schema" if found is None else f"is at revision {found}"
+    return SchemaMismatch(
+        f"the ledger database now {state}, and this code needs {HEAD_REVISION} (`onward db "
+        "upgrade` ran while this process was running): it stops taking work; restart it "
+        "with the code for the database's revision")
+
+
+class RevisionWatch:
+    """Notices a schema upgrade while a long-running process (worker, dispatcher, reaper)
+    runs: ``check()`` reads the stored revision at most once every ``every_s`` seconds and
+    raises ``SchemaMismatch`` once it is not this code's. A database that cannot be reached
+    is left to the caller's own handling (the check is tried again at the next call)."""
+
+    def __init__(self, url: str, every_s: float) -> None:
+        self._url = url
+        self.every_s = every_s
+        self._next = time.monotonic() + every_s
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        try:
+            found = stored_revision(self._url)
+        except LedgerUnavailable:
+            return
+        if found != HEAD_REVISION:
+            raise revision_changed(found)

@@ -90,6 +90,11 @@ class OnwardSettings(BaseSettings):
         default=30.0, gt=0,
         description="A version queue counts as served this long after a worker advertised it.",
     )
+    schema_check_s: float = Field(
+        default=10.0, gt=0,
+        description="How often a worker, dispatcher or reaper checks the ledger's schema "
+                    "revision; one that changed (an upgrade) stops it.",
+    )
     handback_limit: int = Field(
         default=10, ge=1,
         description="A run bound to a workflow version no worker that claims it has is handed "

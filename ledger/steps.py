@@ -28,10 +28,11 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
+from ledger.db import HEAD_REVISION
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN, CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
-from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
+from ledger.schema import VERSION_TABLE, AttemptOutcome, OutcomeKind, RunStatus
 
 
 class StaleReason(StrEnum):
@@ -44,6 +45,7 @@ class StaleReason(StrEnum):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # the reaper will park it
     NOT_DUE = "not_due"  # a retry backoff, timer or hand-back delay runs until later
     RACED = "raced"  # the run was claimable again by the time the refusal was looked at
+    SCHEMA_CHANGED = "schema_changed"  # the ledger is at another revision than this code
     NOT_CLAIMED = "not_claimed"  # an uncounted claim (eager continuation) found it elsewhere
 
 
@@ -255,6 +257,8 @@ WITH claimed AS (
        AND NOT EXISTS (SELECT 1 FROM onward.outbox o
                         WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
                           AND o.due_at > onward.now())
+       -- no code runs a step on a ledger upgraded (or downgraded) under it
+       AND EXISTS (SELECT 1 FROM onward.VERSION_TABLE v WHERE v.version_num = %(revision)s)
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
@@ -280,7 +284,7 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
   LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
-"""
+""".replace("VERSION_TABLE", VERSION_TABLE)
 
 _COUNT_STALE = """
 UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
@@ -289,8 +293,9 @@ RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
           (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased,
           EXISTS (SELECT 1 FROM onward.outbox o
                    WHERE o.run_id = %(run_id)s AND o.seq = runs.seq
-                     AND o.due_at > onward.now()) AS not_due
-"""
+                     AND o.due_at > onward.now()) AS not_due,
+          (SELECT version_num FROM onward.VERSION_TABLE) AS revision
+""".replace("VERSION_TABLE", VERSION_TABLE)
 
 # A signal wait consumes a signal sent before the wait began in this same statement (so no
 # crash can fall between the two): the run then stays running, with its next outbox row.
@@ -628,9 +633,11 @@ class StepStore:
         A run bound to no version yet is bound, by the same statement, to ``bind``'s
         ``[version, state_schema_version]`` for its workflow (the claiming code's: see
         ``Registry.first_claim_versions``); a workflow ``bind`` lacks leaves it unbound.
+        No step is claimed while the ledger is at another schema revision than this code's
+        (an upgrade ran under a running worker): the delivery is stale ``schema_changed``.
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
-                                 "bind": Jsonb(dict(bind or {}))})
+                                 "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION})
         if row is not None:
             claim = Claim.from_row(row)
             ref = artifact_ref(claim.checkpoint.state) if claim.checkpoint else None
@@ -650,7 +657,9 @@ class StepStore:
         row = self._one(_COUNT_STALE, {"run_id": run_id})
         if row is None:
             return Stale(run_id, seq, StaleReason.UNKNOWN_RUN)
-        if row["seq"] != seq:
+        if row["revision"] != HEAD_REVISION:
+            reason = StaleReason.SCHEMA_CHANGED
+        elif row["seq"] != seq:
             reason = StaleReason.SEQ_MOVED
         elif row["status"] != RunStatus.RUNNING:
             reason = StaleReason.NOT_RUNNABLE

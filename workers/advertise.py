@@ -6,14 +6,15 @@ the JSON Schema of its state model, which ``start_run`` checks new runs' input a
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 from typing import Any
 
 import structlog
 
-from ledger.db import database_url
-from ledger.exceptions import LedgerUnavailable
+from ledger.db import RevisionWatch, database_url
+from ledger.exceptions import LedgerUnavailable, SchemaMismatch
 from ledger.fleet import FleetStore, WorkerAd
 from ledger.settings import OnwardSettings
 
@@ -42,6 +43,8 @@ class Advertiser(threading.Thread):
         self.schemas = schemas or {}  # (workflow, version) -> its state model's JSON Schema
         self.stopping = threading.Event()
         self.store = FleetStore(database_url(settings))
+        self.revision = RevisionWatch(database_url(settings), settings.schema_check_s)
+        self.schema_changed: str | None = None  # why the worker was told to stop
 
     def _ad(self) -> WorkerAd | None:
         if not self.node:
@@ -65,10 +68,24 @@ class Advertiser(threading.Thread):
                 log.warning("could not remove the worker's row", error=str(exc))
 
     def run(self) -> None:
-        interval = self.settings.worker_queue_ttl_s / 3
+        interval = min(self.settings.worker_queue_ttl_s / 3, self.settings.schema_check_s)
         while not self.stopping.is_set():
             try:
+                self.revision.check()
                 self.advertise()
             except LedgerUnavailable as exc:
                 log.warning("could not advertise version queues", error=str(exc))
+            except SchemaMismatch as exc:
+                self.stop_worker(str(exc))
+                return
             self.stopping.wait(interval)
+
+    def stop_worker(self, why: str) -> None:
+        """The ledger was upgraded under this worker: stop taking work (Celery's warm
+        shutdown: steps in flight finish, no new message is taken); the ``onward worker``
+        command then exits with status 2 and ``why``, for its supervisor to restart it on
+        the new code."""
+        if self.schema_changed is None:
+            self.schema_changed = why
+            log.error("stopping the worker: the ledger's schema changed", detail=why)
+            os.kill(os.getpid(), signal.SIGTERM)

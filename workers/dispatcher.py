@@ -13,13 +13,14 @@ from typing import Any
 import structlog
 from celery import Celery
 
-from ledger.db import create_engine, database_url, require_current_schema
+from ledger.db import RevisionWatch, create_engine, database_url
 from ledger.exceptions import LedgerUnavailable
 from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.routing import route, workflow_queue
 from workers.events import display_kwargs, display_name, trace_headers
+from workers.revision import wait_for_ledger
 from workers.runtime import STEP_TASK
 
 log = structlog.get_logger("onward.dispatcher")
@@ -38,6 +39,7 @@ class Dispatcher:
             republish_max_s=settings.outbox_republish_max_s,
         )
         self.stopping = threading.Event()
+        self.revision = RevisionWatch(database_url(settings), settings.schema_check_s)
         self.published = 0
         self._producer: Any = None
         self._live: set[str] = set()
@@ -89,7 +91,15 @@ class Dispatcher:
 
     def run(self) -> None:
         log.info("dispatcher started", queue=self.settings.queue)
+        try:
+            self._loop()
+        finally:
+            self.store.close()
+        log.info("dispatcher stopped", published=self.published)
+
+    def _loop(self) -> None:
         while not self.stopping.is_set():
+            self.revision.check()  # an upgrade ran: SchemaMismatch stops the dispatcher
             try:
                 if self.sweep_once() >= 500:
                     continue  # a full batch: more may be due right now
@@ -105,8 +115,6 @@ class Dispatcher:
                 log.error("dispatch failed; retrying", error=repr(exc))
                 self._producer = None
                 self.stopping.wait(1.0)
-        self.store.close()
-        log.info("dispatcher stopped", published=self.published)
 
 
 def install_stop_signals(stopping: threading.Event) -> None:
@@ -120,7 +128,7 @@ def install_stop_signals(stopping: threading.Event) -> None:
 def run_dispatcher(settings: OnwardSettings) -> None:
     from workers.app import create_app
 
-    require_current_schema(create_engine(settings))
+    wait_for_ledger(create_engine(settings), "dispatcher")
     app = create_app(settings, registry=_no_workflows())
     dispatcher = Dispatcher(app, settings)
     install_stop_signals(dispatcher.stopping)

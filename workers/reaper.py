@@ -10,11 +10,12 @@ import structlog
 from ledger.anchor_store import open_store
 from ledger.anchoring import Anchorer, RollbackFound
 from ledger.checkpoints import CheckpointKeys
-from ledger.db import create_engine, require_current_schema
+from ledger.db import RevisionWatch, create_engine, database_url
 from ledger.exceptions import LedgerUnavailable, OnwardError
 from ledger.recovery import RecoveryStore, SweepReport
 from ledger.settings import OnwardSettings
 from workers.dispatcher import install_stop_signals
+from workers.revision import wait_for_ledger
 
 log = structlog.get_logger("onward.reaper")
 
@@ -29,6 +30,7 @@ class Reaper:
                                   settings.anchor_interval_s)
                          if settings.anchor_location else None)
         self.stopping = threading.Event()
+        self.revision = RevisionWatch(database_url(settings), settings.schema_check_s)
 
     def sweep_once(self) -> SweepReport:
         sealed = self.store.seal_audit()
@@ -73,6 +75,7 @@ class Reaper:
         log.info("reaper started", interval_s=self.settings.reaper_interval_s,
                  lease_ttl_s=self.settings.lease_ttl_s)
         while not self.stopping.is_set():
+            self.revision.check()  # an upgrade ran: SchemaMismatch stops the reaper
             try:
                 self.sweep_once()
             except LedgerUnavailable as exc:
@@ -82,7 +85,7 @@ class Reaper:
 
 
 def run_reaper(settings: OnwardSettings) -> None:
-    require_current_schema(create_engine(settings))
+    wait_for_ledger(create_engine(settings), "reaper")
     reaper = Reaper(settings)
     install_stop_signals(reaper.stopping)
     reaper.run()

@@ -18,6 +18,7 @@ crash between commit and publish leaves: the dispatcher sends the row after its 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -25,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+import structlog
 from celery import Celery
 
 from ledger import tracing
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url
 from ledger.settings import OnwardSettings
-from ledger.steps import StepStore
+from ledger.steps import StaleReason, StepStore
 from tasks import faults
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
 from tasks.llm import set_token_sink
@@ -50,6 +52,8 @@ from workers.streams import RedisTokenSink
 
 STEP_TASK = "onward.step"
 
+log = structlog.get_logger("onward.worker")
+
 
 @dataclass
 class WorkerRuntime:
@@ -59,11 +63,13 @@ class WorkerRuntime:
     settings: OnwardSettings
     registry: Registry
     concurrency: int = 1  # steps this process runs at once (threads/gevent: -c N)
+    main_pid: int = field(default_factory=os.getpid)  # the worker's main process (built there)
     _pid: int = field(default=0, init=False)
     _store: StepStore | None = field(default=None, init=False)
     _config: ExecutorConfig | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _events: EagerEvents | None = field(default=None, init=False)
+    _stopping_main: bool = field(default=False, init=False)
     meter: StepMeter | None = field(default=None, init=False)
 
     @property
@@ -209,8 +215,22 @@ class WorkerRuntime:
                 # the step did get its lease, the message is a counted no-op.
                 self.publish(message.run_id, message.seq, queue, name, traceparent)
             raise
+        if report.kind is ReportKind.STALE and report.detail == StaleReason.SCHEMA_CHANGED:
+            self._schema_changed()
         if self.meter is not None and (delivered is None or report.kind is not ReportKind.STALE):
             self.meter.observe(report, time.perf_counter() - started)
         if eager is not None:
             self._events.finished(hostname, *eager, report)
         return report, (follow[0] if follow else None)
+
+    def _schema_changed(self) -> None:
+        """A claim was refused because the ledger is at another schema revision than this
+        code's (``onward db upgrade`` ran under the worker): tell the worker's main process
+        to stop taking work (SIGTERM: Celery's warm shutdown, steps in flight finish);
+        ``onward worker`` then exits with status 2 for its supervisor to restart it."""
+        if self._stopping_main:
+            return
+        self._stopping_main = True
+        log.error("stopping the worker: the ledger's schema revision is not this code's "
+                  "(an upgrade ran); no step is claimed", main_pid=self.main_pid)
+        os.kill(self.main_pid, signal.SIGTERM)
