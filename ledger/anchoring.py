@@ -42,11 +42,14 @@ BATCH = 5000
 
 _NOW = sa.text("SELECT onward.now()")
 _HEADS = sa.text("SELECT id, tenant_id, seq, head_hash, head_mac FROM onward.runs ORDER BY id")
+# Two index lookups per anchored run (scalar subqueries): as joins, the planner hashes the
+# whole of runs and checkpoints for every batch, which grows with the ledger, not the batch.
 _AT_ANCHORED_SEQ = sa.text("""
-SELECT a.run_id, r.seq, c.hash
+SELECT a.run_id,
+       (SELECT r.seq FROM onward.runs r WHERE r.id = a.run_id) AS seq,
+       (SELECT c.hash FROM onward.checkpoints c
+         WHERE c.run_id = a.run_id AND c.seq = a.seq) AS hash
   FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS integer[])) AS a(run_id, seq)
-  LEFT JOIN onward.runs r ON r.id = a.run_id
-  LEFT JOIN onward.checkpoints c ON c.run_id = a.run_id AND c.seq = a.seq
 """)
 
 

@@ -139,3 +139,29 @@ def test_bench_corpus__replays_identical_then_divergent_where_expected(
     assert (changed["identical"], changed["divergent"], changed["expected_divergent"]) == \
         (0, 12, 12)
     assert changed["by_kind"] == {k: v for k, v in changed["expected_by_kind"].items() if v}
+
+
+def test_bench_dbcost__counts_each_step_statement_and_row(server_urls: dict[str, str]) -> None:
+    """bench/dbcost.py, tiny, on its own private PostgreSQL: a plain step is two statements
+    (claim, commit) and two transactions, an external write five; each step inserts one
+    checkpoint; WAL and CPU are measured; every statement run was EXPLAINed."""
+    out = _bench("dbcost.py", ["--steps", "40", "--runs", "4", "--shapes", "plain,effect",
+                               "--filler-runs", "200", "--explain-others"], server_urls)
+    plain, effect = out["shapes"]["plain"], out["shapes"]["effect"]
+    assert out["private_server"] is True
+    assert set(plain["statements"]) == {"steps.claim", "steps.commit"}
+    assert plain["statements_per_step"] == 2.0 and effect["statements_per_step"] == 5.0
+    assert plain["transactions_per_step"] == pytest.approx(2.0, abs=0.5)
+    assert plain["rows_per_step"]["checkpoints"]["inserted"] == 1.0
+    assert effect["rows_per_step"]["effects"]["inserted"] == 1.0
+    for shape in (plain, effect):
+        assert shape["wal_bytes_per_step"] > 0 and shape["pg_cpu_ms_per_step"] > 0
+        assert all(s["access"] for s in shape["statements"].values())
+    assert "steps.fail" in plain["other_statements"]
+
+
+def test_bench_anchor__anchors_and_compares_clean(server_urls: dict[str, str]) -> None:
+    """bench/anchor.py with 300 runs: the anchor holds them all and the ledger compares
+    clean with it."""
+    out = _bench("anchor.py", ["--runs", "300"], server_urls)
+    assert out["runs"] == 300 and out["problems"] == 0 and out["bytes_per_run"] > 0
