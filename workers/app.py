@@ -10,6 +10,7 @@ from celery.app.amqp import AMQP
 from pydantic import ValidationError
 
 from ledger import tracing
+from ledger.exceptions import LedgerUnavailable
 from ledger.settings import OnwardSettings
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
@@ -150,6 +151,9 @@ def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str
     schemas = {(w.name, w.version): w.state.model_json_schema() for w in registry.all()}
     advertiser = Advertiser(settings, advertised, node=node, pool=pool,
                             concurrency=concurrency, all_queues=queues, schemas=schemas)
-    advertiser.advertise()  # before the first message can be routed
+    try:
+        advertiser.advertise()  # before the first message can be routed
+    except LedgerUnavailable as exc:  # the database went away since the check: the loop retries
+        log.warning("could not advertise version queues", error=str(exc))
     advertiser.start()
     return advertiser
