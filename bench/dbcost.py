@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,7 +131,8 @@ def private_server() -> Iterator[tuple[str, int, Path]]:
         uri = server.get_uri("postgres").replace("postgresql://", "postgresql+psycopg://", 1)
         yield uri, int(server.get_pid()), where / "pg"
     finally:
-        server.cleanup()
+        server.cleanup()  # stops it and deletes its data directory
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def pg_cpu_s(postmaster: int | None) -> float | None:
