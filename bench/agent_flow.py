@@ -32,7 +32,7 @@ def model_client() -> OpenAIChat:
     """One client per process (threads and greenlets share it; it is thread-safe). The
     SDK's own retries are off: a 429 fails the step, which onward retries with backoff."""
     return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
-                      max_retries=0, timeout=120.0)
+                      max_retries=0, timeout_s=120.0)
 
 
 def messages_for(topic: str, n: int) -> list[dict[str, Any]]:
@@ -46,6 +46,8 @@ def writes_at(n: int) -> bool:
 
 
 class _Model:
+    timeout_s = 120.0  # the SDK's time limit (model_client), which the step's lease covers
+
     def complete(self, **call: Any) -> LLMResponse:
         return model_client().complete(**call)
 

@@ -12,7 +12,10 @@ from tasks.llm import LLMResponse
 
 class FakeModel:
     """Classifies by keyword and writes short deterministic text. If ``ONWARD_FAKE_LLM_LOG``
-    names a file, each real call appends one line to it (tests count paid calls that way)."""
+    names a file, each real call appends one line to it (tests count paid calls that way).
+    It answers at once: its time limit, which onward covers with the lease, is 1 s."""
+
+    timeout_s = 1.0
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:

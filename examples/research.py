@@ -37,11 +37,13 @@ class ResearchState(BaseModel):
 class _Model:
     """The ``openai`` adapter, built on first use from the environment."""
 
+    timeout_s = 60.0  # the SDK's time limit below, which the step's lease covers
+
     @cache  # noqa: B019 - one client per process, for the process's life
     def _client(self) -> OpenAIChat:
         return OpenAIChat(base_url=os.environ.get("ONWARD_MODEL_URL", "http://127.0.0.1:8780/v1"),
                           api_key=os.environ.get("ONWARD_MODEL_API_KEY", "onward-local"),
-                          timeout=60.0, max_retries=2)
+                          timeout_s=self.timeout_s, max_retries=2)
 
     def complete(self, **call: Any) -> LLMResponse:
         return self._client().complete(**call)

@@ -72,12 +72,27 @@ SELECT e.*, a.body AS artifact_body FROM onward.evidence e
  WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
 """
 
-# The same, read with the run's cancel request (a step stops calling once one was made).
-_FIND_LIVE = """
-SELECT r.cancel_requested IS NOT NULL AS cancelling, e.*, a.body AS artifact_body
-  FROM onward.runs r
-  LEFT JOIN onward.evidence e ON e.run_id = r.id AND e.command_id = %(command_id)s
-  LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
+# The same before a call: with no recorded answer, the call is about to be made, so the same
+# statement extends the caller's live lease over the call's time limit (and a margin), like
+# an effect's attempt (ledger/effects.py): a model call or read never outlives its lease.
+# Fenced on that lease (``covered_until`` NULL: lost, or a cancel was requested).
+_FIND_OR_COVER = """
+WITH found AS (
+    SELECT e.*, a.body AS artifact_body FROM onward.evidence e
+      LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
+     WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
+), cover AS (
+    UPDATE onward.runs
+       SET lease_expires_at = greatest(lease_expires_at,
+                                       onward.now() + %(cover_s)s * interval '1 second')
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND lease_expires_at > onward.now() AND cancel_requested IS NULL
+       AND NOT EXISTS (SELECT 1 FROM found)
+    RETURNING lease_expires_at
+)
+SELECT r.cancel_requested IS NOT NULL AS cancelling,
+       (SELECT lease_expires_at FROM cover) AS covered_until, f.*
+  FROM onward.runs r LEFT JOIN found f ON true
  WHERE r.id = %(run_id)s
 """
 
@@ -124,6 +139,16 @@ SELECT (SELECT count(*) FROM fence) AS held, d.response, d.cost_usd, d.created_a
 """
 
 
+# Spend on an answer that arrived after the caller's lease was lost: the model was paid, so
+# the run's budgets count it, though the answer is never used (the current holder asks,
+# or asked, itself). Not fenced: the money was spent whoever holds the step now.
+_DEBIT_LATE = """
+UPDATE onward.runs
+   SET used_tokens = used_tokens + %(tokens)s, used_cost_usd = used_cost_usd + %(cost_usd)s::numeric
+ WHERE id = %(run_id)s
+RETURNING id
+"""
+
 # Spend on an answer that could not be recorded (refused as bad input): still spent.
 _DEBIT = """
 UPDATE onward.runs
@@ -163,20 +188,31 @@ class EvidenceStore:
         self.keys = keys
         self.max_json_depth = max_json_depth
 
-    def find(self, run_id: UUID, command_id: str, *,
-             unless_cancelled: bool = False) -> Evidence | None:
+    def find(self, run_id: UUID, command_id: str) -> Evidence | None:
         """The recorded answer to ``command_id``, or None; raises IntegrityViolation when it
-        does not verify (never answers with an edited record). With ``unless_cancelled``,
-        raise CancelRequested instead of returning None once the run's cancel was requested."""
-        sql = _FIND_LIVE if unless_cancelled else _FIND
-        row = self.conn.one(sql, {"run_id": run_id, "command_id": command_id})
-        if row is not None and row["command_id"] is None:
-            if row["cancelling"]:
-                raise CancelRequested(f"run {run_id} is being cancelled: {command_id} is "
-                                      "not called")
-            row = None
-        if row is None:
+        does not verify (never answers with an edited record)."""
+        row = self.conn.one(_FIND, {"run_id": run_id, "command_id": command_id})
+        return self._evidence(row) if row is not None else None
+
+    def find_or_cover(self, run_id: UUID, command_id: str, *, epoch: int,
+                      cover_s: float) -> Evidence | None:
+        """The recorded answer to ``command_id``; or None, once the live lease of ``epoch``
+        was extended to cover ``cover_s`` (the call's time limit and a margin) in the same
+        statement, so the caller may make the call. Raises CancelRequested once the run's
+        cancel was requested, EvidenceFenced when the lease is no longer live (the call is
+        not started), IntegrityViolation for a record that does not verify."""
+        row = self.conn.one(_FIND_OR_COVER, {"run_id": run_id, "command_id": command_id,
+                                             "epoch": epoch, "cover_s": cover_s})
+        if row is not None and row["command_id"] is not None:
+            return self._evidence(row)
+        if row is not None and row["covered_until"] is not None:
             return None
+        if row is not None and row["cancelling"]:
+            raise CancelRequested(f"run {run_id} is being cancelled: {command_id} is not called")
+        raise EvidenceFenced(f"run {run_id}: the lease of epoch {epoch} is no longer live; "
+                             f"{command_id} is not called")
+
+    def _evidence(self, row: dict[str, Any]) -> Evidence:
         response = checked_response(self.keys, row)
         return Evidence(
             run_id=row["run_id"], command_id=row["command_id"], kind=row["kind"],
@@ -244,6 +280,13 @@ class EvidenceStore:
         if len(body) > self.max_artifact_bytes or sha256_hex(body) != record.request_hash:
             return None
         return body
+
+    def debit_late(self, record: EvidenceRecord) -> None:
+        """Debit the spend of an answer that arrived after the lease of its call was lost
+        (``record`` raised EvidenceFenced): paid for, never used, counted all the same."""
+        self.conn.one(_DEBIT_LATE, {
+            "run_id": record.run_id, "tokens": record.input_tokens + record.output_tokens,
+            "cost_usd": signed.money(record.cost_usd)})
 
     def debit(self, record: EvidenceRecord) -> bool:
         """Debit the spend of an answer that was paid for but refused (``record`` raised

@@ -50,7 +50,13 @@ class OnwardSettings(BaseSettings):
     )
     tool_lease_margin_s: float = Field(
         default=5.0, ge=0,
-        description="Lease kept beyond a provider call's time limit, to record its answer.",
+        description="Lease kept beyond a provider call's (or model call's) time limit, to "
+        "record its answer.",
+    )
+    model_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="Time limit of one model call (ctx.llm) whose client declares none "
+        "(``timeout_s``); the lease is extended to cover it before the call starts.",
     )
     step_max_attempts: int = Field(
         default=3, ge=1, description="Default attempts per step (crashes and exceptions)."

@@ -94,6 +94,7 @@ class ExecutorConfig:
     max_approval_artifact_bytes: int = 1_000_000
     tool_timeout_s: float = 30.0  # a provider call's time limit when its tool sets none
     tool_lease_margin_s: float = 5.0  # lease kept beyond that limit to record the answer
+    model_timeout_s: float = 120.0  # a model call's time limit when its client sets none
 
 
 def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -185,6 +186,7 @@ def _run_claimed(
         max_effect_payload_bytes=config.max_effect_payload_bytes,
         max_json_depth=config.max_json_depth,
         tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
+        model_timeout_s=config.model_timeout_s,
     )
     ending = _Ending(store, _resolver(config, registry, claim, worker, effects, services),
                      claim, step.name, bound)

@@ -58,7 +58,12 @@ class LLMClient(Protocol):
     """Anything that can complete a chat: a vendor SDK wrapper, or a deterministic fake.
 
     A client may also offer ``stream(*, model, messages, on_text, **params) -> LLMResponse``,
-    calling ``on_text(piece)`` as text arrives; ``ctx.llm(..., stream=True)`` uses it."""
+    calling ``on_text(piece)`` as text arrives; ``ctx.llm(..., stream=True)`` uses it.
+
+    A client may declare ``timeout_s`` (seconds): one call's time limit, which the client
+    keeps to (its SDK's timeout). Before each call onward extends the step's lease to cover
+    it (plus ``ONWARD_TOOL_LEASE_MARGIN_S``); without it, ``ONWARD_MODEL_TIMEOUT_S`` is
+    used (docs/effects.md, "Call timeouts and the lease")."""
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse: ...
@@ -90,6 +95,17 @@ class StreamTo:
                 with contextlib.suppress(Exception):  # best effort: never fails the step
                     sink.publish(self.run_id, self.seq, self.command_id, event)
         return publish
+
+
+def sdk_timeout(timeout_s: float | None, client_options: dict[str, Any]) -> float | None:
+    """The time limit an SDK adapter declares: ``timeout_s``, else the SDK client's
+    ``timeout`` option when it is a number of seconds; with ``timeout_s`` and no such
+    option, the option is set to it, so the SDK keeps to the limit onward covers."""
+    given = client_options.get("timeout")
+    if timeout_s is not None:
+        client_options.setdefault("timeout", timeout_s)
+        return timeout_s
+    return float(given) if isinstance(given, int | float) else None
 
 
 def call_model(client: LLMClient, *, model: str, messages: list[dict[str, Any]],

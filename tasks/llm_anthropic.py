@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.llm import LLMResponse
+from tasks.llm import LLMResponse, sdk_timeout
 from tasks.llm_openai import Prices, price_of
 
 
@@ -19,7 +19,11 @@ class AnthropicMessages:
     """An ``LLMClient`` over ``anthropic.Anthropic().messages``."""
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
-                 max_tokens: int = 1024, **client_options: Any) -> None:
+                 max_tokens: int = 1024, timeout_s: float | None = None,
+                 **client_options: Any) -> None:
+        """``timeout_s``: one call's time limit, covered by the step's lease (given to the SDK
+        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it)."""
+        self.timeout_s = sdk_timeout(timeout_s, client_options)
         if client is None:
             try:
                 import anthropic

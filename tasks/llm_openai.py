@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.llm import LLMResponse, parse_arguments
+from tasks.llm import LLMResponse, parse_arguments, sdk_timeout
 
 Prices = dict[str, tuple[float, float]]
 """USD per million input and output tokens, by the model name the response reports (or a
@@ -32,7 +32,10 @@ class OpenAIChat:
     """An ``LLMClient`` over ``openai.OpenAI().chat.completions``."""
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
-                 **client_options: Any) -> None:
+                 timeout_s: float | None = None, **client_options: Any) -> None:
+        """``timeout_s``: one call's time limit, covered by the step's lease (given to the SDK
+        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it)."""
+        self.timeout_s = sdk_timeout(timeout_s, client_options)
         if client is None:
             try:
                 import openai

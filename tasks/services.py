@@ -21,7 +21,7 @@ from uuid import UUID
 
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import CancelRequested, Effect, EffectConflict, EffectStore, Intent
-from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
+from ledger.evidence import Evidence, EvidenceFenced, EvidenceRecord, EvidenceStore
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
@@ -74,7 +74,7 @@ class StepServices:
                  spent: dict[str, Any] | None = None, launch: Launch | None = None,
                  clock: StepClock, max_effect_payload_bytes: int | None = None,
                  max_json_depth: int | None = None, tool_timeout_s: float = 30.0,
-                 lease_margin_s: float = 5.0) -> None:
+                 lease_margin_s: float = 5.0, model_timeout_s: float = 120.0) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -103,6 +103,8 @@ class StepServices:
         self.max_effect_payload_bytes = max_effect_payload_bytes
         self.max_json_depth = max_json_depth
         self.tool_timeout_s = tool_timeout_s
+        # a model call's time limit: the client's own (``timeout_s``), else the default
+        self.model_timeout_s = float(getattr(llm_client, "timeout_s", None) or model_timeout_s)
         self.lease_margin_s = lease_margin_s
         self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
         self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
@@ -347,7 +349,7 @@ class StepServices:
         if self.launch.evidence:
             return LLMResponse.from_record(
                 self._parent_record(EvidenceKind.LLM, command_id, request_hash, request))
-        recorded = self._recorded(command_id, request_hash)
+        recorded = self._recorded(command_id, request_hash, self.model_timeout_s)
         if recorded is not None:
             return LLMResponse.from_record(recorded)
         if self.llm_client is None:
@@ -417,7 +419,7 @@ class StepServices:
         if self.launch.evidence:
             return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash,
                                             params)["result"])
-        recorded = self._recorded(command_id, request_hash)
+        recorded = self._recorded(command_id, request_hash, self.timeout(tool))
         if recorded is not None:
             return dict(recorded["result"])
         answer = ToolResult.coerce(invoke(tool.call, params, command_id,
@@ -442,11 +444,16 @@ class StepServices:
             raise
 
     def _find(self, run_id: UUID, command_id: str, *,
-              unless_cancelled: bool = False) -> Evidence | None:
+              cover_s: float | None = None) -> Evidence | None:
         """A recorded answer that verifies; one that does not parks the run (integrity):
-        an edited record is never answered with, and nothing is asked again in its place."""
+        an edited record is never answered with, and nothing is asked again in its place.
+        With ``cover_s`` and no answer, the lease is extended over the call about to be
+        made, in the same statement (``EvidenceStore.find_or_cover``)."""
         try:
-            return self.evidence.find(run_id, command_id, unless_cancelled=unless_cancelled)
+            if cover_s is None:
+                return self.evidence.find(run_id, command_id)
+            return self.evidence.find_or_cover(run_id, command_id, epoch=self.epoch,
+                                               cover_s=cover_s)
         except IntegrityViolation as exc:
             self.control.park("integrity", exc)
             raise
@@ -459,6 +466,12 @@ class StepServices:
             return self.evidence.record(record)
         except IntegrityViolation as exc:  # another attempt's record came first: edited
             self.control.park("integrity", exc)
+            raise
+        except EvidenceFenced:
+            # the lease was lost while the call ran (it overran its time limit): the answer
+            # is never used, but what it cost was paid, so the budgets count it
+            if record.input_tokens or record.output_tokens or record.cost_usd:
+                self.evidence.debit_late(record)
             raise
         except InvalidInput as exc:
             self.evidence.debit(record)
@@ -476,10 +489,13 @@ class StepServices:
                 "is paid again", spent))
             raise Suspend() from exc
 
-    def _recorded(self, command_id: str, request_hash: str) -> dict[str, Any] | None:
-        """The recorded answer, if any; with none, CancelRequested once a cancel was asked:
-        a cancelled step calls no model and reads nothing more."""
-        found = self._find(self.run_id, command_id, unless_cancelled=True)
+    def _recorded(self, command_id: str, request_hash: str,
+                  timeout_s: float) -> dict[str, Any] | None:
+        """The recorded answer, if any. With none, the call that follows is covered: the
+        live lease is extended over its time limit ``timeout_s`` and the margin, in the same
+        statement; CancelRequested once a cancel was asked (a cancelled step calls no model
+        and reads nothing more), EvidenceFenced once the lease is lost (nothing called)."""
+        found = self._find(self.run_id, command_id, cover_s=timeout_s + self.lease_margin_s)
         if found is None:
             return None
         if found.request_hash != request_hash:

@@ -16,6 +16,8 @@ from tasks.tools import Tool
 class NulModel:
     """Answers with a NUL character in its text; counts the calls it was paid for."""
 
+    timeout_s = 1.0  # it answers at once
+
     def __init__(self) -> None:
         self.paid = 0
         self.fixed = False  # the provider fixed its encoding: plain text from now on

@@ -20,9 +20,12 @@ LOOKUP = {"type": "function", "function": {
 class OpenAIFromEnv:
     """The openai adapter, pointed at ONWARD_MODEL_URL when the call is made."""
 
+    timeout_s = 10.0  # the loopback model server answers within it
+
     def _client(self) -> OpenAIChat:
         return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="test",
-                          max_retries=0, prices={"gpt-test": (1.0, 2.0)})
+                          max_retries=0, prices={"gpt-test": (1.0, 2.0)},
+                          timeout_s=self.timeout_s)
 
     def complete(self, **call: Any) -> LLMResponse:
         return self._client().complete(**call)

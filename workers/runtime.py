@@ -102,6 +102,7 @@ class WorkerRuntime:
             max_approval_artifact_bytes=self.settings.max_approval_artifact_bytes,
             tool_timeout_s=self.settings.tool_timeout_s,
             tool_lease_margin_s=self.settings.tool_lease_margin_s,
+            model_timeout_s=self.settings.model_timeout_s,
         )
         self._events = EagerEvents(self.app, self.settings.eager_events)
         self.meter = StepMeter(database_url(self.settings))

@@ -5,6 +5,8 @@ with a real worker SIGKILLed mid-step, is in tests/acceptance/test_budgets.py.""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -15,9 +17,19 @@ import pytest
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
 from ledger.runs import Budgets, Run
+from ledger.steps import StepStore
+from tasks.executor import ExecutorConfig, StepMessage, execute_step
+from tasks.workflow import Registry
 from tests.support import reads
 from tests.support.driver import Driver, driver
-from tests.workflows_budgets import COST_PER_CALL, MODEL, TOKENS_PER_CALL
+from tests.workflows_budgets import (
+    COST_PER_CALL,
+    MODEL,
+    READS,
+    SLOW_IN_TIME,
+    SLOW_OVERRUN,
+    TOKENS_PER_CALL,
+)
 
 MODULES = ["tests.workflows_budgets"]
 
@@ -146,3 +158,76 @@ def test_budget__inherited_budgets_of_a_replay_of_a_replay_keep_the_grandparents
     assert started.used_tokens == 2 * TOKENS_PER_CALL
     assert started.used_cost_usd == Decimal(str(2 * COST_PER_CALL))
     assert started.attempts_total == 2
+
+
+# -- model calls slower than the lease (review F21) ------------------------------------------
+def _race(ledger: Ledger, run_id: UUID, workers: int) -> dict[str, str]:
+    """``workers`` workers (threads with their own connections, a 1 s lease) each try the
+    run's first step, one every 1.5 s: each comes once the previous one's lease would have
+    expired (what the reaper's re-queue does with the default 30 s lease and a 60-120 s
+    reasoning-model call). Returns each worker's report."""
+    registry = Registry()
+    registry.load_modules(MODULES)
+    config = ExecutorConfig(keys=ledger.keys, max_state_bytes=1_000_000, retry_base_s=0.0,
+                            retry_max_s=0.0, tool_lease_margin_s=0.5)
+    stores = [StepStore(ledger.url, ledger.keys, lease_ttl_s=1.0) for _ in range(workers)]
+    reports: dict[str, str] = {}
+
+    def work(name: str, store: StepStore) -> None:
+        reports[name] = execute_step(store, registry, config, StepMessage(run_id=run_id, seq=0),
+                                     worker=name, publish=lambda *a: None).kind.value
+
+    threads = [threading.Thread(target=work, args=(f"w{i}", s)) for i, s in enumerate(stores)]
+    try:
+        for thread in threads:
+            thread.start()
+            time.sleep(1.5)
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        for store in stores:
+            store.close()
+    return reports
+
+
+def test_slow_model_call__the_lease_covers_it_so_it_is_paid_once(ledger: Ledger) -> None:
+    """Invariant (design 13.4 and 13.8; review F21): a model call is covered by the lease
+    like a provider call: before it starts, the lease is extended over the client's time
+    limit (``timeout_s``), in one statement fenced on the live lease. A call slower than
+    the lease TTL but within its limit is not taken over: one call, paid and debited once,
+    against a budget of 15 tokens."""
+    SLOW_IN_TIME.paid = 0
+    run_id = ledger.start_run("test_think_in_time", {}, budgets=Budgets(tokens=15))
+    reports = _race(ledger, run_id, workers=3)
+    run = ledger.get_run(run_id)
+    assert SLOW_IN_TIME.paid == 1, (reports, run.status)
+    assert sorted(reports.values()) == ["committed", "stale", "stale"]
+    assert (run.status, run.used_tokens) == (RunStatus.COMPLETED, 10)
+
+
+def test_slow_model_call__an_answer_after_the_lease_was_lost_is_still_debited(
+        ledger: Ledger) -> None:
+    """Invariant (design 13.8: what was paid is spent; review F21): a client that overruns
+    its own time limit loses the lease during the call, and the next holder calls again;
+    the first answer, arriving after its lease was lost, is not used (lease_lost) but its
+    spend is debited. The ledger counts every call the model billed (20 tokens for 2)."""
+    SLOW_OVERRUN.paid = 0
+    run_id = ledger.start_run("test_think_overrun", {}, budgets=Budgets(tokens=15))
+    reports = _race(ledger, run_id, workers=2)
+    run = ledger.get_run(run_id)
+    assert SLOW_OVERRUN.paid == 2, reports
+    assert sorted(reports.values()) == ["committed", "lease_lost"]
+    assert run.status is RunStatus.COMPLETED
+    assert run.used_tokens == 10 * SLOW_OVERRUN.paid
+
+
+def test_slow_read__the_lease_covers_it_so_it_is_made_once(ledger: Ledger) -> None:
+    """Invariant (review F21, reads): a read slower than the lease TTL, within its tool's
+    ``timeout_s``, is covered by the lease like any provider call: not taken over, made
+    once, its answer recorded once."""
+    READS["calls"] = 0
+    run_id = ledger.start_run("test_read_slowly", {})
+    reports = _race(ledger, run_id, workers=3)
+    assert READS["calls"] == 1, reports
+    run = ledger.get_run(run_id)
+    assert (run.status, run.result) == (RunStatus.COMPLETED, {"answer": "42"})
