@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ledger import Ledger, OnwardSettings
 from ledger.audit import Actor, Role
-from ledger.tokens import Unauthenticated
+from ledger.exceptions import Unauthenticated
 
 
 def default_token_file() -> Path:

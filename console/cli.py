@@ -25,7 +25,7 @@ from console.common import open_ledger, reported, say_error
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
 from ledger.audit import AuditAction
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.exceptions import InvalidInput, OnwardError, TracingUnavailable
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
@@ -123,7 +123,7 @@ def worker(
         options = PoolOptions(PoolKind(pool) if pool in set(PoolKind) else _bad_pool(pool),
                               concurrency, autoscale, max_tasks_per_child,
                               max_memory_per_child, prefetch_multiplier)
-    except (InvalidInput, tracing.TracingUnavailable) as exc:
+    except (InvalidInput, TracingUnavailable) as exc:
         _fail(str(exc), EXIT_REFUSED)
     settings = _settings()
     if workflows:

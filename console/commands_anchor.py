@@ -13,11 +13,10 @@ import typer
 from console.common import JsonFlag, ReasonOpt, open_ledger, out, reported
 from console.safe import line
 from ledger import Ledger
-from ledger.anchor import AnchorRefused
 from ledger.anchor_store import find_anchor, open_store
 from ledger.anchoring import Anchors, Compared
 from ledger.audit import AuditAction
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import AnchorRefused, InvalidInput
 from ledger.verify import Problem
 
 

@@ -25,12 +25,13 @@ from console.common import (
     short,
     when,
 )
+from console.exceptions import ArtifactNotShown
 from console.safe import add_row, json_text, line
 from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json, sha256_hex
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.exceptions import ApprovalRefused, InvalidInput, OnwardError
 from ledger.schema import ApprovalStatus
-from ledger.waits import ApprovalRefused, may_decide
+from ledger.waits import may_decide
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
 
@@ -106,10 +107,6 @@ def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment
         # the hash the run bound when it asked
         decided = decide(approval_id, artifact_hash=shown, comment=comment)
     out.print(line((decided.status.value, "green"), " by ", decided.decided_by or "-"))
-
-
-class ArtifactNotShown(InvalidInput):
-    """The artifact could not be shown in full, so it cannot be decided here."""
 
 
 def _interactive() -> bool:

@@ -27,8 +27,7 @@ from console.safe import console, visible
 from ledger import Ledger
 from ledger.api import REFUSALS
 from ledger.audit import AuditAction
-from ledger.exceptions import OnwardError
-from ledger.tokens import Unauthenticated
+from ledger.exceptions import OnwardError, Unauthenticated
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 
 from ledger.schema import ToolClass
-from tasks.tools import Tool, ToolError, ToolResult
+from tasks.exceptions import ToolError
+from tasks.tools import Tool, ToolResult
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)  # when no timeout is given (admin requests)
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from ledger.api import Ledger
-from ledger.catalog import UnknownWorkflow
 from ledger.client import AsyncLedger
 from ledger.exceptions import (
+    IdempotencyConflict,
     IntegrityViolation,
     InvalidInput,
     LedgerUnavailable,
     OnwardError,
     SchemaMismatch,
     UnknownRun,
+    UnknownWorkflow,
+    WaitTimedOut,
 )
-from ledger.runs import IdempotencyConflict, Run
+from ledger.runs import Run
 from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 from ledger.settings import OnwardSettings
-from ledger.watch import EventKind, RunEvent, RunOutcome, WaitTimedOut
+from ledger.watch import EventKind, RunEvent, RunOutcome
 
 __all__ = [
     "AsyncLedger",

@@ -32,13 +32,9 @@ from uuid import UUID
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys, canonical_json
-from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.exceptions import AnchorRefused, IntegrityViolation, InvalidInput
 
 FORMAT = "onward-anchor/1"
-
-
-class AnchorRefused(IntegrityViolation):
-    """An anchor that does not verify: nothing is compared against it."""
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.exceptions import AnchorUnavailable, InvalidInput
 
 NAME = re.compile(r"^anchor-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-f]{16})\.jsonl\.gz$")
 """``anchor-<time taken, UTC>-<first 16 hex digits of the root>.jsonl.gz``."""
-
-
-class AnchorUnavailable(OnwardError):
-    """The anchor location could not be listed, read or written; the cause is chained."""
 
 
 def anchor_name(taken_at: datetime, root: str) -> str:

@@ -26,12 +26,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ledger import signed
-from ledger.anchor import Anchor, AnchorRefused, Head, decode, encode
+from ledger.anchor import Anchor, Head, decode, encode
 from ledger.anchor_store import AnchorStore, anchor_name, taken_at_of
 from ledger.audit import AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
-from ledger.exceptions import IntegrityViolation
+from ledger.exceptions import AnchorRefused, IntegrityViolation, RollbackFound
 from ledger.verify import Problem
 
 if TYPE_CHECKING:
@@ -51,14 +51,6 @@ SELECT a.run_id,
          WHERE c.run_id = a.run_id AND c.seq = a.seq) AS hash
   FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS integer[])) AS a(run_id, seq)
 """)
-
-
-class RollbackFound(IntegrityViolation):
-    """The ledger does not match the latest anchor: no new anchor was written."""
-
-    def __init__(self, message: str, problems: list[Problem]) -> None:
-        super().__init__(message)
-        self.problems = problems
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,15 @@ from ledger.clock import TimeOrSpan
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.envelope import CheckpointEnvelope
-from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
+from ledger.exceptions import (
+    ApprovalRefused,
+    IntegrityViolation,
+    InvalidInput,
+    OperationRefused,
+    UnknownApproval,
+    UnknownRun,
+    UnknownToken,
+)
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
 from ledger.schema import approvals as approvals_table
 from ledger.schema import checkpoints as checkpoints_table
@@ -45,8 +53,8 @@ from ledger.stats import BatchStats, batch_stats
 T = TypeVar("T")
 
 REFUSALS: tuple[type[Exception], ...] = (
-    OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, waits.ApprovalRefused,
-    waits.UnknownApproval, token_ops.UnknownToken)
+    OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, ApprovalRefused,
+    UnknownApproval, UnknownToken)
 """Errors that mean "refused, nothing changed" (the CLI exits 2 for these). An operator
 command that meets history that does not verify (a replay of a tampered checkpoint) is
 refused like any other, and audited."""
@@ -540,7 +548,7 @@ class Ledger:
             tenant = conn.execute(sa.select(approvals_table.c.tenant_id).where(
                 approvals_table.c.id == approval_id)).scalar()
         if tenant != self.actor.tenant_id:
-            raise waits.UnknownApproval(f"no approval {approval_id}")
+            raise UnknownApproval(f"no approval {approval_id}")
         return approval
 
     def approvals(self, *, status: ApprovalStatus | None = None, run_id: UUID | None = None,

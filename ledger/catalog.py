@@ -22,15 +22,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from psycopg.rows import tuple_row
 
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import InvalidInput, UnknownWorkflow
 
 ADVERTISED = "SELECT workflow, version, state_schema FROM onward.worker_queues"
 CACHE_S = 5.0
 """How long a process trusts what it read (a name not found is always read again)."""
-
-
-class UnknownWorkflow(InvalidInput):
-    """No worker has advertised a workflow of this name."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ledger.api import REFUSALS
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, Role, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url, libpq_conninfo
-from ledger.exceptions import LedgerUnavailable, UnknownRun
+from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.settings import OnwardSettings
 
 T = TypeVar("T")
@@ -201,7 +201,7 @@ class AsyncLedger:
                 return watch.RunOutcome.of(run)
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
-                raise watch.WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
+                raise WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), left)
 
@@ -225,7 +225,7 @@ class AsyncLedger:
                         return
                     left = None if deadline is None else deadline - loop.time()
                     if left is not None and left <= 0:
-                        raise watch.WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
+                        raise WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), left)
         finally:

@@ -22,17 +22,13 @@ from sqlalchemy.engine import Connection
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
-from ledger.exceptions import InvalidInput, OperationRefused
+from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
 from ledger.schema import RunStatus, corpora, corpus_runs, runs
 
 PINNABLE = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 """Runs that stopped for good: what a corpus pins."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
-
-
-class UnknownCorpus(OperationRefused):
-    """No corpus of that name in the actor's tenant."""
 
 
 def check_name(name: str) -> str:

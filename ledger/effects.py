@@ -18,24 +18,16 @@ from sqlalchemy.engine import Connection
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
-from ledger.exceptions import OnwardError
+from ledger.exceptions import (
+    CancelRequested,
+    EffectConflict,  # noqa: F401  deprecated alias (issue 12): import it from ledger.exceptions
+    EffectFenced,
+    OnwardError,
+)
 from ledger.hot import HotConnection
 from ledger.schema import EffectAttemptKind, EffectStatus
 from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
-
-
-class EffectFenced(OnwardError):
-    """The step's lease was taken over: this holder may not record new effects."""
-
-
-class EffectConflict(OnwardError):
-    """The same effect key was first requested with a different payload."""
-
-
-class CancelRequested(OnwardError):
-    """An operator asked to cancel the run: the step starts no new call and ends the run
-    ``cancelled`` once its effects are resolved (docs/operating.md, "Cancel")."""
 
 
 # A call of effect ``e`` may have reached the provider: some call attempt (or an operator's

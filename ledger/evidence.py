@@ -20,8 +20,13 @@ from psycopg.types.json import Jsonb
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
-from ledger.effects import CancelRequested
-from ledger.exceptions import IntegrityViolation, InvalidInput, OnwardError
+from ledger.exceptions import (
+    CancelRequested,
+    EvidenceFenced,
+    IntegrityViolation,
+    InvalidInput,
+    OnwardError,
+)
 from ledger.hot import HotConnection
 
 INLINE_LIMIT = 8 * 1024
@@ -156,10 +161,6 @@ UPDATE onward.runs
  WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
 RETURNING id
 """
-
-
-class EvidenceFenced(OnwardError):
-    """The step's lease was taken over (or the run stopped): this holder records nothing."""
 
 
 def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:

@@ -14,8 +14,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.effects import Effect
-from ledger.exceptions import InvalidInput, UnknownRun
-from ledger.operations import UnknownEffect
+from ledger.exceptions import InvalidInput, UnknownEffect, UnknownRun
 from ledger.runs import Run, TimelineEntry
 from ledger.schema import (
     EffectStatus,

@@ -23,7 +23,7 @@ from ledger import signed, waits
 from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import OUTCOME_UNKNOWN, Effect, unknown_call
-from ledger.exceptions import InvalidInput, OperationRefused, UnknownRun
+from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
 from ledger.schema import (
     ApprovalStatus,
     EffectAttemptKind,
@@ -55,10 +55,6 @@ _DECIDED_FAILURES = {
 # Failures with a reason that continue resumes: the cause was outside the run (a model or
 # tool answer the ledger cannot record); the resumed step asks again, paid again.
 _CONTINUABLE_FAILURES = frozenset({"invalid_answer"})
-
-
-class UnknownEffect(OperationRefused):
-    """No effect with this type and id exists."""
 
 
 def require_reason(reason: str | None, action: AuditAction) -> str:

@@ -16,18 +16,9 @@ from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
 from ledger import signed, tracing
-from ledger.checkpoints import (
-    ENVELOPE_VERSION,
-    CheckpointBody,
-    CheckpointKeys,
-    canonical_json,
-)
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys, canonical_json
+from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import OutcomeKind, RunStatus, runs, step_attempts
-
-
-class IdempotencyConflict(OnwardError):
-    """The idempotency key was first used to start a different run."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.db import HEAD_REVISION
-from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN, CancelRequested
+from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
+from ledger.exceptions import CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.schema import VERSION_TABLE, AttemptOutcome, OutcomeKind, RunStatus

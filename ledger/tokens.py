@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from uuid6 import uuid7
 
 from ledger.audit import Actor, Role
-from ledger.exceptions import InvalidInput, OnwardError, OperationRefused
+from ledger.exceptions import InvalidInput, Unauthenticated, UnknownToken
 from ledger.schema import tokens
 
 PREFIX = "onw_"
@@ -29,14 +29,6 @@ PREFIX = "onw_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:+-]{0,127}$")
 MAX_TTL = timedelta(days=366)
-
-
-class Unauthenticated(OnwardError):
-    """No token, or one that is unknown, expired or revoked: nothing was done."""
-
-
-class UnknownToken(OperationRefused):
-    """No token with this id in the actor's tenant."""
 
 
 @dataclass(frozen=True)

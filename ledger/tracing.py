@@ -21,15 +21,11 @@ from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
-from ledger.exceptions import OnwardError
+from ledger.exceptions import TracingUnavailable
 
 _tracer: Any = None  # an opentelemetry Tracer once enabled
 _api: Any = None  # the opentelemetry.trace module once enabled
 _PROPAGATOR: Any = None
-
-
-class TracingUnavailable(OnwardError):
-    """ONWARD_OTEL=1 but OpenTelemetry is not installed."""
 
 
 def requested() -> bool:
@@ -68,9 +64,7 @@ def enable(service: str, *, configure: bool = True) -> bool:
         return False
     try:
         from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import (
-            TraceContextTextMapPropagator,
-        )
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError as exc:
         raise TracingUnavailable("ONWARD_OTEL=1 needs OpenTelemetry: "
                                  "pip install 'onward[otel]'") from exc

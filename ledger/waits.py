@@ -18,24 +18,8 @@ from sqlalchemy.engine import Connection
 
 from ledger.checkpoints import canonical_json
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
-from ledger.exceptions import InvalidInput, OnwardError, UnknownRun
-from ledger.schema import (
-    ApprovalStatus,
-    RunStatus,
-    approvals,
-    checkpoints,
-    outbox,
-    runs,
-    signals,
-)
-
-
-class ApprovalRefused(OnwardError):
-    """The decision cannot be taken: decided already, expired, wrong approver or artifact."""
-
-
-class UnknownApproval(OnwardError):
-    """No approval with this id exists."""
+from ledger.exceptions import ApprovalRefused, InvalidInput, UnknownApproval, UnknownRun
+from ledger.schema import ApprovalStatus, RunStatus, approvals, checkpoints, outbox, runs, signals
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ledger.db import connect_raw
-from ledger.exceptions import LedgerUnavailable, OnwardError, UnknownRun
+from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.runs import Run
 from ledger.schema import RunStatus
 
@@ -39,15 +39,6 @@ WHERE run_id = %(run_id)s AND seq > %(after)s AND seq <= %(upto)s ORDER BY seq
 def run_channel(run_id: UUID) -> str:
     """The NOTIFY channel of one run (63 bytes at most: 11 + 32 hex digits)."""
     return f"{CHANNEL_PREFIX}{run_id.hex}"
-
-
-class WaitTimedOut(OnwardError, TimeoutError):
-    """The run did not stop within the timeout; it is still running (or waiting)."""
-
-    def __init__(self, run_id: UUID, timeout: float, status: RunStatus, seq: int) -> None:
-        super().__init__(f"run {run_id} did not stop within {timeout:g}s (it is {status} at "
-                         f"seq {seq}); wait again, or look with `onward runs show {run_id}`")
-        self.run_id, self.status, self.seq = run_id, status, seq
 
 
 class EventKind(StrEnum):

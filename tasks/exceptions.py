@@ -1,8 +1,27 @@
-"""Errors of the authoring API and the step executor."""
+"""Errors of the authoring API, the tools contract and the step executor. All derive from
+``OnwardError`` (``ledger/exceptions.py``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ledger.exceptions import OnwardError
+
+if TYPE_CHECKING:
+    from ledger.effects import Effect
+
+__all__ = [
+    "EffectFailed",
+    "EffectOutcomeUnknown",
+    "FaultSpecError",
+    "InjectedFault",
+    "LeaseLost",
+    "OutcomeError",
+    "StepError",
+    "ToolError",
+    "ToolPromiseBroken",
+    "WorkflowDefinitionError",
+]
 
 
 class WorkflowDefinitionError(OnwardError):
@@ -30,3 +49,42 @@ class OutcomeError(StepError):
 
 class LeaseLost(OnwardError):
     """Another worker took over this step; the current attempt's work is discarded."""
+
+
+# tools and effects (tasks/tools.py, tasks/services.py, tasks/toolcheck.py)
+
+class ToolError(OnwardError):
+    """The provider answered and refused. ``retryable`` says whether trying again can help
+    (HTTP 5xx, 429) or not (4xx, a conflict)."""
+
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+
+
+class EffectFailed(StepError):
+    """The provider refused the effect definitively; it will not be sent again."""
+
+    def __init__(self, message: str, effect: Effect | None = None) -> None:
+        super().__init__(message, non_retryable=True)
+        self.effect = effect
+
+
+class EffectOutcomeUnknown(StepError):
+    """The call may or may not have reached the provider; the next attempt reconciles."""
+
+
+class ToolPromiseBroken(OnwardError, AssertionError):
+    """A tool does not keep a promise its declaration makes (raised by the pytest helper)."""
+
+
+# named fault points (tasks/faults.py)
+
+class FaultSpecError(OnwardError, ValueError):
+    """``ONWARD_FAULTS`` names a fault point, an action or an argument that does not exist;
+    the message names the entry and what is known."""
+
+
+class InjectedFault(OnwardError, RuntimeError):
+    """Raised by a fault point armed with the ``raise`` action."""

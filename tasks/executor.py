@@ -19,22 +19,28 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from ledger.checkpoints import CheckpointKeys, canonical_json
-from ledger.effects import CancelRequested, Effect, EffectFenced, EffectStore
-from ledger.evidence import EvidenceFenced, EvidenceStore
-from ledger.exceptions import InvalidInput, StatementRefused
+from ledger.effects import Effect, EffectStore
+from ledger.evidence import EvidenceStore
+from ledger.exceptions import (
+    CancelRequested,
+    EffectFenced,
+    EvidenceFenced,
+    InvalidInput,
+    StatementRefused,
+)
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
 from tasks import faults, observe
 from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import CancelFor, DivergeFor, FailFor, ParkFor, Suspend, WaitFor
-from tasks.exceptions import LeaseLost, OutcomeError, StepError
+from tasks.exceptions import EffectOutcomeUnknown, LeaseLost, OutcomeError, StepError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
 from tasks.resolve import Resolver
 from tasks.restore import Refusal, restore
 from tasks.routing import version_queue
-from tasks.services import EffectOutcomeUnknown, StepServices
+from tasks.services import StepServices
 from tasks.waiting import build_wait
 from tasks.workflow import Registry, Step, Workflow
 

@@ -3,7 +3,7 @@
     ONWARD_FAULTS="before_checkpoint_commit:kill:once,after_commit_before_publish@draft:exit"
 
 Each entry is ``point[@step]:action[:once]``. Actions: ``kill`` (SIGKILL this process),
-``exit`` (``os._exit(70)``), ``raise`` (RuntimeError), ``stop`` (SIGSTOP this process),
+``exit`` (``os._exit(70)``), ``raise`` (``InjectedFault``), ``stop`` (SIGSTOP this process),
 ``sleep=SECONDS``. ``once`` fires a single time across every process sharing
 ``ONWARD_FAULTS_DIR`` (default ``$ONWARD_HOME/faults``), so a restarted worker does not die
 again. Disarmed, ``point()`` is one dict lookup.
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.exceptions import WorkflowDefinitionError
+from tasks.exceptions import FaultSpecError, InjectedFault
 
 POINTS = frozenset(
     {
@@ -34,10 +34,6 @@ POINTS = frozenset(
 )
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a fault point armed with the ``raise`` action."""
-
-
 @dataclass(frozen=True)
 class Fault:
     point: str
@@ -50,18 +46,18 @@ class Fault:
     def parse(cls, spec: str) -> Fault:
         parts = spec.strip().split(":")
         if len(parts) < 2:
-            raise WorkflowDefinitionError(f"fault {spec!r}: expected point[@step]:action[:once]")
+            raise FaultSpecError(f"fault {spec!r}: expected point[@step]:action[:once]")
         point, _, step = parts[0].partition("@")
         if point not in POINTS:
-            raise WorkflowDefinitionError(f"fault {spec!r}: unknown point; known: {sorted(POINTS)}")
+            raise FaultSpecError(f"fault {spec!r}: unknown point; known: {sorted(POINTS)}")
         action, _, arg = parts[1].partition("=")
         if action not in {"kill", "exit", "raise", "stop", "sleep"}:
-            raise WorkflowDefinitionError(f"fault {spec!r}: unknown action {action!r}")
+            raise FaultSpecError(f"fault {spec!r}: unknown action {action!r}")
         once = len(parts) > 2 and parts[2] == "once"
         try:
             seconds = float(arg) if arg else 0.0
         except ValueError:
-            raise WorkflowDefinitionError(
+            raise FaultSpecError(
                 f"fault {spec!r}: sleep needs seconds, e.g. sleep=1.5") from None
         return cls(point, step or None, action, once, seconds)
 

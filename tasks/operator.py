@@ -24,7 +24,8 @@ from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
 from ledger.schema import LaunchMode
-from tasks.tools import Tool, ToolError, ToolResult, invoke
+from tasks.exceptions import ToolError
+from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry
 
 

@@ -20,32 +20,26 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from ledger.checkpoints import canonical_json, sha256_hex
-from ledger.effects import CancelRequested, Effect, EffectConflict, EffectStore, Intent
-from ledger.evidence import Evidence, EvidenceFenced, EvidenceRecord, EvidenceStore
-from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.effects import Effect, EffectStore, Intent
+from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
+from ledger.exceptions import (
+    CancelRequested,
+    EffectConflict,
+    EvidenceFenced,
+    IntegrityViolation,
+    InvalidInput,
+)
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
 from tasks import faults
 from tasks.clock import StepClock
 from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
-from tasks.exceptions import OutcomeError, StepError
+from tasks.exceptions import EffectFailed, EffectOutcomeUnknown, OutcomeError, StepError, ToolError
 from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
-from tasks.tools import Tool, ToolError, ToolResult, invoke
+from tasks.tools import Tool, ToolResult, invoke
 
 T = TypeVar("T")
-
-
-class EffectFailed(StepError):
-    """The provider refused the effect definitively; it will not be sent again."""
-
-    def __init__(self, message: str, effect: Effect | None = None) -> None:
-        super().__init__(message, non_retryable=True)
-        self.effect = effect
-
-
-class EffectOutcomeUnknown(StepError):
-    """The call may or may not have reached the provider; the next attempt reconciles."""
 
 
 def effect_id_for(run_id: UUID, effect_type: str, command_id: str) -> str:

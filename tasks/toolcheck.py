@@ -32,10 +32,11 @@ from typing import Any
 from uuid import uuid4
 
 from ledger.checkpoints import canonical_json
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.exceptions import InvalidInput
 from ledger.schema import ToolClass
+from tasks.exceptions import ToolError, ToolPromiseBroken
 from tasks.services import effect_id_for
-from tasks.tools import Status, Tool, ToolError, ToolResult
+from tasks.tools import Status, Tool, ToolResult
 
 __all__ = [
     "PROMISES",
@@ -57,10 +58,6 @@ PROMISES = {
     "key_reuse_refused": "the same key with another payload is refused",
     "simulate_answers": "simulate answers without the provider",
 }
-
-
-class ToolPromiseBroken(OnwardError, AssertionError):
-    """A tool does not keep a promise its declaration makes (raised by the pytest helper)."""
 
 
 class Verdict(StrEnum):

@@ -26,7 +26,10 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from ledger.schema import ToolClass
-from tasks.exceptions import WorkflowDefinitionError
+from tasks.exceptions import (
+    ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
+    WorkflowDefinitionError,
+)
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,6 @@ class ToolResult:
             ref = value.get("id")
             return cls("completed", str(ref) if ref is not None else None, value)
         raise TypeError(f"a tool must return ToolResult or dict, not {type(value).__name__}")
-
-
-class ToolError(Exception):
-    """The provider answered and refused. ``retryable`` says whether trying again can help
-    (HTTP 5xx, 429) or not (4xx, a conflict)."""
-
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.status_code = status_code
 
 
 # Each may also take a keyword ``timeout`` (seconds): see ``invoke``.

@@ -21,8 +21,8 @@ from examples.fake_llm import FakeModel
 from examples.provider_client import provider_tool
 from ledger.schema import ToolClass
 from tasks import StepContext, Workflow
-from tasks.services import EffectOutcomeUnknown
-from tasks.tools import Tool, ToolError, ToolResult
+from tasks.exceptions import EffectOutcomeUnknown, ToolError
+from tasks.tools import Tool, ToolResult
 
 
 @dataclass

@@ -16,7 +16,8 @@ from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.advertise import Advertiser
 from workers.broker import broker_url
-from workers.events import FAILED_KINDS, StepNotCommitted
+from workers.events import FAILED_KINDS
+from workers.exceptions import StepNotCommitted
 from workers.logs import unbind_step
 from workers.runtime import STEP_TASK, WorkerRuntime
 

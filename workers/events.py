@@ -23,7 +23,6 @@ from uuid import UUID, uuid4
 import structlog
 from celery import Celery
 
-from ledger.exceptions import OnwardError
 from tasks.executor import ReportKind, StepReport
 
 log = structlog.get_logger("onward.worker")
@@ -48,12 +47,6 @@ def display_kwargs(run_id: UUID | str, seq: int, attempt: int) -> str:
 def trace_headers(traceparent: str | None) -> dict[str, str] | None:
     """Message headers carrying the trace the step's span continues (ledger/tracing.py)."""
     return {"traceparent": traceparent} if traceparent else None
-
-
-class StepNotCommitted(OnwardError):
-    """Raised by the step task after the ledger recorded a failed, retried, parked or
-    diverged step, so Celery reports the task as failed (an expected error: no traceback,
-    the message is acked; the ledger already holds the outcome)."""
 
 
 class EagerEvents:

@@ -8,10 +8,10 @@ import threading
 import structlog
 
 from ledger.anchor_store import open_store
-from ledger.anchoring import Anchorer, RollbackFound
+from ledger.anchoring import Anchorer
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import RevisionWatch, create_engine, database_url
-from ledger.exceptions import LedgerUnavailable, OnwardError
+from ledger.exceptions import LedgerUnavailable, OnwardError, RollbackFound
 from ledger.recovery import RecoveryStore, SweepReport
 from ledger.settings import OnwardSettings
 from workers.dispatcher import install_stop_signals

@@ -23,12 +23,11 @@ from console.common import plain
 from console.render import run_detail
 from ledger import Ledger, RunStatus, UnknownRun
 from ledger.audit import AuditAction
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import InvalidInput, Unauthenticated
 from ledger.forks import BudgetPolicy
 from ledger.inspect import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode
-from ledger.tokens import Unauthenticated
 
 bearer = HTTPBearer(auto_error=False, description="A token from `onward tokens create`.")
 router = APIRouter(prefix="/api/v1")

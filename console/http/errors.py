@@ -15,11 +15,12 @@ from ledger.exceptions import (
     LedgerUnavailable,
     OnwardError,
     PermissionDenied,
+    Unauthenticated,
+    UnknownApproval,
+    UnknownEffect,
     UnknownRun,
+    UnknownToken,
 )
-from ledger.operations import UnknownEffect
-from ledger.tokens import Unauthenticated, UnknownToken
-from ledger.waits import UnknownApproval
 
 PROBLEM = "application/problem+json"
 

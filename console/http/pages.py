@@ -27,11 +27,10 @@ from ledger import Ledger, RunStatus
 from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json
 from ledger.effects import Effect
-from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied
+from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied, Unauthenticated
 from ledger.inspect import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, LaunchMode
-from ledger.tokens import Unauthenticated
 
 COOKIE = "onward_token"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))

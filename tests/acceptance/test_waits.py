@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
+from ledger.exceptions import ApprovalRefused
 from ledger.runs import Budgets
 from ledger.schema import ApprovalStatus
-from ledger.waits import ApprovalRefused
 from tasks.waiting import artifact_hash
 from tests.support import reads
 from tests.support.cluster import Cluster, wait_for

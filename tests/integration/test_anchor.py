@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 from console.cli import app
 from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings
-from ledger.anchor import AnchorRefused, decode, encode
+from ledger.anchor import decode, encode
 from ledger.anchor_store import DirectoryStore, open_store
-from ledger.anchoring import Anchors, RollbackFound, check_against, publish
+from ledger.anchoring import Anchors, check_against, publish
 from ledger.checkpoints import CheckpointKeys
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import AnchorRefused, InvalidInput, RollbackFound
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver
 from workers.reaper import Reaper

@@ -17,10 +17,9 @@ from typer.testing import CliRunner
 from console.cli import app
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
-from ledger.exceptions import PermissionDenied
+from ledger.exceptions import ApprovalRefused, PermissionDenied, Unauthenticated
 from ledger.schema import tokens
-from ledger.tokens import TokenRequest, Unauthenticated
-from ledger.waits import ApprovalRefused
+from ledger.tokens import TokenRequest
 from tests.support.clock import follow_engine
 from tests.support.driver import Driver, driver
 

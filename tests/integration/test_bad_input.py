@@ -14,8 +14,8 @@ import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
-from ledger.exceptions import InvalidInput, OnwardError
-from ledger.runs import Budgets, IdempotencyConflict, Run
+from ledger.exceptions import IdempotencyConflict, InvalidInput, OnwardError
+from ledger.runs import Budgets, Run
 from tests.support import reads
 from tests.support.driver import Driver, driver
 from tests.workflows_inputs import MODEL, SENT, nested

@@ -18,12 +18,11 @@ import psycopg
 import pytest
 
 from ledger import Ledger, OnwardSettings
-from ledger.catalog import UnknownWorkflow
 from ledger.client import AsyncLedger
 from ledger.db import database_url, libpq_conninfo
-from ledger.exceptions import InvalidInput
+from ledger.exceptions import InvalidInput, UnknownWorkflow, WaitTimedOut
 from ledger.fleet import FleetStore
-from ledger.watch import EventKind, WaitTimedOut
+from ledger.watch import EventKind
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from tests.support import reads

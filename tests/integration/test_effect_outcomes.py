@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, operations
 from ledger.audit import Role
-from ledger.effects import EffectFenced, EffectStore, Intent
-from ledger.exceptions import InvalidInput, OperationRefused, PermissionDenied
+from ledger.effects import EffectStore, Intent
+from ledger.exceptions import EffectFenced, InvalidInput, OperationRefused, PermissionDenied
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.schema import EffectAttemptKind, EffectStatus

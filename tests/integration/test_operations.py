@@ -14,10 +14,9 @@ import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.audit import Role
-from ledger.exceptions import InvalidInput, OperationRefused, PermissionDenied
+from ledger.exceptions import ApprovalRefused, InvalidInput, OperationRefused, PermissionDenied
 from ledger.schema import ApprovalStatus, EffectAttemptKind, EffectStatus, LaunchMode
 from ledger.steps import StepStore
-from ledger.waits import ApprovalRefused
 from tasks.operator import plan_repeat, repeat_effect, state_check
 from tests.support.driver import Driver, driver
 from tests.workflows_ops import calls
@@ -300,7 +299,7 @@ def test_cancel__a_step_in_flight_cannot_commit_and_its_worker_ends_the_run(
     refused (CancelRequested), and the holder then ends the run ``cancelled`` at its seq, with
     no checkpoint written and its attempt ``cancelled``."""
     from ledger import OutcomeKind
-    from ledger.effects import CancelRequested
+    from ledger.exceptions import CancelRequested
     from ledger.steps import Advance, Claim, Ended
 
     run_id = ops.start_run("test_ops_notes", {})

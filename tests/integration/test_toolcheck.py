@@ -19,7 +19,8 @@ from examples import provider_client
 from examples.provider_client import create, find_by_key, provider_tool, status
 from examples.sales import create_offer, send_email
 from ledger.schema import ToolClass
-from tasks.toolcheck import ToolPromiseBroken, assert_tool_keeps_promises, check_tool
+from tasks.exceptions import ToolPromiseBroken
+from tasks.toolcheck import assert_tool_keeps_promises, check_tool
 from tasks.tools import Tool, ToolResult
 from tests.support.provider import Provider, running_provider
 

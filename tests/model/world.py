@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from tasks.exceptions import ToolError
 from tasks.llm import LLMResponse
-from tasks.tools import ToolError
 
 
 class Crash(BaseException):

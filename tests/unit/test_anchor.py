@@ -14,10 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ledger import signed
-from ledger.anchor import AnchorRefused, Head, decode, encode, merkle_root
+from ledger.anchor import Head, decode, encode, merkle_root
 from ledger.anchor_store import anchor_name, taken_at_of
 from ledger.anchoring import _HEAD_BODY
 from ledger.checkpoints import CheckpointKeys, canonical_json
+from ledger.exceptions import AnchorRefused
 
 KEYS = CheckpointKeys(current="k2", keys={"k2": b"two", "k1": b"one"})
 TAKEN = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import WorkflowDefinitionError, faults
-from tasks.faults import Fault, InjectedFault
+from tasks import faults
+from tasks.exceptions import FaultSpecError, InjectedFault
+from tasks.faults import Fault
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_fault_parse__valid_specs(spec: str, expected: Fault) -> None:
 def test_fault_parse__invalid_specs_name_the_problem(spec: str, message: str) -> None:
     """A typo in ONWARD_FAULTS must fail loudly with an error naming the spec, never
     silently disarm a crash test or crash with a bare ValueError."""
-    with pytest.raises(WorkflowDefinitionError, match=message):
+    with pytest.raises(FaultSpecError, match=message):
         Fault.parse(spec)
 
 
@@ -91,5 +92,5 @@ def test_fault_point__bad_env_spec_fails_arming(armed: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A process started with a malformed ONWARD_FAULTS refuses to arm (and so to start)."""
     monkeypatch.setenv("ONWARD_FAULTS", "in_step:raise,no_such_point:kill")
-    with pytest.raises(WorkflowDefinitionError, match="unknown point"):
+    with pytest.raises(FaultSpecError, match="unknown point"):
         faults.arm_from_env()
