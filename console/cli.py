@@ -12,7 +12,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from console import commands_anchor, commands_replay, verify_cmd
+from console import commands_anchor, commands_replay, commands_verify
 from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_corpus import corpus_app
@@ -40,7 +40,7 @@ app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(corpus_app, name="corpus")  # with `corpus replay` (commands_replay)
-app.command("verify")(verify_cmd.verify)
+app.command("verify")(commands_verify.verify)
 app.command("anchor")(commands_anchor.anchor)
 app.command("workers")(workers_cmd)
 assert commands_replay.corpus_replay is not None

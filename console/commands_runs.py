@@ -35,7 +35,7 @@ from ledger.api import REFUSALS
 from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
-from ledger.inspect import RunFilter
+from ledger.inspection import RunFilter
 from ledger.schema import LaunchMode
 
 runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",

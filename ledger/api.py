@@ -16,7 +16,17 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import audit_chain, catalog, forks, inspect, operations, tracing, verify, waits, watch
+from ledger import (
+    audit_chain,
+    catalog,
+    forks,
+    inspection,
+    operations,
+    tracing,
+    verify,
+    waits,
+    watch,
+)
 from ledger import runs as run_ops
 from ledger import tokens as token_ops
 from ledger.audit import (
@@ -213,7 +223,7 @@ class Ledger:
         """A run id from its full text or a unique prefix (6+ hex digits), in the actor's
         tenant: what ``runs ls`` prints short is enough to name a run."""
         with wrap_driver_errors("finding a run"), self.engine.connect() as conn:
-            return inspect.resolve_run_txn(conn, text, self.actor.tenant_id)
+            return inspection.resolve_run_txn(conn, text, self.actor.tenant_id)
 
     def _own_run(self, conn: Connection, run_id: UUID) -> None:
         found = conn.execute(sa.select(runs_table.c.tenant_id)
@@ -235,45 +245,45 @@ class Ledger:
         before: UUID | None = None,
     ) -> list[run_ops.Run]:
         """Runs, newest first, filtered; page with ``offset`` or the cursor ``before``."""
-        where = inspect.RunFilter(status=status, workflow=workflow,
+        where = inspection.RunFilter(status=status, workflow=workflow,
                                   conversation_id=conversation_id,
                                   idempotency_key=idempotency_key, since=since,
                                   parent_run_id=parent_run_id, before=before)
         return self.find_runs(where, limit=limit, offset=offset)
 
-    def find_runs(self, where: inspect.RunFilter, *, limit: int = 50,
+    def find_runs(self, where: inspection.RunFilter, *, limit: int = 50,
                   offset: int = 0) -> list[run_ops.Run]:
         """Runs of the actor's tenant matching ``where``, newest first."""
-        where = inspect.RunFilter(**{**where.__dict__, "tenant_id": self.actor.tenant_id})
+        where = inspection.RunFilter(**{**where.__dict__, "tenant_id": self.actor.tenant_id})
         with wrap_driver_errors("listing runs"), self.engine.connect() as conn:
-            return inspect.list_runs_txn(conn, where, limit=limit, offset=offset)
+            return inspection.list_runs_txn(conn, where, limit=limit, offset=offset)
 
     def run_counts(self) -> dict[str, int]:
         """How many runs of the actor's tenant are in each status that needs attention."""
         with wrap_driver_errors("counting runs"), self.engine.connect() as conn:
-            return inspect.attention_counts_txn(conn, self.actor.tenant_id)
+            return inspection.attention_counts_txn(conn, self.actor.tenant_id)
 
     def children(self, run_id: UUID) -> list[run_ops.Run]:
         """The replays and branches started from ``run_id``."""
         return self.list_runs(parent_run_id=run_id, limit=1000)
 
-    def checkpoint(self, run_id: UUID, seq: int) -> inspect.CheckpointView | None:
+    def checkpoint(self, run_id: UUID, seq: int) -> inspection.CheckpointView | None:
         with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return inspect.get_checkpoint_txn(conn, run_id, seq)
+            return inspection.get_checkpoint_txn(conn, run_id, seq)
 
     def find_effects(self, *, run_id: UUID | None = None, status: EffectStatus | None = None,
                      effect_type: str | None = None, limit: int = 50,
                      offset: int = 0) -> list[Effect]:
         with wrap_driver_errors("listing effects"), self.engine.connect() as conn:
-            return inspect.list_effects_txn(conn, run_id=run_id, status=status,
+            return inspection.list_effects_txn(conn, run_id=run_id, status=status,
                                             effect_type=effect_type, limit=limit, offset=offset,
                                             tenant_id=self.actor.tenant_id)
 
     def find_effect(self, effect_id: str, effect_type: str | None = None) -> Effect:
         """One effect by id (or a unique prefix of at least 8 characters)."""
         with wrap_driver_errors("reading an effect"), self.engine.connect() as conn:
-            return inspect.find_effect_txn(conn, effect_id, effect_type,
+            return inspection.find_effect_txn(conn, effect_id, effect_type,
                                            tenant_id=self.actor.tenant_id)
 
     def audit(self, *, run_id: UUID | None = None, action: str | None = None,
@@ -292,25 +302,25 @@ class Ledger:
             return run_ops.timeline(conn, run_id)
 
     def timeline_page(self, run_id: UUID, *, limit: int = 200,
-                      before_epoch: int | None = None) -> inspect.TimelinePage:
+                      before_epoch: int | None = None) -> inspection.TimelinePage:
         """The run's newest step executions (a page; ``older`` pages back)."""
         with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return inspect.timeline_page_txn(conn, run_id, limit=limit,
+            return inspection.timeline_page_txn(conn, run_id, limit=limit,
                                              before_epoch=before_epoch)
 
     def checkpoint_summaries(self, run_id: UUID, *, limit: int = 200,
-                             before_seq: int | None = None) -> list[inspect.CheckpointSummary]:
+                             before_seq: int | None = None) -> list[inspection.CheckpointSummary]:
         with wrap_driver_errors("listing checkpoints"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return inspect.checkpoint_summaries_txn(conn, run_id, limit=limit,
+            return inspection.checkpoint_summaries_txn(conn, run_id, limit=limit,
                                                     before_seq=before_seq)
 
-    def model_calls(self, run_id: UUID, *, limit: int = 200) -> list[inspect.ModelCall]:
+    def model_calls(self, run_id: UUID, *, limit: int = 200) -> list[inspection.ModelCall]:
         """The run's recorded model calls and reads (newest ``limit``), oldest first."""
         with wrap_driver_errors("reading model calls"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return inspect.model_calls_txn(conn, run_id, limit=limit)
+            return inspection.model_calls_txn(conn, run_id, limit=limit)
 
     def state_diff(self, run_id: UUID, from_seq: int,
                    to_seq: int) -> list[forks.PatchChange]:
@@ -538,8 +548,9 @@ class Ledger:
                 comment: str | None) -> waits.Approval:
         return self._command(
             AuditAction.APPROVE if approve else AuditAction.REJECT,
-            lambda c: operations.decide_txn(c, self.keys, self.actor, approval_id, approve=approve,
-                                            artifact_hash=artifact_hash, comment=comment),
+            lambda c: operations.decide_approval_txn(c, self.keys, self.actor, approval_id,
+                                                     approve=approve, artifact_hash=artifact_hash,
+                                                     comment=comment),
             reason=comment, approval_id=approval_id)
 
     def get_approval(self, approval_id: UUID) -> waits.Approval:

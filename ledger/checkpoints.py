@@ -257,8 +257,8 @@ class CheckpointBody:
         return body
 
 
-def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id: str,
-           head_hash: str, parent_found: str | bool | None = True) -> None:
+def verify_checkpoint(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str,
+                      key_id: str, head_hash: str, parent_found: str | bool | None = True) -> None:
     """Check a restored checkpoint against its MAC, the run's recorded head and, when given
     (``parent_found``: the stored hash of checkpoint seq-1, or None if it is gone), the link
     to its parent. Cost: O(1) per step, whatever the history's length."""
@@ -284,3 +284,7 @@ def verify(keys: CheckpointKeys, body: CheckpointBody, stored_hash: str, key_id:
         state = "is missing" if parent_found is None else "does not match the chain"
         raise IntegrityViolation(f"run {body.run_id}: the parent of checkpoint {body.seq} "
                                  f"(seq {body.seq - 1}) {state}")
+
+
+verify = verify_checkpoint
+"""Deprecated alias (issue 12), for one landing window: ``verify_checkpoint``."""

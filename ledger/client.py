@@ -289,8 +289,9 @@ class AsyncLedger:
                       comment: str | None) -> waits.Approval:
         return await self._command(
             AuditAction.APPROVE if approve else AuditAction.REJECT,
-            lambda c: operations.decide_txn(c, self.keys, self.actor, approval_id, approve=approve,
-                                            artifact_hash=artifact_hash, comment=comment),
+            lambda c: operations.decide_approval_txn(c, self.keys, self.actor, approval_id,
+                                                     approve=approve, artifact_hash=artifact_hash,
+                                                     comment=comment),
             reason=comment, approval_id=approval_id)
 
     async def cancel(self, run_id: UUID, reason: str | None = None) -> operations.Cancelled:

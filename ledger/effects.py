@@ -389,34 +389,19 @@ class EffectStore:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
         return [Effect.from_row(r) for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
 
+    # Deprecated aliases (issue 12), for one landing window: these reads are the waits
+    # store's (ledger/waits.py ``WaitStore``).
     def approval(self, approval_id: str) -> dict[str, Any] | None:
-        """The approval a resumed step reads its decision from (status, who, comment)."""
-        return self.conn.one(
-            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
-            "artifact_hash, artifact, expires_at, decision_mac, "
-            "onward.now() < expires_at AS unexpired "
-            "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
+        from ledger.waits import WaitStore
+        return WaitStore(self.conn).approval(approval_id)
 
     def approval_for_step(self, approval_id: str, run_id: UUID, seq: int) -> dict[str, Any] | None:
-        """The approval a resumed step acts on, with ``step_started_at``: when the first
-        claim of that step at ``seq`` started (by the database's clock; a claim that handed
-        the step back without running it does not count). The claim being checked has
-        its own row already, so it is never NULL for a claimed step."""
-        return self.conn.one(
-            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
-            "artifact_hash, artifact, expires_at, decision_mac, "
-            "onward.now() < expires_at AS unexpired, "
-            "(SELECT min(s.started_at) FROM onward.step_attempts s "
-            "  WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s "
-            "    AND s.outcome IS DISTINCT FROM 'released') AS step_started_at "
-            "FROM onward.approvals WHERE id = %(id)s",
-            {"id": approval_id, "run_id": run_id, "seq": seq})
+        from ledger.waits import WaitStore
+        return WaitStore(self.conn).approval_for_step(approval_id, run_id, seq)
 
     def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
-        row = self.conn.one(
-            "SELECT payload FROM onward.signals WHERE run_id = %(run_id)s AND name = %(name)s "
-            "AND consumed_seq = %(seq)s", {"run_id": run_id, "name": name, "seq": seq})
-        return row["payload"] if row else None
+        from ledger.waits import WaitStore
+        return WaitStore(self.conn).signal_payload(run_id, name, seq)
 
 
 @dataclass(frozen=True)

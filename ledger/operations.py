@@ -318,18 +318,19 @@ def _end_cancelled(conn: Connection, run_id: UUID, status: RunStatus, request: d
 
 
 # -- approve / reject -----------------------------------------------------------------------
-def decide_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, approval_id: UUID, *,
-               approve: bool, artifact_hash: str, comment: str | None) -> waits.Approval:
-    """``waits.decide_txn`` plus its audit row. Deciding always needs the approve permission
-    (checked first); the approval's approvers list then says who among those may decide, by
-    name or by one of the actor's approver roles."""
+def decide_approval_txn(conn: Connection, keys: CheckpointKeys, actor: Actor,
+                        approval_id: UUID, *, approve: bool, artifact_hash: str,
+                        comment: str | None) -> waits.Approval:
+    """``waits.record_decision_txn`` plus its audit row. Deciding always needs the approve
+    permission (checked first); the approval's approvers list then says who among those may
+    decide, by name or by one of the actor's approver roles."""
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     actor.require(action)
     approval = waits.get_approval_txn(conn, approval_id)
     lock_run_txn(conn, approval.run_id, actor)
-    decided = waits.decide_txn(conn, approval_id, approve=approve, actor=actor.name,
-                               roles=actor.approver_roles, artifact_hash=artifact_hash,
-                               comment=comment)
+    decided = waits.record_decision_txn(conn, approval_id, approve=approve, actor=actor.name,
+                                        roles=actor.approver_roles,
+                                        artifact_hash=artifact_hash, comment=comment)
     # signed where the decision is taken: a resumed step acts on it only if it verifies
     conn.execute(approvals.update().where(approvals.c.id == approval_id).values(
         decision_mac=keys.sign(signed.approval_decision(vars(decided)))))
@@ -576,3 +577,7 @@ def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: d
     if finding is Finding.COMPLETED and not (provider_ref or "").strip():
         raise InvalidInput("a completed effect needs the provider's reference of the object "
                            "you found (--provider-ref)")
+
+
+decide_txn = decide_approval_txn
+"""Deprecated alias (issue 12), for one landing window: ``decide_approval_txn``."""

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from ledger.checkpoints import canonical_json
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import ApprovalRefused, InvalidInput, UnknownApproval, UnknownRun
+from ledger.hot import HotConnection
 from ledger.schema import ApprovalStatus, RunStatus, approvals, checkpoints, outbox, runs, signals
 
 
@@ -209,8 +210,9 @@ def may_decide(approval: Approval, name: str, roles: tuple[str, ...]) -> bool:
     return not allowed or name in allowed or any(f"role:{r}" in allowed for r in roles)
 
 
-def decide_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
-               roles: tuple[str, ...], artifact_hash: str, comment: str | None) -> Approval:
+def record_decision_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
+                        roles: tuple[str, ...], artifact_hash: str,
+                        comment: str | None) -> Approval:
     """Check and record one decision, then resume (or end) the run, in the caller's txn."""
     approval = get_approval_txn(conn, approval_id, lock=True)
     verb = "approve" if approve else "reject"
@@ -281,11 +283,43 @@ def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
     return woke is not None
 
 
-def signal_payload(conn: Connection, run_id: UUID, name: str, seq: int) -> Any:
-    return conn.execute(
-        sa.select(signals.c.payload)
-        .where(signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed_seq == seq)
-    ).scalar()
+class WaitStore:
+    """What a resumed step reads of its wait, on the worker's autocommit connection: the
+    approval it asked for and the signal that ended its wait (one statement each)."""
+
+    def __init__(self, conn: HotConnection) -> None:
+        self.conn = conn
+
+    def approval(self, approval_id: str) -> dict[str, Any] | None:
+        """The approval a resumed step reads its decision from (status, who, comment)."""
+        return self.conn.one(
+            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
+            "artifact_hash, artifact, expires_at, decision_mac, "
+            "onward.now() < expires_at AS unexpired "
+            "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
+
+    def approval_for_step(self, approval_id: str, run_id: UUID, seq: int) -> dict[str, Any] | None:
+        """The approval a resumed step acts on, with ``step_started_at``: when the first
+        claim of that step at ``seq`` started (by the database's clock; a claim that handed
+        the step back without running it does not count). The claim being checked has
+        its own row already, so it is never NULL for a claimed step."""
+        return self.conn.one(
+            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
+            "artifact_hash, artifact, expires_at, decision_mac, "
+            "onward.now() < expires_at AS unexpired, "
+            "(SELECT min(s.started_at) FROM onward.step_attempts s "
+            "  WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s "
+            "    AND s.outcome IS DISTINCT FROM 'released') AS step_started_at "
+            "FROM onward.approvals WHERE id = %(id)s",
+            {"id": approval_id, "run_id": run_id, "seq": seq})
+
+    def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
+        """The payload of the signal ``name`` that ended the run's wait at ``seq`` (None if
+        none did)."""
+        row = self.conn.one(
+            "SELECT payload FROM onward.signals WHERE run_id = %(run_id)s AND name = %(name)s "
+            "AND consumed_seq = %(seq)s", {"run_id": run_id, "name": name, "seq": seq})
+        return row["payload"] if row else None
 
 
 # -- the reaper's part --------------------------------------------------------------------------
@@ -418,3 +452,7 @@ def _deadline(conn: Connection, row: Any) -> None:
     _fail(conn, row["run_id"], "deadline_exceeded", message,
           spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
                  "cost_usd": float(row["used_cost_usd"])})
+
+
+decide_txn = record_decision_txn
+"""Deprecated alias (issue 12), for one landing window: ``record_decision_txn``."""

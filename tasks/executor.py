@@ -30,6 +30,7 @@ from ledger.exceptions import (
 )
 from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
+from ledger.waits import WaitStore
 from tasks import faults, observe
 from tasks.clock import StepClock
 from tasks.context import StepContext
@@ -174,7 +175,7 @@ def _run_claimed(
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
     workflow, step, state = restored.workflow, restored.step, restored.state
     limits = Limits.of(claim.budget, workflow.budgets)
-    refused = recheck(claim, limits, effects, config.keys)
+    refused = recheck(claim, limits, WaitStore(effects.conn), config.keys)
     if refused is not None:
         ending = _Ending(store, _resolver(config, registry, claim, worker, effects, None),
                          claim, step.name, bound)

@@ -10,10 +10,10 @@ from typing import Any
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import EffectStore
 from ledger.exceptions import IntegrityViolation
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
+from ledger.waits import WaitStore
 from tasks.control import FailFor, ParkFor
 
 
@@ -57,7 +57,7 @@ class Limits:
         return None if self.cost_usd is None else float(self.cost_usd - budget.used_cost_usd)
 
 
-def recheck(claim: Claim, limits: Limits, effects: EffectStore,
+def recheck(claim: Claim, limits: Limits, waits: WaitStore,
             keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """Refuse to start a step that the run's budgets, deadline or approval no longer allow."""
     budget = claim.budget
@@ -76,10 +76,10 @@ def recheck(claim: Claim, limits: Limits, effects: EffectStore,
     if limits.cost_usd is not None and budget.used_cost_usd >= limits.cost_usd:
         return FailFor("budget_exhausted",
                        f"cost budget spent: ${budget.used_cost_usd} of ${limits.cost_usd}", spent)
-    return _recheck_approval(claim, effects, keys)
+    return _recheck_approval(claim, waits, keys)
 
 
-def _recheck_approval(claim: Claim, effects: EffectStore,
+def _recheck_approval(claim: Claim, waits: WaitStore,
                       keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """After a wait, the run's step must be the continuation its MAC'd control names for
     what happened: an approval's ``then`` only when approved (and unexpired, and for the
@@ -97,7 +97,7 @@ def _recheck_approval(claim: Claim, effects: EffectStore,
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
     if control["kind"] != "approval":
         return None
-    approval = effects.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
+    approval = waits.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
     status = approval["status"] if approval else "missing"
     if status == "pending" and approval is not None and not approval["unexpired"]:
         status = "expired"  # the reaper has not swept it yet

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ledger import signed
-from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify_checkpoint
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import OutcomeKind
 from ledger.steps import Claim
@@ -61,8 +61,8 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Refusal("integrity", "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq} is missing")
     try:
-        verify(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id, claim.head_hash,
-               parent_found=claim.parent_found_hash)
+        verify_checkpoint(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
+                          claim.head_hash, parent_found=claim.parent_found_hash)
         keys.check(signed.head(claim.run_id, claim.seq, claim.head_hash), claim.head_mac,
                    f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
                    f"{claim.head_hash[:12]}…)")

@@ -32,6 +32,7 @@ from ledger.exceptions import (
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
+from ledger.waits import WaitStore
 from tasks import faults
 from tasks.clock import StepClock
 from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
@@ -92,6 +93,7 @@ class StepServices:
         self.launch = launch or Launch()
         self.clock = clock
         self.lineage = LineageStore(effects.conn)
+        self.waits = WaitStore(effects.conn)
         self._source: UUID | None = None
         self._source_known = False
         self.max_effect_payload_bytes = max_effect_payload_bytes
@@ -385,14 +387,14 @@ class StepServices:
         approval_id = self.checkpoint_control.get("approval_id")
         if self.checkpoint_control.get("kind") != "approval" or approval_id is None:
             return None
-        return self.effects.approval(approval_id)
+        return self.waits.approval(approval_id)
 
     def signal_payload(self, name: str) -> Any:
         if self.launch.evidence:
             source = self._evidence_source()
             row = self.lineage.signal_at(source, name, self.seq) if source else None
             return row["payload"] if row else None
-        return self.effects.signal_payload(self.run_id, name, self.seq)
+        return self.waits.signal_payload(self.run_id, name, self.seq)
 
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:

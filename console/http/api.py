@@ -25,7 +25,7 @@ from ledger import Ledger, RunStatus, UnknownRun
 from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, Unauthenticated
 from ledger.forks import BudgetPolicy
-from ledger.inspect import RunFilter
+from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode
 

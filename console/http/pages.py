@@ -28,7 +28,7 @@ from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied, Unauthenticated
-from ledger.inspect import RunFilter
+from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.schema import ApprovalStatus, LaunchMode
 

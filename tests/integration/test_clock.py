@@ -189,8 +189,8 @@ def test_clock__reaper_expiry_locks_the_run_before_the_approval(
             if command == "cancel":
                 operations.cancel_txn(conn, ledger.keys, actor, run_id, "no longer needed")
             else:
-                operations.decide_txn(conn, ledger.keys, actor, asked.id, approve=True,
-                                      artifact_hash=asked.artifact_hash, comment=None)
+                operations.decide_approval_txn(conn, ledger.keys, actor, asked.id, approve=True,
+                                               artifact_hash=asked.artifact_hash, comment=None)
         reaper.join(timeout=15)
     finally:
         later.dispose()

@@ -1,4 +1,4 @@
-"""Checkpoint MACs: any edit to any covered field changes the MAC; verify() catches it."""
+"""Checkpoint MACs: any edit to any covered field changes the MAC; verify_checkpoint catches it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.checkpoints import CheckpointBody, CheckpointKeys, canonical_json, verify
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, canonical_json, verify_checkpoint
 from ledger.exceptions import IntegrityViolation, InvalidInput
 
 KEYS = CheckpointKeys(current="k1", keys={"k1": b"unit-test-key", "k0": b"older-key"})
@@ -72,14 +72,14 @@ FIELDS = [f.name for f in dataclasses.fields(CheckpointBody)]
 @given(body=bodies, field=st.sampled_from(FIELDS), data=st.data())
 def test_checkpoint_mac__changes_when_any_field_changes(body: CheckpointBody, field: str,
                                                         data: st.DataObject) -> None:
-    """Every field of the envelope is covered: changing one changes the MAC, and verify()
+    """Every field of the envelope is covered: changing one changes the MAC, and verify_checkpoint()
     refuses the edited body against the original MAC."""
     edited = _changed(body, field, data)
     original_mac = KEYS.mac(body.as_dict())
     assert KEYS.mac(edited.as_dict()) != original_mac
     with pytest.raises(IntegrityViolation, match="does not match its MAC"):
-        verify(KEYS, edited, original_mac, "k1", head_hash=original_mac)
-    verify(KEYS, body, original_mac, "k1", head_hash=original_mac)
+        verify_checkpoint(KEYS, edited, original_mac, "k1", head_hash=original_mac)
+    verify_checkpoint(KEYS, body, original_mac, "k1", head_hash=original_mac)
 
 
 def test_checkpoint_mac__covers_every_dataclass_field() -> None:
@@ -113,7 +113,7 @@ def test_checkpoint_verify__head_mismatch_is_reported() -> None:
     body = CheckpointBody(UUID(int=2), 4, "ab" * 32, "s", "t", "goto", {"n": 1}, 1)
     mac = KEYS.mac(body.as_dict())
     with pytest.raises(IntegrityViolation, match="not the run's recorded head"):
-        verify(KEYS, body, mac, "k1", head_hash="0" * 64)
+        verify_checkpoint(KEYS, body, mac, "k1", head_hash="0" * 64)
 
 
 def test_checkpoint_verify__unknown_key_id_is_an_integrity_error() -> None:
@@ -121,7 +121,7 @@ def test_checkpoint_verify__unknown_key_id_is_an_integrity_error() -> None:
     body = CheckpointBody(UUID(int=3), 0, None, None, None, "start", {}, None)
     mac = KEYS.mac(body.as_dict())
     with pytest.raises(IntegrityViolation, match="'k9' is not configured"):
-        verify(KEYS, body, mac, "k9", head_hash=mac)
+        verify_checkpoint(KEYS, body, mac, "k9", head_hash=mac)
 
 
 @pytest.mark.parametrize("value", [{"x": float("nan")}, {"x": object()}, {1: "int key"},
@@ -193,12 +193,12 @@ def test_checkpoint_envelope__version_1_still_verifies_and_cannot_be_claimed() -
     old = CheckpointBody(UUID(int=4), 2, None, "s", "t", "goto", {}, 1, envelope_version=1)
     assert "workflow" not in old.as_dict()
     mac = KEYS.mac(old.as_dict())
-    verify(KEYS, dataclasses.replace(old, workflow="anything"), mac, "k1", head_hash=mac)
+    verify_checkpoint(KEYS, dataclasses.replace(old, workflow="anything"), mac, "k1", head_hash=mac)
     new = dataclasses.replace(old, envelope_version=2, workflow="offers")
     new_mac = KEYS.mac(new.as_dict())
     with pytest.raises(IntegrityViolation, match="does not match its MAC"):
-        verify(KEYS, dataclasses.replace(new, envelope_version=1), new_mac, "k1",
+        verify_checkpoint(KEYS, dataclasses.replace(new, envelope_version=1), new_mac, "k1",
                head_hash=new_mac)
     with pytest.raises(IntegrityViolation, match="envelope version 3"):
-        verify(KEYS, dataclasses.replace(new, envelope_version=3), new_mac, "k1",
+        verify_checkpoint(KEYS, dataclasses.replace(new, envelope_version=3), new_mac, "k1",
                head_hash=new_mac)
