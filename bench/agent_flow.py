@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from examples.provider_client import provider_tool
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 from tasks.llm import LLMResponse
 from tasks.llm_openai import OpenAIChat

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 from console.http.app import create_app  # noqa: E402
 from harness.databases import create_database, drop_database  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
-from ledger.audit import Role  # noqa: E402
 from ledger.db import database_url  # noqa: E402
 from ledger.fill import fill_approvals_txn, fill_long_run_txn, fill_runs_txn  # noqa: E402
 from ledger.tokens import TokenRequest  # noqa: E402
+from ledger.vocabulary import Role  # noqa: E402
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 TARGET_S = 1.0

@@ -87,8 +87,8 @@ from harness.processes import Proc, Processes  # noqa: E402
 from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.db import database_url  # noqa: E402
-from ledger.schema import ApprovalStatus  # noqa: E402
 from ledger.stats import BatchStats  # noqa: E402
+from ledger.vocabulary import ApprovalStatus  # noqa: E402
 from tasks.routing import version_queue, workflow_queue  # noqa: E402
 from tasks.waiting import artifact_hash  # noqa: E402
 from workers.broker import broker_url  # noqa: E402

@@ -17,8 +17,9 @@ import stat
 from pathlib import Path
 
 from ledger import Ledger, OnwardSettings
-from ledger.audit import Actor, Role
+from ledger.audit import Actor
 from ledger.exceptions import Unauthenticated
+from ledger.vocabulary import Role
 
 
 def default_token_file() -> Path:

@@ -24,8 +24,8 @@ from console.commands_workers import workers as workers_cmd
 from console.common import open_ledger, reported, say_error
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
-from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, OnwardError, TracingUnavailable
+from ledger.vocabulary import AuditAction
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
@@ -300,8 +300,8 @@ def console_cmd(
 
     from console.auth import local_admin, owns_embedded_database
     from console.http.app import create_app
-    from ledger.audit import Role
     from ledger.tokens import TokenRequest
+    from ledger.vocabulary import Role
     from workers.logs import configure_logging, json_logs
 
     configure_logging()

@@ -15,9 +15,9 @@ from console.safe import line
 from ledger import Ledger
 from ledger.anchor_store import find_anchor, open_store
 from ledger.anchoring import Anchors, Compared
-from ledger.audit import AuditAction
 from ledger.exceptions import AnchorRefused, InvalidInput
 from ledger.verify import Problem
+from ledger.vocabulary import AuditAction
 
 
 def anchor(

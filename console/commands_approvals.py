@@ -27,10 +27,9 @@ from console.common import (
 )
 from console.exceptions import ArtifactNotShown
 from console.safe import add_row, json_text, line
-from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.exceptions import ApprovalRefused, InvalidInput, OnwardError
-from ledger.schema import ApprovalStatus
+from ledger.vocabulary import ApprovalStatus, AuditAction
 from ledger.waits import may_decide
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)

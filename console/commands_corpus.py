@@ -35,11 +35,11 @@ from console.common import (
 )
 from console.safe import add_row, line
 from ledger import RunStatus
-from ledger.audit import AuditAction
 from ledger.bundle import DropPolicy, open_for_write, read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.vocabulary import AuditAction
 
 corpus_app = typer.Typer(
     help="Corpora: recorded runs pinned as a regression suite; replay them against new code.",

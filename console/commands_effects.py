@@ -27,11 +27,10 @@ from console.common import (
 )
 from console.safe import add_row, json_text, line
 from ledger import Ledger
-from ledger.audit import AuditAction
 from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput
 from ledger.operations import Finding, resolve_plan
-from ledger.schema import EffectStatus
+from ledger.vocabulary import AuditAction, EffectStatus
 
 effects_app = typer.Typer(help="External effects: list, inspect, repeat and resolve (admin).",
                           no_args_is_help=True)

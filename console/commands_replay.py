@@ -29,10 +29,10 @@ from console.common import (
 )
 from console.safe import add_row, line, visible
 from ledger import Ledger
-from ledger.audit import AuditAction
 from ledger.bundle import Bundle, read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus_replays import open_replays_txn
+from ledger.vocabulary import AuditAction
 from tasks.corpus.compare import Kind
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.report import (

@@ -32,11 +32,10 @@ from console.render import run_detail, show_run
 from console.safe import add_row, json_text, line
 from ledger import Ledger, RunStatus
 from ledger.api import REFUSALS
-from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
 from ledger.inspection import RunFilter
-from ledger.schema import LaunchMode
+from ledger.vocabulary import AuditAction, LaunchMode
 
 runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",
                        no_args_is_help=True)

@@ -21,8 +21,8 @@ from console.common import (
     reported,
     when,
 )
-from ledger.audit import AuditAction, Role
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import AuditAction, Role
 
 tokens_app = typer.Typer(help="Tokens: who may do what (admin): create, ls, revoke.",
                          no_args_is_help=True)

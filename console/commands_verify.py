@@ -12,8 +12,8 @@ import typer
 from console.commands_anchor import compare_with_anchor
 from console.common import open_ledger, resolve_run
 from console.safe import console, line
-from ledger.audit import AuditAction
 from ledger.verify import Problem
+from ledger.vocabulary import AuditAction
 
 out = console()
 

@@ -26,8 +26,8 @@ from console.auth import cli_ledger
 from console.safe import console, visible
 from ledger import Ledger
 from ledger.api import REFUSALS
-from ledger.audit import AuditAction
 from ledger.exceptions import OnwardError, Unauthenticated
+from ledger.vocabulary import AuditAction
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2

@@ -70,8 +70,8 @@ from harness.waiting import wait_for
 from ledger import AttemptOutcome, Ledger, OnwardSettings, Run, RunStatus
 from ledger.effects import Effect
 from ledger.exceptions import ApprovalRefused
-from ledger.schema import ApprovalStatus, EffectStatus
 from ledger.stats import BatchStats
+from ledger.vocabulary import ApprovalStatus, EffectStatus
 from ledger.waits import Approval
 from tasks.waiting import artifact_hash
 

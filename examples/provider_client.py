@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult
 

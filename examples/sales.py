@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
 from examples.provider_client import provider_tool
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 
 MODEL = "sales-model"

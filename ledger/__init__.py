@@ -16,8 +16,8 @@ from ledger.exceptions import (
     WaitTimedOut,
 )
 from ledger.runs import Run
-from ledger.schema import AttemptOutcome, OutcomeKind, RunStatus
 from ledger.settings import OnwardSettings
+from ledger.vocabulary import AttemptOutcome, OutcomeKind, RunStatus
 from ledger.watch import EventKind, RunEvent, RunOutcome
 
 __all__ = [

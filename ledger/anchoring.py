@@ -28,11 +28,12 @@ from sqlalchemy.engine import Connection, Engine
 from ledger import signed
 from ledger.anchor import Anchor, Head, decode, encode
 from ledger.anchor_store import AnchorStore, anchor_name, taken_at_of
-from ledger.audit import AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
 from ledger.exceptions import AnchorRefused, IntegrityViolation, RollbackFound
 from ledger.verify import Problem
+from ledger.vocabulary import AuditAction, AuditOutcome
 
 if TYPE_CHECKING:
     from ledger.api import Ledger

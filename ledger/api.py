@@ -29,16 +29,7 @@ from ledger import (
 )
 from ledger import runs as run_ops
 from ledger import tokens as token_ops
-from ledger.audit import (
-    Actor,
-    AuditAction,
-    AuditEntry,
-    AuditOutcome,
-    AuditRecord,
-    Role,
-    list_audit_txn,
-    record_txn,
-)
+from ledger.audit import Actor, AuditEntry, AuditRecord, list_audit_txn, record_txn
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
 from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
@@ -53,12 +44,20 @@ from ledger.exceptions import (
     UnknownRun,
     UnknownToken,
 )
-from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode, RunStatus
 from ledger.schema import approvals as approvals_table
 from ledger.schema import checkpoints as checkpoints_table
 from ledger.schema import runs as runs_table
 from ledger.settings import OnwardSettings
 from ledger.stats import BatchStats, batch_stats
+from ledger.vocabulary import (
+    ApprovalStatus,
+    AuditAction,
+    AuditOutcome,
+    EffectStatus,
+    LaunchMode,
+    Role,
+    RunStatus,
+)
 
 T = TypeVar("T")
 

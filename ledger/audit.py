@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -22,49 +21,10 @@ from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import PermissionDenied
 from ledger.schema import audit
 
-
-class Role(StrEnum):
-    """What an operator may do (docs/design.md section 10); each role includes the ones before."""
-
-    VIEWER = "viewer"  # reads (and the reads are audited where they show a run's detail)
-    APPROVER = "approver"  # decide approvals that name them or one of their approver roles
-    OPERATOR = "operator"  # start, signal, continue, replay, branch, cancel
-    ADMIN = "admin"  # privileged: repeat an external effect, manage tokens
-
-    @property
-    def rank(self) -> int:
-        return list(Role).index(self)
-
-    def allows(self, needed: Role) -> bool:
-        return self.rank >= needed.rank
-
-
-class AuditAction(StrEnum):
-    CONTINUE = "continue"
-    REPLAY = "replay"
-    BRANCH = "branch"
-    CANCEL = "cancel"
-    APPROVE = "approve"
-    REJECT = "reject"
-    REPEAT_EFFECT = "repeat_effect"
-    RESOLVE_EFFECT = "resolve_effect"  # a person records what they found at the provider
-    INSPECT = "inspect"  # a run's or an effect's full detail was read
-    VERIFY = "verify"  # a run's stored history was checked
-    START = "start"  # a run started by an operator or a service (CLI, HTTP API)
-    SIGNAL = "signal"
-    TOKEN_CREATE = "token_create"
-    TOKEN_REVOKE = "token_revoke"
-    CORPUS_ADD = "corpus_add"  # runs pinned into a regression corpus (exempt from retention)
-    CORPUS_REMOVE = "corpus_remove"
-    CORPUS_EXPORT = "corpus_export"  # a corpus's records written to a bundle (data leaves)
-    CORPUS_IMPORT = "corpus_import"
-    ANCHOR = "anchor"  # every run's head written to the anchor location (docs/guarantees.md)
-
-
-class AuditOutcome(StrEnum):
-    DONE = "done"
-    REFUSED = "refused"
-
+# Deprecated aliases (issue 12), for one landing window: import these from ledger.vocabulary.
+from ledger.vocabulary import AuditAction as AuditAction
+from ledger.vocabulary import AuditOutcome as AuditOutcome
+from ledger.vocabulary import Role as Role
 
 REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.CONTINUE: Role.OPERATOR,

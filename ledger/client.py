@@ -26,11 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from ledger import catalog, operations, waits, watch
 from ledger import runs as run_ops
 from ledger.api import REFUSALS
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, Role, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url, libpq_conninfo
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.settings import OnwardSettings
+from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
 T = TypeVar("T")
 LISTEN_CYCLE_S = 0.1

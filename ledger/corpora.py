@@ -18,10 +18,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import corpus
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import Bundle, DropPolicy
 from ledger.corpus_bundle import Exported, export_txn, load_txn, verify_loaded_txn
 from ledger.db import wrap_driver_errors
+from ledger.vocabulary import AuditAction, AuditOutcome
 
 if TYPE_CHECKING:
     from ledger.api import Ledger

@@ -19,11 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
-from ledger.schema import RunStatus, corpora, corpus_runs, runs
+from ledger.schema import corpora, corpus_runs, runs
+from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
 PINNABLE = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 """Runs that stopped for good: what a corpus pins."""

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import BUNDLE_VERSION, FORMAT, TABLES, Bundle, BundleWriter, DropPolicy
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
 from ledger.corpus import PINNABLE, get_corpus_txn
@@ -36,6 +36,7 @@ from ledger.schema import (
     step_attempts,
 )
 from ledger.verify import verify_run_txn
+from ledger.vocabulary import AuditAction, AuditOutcome
 
 
 @dataclass(frozen=True)

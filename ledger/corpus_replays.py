@@ -19,11 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
 from ledger.exceptions import IntegrityViolation, OperationRefused
-from ledger.schema import RunStatus, artifacts, checkpoints, runs, step_attempts
+from ledger.schema import artifacts, checkpoints, runs, step_attempts
 from ledger.verify import verify_run_txn
+from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
 
 @dataclass(frozen=True)

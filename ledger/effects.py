@@ -25,9 +25,9 @@ from ledger.exceptions import (
     OnwardError,
 )
 from ledger.hot import HotConnection
-from ledger.schema import EffectAttemptKind, EffectStatus
 from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
+from ledger.vocabulary import EffectAttemptKind, EffectStatus
 
 
 # A call of effect ``e`` may have reached the provider: some call attempt (or an operator's

@@ -14,7 +14,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.checkpoints import artifact_ref
-from ledger.schema import OutcomeKind
+from ledger.vocabulary import OutcomeKind
 
 
 class _Group(BaseModel):

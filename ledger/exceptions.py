@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 if TYPE_CHECKING:
-    from ledger.schema import RunStatus
     from ledger.verify import Problem
+    from ledger.vocabulary import RunStatus
 
 __all__ = [
     "AnchorRefused",

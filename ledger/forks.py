@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
 from ledger import signed
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
     CheckpointBody,
@@ -38,17 +38,16 @@ from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.lineage import APPROVAL_AT, SIGNAL_AT, STEP_AFTER, Divergence, resume_after_wait
 from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
 from ledger.runs import validate_input
-from ledger.schema import (
+from ledger.schema import approvals, artifacts, checkpoints, runs
+from ledger.verify import verify_source_txn
+from ledger.vocabulary import (
     ApprovalStatus,
+    AuditAction,
+    AuditOutcome,
     LaunchMode,
     OutcomeKind,
     RunStatus,
-    approvals,
-    artifacts,
-    checkpoints,
-    runs,
 )
-from ledger.verify import verify_source_txn
 
 StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
 """Validates a branch's patched state against the workflow's model (raise InvalidInput)."""

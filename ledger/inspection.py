@@ -16,15 +16,8 @@ from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, UnknownEffect, UnknownRun
 from ledger.runs import Run, TimelineEntry
-from ledger.schema import (
-    EffectStatus,
-    RunStatus,
-    checkpoints,
-    effects,
-    evidence,
-    runs,
-    step_attempts,
-)
+from ledger.schema import checkpoints, effects, evidence, runs, step_attempts
+from ledger.vocabulary import EffectStatus, RunStatus
 
 
 @dataclass(frozen=True)

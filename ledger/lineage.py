@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.effects import Effect
 from ledger.hot import HotConnection
-from ledger.schema import ApprovalStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus, LaunchMode
 
 
 @dataclass(frozen=True)

@@ -20,23 +20,20 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from ledger import signed, waits
-from ledger.audit import Actor, AuditAction, AuditOutcome, AuditRecord, record_txn
+from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import OUTCOME_UNKNOWN, Effect, unknown_call
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
-from ledger.schema import (
+from ledger.schema import approvals, checkpoints, effect_attempts, effects, outbox, runs
+from ledger.vocabulary import (
     ApprovalStatus,
+    AuditAction,
+    AuditOutcome,
     EffectAttemptKind,
     EffectStatus,
     LaunchMode,
     OutcomeKind,
     RunStatus,
-    approvals,
-    checkpoints,
-    effect_attempts,
-    effects,
-    outbox,
-    runs,
 )
 
 REPLAY_MODES = (LaunchMode.EVIDENCE, LaunchMode.SIMULATION, LaunchMode.LIVE)

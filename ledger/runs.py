@@ -18,7 +18,8 @@ from uuid6 import uuid7
 from ledger import signed, tracing
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys, canonical_json
 from ledger.exceptions import IdempotencyConflict, InvalidInput
-from ledger.schema import OutcomeKind, RunStatus, runs, step_attempts
+from ledger.schema import runs, step_attempts
+from ledger.vocabulary import OutcomeKind, RunStatus
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""All ledger tables, on one MetaData in the PostgreSQL schema ``onward``.
+"""All ledger tables, on one MetaData in the PostgreSQL schema ``onward``; the values their
+CHECK constraints allow come from the enums of ``ledger/vocabulary.py``.
 
 Alembic migrations in ``ledger/migrations`` must produce exactly this catalog;
 ``tests/integration/test_migrations.py`` checks it.
@@ -31,6 +32,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+# Deprecated aliases (issue 12), for one landing window: import these from ledger.vocabulary.
+from ledger.vocabulary import ApprovalStatus as ApprovalStatus
+from ledger.vocabulary import AttemptOutcome as AttemptOutcome
+from ledger.vocabulary import EffectAttemptKind as EffectAttemptKind
+from ledger.vocabulary import EffectStatus as EffectStatus
+from ledger.vocabulary import EvidenceKind as EvidenceKind
+from ledger.vocabulary import LaunchMode as LaunchMode
+from ledger.vocabulary import OutcomeKind as OutcomeKind
+from ledger.vocabulary import Role
+from ledger.vocabulary import RunStatus as RunStatus
+from ledger.vocabulary import ToolClass as ToolClass
+
 SCHEMA = "onward"
 VERSION_TABLE = "onward_alembic_version"
 
@@ -50,102 +63,6 @@ metadata = MetaData(
         "pk": "pk_%(table_name)s",
     },
 )
-
-
-class RunStatus(StrEnum):
-    """Where a run stands. Values are what PostgreSQL stores."""
-
-    RUNNING = "running"  # runnable: queued, leased, or waiting for a delayed retry
-    COMPLETED = "completed"
-    FAILED = "failed"
-    NEEDS_REVIEW = "needs_review"  # parked: a person must look before anything runs
-    CANCELLED = "cancelled"
-    WAITING = "waiting"  # for a person's decision or a signal: no lease, no message
-    DIVERGED = "diverged"  # an evidence replay asked for something its parent never did
-
-    @property
-    def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
-                        RunStatus.DIVERGED)
-
-
-class OutcomeKind(StrEnum):
-    """What produced a checkpoint."""
-
-    START = "start"
-    GOTO = "goto"
-    FINISH = "finish"
-    FAIL = "fail"
-    WAIT = "wait"  # the step asked for an approval, a signal or a timer
-    # Written by older releases: the migrated state as its own checkpoint. A migration now
-    # happens in memory at the run's seq and the step's checkpoint records ``migrated_from``.
-    MIGRATION = "migration"
-    FORK = "fork"  # the first checkpoint of a replay or branch: a copy of its parent's
-
-
-class AttemptOutcome(StrEnum):
-    """How one claimed execution of a step ended (NULL while running or if the worker died)."""
-
-    COMMITTED = "committed"
-    FAILED = "failed"  # the step raised; the error is recorded
-    LEASE_LOST = "lease_lost"  # another worker took over; the result was discarded
-    RELEASED = "released"  # the worker gave the lease back without running (e.g. unknown workflow)
-    PARKED = "parked"  # the executor parked the run instead of running the step
-    WORKER_LOST = "worker_lost"  # the lease expired with no result: the worker died or hung
-    WAITING = "waiting"  # the step paused (e.g. an accepted effect) and gave the lease back
-    CANCELLED = "cancelled"  # the worker honoured a cancel request and ended the run
-
-
-class EffectStatus(StrEnum):
-    """Where one external effect stands (docs/design.md section 5)."""
-
-    PENDING = "pending"  # intent recorded; the outcome of any call is unknown
-    ACCEPTED = "accepted"  # the provider took the job; poll its status
-    COMPLETED = "completed"
-    FAILED = "failed"  # the provider refused definitively
-    # Closed when its run ended, known never to have reached the provider: no call was
-    # started, or each call was refused or followed by a lookup that found nothing
-    # (ledger/effects.py, UNKNOWN_CALL). The same run's step
-    # (after ``continue``) may send it again under the same key.
-    UNSENT = "unsent"
-
-
-class ToolClass(StrEnum):
-    """How a tool may be retried."""
-
-    READ = "read"  # repeat freely
-    IDEMPOTENT_WRITE = "idempotent_write"  # repeat with the same key
-    IRREVERSIBLE = "irreversible"  # never repeated blindly: reconcile first
-
-
-class EffectAttemptKind(StrEnum):
-    CALL = "call"
-    LOOKUP = "lookup"
-    STATUS = "status"
-    REPEAT = "repeat"  # an operator's privileged re-send
-    RESOLVE = "resolve"  # a person's finding at the provider (`onward effects resolve`)
-
-
-class LaunchMode(StrEnum):
-    """How a replay or branch run reaches the outside world (docs/design.md section 8)."""
-
-    EVIDENCE = "evidence"  # parent's recorded results only; nothing external is called
-    SIMULATION = "simulation"  # tools run their sandbox implementation
-    LIVE = "live"  # real calls; irreversible effects only if explicitly allowed
-    BRANCH = "branch"  # a new run from an edited state, live
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    INVALIDATED = "invalidated"
-
-
-class EvidenceKind(StrEnum):
-    LLM = "llm"
-    READ = "read"
 
 
 def _in(column: str, enum: type[StrEnum]) -> str:
@@ -514,7 +431,7 @@ tokens = Table(
     Column("revoked_at", TS, nullable=True),
     Column("revoked_by", Text, nullable=True),
     Column("last_used_at", TS, nullable=True),
-    CheckConstraint("role IN ('viewer', 'approver', 'operator', 'admin')", name="role"),
+    CheckConstraint(_in("role", Role), name="role"),
     Index("ix_tokens_hash", "token_hash", unique=True),
 )
 

@@ -33,7 +33,8 @@ from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
-from ledger.schema import VERSION_TABLE, AttemptOutcome, OutcomeKind, RunStatus
+from ledger.schema import VERSION_TABLE
+from ledger.vocabulary import AttemptOutcome, OutcomeKind, RunStatus
 
 
 class StaleReason(StrEnum):

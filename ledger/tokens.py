@@ -20,9 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from uuid6 import uuid7
 
-from ledger.audit import Actor, Role
+from ledger.audit import Actor
 from ledger.exceptions import InvalidInput, Unauthenticated, UnknownToken
 from ledger.schema import tokens
+from ledger.vocabulary import Role
 
 PREFIX = "onw_"
 """Every secret starts with this, so secret scanners and people recognise one."""

@@ -27,8 +27,6 @@ from ledger.effects import Effect, check_effect, list_effects_txn
 from ledger.evidence import checked_response
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.schema import (
-    ApprovalStatus,
-    OutcomeKind,
     approvals,
     artifacts,
     audit,
@@ -38,6 +36,7 @@ from ledger.schema import (
     evidence,
     runs,
 )
+from ledger.vocabulary import ApprovalStatus, OutcomeKind
 
 
 @dataclass(frozen=True)

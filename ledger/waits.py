@@ -20,7 +20,8 @@ from ledger.checkpoints import canonical_json
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import ApprovalRefused, InvalidInput, UnknownApproval, UnknownRun
 from ledger.hot import HotConnection
-from ledger.schema import ApprovalStatus, RunStatus, approvals, checkpoints, outbox, runs, signals
+from ledger.schema import approvals, checkpoints, outbox, runs, signals
+from ledger.vocabulary import ApprovalStatus, RunStatus
 
 
 @dataclass(frozen=True)

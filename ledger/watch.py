@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from ledger.db import connect_raw
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.runs import Run
-from ledger.schema import RunStatus
+from ledger.vocabulary import RunStatus
 
 CHANNEL_PREFIX = "onward_run_"
 

@@ -28,8 +28,8 @@ from ledger.exceptions import (
     InvalidInput,
     StatementRefused,
 )
-from ledger.schema import OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
+from ledger.vocabulary import OutcomeKind, RunStatus
 from ledger.waits import WaitStore
 from tasks import faults, observe
 from tasks.clock import StepClock

@@ -18,12 +18,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ledger.api import Ledger
-from ledger.audit import AuditAction
 from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
-from ledger.schema import LaunchMode
+from ledger.vocabulary import AuditAction, LaunchMode
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry

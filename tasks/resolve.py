@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.effects import Effect, EffectStore
-from ledger.schema import EffectAttemptKind, EffectStatus
+from ledger.vocabulary import EffectAttemptKind, EffectStatus
 from tasks.tools import Tool, ToolResult, invoke
 
 _STATUS = {"completed": EffectStatus.COMPLETED, "accepted": EffectStatus.ACCEPTED,

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ValidationError
 from ledger import signed
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify_checkpoint
 from ledger.exceptions import IntegrityViolation
-from ledger.schema import OutcomeKind
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
+from ledger.vocabulary import OutcomeKind
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
 

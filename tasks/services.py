@@ -30,8 +30,8 @@ from ledger.exceptions import (
     InvalidInput,
 )
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
-from ledger.schema import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.steps import Advance, Wait
+from ledger.vocabulary import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
 from ledger.waits import WaitStore
 from tasks import faults
 from tasks.clock import StepClock

@@ -33,7 +33,7 @@ from uuid import uuid4
 
 from ledger.checkpoints import canonical_json
 from ledger.exceptions import InvalidInput
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks.exceptions import ToolError, ToolPromiseBroken
 from tasks.services import effect_id_for
 from tasks.tools import Status, Tool, ToolResult

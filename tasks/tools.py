@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks.exceptions import (
     ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
     WorkflowDefinitionError,

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 from tasks.exceptions import StepError
 from tasks.llm import LLMResponse

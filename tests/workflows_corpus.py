@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
 

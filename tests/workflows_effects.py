@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from examples.provider_client import provider_tool
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 
 unstable_payload = provider_tool("test.unstable", "unstable", ToolClass.IRREVERSIBLE)

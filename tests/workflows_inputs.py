@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 from tasks.llm import LLMResponse
 from tasks.tools import Tool

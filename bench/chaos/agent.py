@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from examples.provider_client import provider_tool
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 
 WORKFLOW = "chaos_agent"

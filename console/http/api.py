@@ -22,12 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from console.common import plain
 from console.render import run_detail
 from ledger import Ledger, RunStatus, UnknownRun
-from ledger.audit import AuditAction
 from ledger.exceptions import InvalidInput, Unauthenticated
 from ledger.forks import BudgetPolicy
 from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
-from ledger.schema import ApprovalStatus, EffectStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus, AuditAction, EffectStatus, LaunchMode
 
 bearer = HTTPBearer(auto_error=False, description="A token from `onward tokens create`.")
 router = APIRouter(prefix="/api/v1")

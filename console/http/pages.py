@@ -24,13 +24,12 @@ from fastapi.templating import Jinja2Templates
 
 from console.http.errors import status_of
 from ledger import Ledger, RunStatus
-from ledger.audit import AuditAction
 from ledger.checkpoints import canonical_json
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied, Unauthenticated
 from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
-from ledger.schema import ApprovalStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus, AuditAction, LaunchMode
 
 COOKIE = "onward_token"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from ledger.corpus_history import Call, Checkpoint, History
-from ledger.schema import OutcomeKind, RunStatus
+from ledger.vocabulary import OutcomeKind, RunStatus
 from tasks.corpus.diff import json_diff, request_diff, request_text, without
 
 RequestLookup = Callable[[str, str], tuple[bool, Any]]

@@ -19,13 +19,13 @@ from typing import Any
 from uuid import UUID
 
 from ledger import Ledger
-from ledger.audit import Actor, Role
+from ledger.audit import Actor
 from ledger.corpus_history import History, read_history_txn, recorded_request_txn
 from ledger.db import wrap_driver_errors
 from ledger.forks import BudgetPolicy, ForkRequest, fork_txn
-from ledger.schema import LaunchMode, OutcomeKind, RunStatus
 from ledger.steps import StepStore
 from ledger.verify import verify_run_txn
+from ledger.vocabulary import LaunchMode, OutcomeKind, Role, RunStatus
 from tasks.corpus.compare import Finding, Kind, Verdict, compare
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step
 from tasks.workflow import Registry

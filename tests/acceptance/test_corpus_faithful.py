@@ -19,10 +19,10 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger, OnwardSettings, RunStatus
-from ledger.audit import Role
 from ledger.bundle import read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
+from ledger.vocabulary import Role
 from tasks.corpus.replayer import ReplayOptions
 from tasks.corpus.report import Policy, summarize
 from tasks.corpus.runner import replay_bundle

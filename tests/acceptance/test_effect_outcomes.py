@@ -12,8 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
-from ledger.schema import EffectStatus
+from ledger.vocabulary import EffectStatus, Role
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider
 

@@ -10,7 +10,7 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger, RunStatus
-from ledger.schema import EffectStatus
+from ledger.vocabulary import EffectStatus
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider
 

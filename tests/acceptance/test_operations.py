@@ -12,7 +12,7 @@ import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.exceptions import InvalidInput, OperationRefused, PermissionDenied
-from ledger.schema import EffectStatus
+from ledger.vocabulary import EffectStatus
 from tasks.operator import plan_repeat, repeat_effect
 from tests.support.cluster import Cluster, wait_for
 from tests.support.provider import Provider, running_provider

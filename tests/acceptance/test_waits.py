@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from ledger import Ledger, RunStatus
 from ledger.exceptions import ApprovalRefused
 from ledger.runs import Budgets
-from ledger.schema import ApprovalStatus
+from ledger.vocabulary import ApprovalStatus
 from tasks.waiting import artifact_hash
 from tests.support import reads
 from tests.support.cluster import Cluster, wait_for

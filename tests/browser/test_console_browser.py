@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from playwright.sync_api import Page, expect
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_ops", "tests.workflows_waits"]

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.exceptions import ApprovalRefused, PermissionDenied, Unauthenticated
 from ledger.schema import tokens
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 from tests.support.clock import follow_engine
 from tests.support.driver import Driver, driver
 

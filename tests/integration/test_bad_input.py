@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.exceptions import IdempotencyConflict, InvalidInput, OnwardError
 from ledger.runs import Budgets, Run
+from ledger.vocabulary import Role
 from tests.support import reads
 from tests.support.driver import Driver, driver
 from tests.workflows_inputs import MODEL, SENT, nested

@@ -15,9 +15,9 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.runs import Budgets, Run
 from ledger.steps import StepStore
+from ledger.vocabulary import Role
 from tasks.executor import ExecutorConfig, StepMessage, execute_step
 from tasks.workflow import Registry
 from tests.support import reads

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_display"]

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_ops"]

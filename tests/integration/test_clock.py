@@ -13,10 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, OnwardSettings, RunStatus, operations
-from ledger.audit import Role
 from ledger.db import libpq_conninfo
 from ledger.recovery import RecoveryStore
-from ledger.schema import ApprovalStatus
+from ledger.vocabulary import ApprovalStatus, Role
 from tasks.executor import ReportKind
 from tests.support import clock, reads
 from tests.support.cluster import wait_for

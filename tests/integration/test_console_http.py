@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from console.http.app import create_app
 from console.http.pages import COOKIE, csrf_of
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_ops", "tests.workflows_waits"]

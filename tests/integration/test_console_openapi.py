@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from console.http.app import create_app
 from ledger import Ledger
-from ledger.audit import Role
 from ledger.tokens import TokenRequest
+from ledger.vocabulary import Role
 
 
 def test_openapi__no_server_errors_and_no_anonymous_changes(ledger: Ledger) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from ledger import Ledger
-from ledger.audit import Role
 from ledger.exceptions import OperationRefused
 from ledger.steps import Claim, StepStore, error_record
+from ledger.vocabulary import Role
 from tests.support import reads
 
 

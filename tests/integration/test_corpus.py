@@ -15,12 +15,12 @@ import sqlalchemy as sa
 
 from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings, RunStatus
-from ledger.audit import Role
 from ledger.bundle import DropPolicy, read_bundle
 from ledger.checkpoints import CheckpointKeys
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
+from ledger.vocabulary import Role
 from tests.support.corpus import other_ledger, record_note, row_counts
 from tests.support.driver import Driver, driver
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ledger import Ledger, OnwardSettings
-from ledger.audit import Role
 from ledger.bundle import read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
+from ledger.vocabulary import Role
 from tasks.corpus.compare import Kind
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.report import Policy, summarize

@@ -14,13 +14,12 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, operations
-from ledger.audit import Role
 from ledger.effects import EffectStore, Intent
 from ledger.exceptions import EffectFenced, InvalidInput, OperationRefused, PermissionDenied
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
-from ledger.schema import EffectAttemptKind, EffectStatus
 from ledger.steps import Claim, StepStore
+from ledger.vocabulary import EffectAttemptKind, EffectStatus, Role
 from tasks.executor import ReportKind
 from tests.support import clock
 from tests.support.cluster import wait_for

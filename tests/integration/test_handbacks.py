@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.runs import Budgets
 from ledger.steps import Stale
+from ledger.vocabulary import Role
 from tasks.executor import ReportKind
 from tests.support import clock
 from tests.support.driver import Driver, driver

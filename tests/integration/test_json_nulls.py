@@ -17,11 +17,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings, RunStatus
-from ledger.audit import Role
 from ledger.bundle import read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.schema import metadata
+from ledger.vocabulary import Role
 from tests.support.corpus import other_ledger, record_note
 from tests.support.driver import Driver, driver
 

@@ -15,8 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
-from ledger.schema import ApprovalStatus
+from ledger.vocabulary import ApprovalStatus, Role
 from tasks.executor import ReportKind
 from tests.support import clock, reads
 from tests.support.driver import Driver, driver

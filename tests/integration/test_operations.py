@@ -13,10 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.exceptions import ApprovalRefused, InvalidInput, OperationRefused, PermissionDenied
-from ledger.schema import ApprovalStatus, EffectAttemptKind, EffectStatus, LaunchMode
 from ledger.steps import StepStore
+from ledger.vocabulary import ApprovalStatus, EffectAttemptKind, EffectStatus, LaunchMode, Role
 from tasks.operator import plan_repeat, repeat_effect, state_check
 from tests.support.driver import Driver, driver
 from tests.workflows_ops import calls

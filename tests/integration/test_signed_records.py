@@ -16,16 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.recovery import RecoveryStore
 from ledger.tokens import TokenRequest
-from tests.integration.test_operations import (  # noqa: F401 - fixtures
-    drv,
-    ledger_ops,
-    logs,
-    ops,
-    outside,
-)
+from ledger.vocabulary import Role
+from tests.integration.test_operations import drv, ledger_ops, logs, ops, outside  # noqa: F401 - fixtures
 from tests.support import reads
 from tests.support.driver import Driver
 

@@ -18,7 +18,7 @@ from console.cli import app
 from examples import provider_client
 from examples.provider_client import create, find_by_key, provider_tool, status
 from examples.sales import create_offer, send_email
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks.exceptions import ToolPromiseBroken
 from tasks.toolcheck import assert_tool_keeps_promises, check_tool
 from tasks.tools import Tool, ToolResult

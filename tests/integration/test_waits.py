@@ -105,7 +105,7 @@ def test_deadline__a_waiting_run_failed_by_its_deadline_leaves_no_pending_approv
     from datetime import timedelta
 
     from ledger.runs import Budgets
-    from ledger.schema import ApprovalStatus
+    from ledger.vocabulary import ApprovalStatus
     from tests.support.clock import follow_engine
 
     run_id = ledger.start_run("test_review", {"doc": "offer", "expires_s": 3600},

@@ -61,8 +61,8 @@ from ledger import Ledger
 from ledger.api import REFUSALS
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
-from ledger.schema import ApprovalStatus, LaunchMode
 from ledger.settings import OnwardSettings
+from ledger.vocabulary import ApprovalStatus, LaunchMode
 from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect

@@ -10,7 +10,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from ledger import Ledger, OnwardSettings, RunStatus
-from ledger.audit import Role
+from ledger.vocabulary import Role
 from tasks.waiting import artifact_hash
 from tests.support.driver import Driver
 

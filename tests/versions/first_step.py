@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks.tools import Tool, ToolResult
 
 OBJECTS: list[dict[str, Any]] = []  # what the provider holds: one per payment made

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.fake_llm import FakeModel
-from ledger.schema import ToolClass
+from ledger.vocabulary import ToolClass
 from tasks import StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
 
