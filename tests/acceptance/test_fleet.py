@@ -37,7 +37,8 @@ def test_workers__lists_live_workers_and_flags_unserved_workflows(
     that stops cleanly leaves the list."""
     cluster.dispatcher()
     worker = cluster.worker(concurrency=2, env=FAST_ADS)
-    slow = ledger.start_run("test_chain", {"steps": 1, "sleep_ms": 6000})
+    # long enough that a poll (a CLI process, seconds on a busy machine) sees it in flight
+    slow = ledger.start_run("test_chain", {"steps": 1, "sleep_ms": 20000})
 
     def in_flight() -> dict[str, Any] | None:
         code, view = _workers(settings_env)
@@ -54,7 +55,7 @@ def test_workers__lists_live_workers_and_flags_unserved_workflows(
     assert {"workflow": "test_five", "version": 1, "start_step": "plan"} in row["workflows"]
     assert row["live"] is True and row["heartbeat_age_s"] < 3  # advertised each second
     assert view["unserved"] == []
-    wait_for(lambda: ledger.get_run(slow).status is RunStatus.COMPLETED, timeout=60,
+    wait_for(lambda: ledger.get_run(slow).status is RunStatus.COMPLETED, timeout=90,
              what="the slow run to complete")
 
     ledger.start_run("ghost_workflow", {})

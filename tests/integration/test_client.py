@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -145,7 +146,10 @@ def test_client__async_client_starts_waits_streams_signals_and_cancels(
             async with AsyncLedger(settings) as client:
                 await client.wait(await client.start("test_chain", {}), timeout=0.3)
 
-    asyncio.run(scenario())
+    # its own thread: a browser test (pytest-playwright's sync API) run earlier by the same
+    # xdist worker leaves an event loop running in the main thread
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, scenario()).result()
     assert reads.run_row(ledger.engine, ledger_run_of(ledger, "test_signal"))["status"] \
         == "completed"
 

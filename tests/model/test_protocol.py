@@ -438,8 +438,11 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(run=runs)
     def continue_run(self, run: UUID) -> None:
+        before = self.ledger.get_run(run)
         with contextlib.suppress(*REFUSALS):
             self.ledger.continue_run(run, "model test: continue")
+            if before is not None and (before.last_error or {}).get("reason") == "invalid_answer":
+                self.world.model.reasked[run] += 1  # docs/operating.md: continue asks again
 
     @rule(target=runs, run=runs, pick=st.integers(0, 15),
           mode=st.sampled_from([m.value for m in (LaunchMode.EVIDENCE, LaunchMode.SIMULATION,

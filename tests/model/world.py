@@ -227,6 +227,9 @@ class CountingModel:
     tokens: Counter[UUID | None] = field(default_factory=Counter)  # billed
     heard_tokens: Counter[UUID | None] = field(default_factory=Counter)  # answers returned
     answered: Counter[tuple[UUID | None, str]] = field(default_factory=Counter)
+    # a person continued the run after an answer it could not use (invalid_answer): asking
+    # again is then that person's decision, once per continue
+    reasked: Counter[UUID | None] = field(default_factory=Counter)
     on_call: Callable[[str], None] = lambda prompt: None  # as each call starts
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
@@ -248,8 +251,10 @@ class CountingModel:
 
     def paid_twice(self) -> list[tuple[UUID | None, str, int]]:
         """Requests a run was answered (and billed) for more than once: a re-executed step
-        gets its recorded answer, so only a lost answer is ever paid for again."""
-        return [(run, prompt, n) for (run, prompt), n in self.answered.items() if n > 1]
+        gets its recorded answer, so only a lost answer is ever paid for again, or one a
+        person asked for again by continuing a run failed ``invalid_answer``."""
+        return [(run, prompt, n) for (run, prompt), n in self.answered.items()
+                if n > 1 + self.reasked[run]]
 
 
 @dataclass
