@@ -4,15 +4,27 @@ The provider's URL comes from ``ONWARD_EXAMPLE_PROVIDER_URL`` at call time, so t
 worker code talks to whichever provider the demo or a test started.
 
 Every request takes the ``timeout`` onward gives the tool's callables (the tool's
-``timeout_s``, default ``ONWARD_TOOL_TIMEOUT_S``): the client gives up by then, so a call
-never outlives the lease onward extended to cover it (docs/effects.md).
+``timeout_s``, default ``ONWARD_TOOL_TIMEOUT_S``) as a TOTAL deadline: the client gives up
+by then, whatever the provider does, so a call never outlives the lease onward extended to
+cover it (docs/effects.md, "The contract an integrator fulfils"). httpx's own timeouts
+bound each phase (connect, each write, each read), not the request: a provider that answers
+one byte a second would keep a per-read timeout of 5 s waiting forever. So the connection
+pool here runs on a network backend that cuts every socket operation at the request's
+deadline (``_DeadlineBackend``): connect, TLS, each write and each read get at most the time
+left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+import typing
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
+import httpcore
 import httpx
 
 from ledger.vocabulary import ToolClass
@@ -21,12 +33,98 @@ from tasks.tools import Tool, ToolResult
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)  # when no timeout is given (admin requests)
 
+_DEADLINE: ContextVar[float | None] = ContextVar("provider_request_deadline", default=None)
+"""When the request in progress must be over (``time.monotonic()``), or None."""
+
 
 def _timeout(seconds: float | None) -> httpx.Timeout:
-    """A request's time limit: ``seconds`` for every phase, connect capped at 2 s."""
+    """A request's per-phase limits: ``seconds`` for every phase, connect capped at 2 s; the
+    whole request is held to ``seconds`` by ``_deadline``."""
     if seconds is None:
         return TIMEOUT
     return httpx.Timeout(seconds, connect=min(2.0, seconds))
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Hold every socket operation of the requests made inside to ``seconds`` in total."""
+    token = _DEADLINE.set(time.monotonic() + seconds if seconds is not None else None)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _left(timeout: float | None, error: type[Exception]) -> float | None:
+    """The time a socket operation may take: its own ``timeout``, cut to what is left of
+    the request's deadline; ``error`` once nothing is left."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise error("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._stream.start_tls(
+            ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend, every operation cut at the request's deadline."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: typing.Iterable[Any] | None = None,
+                    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._backend.connect_tcp(
+            host, port, _left(timeout, httpcore.ConnectTimeout), local_address,
+            socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: typing.Iterable[Any] | None = None,
+                            ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._backend.connect_unix_socket(
+            path, _left(timeout, httpcore.ConnectTimeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class _DeadlineTransport(httpx.HTTPTransport):
+    """httpx's transport on ``_DeadlineBackend`` (httpx has no option for a backend, so the
+    pool it built is replaced by an equivalent one on ours)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=httpx.Limits().max_connections,
+            max_keepalive_connections=httpx.Limits().max_keepalive_connections,
+            keepalive_expiry=httpx.Limits().keepalive_expiry,
+            network_backend=_DeadlineBackend())
 
 
 def provider_url() -> str:
@@ -43,7 +141,7 @@ _client_pid = 0
 def _http() -> httpx.Client:
     global _client, _client_pid
     if _client is None or _client_pid != os.getpid():  # never share sockets across fork
-        _client = httpx.Client(timeout=TIMEOUT)
+        _client = httpx.Client(timeout=TIMEOUT, transport=_DeadlineTransport())
         _client_pid = os.getpid()
     return _client
 
@@ -58,24 +156,29 @@ def _answer(response: httpx.Response) -> ToolResult:
     raise ToolError(message, retryable=retryable, status_code=response.status_code)
 
 
+def _request(method: str, url: str, timeout: float | None, **options: Any) -> httpx.Response:
+    """One request, over (answered or given up, ``httpx.TimeoutException``) within
+    ``timeout`` seconds in total, body included."""
+    with _deadline(timeout):
+        return _http().request(method, url, timeout=_timeout(timeout), **options)
+
+
 def create(collection: str, payload: dict[str, Any], idempotency_key: str,
            *, send_key: bool = True, timeout: float | None = None) -> ToolResult:
     headers = {"Idempotency-Key": idempotency_key} if send_key else {}
-    return _answer(_http().post(f"{provider_url()}/v1/{collection}", json=payload,
-                                headers=headers, timeout=_timeout(timeout)))
+    return _answer(_request("POST", f"{provider_url()}/v1/{collection}", timeout,
+                            json=payload, headers=headers))
 
 
 def find_by_key(collection: str, key: str, *, timeout: float | None = None) -> ToolResult | None:
-    response = _http().get(f"{provider_url()}/v1/{collection}/by-key/{key}",
-                           timeout=_timeout(timeout))
+    response = _request("GET", f"{provider_url()}/v1/{collection}/by-key/{key}", timeout)
     if response.status_code == 404:
         return None
     return _answer(response)
 
 
 def status(collection: str, ref: str, *, timeout: float | None = None) -> ToolResult:
-    return _answer(_http().get(f"{provider_url()}/v1/{collection}/{ref}",
-                               timeout=_timeout(timeout)))
+    return _answer(_request("GET", f"{provider_url()}/v1/{collection}/{ref}", timeout))
 
 
 def provider_tool(name: str, collection: str, tool_class: ToolClass, *, lookup: bool = True,

@@ -29,7 +29,6 @@ from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
 from ledger.vocabulary import EffectAttemptKind, EffectStatus
 
-
 # A call of effect ``e`` may have reached the provider: some call attempt (or an operator's
 # repeat) ended without a known outcome (its answer was lost, its worker died, it is still
 # in flight, or its late answer was fenced out; a repeat the provider only accepted), and
@@ -37,6 +36,15 @@ from ledger.vocabulary import EffectAttemptKind, EffectStatus
 # they found since (kind 'resolve', `onward effects resolve`). A stated refusal ('failed':
 # nothing happened *this time*) says nothing about an earlier call, and a lookup by the
 # effect's key says nothing about a repeat, which was sent under a key of its own.
+#
+# A call that was still in flight past its time limit (``CALL_OVERRAN``, marked by its
+# worker) or answered after its lease was lost (``ANSWER_AFTER_LEASE``) is cleared only by a
+# lookup that began after it ended: one made while it was in flight proves nothing.
+CALL_OVERRAN = "CallOverran"
+ANSWER_AFTER_LEASE = "AnswerAfterLease"
+_LATE = f"('{CALL_OVERRAN}', '{ANSWER_AFTER_LEASE}')"
+
+
 def unknown_call(e: str) -> str:
     """``UNKNOWN_CALL`` for the effect row named ``e`` in the enclosing query."""
     return f"""EXISTS (SELECT 1 FROM onward.effect_attempts c
@@ -48,7 +56,21 @@ def unknown_call(e: str) -> str:
              WHERE l.effect_type = c.effect_type AND l.effect_id = c.effect_id
                AND l.attempt > c.attempt
                AND (l.kind = 'resolve'
-                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind = 'call'))))"""
+                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind = 'call'
+                        AND (c.error->>'type' IS NULL OR c.error->>'type' NOT IN {_LATE}
+                             OR l.started_at >= c.ended_at)))))"""
+
+
+def overran_call(e: str) -> str:
+    """A call of effect ``e`` still in flight past its time limit: its worker marked it
+    (``CALL_OVERRAN``) and it has not ended, nor has a person resolved the effect since.
+    While it may still land, a lookup cannot tell whether it did."""
+    return f"""EXISTS (SELECT 1 FROM onward.effect_attempts o
+     WHERE o.effect_type = {e}.effect_type AND o.effect_id = {e}.effect_id
+       AND o.kind = 'call' AND o.outcome IS NULL AND o.error->>'type' = '{CALL_OVERRAN}'
+       AND NOT EXISTS (SELECT 1 FROM onward.effect_attempts r
+                        WHERE r.effect_type = o.effect_type AND r.effect_id = o.effect_id
+                          AND r.attempt > o.attempt AND r.kind = 'resolve'))"""
 
 
 UNKNOWN_CALL = unknown_call("e")
@@ -86,6 +108,7 @@ class Effect:
     completed_at: datetime | None
     polling_since: datetime | None = None  # the status-polling window's start (else created)
     call_unknown: bool | None = None  # ``UNKNOWN_CALL``, where it was read (else None)
+    call_overran: bool | None = None  # ``overran_call``, where it was read (else None)
     intent_mac: str | None = None  # ledger/signed.py effect_intent
     outcome_mac: str | None = None  # ledger/signed.py effect_outcome (completed or failed)
     tenant_id: str | None = None
@@ -157,9 +180,9 @@ WITH lease AS (
        AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM reopened)
 )
 SELECT lease.held, lease.cancelling, found.*,
-       CALL_UNKNOWN AS call_unknown
+       CALL_UNKNOWN AS call_unknown, CALL_OVERRAN AS call_overran
   FROM lease LEFT JOIN found ON true
-""".replace("CALL_UNKNOWN", unknown_call("found"))
+""".replace("CALL_UNKNOWN", unknown_call("found")).replace("CALL_OVERRAN", overran_call("found"))
 
 _BEGIN_ATTEMPT = """
 WITH lease AS (
@@ -234,8 +257,29 @@ SELECT e.*, EXISTS (SELECT 1 FROM fence) AS fenced_in FROM onward.effects e
    AND NOT EXISTS (SELECT 1 FROM effect)
 """
 
+# The call's worker, while the call is still in flight past its time limit (a tool that
+# does not keep to its timeout): the next holder must not trust a lookup meanwhile.
+_MARK_OVERRAN = """
+UPDATE onward.effect_attempts SET error = %(error)s
+ WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
+   AND lease_epoch = %(epoch)s AND outcome IS NULL
+RETURNING attempt
+"""
+
+# A call's answer that came after its lease was lost: the call has ended, its outcome is
+# unknown (the answer is not the effect's: the current holder reconciles by lookup).
+# Not fenced by the lease: it records only this worker's own attempt, never the effect.
+_RECORD_LATE = """
+UPDATE onward.effect_attempts
+   SET ended_at = onward.now(), outcome = 'unknown', provider_ref = %(provider_ref)s,
+       error = %(error)s, mac = %(attempt_mac)s
+ WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
+   AND lease_epoch = %(epoch)s AND outcome IS NULL
+RETURNING attempt
+"""
+
 _UNRESOLVED = f"""
-SELECT e.*, {UNKNOWN_CALL} AS call_unknown
+SELECT e.*, {UNKNOWN_CALL} AS call_unknown, {overran_call("e")} AS call_overran
   FROM onward.effects e
  WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
  ORDER BY e.seq, e.created_at
@@ -384,6 +428,37 @@ class EffectStore:
                 f"attempt {attempt} is not recorded — the lease of epoch {epoch} is no longer "
                 "live; the current holder reconciles")
         return Effect.from_row(row)
+
+    def mark_overran(self, effect: Effect, attempt: int, *, epoch: int,
+                     timeout_s: float) -> bool:
+        """Mark a call still in flight past its time limit (``CALL_OVERRAN``); False when it
+        had ended meanwhile. Safe from another thread: one statement on the pool."""
+        row = self.conn.one(_MARK_OVERRAN, {
+            "effect_type": effect.effect_type, "effect_id": effect.effect_id,
+            "attempt": attempt, "epoch": epoch,
+            "error": Jsonb({"type": CALL_OVERRAN, "message": (
+                f"the call was still in flight {timeout_s:g}s after it started, past its time "
+                "limit: the tool did not give up as its contract says (docs/effects.md), so "
+                "the request may still land; a lookup cannot tell until the call has ended")}),
+        })
+        return row is not None
+
+    def record_late(self, effect: Effect, attempt: int, *, epoch: int, what: str,
+                    provider_ref: str | None = None) -> None:
+        """Record a call that ended after its lease was lost: outcome ``unknown`` (never the
+        effect's outcome), what it answered in the error (``ANSWER_AFTER_LEASE``)."""
+        self._began.pop((effect.effect_type, effect.effect_id, attempt), None)
+        self.conn.one(_RECORD_LATE, {
+            "effect_type": effect.effect_type, "effect_id": effect.effect_id,
+            "attempt": attempt, "epoch": epoch, "provider_ref": provider_ref,
+            "error": Jsonb({"type": ANSWER_AFTER_LEASE, "message": (
+                f"{what} after this call's lease was lost (it overran its time limit, or "
+                "its worker stalled): not the effect's outcome; whoever holds the step "
+                "reconciles by lookup")}),
+            "attempt_mac": self.keys.sign(signed.effect_attempt(
+                effect.effect_type, effect.effect_id, attempt, EffectAttemptKind.CALL.value,
+                effect.effect_id, "unknown", provider_ref)),
+        })
 
     def unresolved(self, run_id: UUID) -> list[Effect]:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""

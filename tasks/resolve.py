@@ -67,8 +67,8 @@ class Resolver:
         return True
 
     def _lookup(self, tool: Tool, effect: Effect) -> bool:
-        if tool.lookup is None:
-            return False
+        if tool.lookup is None or effect.call_overran:
+            return False  # no lookup; or a call overran its time limit and may still land
         attempt = self._begin(tool, effect, EffectAttemptKind.LOOKUP)
         try:
             found = invoke(tool.lookup, effect.effect_id,

@@ -14,10 +14,14 @@ Replays and branches (docs/design.md section 8) change where answers come from, 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 from uuid import UUID
+
+import structlog
 
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect, EffectStore, Intent
@@ -25,6 +29,7 @@ from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
 from ledger.exceptions import (
     CancelRequested,
     EffectConflict,
+    EffectFenced,
     EvidenceFenced,
     IntegrityViolation,
     InvalidInput,
@@ -41,6 +46,7 @@ from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
 from tasks.tools import Tool, ToolResult, invoke
 
 T = TypeVar("T")
+log = structlog.get_logger("onward.services")
 
 
 def effect_id_for(run_id: UUID, effect_type: str, command_id: str) -> str:
@@ -211,6 +217,14 @@ class StepServices:
         """An earlier attempt left the outcome unknown: ask before sending again."""
         if self.launch.simulation:
             return self._send(tool, effect, payload)  # a sandbox is never asked for real
+        if effect.call_overran and not tool.honours_key:
+            overran = EffectOutcomeUnknown(
+                f"effect {effect.effect_id[:16]}… ({tool.name}): an earlier call was still in "
+                "flight past its time limit (the tool did not keep to its timeout) and has "
+                "not ended: it may still land, so neither a lookup nor a resend can be trusted "
+                "now; a person checks the provider (onward effects resolve)")
+            self.control.park("effect_outcome_unknown", overran)
+            raise overran
         if tool.lookup is None:
             if tool.can_resend_blind:
                 return self._send(tool, effect, payload)
@@ -236,8 +250,54 @@ class StepServices:
     def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
         attempt = self._begin(tool, effect, EffectAttemptKind.CALL)
         call = tool.simulate if self.launch.simulation and tool.simulate else tool.call
+        raw: Any = None
+        failure: Exception | None = None
         try:
-            raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
+            with self._overrun_guard(tool, effect, attempt):
+                raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
+        except Exception as exc:
+            failure = exc
+        try:
+            return self._sent(tool, effect, attempt, raw, failure)
+        except EffectFenced:
+            self._answered_late(tool, effect, attempt, raw, failure)
+            raise
+
+    def _overrun_guard(self, tool: Tool, effect: Effect, attempt: int) -> Any:
+        """While the call runs: should it still be in flight halfway through the lease
+        margin past its time limit (a tool that does not keep to its timeout), mark it
+        ``CallOverran`` before the lease runs out, so the next holder does not trust a
+        lookup while the request may still land (docs/effects.md). Nothing extends the
+        lease past the time the call was covered for."""
+        timeout = self.timeout(tool)
+
+        def mark() -> None:
+            self.effects.mark_overran(effect, attempt, epoch=self.epoch, timeout_s=timeout)
+
+        return overrun_guard(timeout + self.lease_margin_s / 2, mark)
+
+    def _answered_late(self, tool: Tool, effect: Effect, attempt: int, raw: Any,
+                       failure: Exception | None) -> None:
+        """The call ended after its lease was lost: record its attempt ``unknown`` with what
+        it said (the next holder reconciles by lookup), and never commit past it."""
+        self.unknown[effect.effect_id] = tool.name
+        if failure is not None:
+            what, ref = f"the call ended with {type(failure).__name__}: {failure}"[:500], None
+        else:
+            try:
+                answer = ToolResult.coerce(raw)
+                what, ref = f"the provider answered {answer.status}", answer.provider_ref
+            except TypeError:
+                what, ref = "the tool returned something that is not a ToolResult", None
+        self.effects.record_late(effect, attempt, epoch=self.epoch, what=what,
+                                 provider_ref=ref)
+
+    def _sent(self, tool: Tool, effect: Effect, attempt: int, raw: Any,
+              failure: Exception | None) -> dict[str, Any]:
+        """Record what the call came to (raises EffectFenced once the lease was lost)."""
+        try:
+            if failure is not None:
+                raise failure
         except ToolError as exc:
             if exc.retryable:  # nothing happened *this time*: an earlier call may have landed
                 self._record_effect(effect, attempt, outcome="failed", status=EffectStatus.PENDING,
@@ -639,3 +699,22 @@ def _error(exc: BaseException) -> dict[str, Any]:
     if status_code is not None:
         error["status_code"] = status_code
     return error
+
+
+@contextmanager
+def overrun_guard(after_s: float, on_overrun: Callable[[], None]) -> Iterator[None]:
+    """Run ``on_overrun`` once, on a timer thread, if the block is still running
+    ``after_s`` seconds after it began; never once it has ended."""
+    def fire() -> None:
+        try:
+            on_overrun()
+        except Exception as exc:  # the call goes on either way; say why nothing was marked
+            log.error("could not mark a call that overran its time limit", error=str(exc))
+
+    timer = threading.Timer(after_s, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -12,9 +12,11 @@ Each returns a ToolResult (or a dict, read as a
 completed result) and raises ToolError for a refusal the provider stated.
 
 Every call is given a time limit: a callable that takes a ``timeout`` keyword receives the
-tool's ``timeout_s`` (default ``ONWARD_TOOL_TIMEOUT_S``) and must give up by then; onward
+tool's ``timeout_s`` (default ``ONWARD_TOOL_TIMEOUT_S``) and must be over by then, as a
+total deadline for the whole request (not an HTTP client's per-read timeout); onward
 extends the step's lease to cover that time (and a margin) before the call starts, so a call
-never outlives the lease (docs/effects.md, "Call timeouts and the lease").
+never outlives the lease (docs/effects.md, "Call timeouts and the lease", also says what
+onward does about a call that overruns it).
 """
 
 from __future__ import annotations

@@ -85,6 +85,12 @@ class Outside:
                     return ToolResult("completed", obj["id"], obj)
         return self.create(payload, key, timeout=timeout)
 
+    def create_slowly(self, payload: dict[str, Any], key: str) -> ToolResult:
+        """A client that ignores its time limit (no ``timeout``): the provider takes 4 s and
+        makes the object at the end of the request."""
+        time.sleep(4.0)
+        return self.create(payload, key)
+
     def count(self, key: str | None = None) -> int:
         return sum(1 for owner, _ in self.objects if key is None or owner == key)
 
@@ -98,7 +104,10 @@ without_lookup = Tool("test.outcome.without_lookup", ToolClass.IRREVERSIBLE,
 keyed = Tool("test.outcome.keyed", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.create_once)
 job = Tool("test.outcome.job", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.submit,
            status=OUTSIDE.job_status, status_timeout_s=60)
-TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed, "job": job}
+overrunning = Tool("test.outcome.overrunning", ToolClass.IRREVERSIBLE,
+                   call=OUTSIDE.create_slowly, lookup=OUTSIDE.find, timeout_s=1.0)
+TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed, "job": job,
+         "overrun": overrunning}
 
 
 class Send(BaseModel):
@@ -150,6 +159,8 @@ def send_approved(ctx: StepContext, state: Send) -> Any:
 slow_offer = provider_tool("test.slow_offer", "slow_offers", ToolClass.IRREVERSIBLE,
                            timeout_s=10.0)
 cancel_offer = provider_tool("test.cancel_offer", "cancel_offers", ToolClass.IRREVERSIBLE)
+http_payment = provider_tool("test.http_payment", "payments", ToolClass.IRREVERSIBLE,
+                             timeout_s=1.0)
 
 
 class Steps(BaseModel):
@@ -178,3 +189,13 @@ def talk_then_offer(ctx: StepContext, state: Steps) -> Any:
         time.sleep(0.1)  # the work between two calls
     ctx.effect(cancel_offer, amount=100)
     return ctx.finish()
+
+
+slow_http = Workflow("test_outcome_slow_http", version=1, state=Send)
+
+
+@slow_http.step(start=True)
+def pay_over_http(ctx: StepContext, state: Send) -> Any:
+    """One payment through the reference HTTP client (tests/integration/test_call_deadlines)."""
+    done = ctx.effect(http_payment, amount=77)
+    return ctx.finish(sent=done["id"])
