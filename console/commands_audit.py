@@ -20,6 +20,7 @@ from console.common import (
     when,
 )
 from console.safe import add_row, cell
+from ledger.vocabulary import AuditOutcome
 
 audit_app = typer.Typer(help="The audit log of operator commands.", no_args_is_help=True)
 
@@ -52,7 +53,7 @@ def audit_ls(
         seq = f"{a.before_seq}→{a.after_seq}" if a.before_seq is not None else "-"
         detail = (a.details or {}).get("error") or (a.details or {}).get("mode") or ""
         result = cell(a.outcome)
-        if a.outcome != "done":
+        if a.outcome != AuditOutcome.DONE:
             result.stylize("red")
         add_row(table, when(a.at), a.actor, a.role, a.action, result, a.run_id or "-",
                 a.new_run_id or "", seq, short(a.reason, 40), short(detail, 60))

@@ -30,7 +30,7 @@ from ledger import Ledger
 from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput
 from ledger.operations import Finding, resolve_plan
-from ledger.vocabulary import AuditAction, EffectStatus
+from ledger.vocabulary import AuditAction, EffectAttemptOutcome, EffectStatus
 
 effects_app = typer.Typer(help="External effects: list, inspect, repeat and resolve (admin).",
                           no_args_is_help=True)
@@ -134,12 +134,12 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
                     "attempt": done.started.attempt, "key": done.started.idempotency_key,
                     "error": done.error, "effect": plain(done.effect)})
         return
-    color = "green" if done.outcome == "completed" else "red"
+    color = "green" if done.outcome is EffectAttemptOutcome.COMPLETED else "red"
     out.print(line((done.outcome, color), f": attempt {done.started.attempt} (repeat "
                    f"{done.started.number}) key ", done.started.idempotency_key, " → ",
                    done.provider_ref or "-",
                    f"; {done.error['message']}" if done.error else ""), soft_wrap=True)
-    if done.outcome not in ("completed", "accepted"):
+    if done.outcome not in (EffectAttemptOutcome.COMPLETED, EffectAttemptOutcome.ACCEPTED):
         raise typer.Exit(1)
 
 

@@ -53,6 +53,7 @@ from ledger.vocabulary import (
     ApprovalStatus,
     AuditAction,
     AuditOutcome,
+    EffectAttemptOutcome,
     EffectStatus,
     LaunchMode,
     Role,
@@ -486,7 +487,7 @@ class Ledger:
                                                   reason, plan),
             reason=reason, effect_id=effect_id)
 
-    def finish_repeat(self, started: operations.RepeatStarted, *, outcome: str,
+    def finish_repeat(self, started: operations.RepeatStarted, *, outcome: EffectAttemptOutcome,
                       provider_ref: str | None = None, result: dict[str, Any] | None = None,
                       error: dict[str, Any] | None = None) -> Effect:
         with wrap_driver_errors("recording a repeat"), self.engine.begin() as conn:

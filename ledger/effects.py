@@ -27,7 +27,7 @@ from ledger.exceptions import (
 from ledger.hot import HotConnection
 from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
-from ledger.vocabulary import EffectAttemptKind, EffectStatus
+from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 
 # A call of effect ``e`` may have reached the provider: some call attempt (or an operator's
 # repeat) ended without a known outcome (its answer was lost, its worker died, it is still
@@ -382,7 +382,7 @@ class EffectStore:
         effect: Effect,
         attempt: int,
         *,
-        outcome: str,
+        outcome: EffectAttemptOutcome,
         status: EffectStatus,
         provider_ref: str | None = None,
         result: dict[str, Any] | None = None,

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
 from ledger.hot import HotConnection
+from ledger.vocabulary import RunStatus
 
 # Counters' keys: (workflow, version, metric, label).
 TotalKey = tuple[str, int, str, str]
@@ -161,7 +162,7 @@ def _unserved(active: list[dict[str, Any]], served: set[tuple[str, int]]
     counts: dict[tuple[str, int], int] = {}
     for row in active:
         key = (row["workflow"], row["version"])
-        if row["status"] == "needs_review":
+        if row["status"] == RunStatus.NEEDS_REVIEW:
             continue  # a person looks first, whoever serves it
         if key in served or (row["version"] == 0 and row["workflow"] in workflows):
             continue

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.effects import Effect
 from ledger.hot import HotConnection
-from ledger.vocabulary import ApprovalStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus, FailReason, LaunchMode
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Divergence:
     def report(self, parent_run_id: UUID | None, source_run_id: UUID | None) -> dict[str, Any]:
         """The run's ``last_error``: what an operator reads to see where the code changed."""
         return {
-            "type": "ReplayDiverged", "reason": "diverged", "message": self.message,
+            "type": "ReplayDiverged", "reason": FailReason.DIVERGED, "message": self.message,
             "where": {"step": self.step, "seq": self.seq, "command_id": self.command_id},
             "kind": self.kind, "why": self.why,
             "parent_run_id": str(parent_run_id) if parent_run_id else None,

@@ -30,28 +30,33 @@ from ledger.vocabulary import (
     AuditAction,
     AuditOutcome,
     EffectAttemptKind,
+    EffectAttemptOutcome,
     EffectStatus,
+    FailReason,
     LaunchMode,
     OutcomeKind,
+    ParkReason,
     RunStatus,
 )
 
 REPLAY_MODES = (LaunchMode.EVIDENCE, LaunchMode.SIMULATION, LaunchMode.LIVE)
 
 # Failures that are decisions, not accidents: continuing would only repeat them.
-_DECIDED_FAILURES = {
-    "budget_exhausted": "budgets are never refilled by a restore; replay it with budgets reset",
-    "deadline_exceeded": "its deadline has passed; replay it with budgets reset",
-    "approval_rejected": "a person rejected it; branch it if the artifact should change",
-    "approval_expired": "its approval expired; replay or branch it to ask again",
-    "approval_invalid": "the approval it needed is not approved",
-    "signal_timeout": "the signal it waited for never came; replay it to wait again",
-    "irreversible_blocked": "start a new replay or branch with --allow-irreversible",
-    "no_simulation": "a tool has no simulate implementation; replay it live or from evidence",
+_DECIDED_FAILURES: dict[str, str] = {
+    FailReason.BUDGET_EXHAUSTED:
+        "budgets are never refilled by a restore; replay it with budgets reset",
+    FailReason.DEADLINE_EXCEEDED: "its deadline has passed; replay it with budgets reset",
+    FailReason.APPROVAL_REJECTED: "a person rejected it; branch it if the artifact should change",
+    FailReason.APPROVAL_EXPIRED: "its approval expired; replay or branch it to ask again",
+    FailReason.APPROVAL_INVALID: "the approval it needed is not approved",
+    FailReason.SIGNAL_TIMEOUT: "the signal it waited for never came; replay it to wait again",
+    FailReason.IRREVERSIBLE_BLOCKED: "start a new replay or branch with --allow-irreversible",
+    FailReason.NO_SIMULATION:
+        "a tool has no simulate implementation; replay it live or from evidence",
 }
 # Failures with a reason that continue resumes: the cause was outside the run (a model or
 # tool answer the ledger cannot record); the resumed step asks again, paid again.
-_CONTINUABLE_FAILURES = frozenset({"invalid_answer"})
+_CONTINUABLE_FAILURES = frozenset({FailReason.INVALID_ANSWER})
 
 
 def require_reason(reason: str | None, action: AuditAction) -> str:
@@ -126,7 +131,7 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
         raise OperationRefused(f"run {run_id} changed while it was being continued")
-    if run["parked_reason"] == "effect_stalled":
+    if run["parked_reason"] == ParkReason.EFFECT_STALLED:
         # a person continues a job polled past its tool's status_timeout_s: the step asks
         # the provider again, with a fresh polling window of that length
         conn.execute(effects.update()
@@ -243,7 +248,7 @@ def cancel_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUI
         raise OperationRefused(f"run {run_id} is already {status.value}")
     holder = (run["lease_owner"]
               if status is RunStatus.RUNNING and _leased(run, _now(conn)) else None)
-    request = {"type": "Cancelled", "reason": "cancelled", "by": actor.name,
+    request = {"type": "Cancelled", "reason": FailReason.CANCELLED, "by": actor.name,
                "message": f"cancelled by {actor.name}: {reason}", "reason_text": reason}
     unknown = waits.unknown_effect(conn, run_id)
     decided = status is RunStatus.NEEDS_REVIEW and run["cancel_requested"] is not None
@@ -427,13 +432,14 @@ def _check_repeat_plan(conn: Connection, effect: Effect, plan: dict[str, Any]) -
 
 
 def finish_repeat_txn(conn: Connection, keys: CheckpointKeys, started: RepeatStarted, *,
-                      outcome: str, provider_ref: str | None, result: dict[str, Any] | None,
+                      outcome: EffectAttemptOutcome, provider_ref: str | None,
+                      result: dict[str, Any] | None,
                       error: dict[str, Any] | None) -> Effect:
     """Record what the provider answered to the repeat. A completed repeat of an effect whose
     outcome was never known (or failed) completes the effect with the new object."""
     effect = started.effect
     current = get_effect_txn(conn, effect.effect_type, effect.effect_id, lock=True)
-    completes = (outcome == EffectStatus.COMPLETED.value
+    completes = (outcome == EffectAttemptOutcome.COMPLETED
                  and current.status is not EffectStatus.COMPLETED)
     conn.execute(
         effect_attempts.update()
@@ -512,7 +518,8 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
         .values(attempts=effects.c.attempts + 1, updated_at=sa.func.onward.now())
         .returning(effects.c.attempts)
     ).scalar_one()
-    outcome = "found" if finding is Finding.COMPLETED else "missing"
+    outcome = (EffectAttemptOutcome.FOUND if finding is Finding.COMPLETED
+               else EffectAttemptOutcome.MISSING)
     kind = EffectAttemptKind.RESOLVE.value
     conn.execute(effect_attempts.insert().values(  # signed like every attempt as it ends
         effect_type=effect_type, effect_id=effect_id, attempt=attempt, kind=kind,

@@ -34,7 +34,16 @@ from ledger.exceptions import CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.schema import VERSION_TABLE
-from ledger.vocabulary import AttemptOutcome, OutcomeKind, RunStatus
+from ledger.vocabulary import (
+    SYSTEM_ROLE,
+    WORKER_ACTOR,
+    AttemptOutcome,
+    AuditAction,
+    AuditOutcome,
+    OutcomeKind,
+    ParkReason,
+    RunStatus,
+)
 
 
 class StaleReason(StrEnum):
@@ -805,7 +814,8 @@ class StepStore:
         self._lost(claim)
         return Ended.LOST
 
-    def park(self, claim: Claim, step: str | None, reason: str, error: dict[str, Any]) -> bool:
+    def park(self, claim: Claim, step: str | None, reason: ParkReason,
+             error: dict[str, Any]) -> bool:
         """Stop the run as ``needs_review``: a person must look before anything runs."""
         row = self._one(
             _PARK,
@@ -822,11 +832,12 @@ class StepStore:
         )
         return (row is not None and row["parked"] == 1) or self._lost(claim)
 
-    def _park_audit_mac(self, claim: Claim, reason: str, error: dict[str, Any]) -> str:
+    def _park_audit_mac(self, claim: Claim, reason: ParkReason, error: dict[str, Any]) -> str:
         """The MAC of the audit row the park statement writes (its values, known here)."""
         return self._keys.sign(signed.audit_row({
-            "tenant_id": claim.tenant_id, "actor": "onward-worker", "role": "system",
-            "action": "park", "outcome": "done", "reason": reason, "run_id": claim.run_id,
+            "tenant_id": claim.tenant_id, "actor": WORKER_ACTOR, "role": SYSTEM_ROLE,
+            "action": AuditAction.PARK.value, "outcome": AuditOutcome.DONE.value,
+            "reason": str(reason), "run_id": claim.run_id,
             "new_run_id": None, "effect_id": None, "approval_id": None,
             "before_seq": claim.seq, "after_seq": claim.seq, "details": error,
             "token_id": None}))
@@ -866,7 +877,7 @@ class StepStore:
                 "error": Jsonb(error),
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
-                "audit_mac": (self._park_audit_mac(claim, "no_worker_for_version", error)
+                "audit_mac": (self._park_audit_mac(claim, ParkReason.NO_WORKER_FOR_VERSION, error)
                               if park else None),
             },
         )

@@ -36,7 +36,7 @@ from ledger.schema import (
     evidence,
     runs,
 )
-from ledger.vocabulary import ApprovalStatus, OutcomeKind
+from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def _check_attempts(conn: Connection, keys: CheckpointKeys,
         yield Problem(effect.run_id, effect.seq, "effect",
                       f"{what}: {effect.attempts} attempt(s) were begun, the attempt rows are "
                       f"numbered {numbers} (deleted outside onward)")
-    elif not rows and effect.status.value in ("completed", "failed"):
+    elif not rows and effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED):
         yield Problem(effect.run_id, effect.seq, "effect",
                       f"{what} is {effect.status.value} with no attempt rows (deleted "
                       "outside onward)")
@@ -290,8 +290,8 @@ def _check_attempts(conn: Connection, keys: CheckpointKeys,
                 row["mac"], f"{what}: attempt {row['attempt']}")
         except IntegrityViolation as exc:
             yield Problem(effect.run_id, effect.seq, "effect", str(exc))
-    seen_completed = any(row["outcome"] == "completed" for row in rows)
-    if seen_completed and effect.status.value not in ("completed", "failed"):
+    seen_completed = any(row["outcome"] == EffectAttemptOutcome.COMPLETED for row in rows)
+    if seen_completed and effect.status not in (EffectStatus.COMPLETED, EffectStatus.FAILED):
         yield Problem(effect.run_id, effect.seq, "effect",
                       f"{what} is {effect.status.value}, but an attempt saw it completed "
                       "(its status was edited outside onward)")

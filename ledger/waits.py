@@ -21,7 +21,7 @@ from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import ApprovalRefused, InvalidInput, UnknownApproval, UnknownRun
 from ledger.hot import HotConnection
 from ledger.schema import approvals, checkpoints, outbox, runs, signals
-from ledger.vocabulary import ApprovalStatus, RunStatus
+from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason, RunStatus
 
 
 @dataclass(frozen=True)
@@ -134,16 +134,19 @@ def park_unknown(conn: Connection, run_id: UUID, effect: str, why: str) -> None:
     """A run that was to end has an effect whose outcome is unknown: a person decides."""
     conn.execute(
         runs.update().where(runs.c.id == run_id)
-        .values(status=RunStatus.NEEDS_REVIEW.value, parked_reason="effect_outcome_unknown",
+        .values(status=RunStatus.NEEDS_REVIEW.value,
+                parked_reason=ParkReason.EFFECT_OUTCOME_UNKNOWN.value,
                 lease_owner=None, lease_expires_at=None, updated_at=sa.func.onward.now(),
-                last_error={"type": "EffectOutcomeUnknown", "reason": "effect_outcome_unknown",
+                last_error={"type": "EffectOutcomeUnknown",
+                            "reason": ParkReason.EFFECT_OUTCOME_UNKNOWN.value,
                             "message": f"{why}, but effect {effect} may have reached the "
                                        "provider: check it there before anything else"})
     )
     conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
 
 
-def _fail(conn: Connection, run_id: UUID, reason: str, message: str, **extra: Any) -> None:
+def _fail(conn: Connection, run_id: UUID, reason: FailReason, message: str,
+          **extra: Any) -> None:
     """End the run ``failed`` with its never-sent effects closed, in the caller's
     transaction; a run with an effect of unknown outcome is parked instead."""
     unknown = unknown_effect(conn, run_id)
@@ -252,7 +255,7 @@ def record_decision_txn(conn: Connection, approval_id: UUID, *, approve: bool, a
     elif control.get("on_reject"):
         _resume(conn, approval.run_id, approval.seq, control["on_reject"])
     else:
-        _fail(conn, approval.run_id, "approval_rejected",
+        _fail(conn, approval.run_id, FailReason.APPROVAL_REJECTED,
               f"{actor} rejected {approval.action}" + (f": {comment}" if comment else ""),
               decided_by=actor)
     return get_approval_txn(conn, approval_id)
@@ -412,7 +415,7 @@ class WaitSweep:
     signals_delivered: int = 0  # waiting runs woken by a signal stored before they waited
 
 
-def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: str,
+def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: FailReason,
                       message: str) -> None:
     """A wait ended without its event: go to the step the workflow declared, or fail."""
     step = (row["control"] or {}).get(continuation)
@@ -427,12 +430,12 @@ def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
     due = list(conn.execute(_DUE_APPROVALS, {"limit": limit}).scalars())
     expired = (conn.execute(_EXPIRE_APPROVALS, {"ids": due}).mappings().all() if due else [])
     for row in expired:
-        _continue_or_fail(conn, row, "on_expire", "approval_expired",
+        _continue_or_fail(conn, row, "on_expire", FailReason.APPROVAL_EXPIRED,
                           f"approval {row['id']} expired before anyone decided")
     timeouts = conn.execute(_SIGNAL_TIMEOUTS, {"limit": limit}).mappings().all()
     for row in timeouts:
         control = row["control"] or {}
-        _continue_or_fail(conn, row, "on_timeout", "signal_timeout",
+        _continue_or_fail(conn, row, "on_timeout", FailReason.SIGNAL_TIMEOUT,
                           f"no signal {control.get('name')!r} arrived before "
                           f"{control.get('timeout_at')}")
     late = conn.execute(_DEADLINES, {"limit": limit}).mappings().all()
@@ -450,7 +453,7 @@ def _deadline(conn: Connection, row: Any) -> None:
     if row["status"] == RunStatus.RUNNING.value and unknown_effect(conn, row["run_id"]):
         conn.execute(_QUEUE_NOW, {"run_id": row["run_id"]})
         return
-    _fail(conn, row["run_id"], "deadline_exceeded", message,
+    _fail(conn, row["run_id"], FailReason.DEADLINE_EXCEEDED, message,
           spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
                  "cost_usd": float(row["used_cost_usd"])})
 

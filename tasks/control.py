@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.lineage import Divergence
+from ledger.vocabulary import FailReason, ParkReason
 
 
 class Suspend(BaseException):
@@ -29,14 +30,14 @@ class WaitFor:
 
 @dataclass(frozen=True)
 class ParkFor:
-    reason: str
+    reason: ParkReason
     error_type: str
     message: str
 
 
 @dataclass(frozen=True)
 class FailFor:
-    reason: str
+    reason: FailReason
     message: str
     spent: dict[str, Any]
 
@@ -76,7 +77,7 @@ class Control:
         if self.decision is None:
             self.decision = failure
 
-    def park(self, reason: str, error: Exception) -> None:
+    def park(self, reason: ParkReason, error: Exception) -> None:
         if not isinstance(self.decision, (ParkFor, CancelFor)):
             self.decision = ParkFor(reason, type(error).__name__, str(error))
 

@@ -29,7 +29,7 @@ from ledger.exceptions import (
     StatementRefused,
 )
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
-from ledger.vocabulary import OutcomeKind, RunStatus
+from ledger.vocabulary import OutcomeKind, ParkReason, RunStatus
 from ledger.waits import WaitStore
 from tasks import faults, observe
 from tasks.clock import StepClock
@@ -308,7 +308,8 @@ def _hand_back(store: StepStore, config: ExecutorConfig, claim: Claim, refusal: 
     if not store.hand_back(claim, error, delay_s=delay, park=park):
         return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
     if park:
-        bound.error("run parked for review", reason="no_worker_for_version", detail=message)
+        bound.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,
+                    detail=message)
         return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
     bound.warning("step handed back for a worker with the run's version", detail=message,
                   handbacks=handbacks, resend_in_s=delay)
@@ -356,7 +357,8 @@ class _Ending:
                              spent=refusal.spent, step=self.step)
         return self.fail(error, refusal.message)
 
-    def park(self, reason: str, error_type: str, message: str, **fields: Any) -> StepReport:
+    def park(self, reason: ParkReason, error_type: str, message: str,
+             **fields: Any) -> StepReport:
         self.log.error("run parked for review", reason=reason, detail=message, **fields)
         if not self.store.park(self.claim, self.step, reason,
                                error_record(error_type, message)):
@@ -374,7 +376,7 @@ class _Ending:
     def _park_unknown(self, effect: Effect | None, why: str) -> StepReport:
         named = (f"effect {effect.effect_type} {effect.effect_id[:16]}… ({effect.status.value})"
                  if effect is not None else "an effect")
-        return self.park("effect_outcome_unknown", "EffectOutcomeUnknown",
+        return self.park(ParkReason.EFFECT_OUTCOME_UNKNOWN, "EffectOutcomeUnknown",
                          f"{why}; {named} may have reached the provider and its outcome is "
                          "unknown: a person checks the provider before anything else",
                          effect_id=effect.effect_id if effect is not None else None)

@@ -22,7 +22,7 @@ from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
-from ledger.vocabulary import AuditAction, LaunchMode
+from ledger.vocabulary import AuditAction, EffectAttemptOutcome, LaunchMode
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry
@@ -100,7 +100,7 @@ def plan_repeat(ledger: Ledger, effect: Effect) -> RepeatPlan:
 @dataclass(frozen=True)
 class RepeatOutcome:
     started: RepeatStarted
-    outcome: str  # completed, accepted, failed, unknown
+    outcome: EffectAttemptOutcome  # completed, accepted, failed or unknown
     provider_ref: str | None
     effect: Effect
     error: dict[str, Any] | None = None
@@ -126,19 +126,20 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
                                   shown)
     payload = dict(plan.effect.payload or {})
     error: dict[str, Any] | None = None
-    outcome: str
+    outcome: EffectAttemptOutcome
     ref: str | None = None
     result: dict[str, Any] | None = None
     try:
         answer = ToolResult.coerce(invoke(call, payload, started.idempotency_key,
                                           timeout=_timeout(ledger, plan)))
-        outcome, ref, result = answer.status, answer.provider_ref, answer.result
+        outcome = answer.outcome
+        ref, result = answer.provider_ref, answer.result
     except ToolError as exc:
-        outcome = "failed"
+        outcome = EffectAttemptOutcome.FAILED
         error = {"type": type(exc).__name__, "message": str(exc)[:2000],
                  "status_code": exc.status_code}
     except Exception as exc:
-        outcome = "unknown"
+        outcome = EffectAttemptOutcome.UNKNOWN
         error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
                                   error=error)

@@ -13,6 +13,7 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
+from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
 from ledger.waits import WaitStore
 from tasks.control import FailFor, ParkFor
 
@@ -63,18 +64,18 @@ def recheck(claim: Claim, limits: Limits, waits: WaitStore,
     budget = claim.budget
     spent = budget.spent()
     if limits.deadline_at is not None and claim.claimed_at >= limits.deadline_at:
-        return FailFor("deadline_exceeded",
+        return FailFor(FailReason.DEADLINE_EXCEEDED,
                        f"the run's deadline {limits.deadline_at:%Y-%m-%d %H:%M:%S} has passed",
                        spent)
     if limits.attempts is not None and budget.attempts_total > limits.attempts:
-        return FailFor("budget_exhausted",
+        return FailFor(FailReason.BUDGET_EXHAUSTED,
                        f"attempt budget spent: {budget.attempts_total - 1} step executions of "
                        f"{limits.attempts} allowed", spent)
     if limits.tokens is not None and budget.used_tokens >= limits.tokens:
-        return FailFor("budget_exhausted",
+        return FailFor(FailReason.BUDGET_EXHAUSTED,
                        f"token budget spent: {budget.used_tokens} of {limits.tokens}", spent)
     if limits.cost_usd is not None and budget.used_cost_usd >= limits.cost_usd:
-        return FailFor("budget_exhausted",
+        return FailFor(FailReason.BUDGET_EXHAUSTED,
                        f"cost budget spent: ${budget.used_cost_usd} of ${limits.cost_usd}", spent)
     return _recheck_approval(claim, waits, keys)
 
@@ -92,32 +93,34 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
         return None
     allowed = {control.get(k) for k in ("then", "on_reject", "on_expire", "on_timeout")} - {None}
     if claim.step not in allowed:
-        return ParkFor("integrity", "IntegrityViolation",
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
     if control["kind"] != "approval":
         return None
     approval = waits.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
     status = approval["status"] if approval else "missing"
-    if status == "pending" and approval is not None and not approval["unexpired"]:
-        status = "expired"  # the reaper has not swept it yet
-    if approval is not None and status in ("approved", "rejected"):
+    if status == ApprovalStatus.PENDING and approval is not None and not approval["unexpired"]:
+        status = ApprovalStatus.EXPIRED  # the reaper has not swept it yet
+    if approval is not None and status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
         try:  # a person's decision counts only as it was signed where it was taken
             keys.check(signed.approval_decision(approval), approval["decision_mac"],
                        f"the decision on approval {approval['id']} ({status} by "
                        f"{approval['decided_by']})")
         except IntegrityViolation as exc:
-            return ParkFor("integrity", "IntegrityViolation", str(exc))
-    if approval is not None and status == "approved" and claim.step == control["then"]:
+            return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
+    if (approval is not None and status == ApprovalStatus.APPROVED
+            and claim.step == control["then"]):
         return _recheck_approved(claim, control, approval)
-    decided = {"rejected": control.get("on_reject"), "expired": control.get("on_expire")}
+    decided: dict[str, Any] = {ApprovalStatus.REJECTED: control.get("on_reject"),
+                               ApprovalStatus.EXPIRED: control.get("on_expire")}
     if status in decided and claim.step == decided[status]:
         return None
     if claim.step == control["then"]:
-        return FailFor("approval_invalid",
+        return FailFor(FailReason.APPROVAL_INVALID,
                        f"step {claim.step} needs approval {control['approval_id']}, which is "
                        f"{status}", {})
-    return ParkFor("integrity", "IntegrityViolation",
+    return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                    f"run is routed to step {claim.step!r} after approval "
                    f"{control['approval_id']}, which is {status}: that is not the step "
                    f"checkpoint {claim.seq}'s wait names for it (the run's row was edited "
@@ -127,7 +130,7 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
 def _recheck_approved(claim: Claim, control: dict[str, Any],
                       approval: dict[str, Any]) -> FailFor | ParkFor | None:
     if approval["artifact_hash"] != control["artifact_hash"]:
-        return ParkFor("integrity", "IntegrityViolation",
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"approval {approval['id']} is for artifact "
                        f"{approval['artifact_hash'][:12]}…, the checkpoint asked about "
                        f"{control['artifact_hash'][:12]}…")
@@ -139,7 +142,7 @@ def _recheck_approved(claim: Claim, control: dict[str, Any],
     started = approval["step_started_at"] or claim.claimed_at
     if started >= approval["expires_at"]:
         expired_at = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
-        return FailFor("approval_expired",
+        return FailFor(FailReason.APPROVAL_EXPIRED,
                        f"approval {approval['id']} expired at {expired_at} before the approved "
                        f"step {claim.step} first started (at {started:%Y-%m-%d %H:%M:%S}); "
                        "nothing it would do was done: replay or branch the run from its "

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.effects import Effect, EffectStore
-from ledger.vocabulary import EffectAttemptKind, EffectStatus
+from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 from tasks.tools import Tool, ToolResult, invoke
 
-_STATUS = {"completed": EffectStatus.COMPLETED, "accepted": EffectStatus.ACCEPTED,
-           "failed": EffectStatus.FAILED}
+_STATUS = {
+    EffectAttemptOutcome.COMPLETED: EffectStatus.COMPLETED,
+    EffectAttemptOutcome.ACCEPTED: EffectStatus.ACCEPTED,
+    EffectAttemptOutcome.FAILED: EffectStatus.FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class Resolver:
     def _sandboxed(self, effect: Effect) -> bool:
         """A simulation's effect never reached a real provider: close it as not landed."""
         attempt = self._begin(None, effect, EffectAttemptKind.LOOKUP)
-        self.effects.record(effect, attempt, outcome="missing", status=EffectStatus.PENDING,
+        self.effects.record(effect, attempt, outcome=EffectAttemptOutcome.MISSING,
+                            status=EffectStatus.PENDING,
                             error={"message": "simulation: only the sandbox was called"},
                             epoch=self.epoch)
         return True
@@ -74,11 +78,11 @@ class Resolver:
             found = invoke(tool.lookup, effect.effect_id,
                            timeout=tool.timeout_for(self.timeout_s))
         except Exception as exc:
-            self.effects.record(effect, attempt, outcome="unknown", status=effect.status,
-                                error=_error(exc), epoch=self.epoch)
+            self.effects.record(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
+                                status=effect.status, error=_error(exc), epoch=self.epoch)
             return False
         if found is None:
-            self.effects.record(effect, attempt, outcome="missing",
+            self.effects.record(effect, attempt, outcome=EffectAttemptOutcome.MISSING,
                                 status=EffectStatus.PENDING, epoch=self.epoch)
             return True
         return self._record(effect, attempt, ToolResult.coerce(found), reconciled=True)
@@ -91,7 +95,7 @@ class Resolver:
             answer = ToolResult.coerce(invoke(tool.status, effect.provider_ref,
                                               timeout=tool.timeout_for(self.timeout_s)))
         except Exception as exc:
-            self.effects.record(effect, attempt, outcome="unknown",
+            self.effects.record(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
                                 status=EffectStatus.ACCEPTED, error=_error(exc), poll=True,
                                 epoch=self.epoch)
             return False
@@ -99,9 +103,10 @@ class Resolver:
 
     def _record(self, effect: Effect, attempt: int, answer: ToolResult, *, reconciled: bool,
                 poll: bool = False) -> bool:
-        status = _STATUS[answer.status]
+        status = _STATUS[answer.outcome]
         done = self.effects.record(
-            effect, attempt, outcome="found" if reconciled else answer.status, status=status,
+            effect, attempt,
+            outcome=EffectAttemptOutcome.FOUND if reconciled else answer.outcome, status=status,
             provider_ref=answer.provider_ref,
             result=answer.result if status is EffectStatus.COMPLETED else None,
             error={"provider": answer.result} if status is EffectStatus.FAILED else None,

@@ -19,7 +19,7 @@ from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify_checkpoint
 from ledger.exceptions import IntegrityViolation
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
-from ledger.vocabulary import OutcomeKind
+from ledger.vocabulary import OutcomeKind, ParkReason
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
 
@@ -47,7 +47,7 @@ class Restored:
 class Refusal:
     """Park the run (``park=True``) or give the lease back for other code to take it."""
 
-    reason: str
+    reason: ParkReason
     error_type: str
     message: str
     park: bool = True
@@ -58,7 +58,7 @@ def restore(keys: CheckpointKeys, registry: Registry,
             claim: Claim) -> Restored | Refusal:
     checkpoint = claim.checkpoint
     if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
-        return Refusal("integrity", "IntegrityViolation",
+        return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq} is missing")
     try:
         verify_checkpoint(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
@@ -67,22 +67,22 @@ def restore(keys: CheckpointKeys, registry: Registry,
                    f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
                    f"{claim.head_hash[:12]}…)")
     except IntegrityViolation as exc:
-        return Refusal("integrity", "IntegrityViolation", str(exc))
+        return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
     unsigned = _unsigned_difference(claim, checkpoint)
     if unsigned is not None:
-        return Refusal("integrity", "IntegrityViolation", unsigned)
+        return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", unsigned)
     code = _choose_code(registry, claim)
     if isinstance(code, Refusal):
         return code
     workflow, path = code
     step = workflow.resolve(claim.step)
     if step is None:
-        return Refusal("unknown_step", "UnknownStep",
+        return Refusal(ParkReason.UNKNOWN_STEP, "UnknownStep",
                        f"checkpoint {claim.seq} names step {claim.step!r}, which "
                        f"{workflow.name} v{workflow.version} does not define (was it removed? "
                        "keep a step until no stored run needs it)")
     if claim.state is None:
-        return Refusal("integrity", "IntegrityViolation",
+        return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq}'s state artifact is missing "
                        "or does not match its sha256")
     state_json = claim.state
@@ -91,13 +91,13 @@ def restore(keys: CheckpointKeys, registry: Registry,
             for migrate in path:
                 state_json = migrate(dict(state_json))
         except Exception as exc:
-            return Refusal("incompatible_version", "MigrationFailed",
+            return Refusal(ParkReason.INCOMPATIBLE_VERSION, "MigrationFailed",
                            f"migrating {workflow.name} state to schema "
                            f"{workflow.state_schema_version} failed: {exc}")
     try:
         state = workflow.state.model_validate(state_json)
     except ValidationError as exc:
-        return Refusal("invalid_state", "InvalidState",
+        return Refusal(ParkReason.INVALID_STATE, "InvalidState",
                        f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
                        f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
     if path:
@@ -128,7 +128,7 @@ def _choose_code(registry: Registry,
                  claim: Claim) -> tuple[Workflow[Any], list[MigrationFn]] | Refusal:
     versions = registry.versions(claim.workflow)
     if not versions:
-        return Refusal("unknown_workflow", "UnknownWorkflow",
+        return Refusal(ParkReason.UNKNOWN_WORKFLOW, "UnknownWorkflow",
                        f"no workflow {claim.workflow!r} is registered in this worker (known: "
                        f"{registry.names()}); check ONWARD_WORKFLOWS", park=False)
     wanted = claim.workflow_version
@@ -140,7 +140,7 @@ def _choose_code(registry: Registry,
     if exact is not None:
         return exact, []
     if wanted > versions[-1]:
-        return Refusal("newer_version", "NewerVersion",
+        return Refusal(ParkReason.NEWER_VERSION, "NewerVersion",
                        f"run is at {claim.workflow} v{wanted}; this worker has only "
                        f"v{versions}: handing it back for a worker with v{wanted}",
                        park=False, resend=True)
@@ -151,7 +151,7 @@ def _choose_code(registry: Registry,
     path = latest.migration_path(_run_schema(claim))
     if path is not None and _run_schema(claim) < latest.state_schema_version:
         return latest, path
-    return Refusal("incompatible_version", "IncompatibleVersion",
+    return Refusal(ParkReason.INCOMPATIBLE_VERSION, "IncompatibleVersion",
                    f"run is at {claim.workflow} v{wanted} (state schema {_run_schema(claim)}); "
                    f"this code has v{versions} (schema {latest.state_schema_version}), does not "
                    f"declare v{wanted} compatible and has no complete migration path")

@@ -36,7 +36,15 @@ from ledger.exceptions import (
 )
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.steps import Advance, Wait
-from ledger.vocabulary import EffectAttemptKind, EffectStatus, EvidenceKind, ToolClass
+from ledger.vocabulary import (
+    EffectAttemptKind,
+    EffectAttemptOutcome,
+    EffectStatus,
+    EvidenceKind,
+    FailReason,
+    ParkReason,
+    ToolClass,
+)
 from ledger.waits import WaitStore
 from tasks import faults
 from tasks.clock import StepClock
@@ -182,7 +190,7 @@ class StepServices:
                 f"effect {effect.effect_id[:16]}… ({tool.name}, {command_id}) was first "
                 f"requested with a different payload (hash {effect.request_hash[:12]}…, now "
                 f"{request_hash[:12]}…); a key must not change its request")
-            self.control.park("effect_conflict", conflict)
+            self.control.park(ParkReason.EFFECT_CONFLICT, conflict)
             raise conflict
         if effect.status is EffectStatus.COMPLETED:
             return effect.result or {}
@@ -232,18 +240,19 @@ class StepServices:
                 f"effect {effect.effect_id[:16]}… ({tool.name}) may have reached the provider, "
                 "and the tool has neither a lookup nor provider-side idempotency: a person must "
                 "check the provider before anything is sent again")
-            self.control.park("effect_outcome_unknown", unknown)
+            self.control.park(ParkReason.EFFECT_OUTCOME_UNKNOWN, unknown)
             raise unknown
         attempt = self._begin(tool, effect, EffectAttemptKind.LOOKUP)
         try:
             found = invoke(tool.lookup, effect.effect_id, timeout=self.timeout(tool))
         except Exception as exc:
-            self._record_effect(effect, attempt, outcome="unknown", status=effect.status,
-                         error=_error(exc))
+            self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
+                                status=effect.status, error=_error(exc))
             self.unknown[effect.effect_id] = tool.name
             raise EffectOutcomeUnknown(f"lookup of {tool.name} failed: {exc}") from exc
         if found is None:  # the earlier call never landed: send again, same key
-            self._record_effect(effect, attempt, outcome="missing", status=EffectStatus.PENDING)
+            self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.MISSING,
+                                status=EffectStatus.PENDING)
             return self._send(tool, replace(effect, call_unknown=False), payload)
         return self._apply(tool, effect, attempt, ToolResult.coerce(found), reconciled=True)
 
@@ -300,17 +309,17 @@ class StepServices:
                 raise failure
         except ToolError as exc:
             if exc.retryable:  # nothing happened *this time*: an earlier call may have landed
-                self._record_effect(effect, attempt, outcome="failed", status=EffectStatus.PENDING,
-                             error=_error(exc))
+                self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.FAILED,
+                                    status=EffectStatus.PENDING, error=_error(exc))
                 if effect.outcome_unknown:
                     self.unknown[effect.effect_id] = tool.name
                 raise EffectOutcomeUnknown(f"{tool.name} refused for now: {exc}") from exc
-            failed = self._record_effect(effect, attempt, outcome="failed",
+            failed = self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.FAILED,
                                   status=EffectStatus.FAILED, error=_error(exc))
             raise EffectFailed(f"{tool.name} refused: {exc}", failed) from exc
         except Exception as exc:
-            self._record_effect(effect, attempt, outcome="unknown", status=EffectStatus.PENDING,
-                         error=_error(exc))
+            self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
+                                status=EffectStatus.PENDING, error=_error(exc))
             self.unknown[effect.effect_id] = tool.name
             raise EffectOutcomeUnknown(
                 f"{tool.name} call ended without an answer ({type(exc).__name__}: {exc}); "
@@ -321,8 +330,8 @@ class StepServices:
     def _apply(self, tool: Tool, effect: Effect, attempt: int, answer: ToolResult, *,
                reconciled: bool, poll: bool = False) -> dict[str, Any]:
         """Record what the provider said and act on it."""
-        outcome = "found" if reconciled else answer.status
-        if answer.status == "completed":
+        outcome = EffectAttemptOutcome.FOUND if reconciled else answer.outcome
+        if answer.outcome is EffectAttemptOutcome.COMPLETED:
             done = self._record_effect(effect, attempt, outcome=outcome,
                                        status=EffectStatus.COMPLETED,
                                        provider_ref=answer.provider_ref, result=answer.result,
@@ -331,7 +340,7 @@ class StepServices:
             if done.status is EffectStatus.FAILED:
                 raise EffectFailed(f"effect {tool.name} failed: {done.error}", done)
             return done.result or {}
-        if answer.status == "accepted":
+        if answer.outcome is EffectAttemptOutcome.ACCEPTED:
             accepted = self._record_effect(effect, attempt, outcome=outcome,
                                            status=EffectStatus.ACCEPTED,
                                            provider_ref=answer.provider_ref,
@@ -352,13 +361,13 @@ class StepServices:
             sandbox = EffectOutcomeUnknown(
                 f"the sandbox of {tool.name} answered 'accepted'; a simulation cannot poll the "
                 "real provider for its status (make simulate answer 'completed')")
-            self.control.park("simulation_accepted", sandbox)
+            self.control.park(ParkReason.SIMULATION_ACCEPTED, sandbox)
             raise sandbox
         if tool.status is None or effect.provider_ref is None:
             stuck = EffectOutcomeUnknown(
                 f"effect {effect.effect_id[:16]}… ({tool.name}) was accepted but the tool has "
                 "no status call (or the provider gave no reference) to learn its outcome")
-            self.control.park("effect_unpollable", stuck)
+            self.control.park(ParkReason.EFFECT_UNPOLLABLE, stuck)
             raise stuck
         age = (self.clock.now() - (effect.polling_since or effect.created_at)).total_seconds()
         if age > tool.status_timeout_s:
@@ -367,14 +376,14 @@ class StepServices:
                 f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s): check the job at the "
                 "provider, then `onward runs continue` to poll it again for as long, or "
                 "`onward effects resolve` to record what it came to")
-            self.control.park("effect_stalled", stalled)
+            self.control.park(ParkReason.EFFECT_STALLED, stalled)
             raise stalled
         attempt = self._begin(tool, effect, EffectAttemptKind.STATUS)
         try:
             answer = ToolResult.coerce(invoke(tool.status, effect.provider_ref,
                                               timeout=self.timeout(tool)))
         except Exception as exc:
-            polled = self._record_effect(effect, attempt, outcome="unknown",
+            polled = self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
                                   status=EffectStatus.ACCEPTED, error=_error(exc), poll=True)
             return self._wait(tool, polled)
         return self._apply(tool, effect, attempt, answer, reconciled=False, poll=True)
@@ -439,7 +448,7 @@ class StepServices:
                      "step_cost_usd": self.usage_cost_usd,
                      "tokens": self.spent.get("tokens", 0) + self.usage_tokens,
                      "cost_usd": self.spent.get("cost_usd", 0.0) + self.usage_cost_usd}
-            self.control.fail(FailFor("budget_exhausted",
+            self.control.fail(FailFor(FailReason.BUDGET_EXHAUSTED,
                                       f"{over}; not calling {model}", spent))
             raise Suspend()
 
@@ -496,7 +505,7 @@ class StepServices:
         try:
             return read()
         except IntegrityViolation as exc:
-            self.control.park("integrity", exc)
+            self.control.park(ParkReason.INTEGRITY, exc)
             raise
 
     def _find(self, run_id: UUID, command_id: str, *,
@@ -511,7 +520,7 @@ class StepServices:
             return self.evidence.find_or_cover(run_id, command_id, epoch=self.epoch,
                                                cover_s=cover_s)
         except IntegrityViolation as exc:
-            self.control.park("integrity", exc)
+            self.control.park(ParkReason.INTEGRITY, exc)
             raise
 
     def _record(self, record: EvidenceRecord) -> Evidence:
@@ -521,7 +530,7 @@ class StepServices:
         try:
             return self.evidence.record(record)
         except IntegrityViolation as exc:  # another attempt's record came first: edited
-            self.control.park("integrity", exc)
+            self.control.park(ParkReason.INTEGRITY, exc)
             raise
         except EvidenceFenced:
             # the lease was lost while the call ran (it overran its time limit): the answer
@@ -537,7 +546,7 @@ class StepServices:
             spent = {**self.spent, "tokens": self.spent.get("tokens", 0) + self.usage_tokens,
                      "cost_usd": self.spent.get("cost_usd", 0.0) + self.usage_cost_usd}
             self.control.fail(FailFor(
-                "invalid_answer",
+                FailReason.INVALID_ANSWER,
                 f"the {record.kind} answer of {record.source} to {record.command_id} cannot be "
                 f"recorded: {exc}. It was paid for ({tokens} tokens, ${record.cost_usd:.4f}, "
                 "debited) and no retry asks again; once the client, tool or provider that "
@@ -559,7 +568,7 @@ class StepServices:
                 f"{command_id} was recorded for a different request (hash "
                 f"{found.request_hash[:12]}…, now {request_hash[:12]}…): the step is not "
                 "deterministic up to this call")
-            self.control.park("evidence_conflict", conflict)
+            self.control.park(ParkReason.EVIDENCE_CONFLICT, conflict)
             raise conflict
         return dict(found.response)
 
@@ -568,14 +577,14 @@ class StepServices:
         """Refuse, before any intent is recorded, what this run's mode must not send."""
         if self.launch.simulation and tool.simulate is None:
             self.control.fail(FailFor(
-                "no_simulation", f"simulation replay: {tool.name} ({command_id}) has no "
+                FailReason.NO_SIMULATION, f"simulation replay: {tool.name} ({command_id}) has no "
                 "simulate implementation, and a simulation never calls the real provider",
                 self.spent))
             raise Suspend()
         if self.launch.blocks_irreversible and tool.tool_class is ToolClass.IRREVERSIBLE:
             mode = self.launch.mode.value if self.launch.mode else "live"
             self.control.fail(FailFor(
-                "irreversible_blocked", f"{mode} run: {tool.name} ({command_id}) is "
+                FailReason.IRREVERSIBLE_BLOCKED, f"{mode} run: {tool.name} ({command_id}) is "
                 "irreversible and this run was not started with allow_irreversible; nothing "
                 "was sent (start a new one with --allow-irreversible to send it)", self.spent))
             raise Suspend()

@@ -33,7 +33,7 @@ from uuid import uuid4
 
 from ledger.checkpoints import canonical_json
 from ledger.exceptions import InvalidInput
-from ledger.vocabulary import ToolClass
+from ledger.vocabulary import EffectAttemptOutcome, ToolClass
 from tasks.exceptions import ToolError, ToolPromiseBroken
 from tasks.services import effect_id_for
 from tasks.tools import Status, Tool, ToolResult
@@ -212,7 +212,7 @@ def _check_call(tool: Tool, sample: dict[str, Any], report: ToolReport) -> ToolR
                 "promises cannot be checked. Is the sample valid for the provider's test "
                 "environment, and is the provider reachable?")
         return None
-    if answer.status == "failed":
+    if answer.outcome is EffectAttemptOutcome.FAILED:
         _record(report, "call_answers", False,
                 f"the provider reported the sample call failed: {_short(answer.result)}")
         return None
@@ -232,7 +232,7 @@ def _check_call(tool: Tool, sample: dict[str, Any], report: ToolReport) -> ToolR
 def _check_status(tool: Tool, first: ToolResult, report: ToolReport,
                   timeout_s: float) -> ToolResult:
     if tool.status is None:
-        if first.status == "accepted":
+        if first.outcome is EffectAttemptOutcome.ACCEPTED:
             _record(report, "status_settles", False,
                     "the call answered 'accepted' but the tool declares no status: onward "
                     "would park every such effect (effect_unpollable); declare status=")
@@ -243,10 +243,10 @@ def _check_status(tool: Tool, first: ToolResult, report: ToolReport,
     answer, error, polls = _poll(tool.status, ref, timeout_s)
     if error is not None or answer is None:
         detail = f"status({ref}) did not answer ({_describe(error) if error else 'None'})"
-    elif answer.status == "accepted":
+    elif answer.outcome is EffectAttemptOutcome.ACCEPTED:
         detail = (f"status({ref}) still says accepted after {timeout_s:.0f}s ({polls} polls); "
                   "raise --status-timeout if the test provider is slow")
-    elif answer.status == "failed":
+    elif answer.outcome is EffectAttemptOutcome.FAILED:
         detail = f"status({ref}) reports the sample job failed: {_short(answer.result)}"
     elif answer.provider_ref not in (None, ref):
         detail = f"status({ref}) answered about another object ({answer.provider_ref})"
@@ -267,7 +267,8 @@ def _poll(status: Status, ref: str,
         polls += 1
         answer, error = _attempt(lambda: status(ref))
         left = deadline - time.monotonic()
-        if error is not None or answer is None or answer.status != "accepted" or left <= 0:
+        if (error is not None or answer is None
+                or answer.outcome is not EffectAttemptOutcome.ACCEPTED or left <= 0):
             return answer, error, polls
         time.sleep(min(delay, left))
         delay = min(delay * 2, 2.0)

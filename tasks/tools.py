@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from ledger.vocabulary import ToolClass
+from ledger.vocabulary import EffectAttemptOutcome, ToolClass
 from tasks.exceptions import (
     ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
     WorkflowDefinitionError,
@@ -42,6 +42,12 @@ class ToolResult:
     provider_ref: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
     version: str | None = None  # for reads: the source version of what was read
+
+    @property
+    def outcome(self) -> EffectAttemptOutcome:
+        """The attempt outcome this answer records (``completed``, ``accepted`` or
+        ``failed``)."""
+        return EffectAttemptOutcome(self.status)
 
     @classmethod
     def coerce(cls, value: ToolResult | dict[str, Any]) -> ToolResult:

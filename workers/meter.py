@@ -18,6 +18,7 @@ import structlog
 from ledger.exceptions import LedgerUnavailable
 from ledger.health import TotalKey, add_totals
 from ledger.hot import HotConnection
+from ledger.vocabulary import RunStatus
 from tasks.executor import ReportKind, StepReport
 
 log = structlog.get_logger("onward.worker")
@@ -25,7 +26,7 @@ log = structlog.get_logger("onward.worker")
 FLUSH_S = 5.0
 # Step duration buckets, seconds (claim to commit as the worker sees it).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-_TERMINAL = {"completed", "failed", "cancelled", "diverged"}
+_TERMINAL = {status.value for status in RunStatus if status.terminal}
 
 
 class StepMeter:
@@ -56,7 +57,7 @@ class StepMeter:
                 deltas[(*key, "step_seconds_count", "")] += 1
                 deltas[(*key, "step_seconds_sum", "")] += seconds
             finished = (report.status if report.status in _TERMINAL else
-                        "failed" if report.kind is ReportKind.FAILED else None)
+                        RunStatus.FAILED.value if report.kind is ReportKind.FAILED else None)
             if finished:
                 deltas[(*key, "runs_finished", finished)] += 1
         self._start()

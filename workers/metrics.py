@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from ledger.db import wrap_driver_errors
 from ledger.health import Health, health_txn
+from ledger.vocabulary import RunStatus, WaitKind
 from workers.meter import BUCKETS
 
 WV = ["workflow", "version"]
@@ -116,9 +117,9 @@ def _runs(h: Health) -> Iterator[Metric]:
     totals: dict[tuple[str, ...], float] = defaultdict(float)
     for row in h.active_runs:
         totals[(*_wv(row), row["status"])] += row["n"]
-        if row["status"] == "needs_review":
+        if row["status"] == RunStatus.NEEDS_REVIEW:
             parked.add_metric([*_wv(row), row["why"]], row["n"])
-        elif row["status"] == "waiting":
+        elif row["status"] == RunStatus.WAITING:
             waiting.add_metric([*_wv(row), row["why"]], row["n"])
     for key, n in sorted(totals.items()):
         runs.add_metric(list(key), n)
@@ -147,7 +148,7 @@ def _effects_outbox_approvals(h: Health) -> Iterator[Metric]:
     pending = GaugeMetricFamily("onward_pending_approvals",
                                 "Runs waiting for a person's approval.", labels=WV)
     for row in h.active_runs:
-        if row["status"] == "waiting" and row["why"] == "approval":
+        if row["status"] == RunStatus.WAITING and row["why"] == WaitKind.APPROVAL:
             pending.add_metric(_wv(row), row["n"])
     yield pending
     yield GaugeMetricFamily("onward_oldest_pending_approval_age_seconds",

@@ -20,6 +20,7 @@ from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.steps import Claim, StepStore, error_record
+from ledger.vocabulary import ParkReason
 from tests.support import clock, reads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def _fail(store: StepStore, claim: Claim) -> None:
 
 
 def _park(store: StepStore, claim: Claim) -> None:
-    assert store.park(claim, "tick", "integrity", error_record("IntegrityViolation", "no"))
+    assert store.park(claim, "tick", ParkReason.INTEGRITY, error_record("IntegrityViolation", "no"))
 
 
 @pytest.mark.parametrize("stop", [_fail, _park], ids=["fail", "park"])

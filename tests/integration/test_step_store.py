@@ -12,6 +12,7 @@ import pytest
 
 from ledger import Ledger, OutcomeKind, RunStatus
 from ledger.steps import Advance, Claim, Stale, StaleReason, StepStore
+from ledger.vocabulary import ParkReason
 from tests.support import reads
 from tests.support.cluster import wait_for
 
@@ -147,7 +148,7 @@ def test_step_store__expired_lease_fences_the_old_holder(ledger: Ledger) -> None
         late = {"type": "StepError", "message": "late"}
         assert slow.fail(old, "tick", late, retry_in_s=None) is False
         assert slow.fail(old, "tick", late, retry_in_s=0.0) is False
-        assert slow.park(old, "tick", "integrity", late) is False
+        assert slow.park(old, "tick", ParkReason.INTEGRITY, late) is False
         assert slow.release(old, late) is False
         assert reads.run_row(ledger.engine, run_id) == held
         assert reads.outbox_rows(ledger.engine, run_id) == []
