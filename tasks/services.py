@@ -231,7 +231,7 @@ class StepServices:
                 "flight past its time limit (the tool did not keep to its timeout) and has "
                 "not ended: it may still land, so neither a lookup nor a resend can be trusted "
                 "now; a person checks the provider (onward effects resolve)")
-            self.control.park("effect_outcome_unknown", overran)
+            self.control.park(ParkReason.EFFECT_OUTCOME_UNKNOWN, overran)
             raise overran
         if tool.lookup is None:
             if tool.can_resend_blind:

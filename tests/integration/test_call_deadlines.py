@@ -18,9 +18,9 @@ import pytest
 
 from examples import provider_client
 from ledger import Ledger, RunStatus
-from ledger.audit import Role
 from ledger.effects import ANSWER_AFTER_LEASE
 from ledger.steps import StepStore
+from ledger.vocabulary import Role
 from tasks.executor import ExecutorConfig, StepMessage, execute_step
 from tasks.workflow import Registry
 from tests.support.driver import driver
