@@ -370,14 +370,7 @@ class StepServices:
             self.control.park(ParkReason.EFFECT_UNPOLLABLE, stuck)
             raise stuck
         age = (self.clock.now() - (effect.polling_since or effect.created_at)).total_seconds()
-        if age > tool.status_timeout_s:
-            stalled = EffectOutcomeUnknown(
-                f"effect {effect.effect_id[:16]}… ({tool.name}) is still accepted after "
-                f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s): check the job at the "
-                "provider, then `onward runs continue` to poll it again for as long, or "
-                "`onward effects resolve` to record what it came to")
-            self.control.park(ParkReason.EFFECT_STALLED, stalled)
-            raise stalled
+        stalled = age > tool.status_timeout_s  # past it: one last poll, then a person decides
         attempt = self._begin(tool, effect, EffectAttemptKind.STATUS)
         try:
             answer = ToolResult.coerce(invoke(tool.status, effect.provider_ref,
@@ -385,8 +378,24 @@ class StepServices:
         except Exception as exc:
             polled = self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
                                   status=EffectStatus.ACCEPTED, error=_error(exc), poll=True)
-            return self._wait(tool, polled)
+            return self._stall(tool, effect, age) if stalled else self._wait(tool, polled)
+        if stalled and answer.status == "accepted":
+            self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.ACCEPTED,
+                                status=EffectStatus.ACCEPTED, provider_ref=answer.provider_ref,
+                                poll=True)
+            return self._stall(tool, effect, age)
         return self._apply(tool, effect, attempt, answer, reconciled=False, poll=True)
+
+    def _stall(self, tool: Tool, effect: Effect, age: float) -> dict[str, Any]:
+        """Still accepted past the tool's ``status_timeout_s`` (its last poll said so): park
+        the run ``effect_stalled`` for a person."""
+        stalled = EffectOutcomeUnknown(
+            f"effect {effect.effect_id[:16]}… ({tool.name}) is still accepted after "
+            f"{age:.0f}s (limit {tool.status_timeout_s:.0f}s): check the job at the "
+            "provider, then `onward runs continue` to poll it again for as long, or "
+            "`onward effects resolve` to record what it came to")
+        self.control.park(ParkReason.EFFECT_STALLED, stalled)
+        raise stalled
 
     def _wait(self, tool: Tool, effect: Effect) -> dict[str, Any]:
         delay = poll_delay(effect.polls)

@@ -441,6 +441,19 @@ def test_stalled_effect__continue_polls_the_provider_again(
     assert one_effect(ops, run_id).status is EffectStatus.COMPLETED
 
 
+def test_stalled_effect__the_provider_is_asked_once_more_before_the_run_parks(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant: past its tool's ``status_timeout_s`` an accepted job is polled once more
+    before the run is parked ``effect_stalled``: a job that finished meanwhile completes
+    the run instead (the stall check used to park without asking)."""
+    run_id = drv.ledger.start_run("test_outcome_send", {"tool": "job"})
+    assert drv.step(run_id, 0).kind is ReportKind.WAITING
+    OUTSIDE.job_done = True
+    clock.set_on_store(drv.store, timedelta(seconds=120))
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, (run.parked_reason, run.last_error)
+
+
 def test_stalled_effect__continue_opens_a_fresh_polling_window(
         drv: Driver, ops: Ledger, later: Ledger, offset: list[timedelta]) -> None:
     """Invariant: after continue, a job still running is polled again for another
