@@ -40,6 +40,19 @@ app.add_typer(tools_app, name="tools")
 app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(corpus_app, name="corpus")  # with `corpus replay` (commands_replay)
+
+
+@app.callback()
+def _logs_to_stderr() -> None:
+    """Whatever onward logs while a command runs goes to stderr: stdout holds only the
+    command's answer, so ``--json`` output stays parseable (structlog unconfigured prints to
+    stdout). Process commands (worker, dispatcher, reaper) configure logging again."""
+    import structlog
+
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=lambda *_args: structlog.PrintLogger(sys.stderr))
+
+
 app.command("verify")(commands_verify.verify)
 app.command("anchor")(commands_anchor.anchor)
 app.command("workers")(workers_cmd)

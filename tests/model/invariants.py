@@ -113,7 +113,9 @@ SQL_CHECKS: dict[str, str] = {
           FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id
          WHERE r.status <> 'running'""",
     # 7. one clock: a wait a step asked for is that long after its checkpoint, on the
-    #    database's clock (approval expiry, signal timeout, timer)
+    #    database's clock (approval expiry, signal timeout, timer). An evidence replay does
+    #    not wait: it follows its source's decision (the approval it names is the source's,
+    #    asked for at the source's checkpoint), so its waits are not held to this.
     "one_clock": f"""
         SELECT format('run %s seq %s: a %s wait of %ss ends %ss after its checkpoint on the '
                       'database clock', run_id, seq, kind, wanted, round(lifetime::numeric, 1))
@@ -128,8 +130,9 @@ SQL_CHECKS: dict[str, str] = {
                             ELSE (c.control->>'until')::timestamptz END - c.created_at)
                            AS lifetime
                   FROM onward.checkpoints c
+                  JOIN onward.runs r ON r.id = c.run_id
                   LEFT JOIN onward.approvals a ON a.id::text = c.control->>'approval_id'
-                 WHERE c.outcome = 'wait'
+                 WHERE c.outcome = 'wait' AND r.mode IS DISTINCT FROM 'evidence'
                    AND c.control->>'kind' IN ('approval', 'signal', 'timer')) w
          WHERE lifetime IS NULL OR abs(lifetime - wanted) > {CLOCK_TOLERANCE_S}""",
     # budgets are never exceeded by more than one call's spend, counted as the model billed

@@ -1,7 +1,9 @@
 """A TCP gate in front of the test's PostgreSQL: until ``open()`` nothing listens on its
 port (a client gets "connection refused", as from a server that is down); once open, every
-connection is forwarded to the real server. Processes pointed at the gate see PostgreSQL
-come up while they run, without stopping the server every other test shares."""
+connection is forwarded to the real server, over TCP or over its Unix socket (the embedded
+PostgreSQL listens on a socket named by the URL's ``host`` query parameter). Processes
+pointed at the gate see PostgreSQL come up while they run, without stopping the server
+every other test shares."""
 
 from __future__ import annotations
 
@@ -21,10 +23,15 @@ def free_port() -> int:
 class Gate:
     def __init__(self, database_url: str) -> None:
         url = make_url(database_url)
-        self.target = (url.host or "127.0.0.1", url.port or 5432)
+        socket_dir = url.query.get("host")
+        if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+            port = url.query.get("port") or url.port or 5432
+            self.target: tuple[str, int] | str = f"{socket_dir}/.s.PGSQL.{port}"
+        else:
+            self.target = (url.host or "127.0.0.1", url.port or 5432)
         self.port = free_port()
-        self.url = url.set(host="127.0.0.1", port=self.port).render_as_string(
-            hide_password=False)
+        self.url = url.set(host="127.0.0.1", port=self.port).difference_update_query(
+            ["host", "port"]).render_as_string(hide_password=False)
         self.accepted = 0
         self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
@@ -59,7 +66,7 @@ class Gate:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.target)
+                server = self._connect()
             except OSError:
                 client.close()
                 continue
@@ -68,6 +75,17 @@ class Gate:
                 self._sockets += [client, server]
             for source, sink in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        if isinstance(self.target, str):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                server.connect(self.target)
+            except OSError:
+                server.close()
+                raise
+            return server
+        return socket.create_connection(self.target)
 
     @staticmethod
     def _pipe(source: socket.socket, sink: socket.socket) -> None:
