@@ -16,9 +16,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
-from ledger.checkpoints import canonical_json
+from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
-from ledger.exceptions import ApprovalRefused, InvalidInput, UnknownApproval, UnknownRun
+from ledger.exceptions import (
+    ApprovalRefused,
+    IntegrityViolation,
+    InvalidInput,
+    UnknownApproval,
+    UnknownRun,
+)
 from ledger.hot import HotConnection
 from ledger.schema import approvals, checkpoints, outbox, runs, signals
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason, RunStatus
@@ -214,6 +220,13 @@ def may_decide(approval: Approval, name: str, roles: tuple[str, ...]) -> bool:
     return not allowed or name in allowed or any(f"role:{r}" in allowed for r in roles)
 
 
+def _stored_artifact_hash(approval: Approval) -> str:
+    try:
+        return sha256_hex(canonical_json(approval.artifact))
+    except InvalidInput:
+        return "not plain JSON"
+
+
 def record_decision_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
                         roles: tuple[str, ...], artifact_hash: str,
                         comment: str | None) -> Approval:
@@ -234,6 +247,12 @@ def record_decision_txn(conn: Connection, approval_id: UUID, *, approve: bool, a
     if not may_decide(approval, actor, roles):
         raise ApprovalRefused(f"{actor} may not {verb} approval {approval_id}; allowed: "
                               f"{', '.join(allowed)}")
+    stored = _stored_artifact_hash(approval)
+    if stored != approval.artifact_hash:
+        raise IntegrityViolation(
+            f"approval {approval_id}'s stored artifact hashes to {stored[:12]}…, but the run "
+            f"asked about {approval.artifact_hash[:12]}…: it was edited outside onward, so "
+            f"nobody may decide on it (`onward verify {approval.run_id}`)")
     if artifact_hash != approval.artifact_hash:
         raise ApprovalRefused(
             f"you reviewed artifact {artifact_hash[:12]}…, but approval {approval_id} is for "

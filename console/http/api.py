@@ -17,7 +17,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from console.common import plain
 from console.render import run_detail
@@ -87,8 +87,14 @@ class SignalBody(Strict):
 
 
 class DecisionBody(Strict):
-    artifact_hash: str = Field(pattern=r"^[0-9a-f]{64}$",
-                               description="sha256 of the artifact you reviewed")
+    shown_hash: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        validation_alias=AliasChoices("shown_hash", "artifact_hash"),
+        description="sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of the "
+                    "artifact as your client showed it to the approver: compute it from the "
+                    "`artifact` you displayed, do not copy the approval's `artifact_hash`. "
+                    "Refused unless it is the hash the run bound when it asked. "
+                    "(`artifact_hash` is accepted as a deprecated name.)")
     comment: str | None = Field(default=None, max_length=2000)
 
 
@@ -392,12 +398,12 @@ def _decide(ledger: Ledger, approval_id: UUID, body: DecisionBody, approve: bool
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     ledger.require(action, approval_id=approval_id)
     decide = ledger.approve if approve else ledger.reject
-    return plain(decide(approval_id, artifact_hash=body.artifact_hash, comment=body.comment))
+    return plain(decide(approval_id, artifact_hash=body.shown_hash, comment=body.comment))
 
 
 @router.post("/approvals/{approval_id}/approve", tags=["approvals"])
 def approve(ledger: Authed, approval_id: UUID, body: DecisionBody) -> dict[str, Any]:
-    """Approve the artifact ``artifact_hash`` names; the run resumes."""
+    """Approve the artifact your client showed (``shown_hash``); the run resumes."""
     return dict(_decide(ledger, approval_id, body, True))
 
 

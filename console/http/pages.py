@@ -24,7 +24,7 @@ from fastapi.templating import Jinja2Templates
 
 from console.http.errors import status_of
 from ledger import Ledger, RunStatus
-from ledger.checkpoints import canonical_json
+from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied, Unauthenticated
 from ledger.inspection import RunFilter
@@ -444,12 +444,16 @@ def approvals_page(request: Request, mine: str = "", status: str = "pending",
         found = ledger.approvals(status=ApprovalStatus(status) if status else None,
                                  limit=50, before=cursor, approver=mine == "1")
         exact = {a.id: canonical_json(a.artifact).decode() for a in found}
+        # the decision names the hash of what this page shows, never the stored hash: an
+        # artifact edited in the database is shown as it is and its approval is refused
+        shown = {a.id: sha256_hex(text.encode()) for a, text in
+                 ((a, exact[a.id]) for a in found)}
         from ledger.waits import may_decide
 
         decidable = {a.id: ledger.actor.may(AuditAction.APPROVE) and may_decide(
             a, ledger.actor.name, ledger.actor.approver_roles) for a in found}
         return render(request, "approvals.html", ledger, approvals=found, exact=exact,
-                      decidable=decidable, mine=mine == "1", status=status, done=done,
+                      shown=shown, decidable=decidable, mine=mine == "1", status=status, done=done,
                       now=ledger.now())
     except (OnwardError, ValueError) as exc:
         return failed(request, exc if isinstance(exc, OnwardError) else InvalidInput(str(exc)),
@@ -457,8 +461,10 @@ def approvals_page(request: Request, mine: str = "", status: str = "pending",
 
 
 @router.post("/approvals/{approval_id}/{decision}", response_class=HTMLResponse)
-def decide_page(request: Request, approval_id: UUID, decision: str, artifact_hash: Text,
+def decide_page(request: Request, approval_id: UUID, decision: str, shown_hash: Text,
                 comment: Text, csrf: Annotated[str | None, Form()] = None) -> Response:
+    """Decide on the artifact the page showed (``shown_hash``, the sha256 of the canonical
+    JSON it rendered); the ledger refuses unless it is the hash the run bound."""
     ledger = None
     try:
         check_csrf(request, csrf)
@@ -472,7 +478,7 @@ def decide_page(request: Request, approval_id: UUID, decision: str, artifact_has
             raise ledger.refuse(action, InvalidInput("say why (the reason is audited)"),
                                 approval_id=approval_id)
         decide = ledger.approve if approve else ledger.reject
-        decide(approval_id, artifact_hash=artifact_hash, comment=comment.strip())
+        decide(approval_id, artifact_hash=shown_hash, comment=comment.strip())
         return RedirectResponse(f"/approvals?done={decision}d", status_code=303)
     except OnwardError as exc:
         return failed(request, exc, ledger)

@@ -113,7 +113,7 @@ def test_cli_approve__binds_the_decision_to_the_hash_of_what_was_shown(drv: Driv
                              "WHERE id = :id"), {"id": approval["id"]})
     refused = onward("approvals", "approve", approval["id"], input="y\n", code=2)
     assert_literal('"amount": 1000000', refused)
-    assert "refused" in refused and "artifact changed" in refused
+    assert "refused" in refused and "edited outside onward" in refused
     assert drv.ledger.get_approval(UUID(approval["id"])).status.value == "pending"
     good = waiting_approval(drv, {"amount": 100})
     onward("approvals", "approve", good["id"], input="y\n")

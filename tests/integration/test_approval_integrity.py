@@ -1,0 +1,102 @@
+"""An approval authorises exactly what the approver saw (issue 11, review F2 and F19): the
+web page and the API decide on the hash of the artifact they showed, never on the stored
+hash, so an artifact edited in the database is refused; an approval's approvers and expiry
+are signed with its artifact binding, so a database edit that adds an approver or extends
+the expiry is refused by approve, parks the resumed step and is reported by verify. Each
+test edits the database directly, as an attacker with write access but no key would."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from uuid import UUID
+
+from fastapi.testclient import TestClient
+
+from console.http.pages import COOKIE
+from ledger import Ledger, RunStatus
+from ledger.checkpoints import canonical_json, sha256_hex
+from tests.integration.test_console_http import auth, client, drv, token  # noqa: F401
+from tests.support import reads
+from tests.support.driver import Driver
+
+EDITED = {"doc": "offer v1: 10000 seats at 1000 EUR"}
+
+
+def waiting_review(drv: Driver) -> tuple[UUID, dict[str, Any]]:  # noqa: F811
+    run_id = drv.ledger.start_run("test_review", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    [approval] = drv.ledger.approvals(run_id=run_id)
+    return run_id, {"id": approval.id, "artifact_hash": approval.artifact_hash}
+
+
+def sql(ledger: Ledger, text: str, **params: object) -> None:
+    assert reads.execute(ledger.engine, text, **params) == 1
+
+
+def edit_artifact(ledger: Ledger, approval_id: UUID) -> None:
+    sql(ledger, "UPDATE onward.approvals SET artifact = CAST(:a AS jsonb) WHERE id = :i",
+        a=json.dumps(EDITED), i=approval_id)
+
+
+def still_pending(drv: Driver, run_id: UUID, approval_id: UUID) -> None:  # noqa: F811
+    assert drv.ledger.get_run(run_id).status is RunStatus.WAITING
+    assert drv.ledger.get_approval(approval_id).status.value == "pending"
+
+
+def test_page__decides_on_the_hash_of_what_it_showed(client: TestClient,  # noqa: F811
+                                                     drv: Driver) -> None:  # noqa: F811
+    """Invariant: the page posts the sha256 of the artifact it rendered; an artifact edited
+    in the database is shown as edited, marked, and approving it is refused (the run keeps
+    waiting, nothing is decided). Failed before: the page posted the stored hash, so the
+    edited artifact was approved."""
+    run_id, approval = waiting_review(drv)
+    edit_artifact(drv.ledger, approval["id"])
+    client.cookies.set(COOKIE, token(drv.ledger, "dana", "approver", "sales_lead"))
+    page = client.get("/approvals")
+    assert page.status_code == 200 and "10000 seats" in page.text
+    assert "was changed after the run asked" in page.text
+    form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+    assert form["shown_hash"] == sha256_hex(canonical_json(EDITED))
+    answer = client.post(f"/approvals/{approval['id']}/approve",
+                         data={**form, "comment": "looks fine"}, follow_redirects=False)
+    assert answer.status_code == 409, answer.text
+    still_pending(drv, run_id, approval["id"])
+
+
+def test_page__an_intact_artifact_is_approved(client: TestClient,  # noqa: F811
+                                              drv: Driver) -> None:  # noqa: F811
+    """Invariant: the hash the page posts for an intact artifact is the bound hash: the
+    approval goes through and the run completes."""
+    run_id, approval = waiting_review(drv)
+    client.cookies.set(COOKIE, token(drv.ledger, "dana", "approver", "sales_lead"))
+    page = client.get("/approvals")
+    form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+    assert form["shown_hash"] == approval["artifact_hash"]
+    answer = client.post(f"/approvals/{approval['id']}/approve",
+                         data={**form, "comment": "ok"}, follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+
+
+def test_api__decides_on_the_shown_hash(client: TestClient, drv: Driver) -> None:  # noqa: F811
+    """Invariant: the API takes the hash of what the client showed (``shown_hash``); the
+    hash of an artifact edited in the database is refused (409), and so is the stored hash
+    copied back (the stored artifact no longer hashes to it). Failed before: the API knew
+    no shown hash, and the copied stored hash approved the edited artifact."""
+    run_id, approval = waiting_review(drv)
+    edit_artifact(drv.ledger, approval["id"])
+    lead = auth(token(drv.ledger, "dana", "approver", "sales_lead"))
+    shown = client.get(f"/api/v1/approvals/{approval['id']}", headers=lead).json()["artifact"]
+    assert shown == EDITED
+    for body in ({"shown_hash": sha256_hex(canonical_json(shown)), "comment": "ok"},
+                 {"artifact_hash": approval["artifact_hash"], "comment": "ok"}):
+        answer = client.post(f"/api/v1/approvals/{approval['id']}/approve", json=body,
+                             headers=lead)
+        assert answer.status_code == 409, answer.text
+        assert "edited outside onward" in answer.json()["detail"]
+    still_pending(drv, run_id, approval["id"])
+    refused = [a.outcome for a in drv.ledger.audit(action="approve")
+               if a.approval_id == approval["id"]]
+    assert refused == ["refused", "refused"]
