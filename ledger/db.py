@@ -10,7 +10,10 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+
+# Engine is re-exported: code outside ledger/ holds engines without importing SQLAlchemy
+from sqlalchemy.engine import Engine as Engine
+from sqlalchemy.engine import make_url
 
 from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
 from ledger.schema import SCHEMA, VERSION_TABLE
@@ -51,6 +54,11 @@ def _engine_for(url: str, pool_size: int) -> Engine:
 def create_engine(settings: OnwardSettings, *, pool_size: int = 5) -> Engine:
     """A pooled engine for the ledger database (one per URL per process)."""
     return _engine_for(database_url(settings), pool_size)
+
+
+def engine_of_its_own(url: str, *, pool_size: int = 5) -> Engine:
+    """An engine on ``url`` not shared with anyone in the process (its user disposes it)."""
+    return sa.create_engine(normalize_url(url), pool_size=pool_size)
 
 
 def connect_raw(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:

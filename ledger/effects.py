@@ -2,7 +2,7 @@
 
 Every operation is one statement on the worker's hot connection, so the ``pending`` row is
 committed before the provider is called, and each attempt's outcome is committed as soon
-as it is known.
+as it is known. The statements are in ``ledger/sql/effects.sql``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import (
     CancelRequested,
@@ -29,57 +29,27 @@ from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
 from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 
-# A call of effect ``e`` may have reached the provider: some call attempt (or an operator's
-# repeat) ended without a known outcome (its answer was lost, its worker died, it is still
-# in flight, or its late answer was fenced out; a repeat the provider only accepted), and
-# neither a LATER lookup by the effect's key said 'missing' nor a person recorded what
-# they found since (kind 'resolve', `onward effects resolve`). A stated refusal ('failed':
-# nothing happened *this time*) says nothing about an earlier call, and a lookup by the
-# effect's key says nothing about a repeat, which was sent under a key of its own.
-#
-# A call that was still in flight past its time limit (``CALL_OVERRAN``, marked by its
-# worker) or answered after its lease was lost (``ANSWER_AFTER_LEASE``) is cleared only by a
-# lookup that began after it ended: one made while it was in flight proves nothing.
 CALL_OVERRAN = "CallOverran"
+"""The error type a call's worker marks a call with while it is in flight past its time limit."""
 ANSWER_AFTER_LEASE = "AnswerAfterLease"
-_LATE = f"('{CALL_OVERRAN}', '{ANSWER_AFTER_LEASE}')"
+"""The error type of a call's answer that came after its lease was lost."""
 
 
 def unknown_call(e: str) -> str:
-    """``UNKNOWN_CALL`` for the effect row named ``e`` in the enclosing query."""
-    return f"""EXISTS (SELECT 1 FROM onward.effect_attempts c
-     WHERE c.effect_type = {e}.effect_type AND c.effect_id = {e}.effect_id
-       AND c.kind IN ('call', 'repeat')
-       AND coalesce(c.outcome, 'unknown') IN ('unknown', 'accepted')
-       AND NOT EXISTS (
-            SELECT 1 FROM onward.effect_attempts l
-             WHERE l.effect_type = c.effect_type AND l.effect_id = c.effect_id
-               AND l.attempt > c.attempt
-               AND (l.kind = 'resolve'
-                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind = 'call'
-                        AND (c.error->>'type' IS NULL OR c.error->>'type' NOT IN {_LATE}
-                             OR l.started_at >= c.ended_at)))))"""
+    """Whether a call of effect ``e`` may have reached the provider, as SQL (the fragment
+    ``unknown_call`` of ledger/sql/effects.sql, which says when)."""
+    return sql.fragment("unknown_call", e)
 
 
 def overran_call(e: str) -> str:
-    """A call of effect ``e`` still in flight past its time limit: its worker marked it
-    (``CALL_OVERRAN``) and it has not ended, nor has a person resolved the effect since.
-    While it may still land, a lookup cannot tell whether it did."""
-    return f"""EXISTS (SELECT 1 FROM onward.effect_attempts o
-     WHERE o.effect_type = {e}.effect_type AND o.effect_id = {e}.effect_id
-       AND o.kind = 'call' AND o.outcome IS NULL AND o.error->>'type' = '{CALL_OVERRAN}'
-       AND NOT EXISTS (SELECT 1 FROM onward.effect_attempts r
-                        WHERE r.effect_type = o.effect_type AND r.effect_id = o.effect_id
-                          AND r.attempt > o.attempt AND r.kind = 'resolve'))"""
+    """Whether a call of effect ``e`` is still in flight past its time limit, as SQL (the
+    fragment ``overran_call`` of ledger/sql/effects.sql)."""
+    return sql.fragment("overran_call", e)
 
 
 UNKNOWN_CALL = unknown_call("e")
-# The outcome at the provider of effect ``e`` is unknown: it was accepted, or it is pending
-# with a call that may have reached the provider (``UNKNOWN_CALL``). A pending effect with
-# no attempt was never sent. Such an effect is never closed by a refusal, a deadline or a
-# cancel.
-OUTCOME_UNKNOWN = f"(e.status = 'accepted' OR (e.status = 'pending' AND {UNKNOWN_CALL}))"
-NEVER_LANDED = f"(e.status = 'pending' AND NOT {UNKNOWN_CALL})"
+OUTCOME_UNKNOWN = sql.fragment("outcome_unknown")
+NEVER_LANDED = sql.fragment("never_landed")
 
 
 @dataclass(frozen=True)
@@ -143,147 +113,17 @@ class Intent:
     lease_epoch: int | None = None  # the claim's epoch; None only for operator commands
 
 
-_INTEND = """
-WITH lease AS (
-    -- fenced: only the live holder of the step's lease may record or reopen an intent,
-    -- and not once a cancel was requested
-    SELECT EXISTS (SELECT 1 FROM onward.runs
-                    WHERE id = %(run_id)s AND status = 'running'
-                      AND (%(epoch)s::bigint IS NULL
-                           OR (lease_epoch = %(epoch)s AND lease_expires_at > onward.now()
-                               AND cancel_requested IS NULL))) AS held,
-           EXISTS (SELECT 1 FROM onward.runs
-                    WHERE id = %(run_id)s AND cancel_requested IS NOT NULL) AS cancelling
-), ins AS (
-    INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step,
-                                command_id, tool_class, request_hash, recipient, payload,
-                                status, intent_mac)
-    SELECT %(effect_id)s, %(effect_type)s, %(run_id)s, %(tenant_id)s, %(seq)s, %(step)s,
-           %(command_id)s, %(tool_class)s, %(request_hash)s, %(recipient)s, %(payload)s,
-           'pending', %(intent_mac)s
-     WHERE (SELECT held FROM lease)
-    ON CONFLICT (effect_type, effect_id) DO NOTHING
-    RETURNING *, true AS created
-), reopened AS (
-    -- closed 'unsent' when the run ended earlier, asked for again after a continue
-    UPDATE onward.effects SET status = 'pending', completed_at = NULL, updated_at = onward.now()
-     WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND status = 'unsent'
-       AND (SELECT held FROM lease)
-    RETURNING *, false AS created
-), found AS (
-    SELECT * FROM ins
-    UNION ALL
-    SELECT * FROM reopened
-    UNION ALL
-    SELECT e.*, false AS created FROM onward.effects e
-     WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-       AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM reopened)
-)
-SELECT lease.held, lease.cancelling, found.*,
-       CALL_UNKNOWN AS call_unknown, CALL_OVERRAN AS call_overran
-  FROM lease LEFT JOIN found ON true
-""".replace("CALL_UNKNOWN", unknown_call("found")).replace("CALL_OVERRAN", overran_call("found"))
+_INTEND = sql.statement("record_intent")
 
-_BEGIN_ATTEMPT = """
-WITH lease AS (
-    -- fenced right before each provider call on the caller's live lease, which the same
-    -- statement extends to cover the call's timeout: a call never outlives its lease.
-    -- Once a cancel is requested no new call starts (lookups and polls still may).
-    UPDATE onward.runs
-       SET lease_expires_at = greatest(lease_expires_at,
-                                       onward.now() + %(cover_s)s * interval '1 second')
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
-       AND lease_expires_at > onward.now()
-       AND (%(kind)s <> 'call' OR cancel_requested IS NULL)
- RETURNING lease_expires_at
-), bumped AS (
-    -- the effect is still unresolved (epoch NULL: an operator's audited command)
-    UPDATE onward.effects e SET attempts = e.attempts + 1, updated_at = onward.now()
-     WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-       AND e.status IN ('pending', 'accepted')
-       AND (%(epoch)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
- RETURNING e.attempts
-), began AS (
-    INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker,
-                                        lease_epoch, idempotency_key)
-    SELECT %(effect_type)s, %(effect_id)s, attempts, %(kind)s, %(worker)s, %(epoch)s, %(key)s
-      FROM bumped
-    RETURNING attempt
-)
-SELECT (SELECT attempt FROM began) AS attempt,
-       (SELECT lease_expires_at FROM lease) AS lease_expires_at,
-       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
-"""
+_BEGIN_ATTEMPT = sql.statement("begin_effect_attempt")
 
-_RECORD = """
-WITH fence AS (
-    -- fenced on the caller's live lease: a stale holder's late answer never overwrites
-    -- the current holder's record (epoch NULL: an operator's audited command)
-    SELECT 1 FROM onward.runs
-     WHERE id = %(run_id)s
-       AND (%(epoch)s::bigint IS NULL
-            OR (lease_epoch = %(epoch)s AND status = 'running'
-                AND lease_expires_at > onward.now()))
-), attempt AS (
-    UPDATE onward.effect_attempts
-       SET ended_at = onward.now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
-           error = %(error)s, mac = %(attempt_mac)s
-     WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
-       AND EXISTS (SELECT 1 FROM fence)
-), effect AS (
-    UPDATE onward.effects
-       SET status = %(status)s,
-           provider_ref = coalesce(%(provider_ref)s, provider_ref),
-           result = coalesce(%(result)s, result),
-           error = %(error)s,
-           reconciled = reconciled OR %(reconciled)s,
-           polls = polls + %(poll)s,
-           updated_at = onward.now(),
-           completed_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN onward.now() END,
-           -- the outcome's MAC was computed from the values expected here; written only if
-           -- they are the values written (else left unsigned, and verify says so)
-           outcome_mac = CASE
-               WHEN coalesce(%(provider_ref)s, provider_ref) IS NOT DISTINCT FROM %(final_ref)s
-                AND coalesce(%(result)s::jsonb, result) IS NOT DISTINCT FROM %(final_result)s
-               THEN %(outcome_mac)s END
-     WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
-       AND status IN ('pending', 'accepted') AND EXISTS (SELECT 1 FROM fence)
- RETURNING *
-)
-SELECT *, true AS fenced_in FROM effect
-UNION ALL
-SELECT e.*, EXISTS (SELECT 1 FROM fence) AS fenced_in FROM onward.effects e
- WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
-   AND NOT EXISTS (SELECT 1 FROM effect)
-"""
+_RECORD = sql.statement("record_effect_outcome")
 
-# The call's worker, while the call is still in flight past its time limit (a tool that
-# does not keep to its timeout): the next holder must not trust a lookup meanwhile.
-_MARK_OVERRAN = """
-UPDATE onward.effect_attempts SET error = %(error)s
- WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
-   AND lease_epoch = %(epoch)s AND outcome IS NULL
-RETURNING attempt
-"""
+_MARK_OVERRAN = sql.statement("mark_call_overran")
 
-# A call's answer that came after its lease was lost: the call has ended, its outcome is
-# unknown (the answer is not the effect's: the current holder reconciles by lookup).
-# Not fenced by the lease: it records only this worker's own attempt, never the effect.
-_RECORD_LATE = """
-UPDATE onward.effect_attempts
-   SET ended_at = onward.now(), outcome = 'unknown', provider_ref = %(provider_ref)s,
-       error = %(error)s, mac = %(attempt_mac)s
- WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
-   AND lease_epoch = %(epoch)s AND outcome IS NULL
-RETURNING attempt
-"""
+_RECORD_LATE = sql.statement("record_late_answer")
 
-_UNRESOLVED = f"""
-SELECT e.*, {UNKNOWN_CALL} AS call_unknown, {overran_call("e")} AS call_overran
-  FROM onward.effects e
- WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
- ORDER BY e.seq, e.created_at
-"""
+_UNRESOLVED = sql.statement("unresolved_effects")
 
 
 def check_effect(keys: CheckpointKeys, effect: Effect) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "AnchorUnavailable",
     "ApprovalRefused",
     "CancelRequested",
+    "CatalogueError",
     "EffectConflict",
     "EffectFenced",
     "EvidenceFenced",
@@ -168,3 +169,10 @@ class RollbackFound(IntegrityViolation):
 
 class TracingUnavailable(OnwardError):
     """ONWARD_OTEL=1 but OpenTelemetry is not installed."""
+
+
+# the SQL catalogue (ledger/sql/)
+
+class CatalogueError(OnwardError):
+    """A malformed ``ledger/sql/*.sql`` file or an unknown statement name: a bug in onward,
+    found at import."""

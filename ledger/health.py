@@ -17,8 +17,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
+from ledger.db import wrap_driver_errors
 from ledger.hot import HotConnection
 from ledger.vocabulary import RunStatus
 
@@ -152,6 +153,13 @@ def health_txn(conn: Connection, *, worker_ttl_s: float = 30.0,
         unserved=_unserved(active, served),
         quotas=[use for probe in QUOTA_PROBES for use in probe(conn)],
     )
+
+
+def read_health(engine: Engine, *, worker_ttl_s: float = 30.0,
+                outbox_grace_s: float = 30.0) -> Health:
+    """One scrape (``health_txn``) on a connection of its own; driver errors wrapped."""
+    with wrap_driver_errors("reading metrics"), engine.connect() as conn:
+        return health_txn(conn, worker_ttl_s=worker_ttl_s, outbox_grace_s=outbox_grace_s)
 
 
 def _unserved(active: list[dict[str, Any]], served: set[tuple[str, int]]

@@ -1,7 +1,8 @@
 """The step hot path: claim, commit, fail, park, release. One statement per transaction.
 
 Each operation is a single prepared SQL statement built from data-modifying CTEs on an
-autocommit connection: one round trip, one transaction. docs/design.md section 4 budgets two
+autocommit connection: one round trip, one transaction. The statements are in
+``ledger/sql/steps.sql``. docs/design.md section 4 budgets two
 transactions per step (claim and commit); this module is where that budget is kept.
 """
 
@@ -18,7 +19,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger import signed, tracing
+from ledger import signed, sql, tracing
 from ledger.checkpoints import (
     ARTIFACT_KEY,
     ENVELOPE_VERSION,
@@ -29,11 +30,9 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.db import HEAD_REVISION
-from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import CancelRequested
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
-from ledger.schema import VERSION_TABLE
 from ledger.vocabulary import (
     SYSTEM_ROLE,
     WORKER_ACTOR,
@@ -243,357 +242,19 @@ class BudgetDefaults:
     deadline_at: datetime | None = None
 
 
-_CLAIM = """
-WITH claimed AS (
-    UPDATE onward.runs
-       SET lease_owner = %(owner)s,
-           lease_epoch = lease_epoch + 1,
-           lease_expires_at = onward.now() + %(ttl)s * interval '1 second',
-           attempt = attempt + 1,
-           attempts_total = attempts_total + 1,
-           -- an expired lease still set means its holder never finished: a restore
-           restore_count = restore_count + (lease_expires_at IS NOT NULL)::int,
-           -- a run not yet bound to a version binds to the code that first claims it, so
-           -- a retry of a step that acted is routed to that code (docs/versioning.md)
-           workflow_version = coalesce(workflow_version,
-                                       (%(bind)s::jsonb -> workflow ->> 0)::int),
-           state_schema_version = CASE WHEN workflow_version IS NULL
-                                       THEN (%(bind)s::jsonb -> workflow ->> 1)::int
-                                       ELSE state_schema_version END,
-           updated_at = onward.now()
-     WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
-       AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())
-       AND attempt < max_attempts
-       -- a duplicate message must not cut a retry's backoff or a timer short
-       AND NOT EXISTS (SELECT 1 FROM onward.outbox o
-                        WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
-                          AND o.due_at > onward.now())
-       -- no code runs a step on a ledger upgraded (or downgraded) under it
-       AND EXISTS (SELECT 1 FROM onward.VERSION_TABLE v WHERE v.version_num = %(revision)s)
- RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
-           max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
-           budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
-           state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
-           cancel_requested,
-           onward.now() AS claimed_at
-), consumed AS (
-    DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
-), lost AS (
-    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = onward.now()
-      FROM claimed c
-     WHERE a.run_id = c.id AND a.lease_epoch = c.lease_epoch - 1 AND a.outcome IS NULL
-), recorded AS (
-    INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker)
-    SELECT id, lease_epoch, seq, attempt, step, %(owner)s FROM claimed
-)
-SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
-       cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
-       cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
-       cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
-       cp.refs AS cp_refs, cp.workflow AS cp_workflow, cp.envelope_version AS cp_envelope_version,
-       parent.hash AS parent_found_hash
-  FROM claimed c
-  LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
-  LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
-""".replace("VERSION_TABLE", VERSION_TABLE)
-
-_COUNT_STALE = """
-UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
- WHERE id = %(run_id)s
-RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
-          (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased,
-          EXISTS (SELECT 1 FROM onward.outbox o
-                   WHERE o.run_id = %(run_id)s AND o.seq = runs.seq
-                     AND o.due_at > onward.now()) AS not_due,
-          (SELECT version_num FROM onward.VERSION_TABLE) AS revision
-""".replace("VERSION_TABLE", VERSION_TABLE)
-
-# A signal wait consumes a signal sent before the wait began in this same statement (so no
-# crash can fall between the two): the run then stays running, with its next outbox row.
-# Nothing else consumes a signal of a run that is running (Ledger.signal and the reaper wake
-# waiting runs only), so the signal is read without a lock and updated after the run row:
-# locks go run first, then signal, everywhere. A signal committed while this statement
-# runs is not in its snapshot; the reaper wakes the run then (ledger/waits.py).
-# Model and read spend is not debited here: recording each answer debited it
-# (ledger/evidence.py), so a step that never commits has spent it all the same.
-_COMMIT = """
-WITH early_signal AS (
-    SELECT id FROM onward.signals
-     WHERE %(signal)s::text IS NOT NULL AND run_id = %(run_id)s AND name = %(signal)s
-       AND consumed_seq IS NULL
-     ORDER BY id LIMIT 1
-), advanced AS (
-    UPDATE onward.runs
-       SET seq = seq + 1, step = %(next_step)s, attempt = 0,
-           status = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN 'running'
-                         ELSE %(status)s END,
-           max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
-           lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
-           head_mac = %(head_mac)s,
-           result = %(result)s, result_mac = %(result_mac)s, last_error = NULL,
-           waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
-                             ELSE %(waiting_on)s END,
-           wait_until = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
-                             ELSE %(wait_until)s::timestamptz END,
-           updated_at = onward.now(),
-           state_schema_version = %(state_schema_version)s, handbacks = 0,
-           budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
-           budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
-           budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
-           deadline_at = coalesce(deadline_at, %(default_deadline)s),
-           finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
-                              ELSE onward.now() END
-     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
-       AND cancel_requested IS NULL
- RETURNING id, tenant_id, status
-), signal_consumed AS (
-    UPDATE onward.signals SET consumed_seq = %(seq)s + 1
-     WHERE id IN (SELECT id FROM early_signal) AND consumed_seq IS NULL
-       AND EXISTS (SELECT 1 FROM advanced)
-), state_artifact AS (
-    INSERT INTO onward.artifacts (sha256, size, media_type, body)
-    SELECT %(artifact_sha)s, length(%(artifact_body)s::bytea), 'application/json',
-           %(artifact_body)s FROM advanced WHERE %(artifact_sha)s::text IS NOT NULL
-    ON CONFLICT (sha256) DO NOTHING
-), checkpoint AS (
-    INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
-                                    step, next_step, outcome, state, workflow_version,
-                                    lease_epoch, control, state_schema_version, refs,
-                                    workflow)
-    SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
-           %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
-           %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s
-      FROM advanced
-), next_message AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes, trace_context)
-    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()),
-           %(due_at)s::timestamptz IS NULL AND %(status)s = 'running', %(trace_context)s
-      FROM advanced WHERE status = 'running'
-), approval AS (
-    INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
-                                  artifact_hash, artifact, approvers, expires_at, status)
-    SELECT %(approval_id)s, id, tenant_id, %(seq)s + 1, %(workflow_version)s, %(step)s,
-           %(action)s, %(artifact_hash)s, %(artifact)s, %(approvers)s, %(expires_at)s,
-           'pending'
-      FROM advanced WHERE %(approval_id)s::uuid IS NOT NULL
-), resent AS (
-    -- a message the reaper queued again for this seq while the holder was slow: now stale
-    DELETE FROM onward.outbox o USING advanced a WHERE o.run_id = a.id AND o.seq = %(seq)s
-), attempt AS (
-    UPDATE onward.step_attempts SET ended_at = onward.now(), outcome = 'committed', step = %(step)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM advanced)
-)
-SELECT (SELECT count(*) FROM advanced) AS advanced,
-       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
-"""
-
-_FAIL = """
-WITH blocking AS (
-    -- a run never fails while one of its effects may have reached the provider
-    SELECT e.effect_type, e.effect_id FROM onward.effects e
-     WHERE NOT %(retry)s AND e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted')
-       AND OUTCOME_UNKNOWN
-     LIMIT 1
-), failed AS (
-    UPDATE onward.runs
-       SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
-           waiting_on = NULL,
-           status = CASE WHEN %(retry)s THEN 'running' ELSE 'failed' END,
-           finished_at = CASE WHEN %(retry)s THEN NULL ELSE onward.now() END,
-           updated_at = onward.now()
-     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
-       AND NOT EXISTS (SELECT 1 FROM blocking)
- RETURNING id
-), closed AS (
-    -- the same statement closes the effects known never to have reached the provider
-    UPDATE onward.effects e
-       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
-           error = coalesce(e.error, '{}'::jsonb) || jsonb_build_object('closed_by', 'run failed')
-      FROM failed f
-     WHERE NOT %(retry)s AND e.run_id = f.id AND NEVER_LANDED
-), retry AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at, trace_context)
-    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second', %(trace_context)s
-      FROM failed WHERE %(retry)s
-        ON CONFLICT (run_id, seq) DO UPDATE
-       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false,
-           trace_context = EXCLUDED.trace_context
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'failed', step = %(step)s,
-           error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM failed)
-)
-SELECT (SELECT count(*) FROM failed) AS failed,
-       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
-""".replace("OUTCOME_UNKNOWN", OUTCOME_UNKNOWN).replace("NEVER_LANDED", NEVER_LANDED)
-
-# The worker honours a cancel request: end the run 'cancelled' once no effect of it has an
-# unknown outcome, closing its never-sent effects, its outbox rows and pending approvals.
-_CANCEL = """
-WITH blocking AS (
-    SELECT e.effect_type, e.effect_id FROM onward.effects e
-     WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND OUTCOME_UNKNOWN
-     LIMIT 1
-), cancelled AS (
-    UPDATE onward.runs
-       SET status = 'cancelled', finished_at = onward.now(), updated_at = onward.now(),
-           lease_owner = NULL, lease_expires_at = NULL, waiting_on = NULL, wait_until = NULL,
-           last_error = cancel_requested
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
-       AND cancel_requested IS NOT NULL AND NOT EXISTS (SELECT 1 FROM blocking)
- RETURNING id, cancel_requested
-), closed AS (
-    UPDATE onward.effects e
-       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
-           error = coalesce(e.error, '{}'::jsonb)
-                   || jsonb_build_object('closed_by', 'run cancelled')
-      FROM cancelled c
-     WHERE e.run_id = c.id AND NEVER_LANDED
-), dropped AS (
-    DELETE FROM onward.outbox o USING cancelled c WHERE o.run_id = c.id
-), invalidated AS (
-    UPDATE onward.approvals a
-       SET status = 'invalidated', decided_by = c.cancel_requested->>'by',
-           decided_at = onward.now(),
-           comment = 'run cancelled: ' || coalesce(c.cancel_requested->>'reason_text', '')
-      FROM cancelled c
-     WHERE a.run_id = c.id AND a.status = 'pending'
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'cancelled', step = %(step)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM cancelled)
-)
-SELECT (SELECT count(*) FROM cancelled) AS cancelled,
-       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
-""".replace("OUTCOME_UNKNOWN", OUTCOME_UNKNOWN).replace("NEVER_LANDED", NEVER_LANDED)
-
-_PARK = """
-WITH parked AS (
-    UPDATE onward.runs
-       SET status = 'needs_review', parked_reason = %(reason)s, last_error = %(error)s,
-           lease_owner = NULL, lease_expires_at = NULL, updated_at = onward.now()
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id, tenant_id, seq
-), audited AS (
-    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
-                              before_seq, after_seq, details, mac)
-    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', %(reason)s, id, seq, seq,
-           %(error)s, %(audit_mac)s
-      FROM parked
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'parked', step = %(step)s,
-           error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM parked)
-)
-SELECT count(*) AS parked FROM parked
-"""
-
-_RELEASE = """
-WITH released AS (
-    UPDATE onward.runs
-       SET lease_owner = NULL, lease_expires_at = NULL,
-           attempt = attempt - CASE WHEN %(spend)s THEN 0 ELSE 1 END,
-           last_error = %(error)s, updated_at = onward.now()
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id, seq
-), resend AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, seq, onward.now() + %(resend_in)s * interval '1 second' FROM released
-     WHERE %(resend_in)s::float8 IS NOT NULL
-        ON CONFLICT (run_id, seq) DO NOTHING
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'released', error_type = %(error_type)s,
-           error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM released)
-)
-SELECT count(*) AS released FROM released
-"""
-
-# A worker that lacks the run's (newer) version gives the step back: the claim's attempt is
-# not spent (neither ``attempt`` nor ``attempts_total``), the hand-back is counted, and the
-# step is queued again after ``delay`` for the dispatcher to route; the last allowed
-# hand-back parks the run instead (its outbox row goes with it, migration 0009's trigger).
-_HAND_BACK = """
-WITH handed AS (
-    UPDATE onward.runs
-       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
-           attempts_total = attempts_total - 1, handbacks = handbacks + 1,
-           status = CASE WHEN %(park)s THEN 'needs_review' ELSE status END,
-           parked_reason = CASE WHEN %(park)s THEN 'no_worker_for_version'
-                                ELSE parked_reason END,
-           last_error = %(error)s, updated_at = onward.now()
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id, tenant_id, seq
-), resend AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, seq, onward.now() + %(delay)s * interval '1 second' FROM handed
-     WHERE NOT %(park)s
-        ON CONFLICT (run_id, seq) DO UPDATE
-       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
-), audited AS (
-    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
-                              before_seq, after_seq, details, mac)
-    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', 'no_worker_for_version', id,
-           seq, seq, %(error)s, %(audit_mac)s
-      FROM handed WHERE %(park)s
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(),
-           outcome = CASE WHEN %(park)s THEN 'parked' ELSE 'released' END,
-           error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM handed)
-)
-SELECT count(*) AS handed FROM handed
-"""
-
-_DEFER = """
-WITH deferred AS (
-    UPDATE onward.runs
-       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
-           -- a status poll is not a step execution: it spends no attempt budget
-           attempts_total = attempts_total - 1,
-           waiting_on = %(waiting_on)s, updated_at = onward.now()
-     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id
-), wake AS (
-    INSERT INTO onward.outbox (run_id, seq, due_at)
-    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second' FROM deferred
-        ON CONFLICT (run_id, seq) DO UPDATE
-       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'waiting', step = %(step)s, error_message = %(detail)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM deferred)
-)
-SELECT count(*) AS deferred FROM deferred
-"""
-
-# The stale holder reports back: its attempt ends 'lease_lost' (more precise than the
-# 'worker_lost' a takeover or the reaper assumed when the lease expired).
-_LEASE_LOST = """
-UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, onward.now()), outcome = 'lease_lost'
- WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
-   AND (outcome IS NULL OR outcome = 'worker_lost')
-RETURNING run_id
-"""
-
-_ARTIFACT = "SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s"
-
-_HEARTBEAT = """
-WITH beat AS (
-    UPDATE onward.runs
-       SET lease_expires_at = greatest(lease_expires_at,
-                                       onward.now() + %(ttl)s * interval '1 second')
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
-       AND cancel_requested IS NULL
-    RETURNING lease_expires_at
-)
-SELECT (SELECT lease_expires_at FROM beat) AS lease_expires_at,
-       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
-"""
+_CLAIM = sql.statement("claim")
+_COUNT_STALE = sql.statement("count_stale")
+_COMMIT = sql.statement("commit")
+_FAIL = sql.statement("fail")
+_CANCEL = sql.statement("cancel")
+_PARK = sql.statement("park")
+_RELEASE = sql.statement("release")
+_HAND_BACK = sql.statement("hand_back")
+_DEFER = sql.statement("defer")
+_LEASE_LOST = sql.statement("lease_lost")
+_ARTIFACT = sql.statement("state_artifact")
+_HEARTBEAT = sql.statement("heartbeat")
+_POSITION = sql.statement("run_position")
 
 
 def _signal_waited_for(wait: Wait | None) -> str | None:
@@ -742,6 +403,9 @@ class StepStore:
                 "workflow": claim.workflow,
                 "step": advance.step,
                 "outcome": advance.outcome.value,
+                "attempt_outcome": AttemptOutcome.COMMITTED,
+                "error_type": None,
+                "error_message": None,
                 "state": Jsonb(state),
                 "artifact_sha": artifact[0] if artifact else None,
                 "artifact_body": artifact[1] if artifact else None,
@@ -791,6 +455,7 @@ class StepStore:
                 "retry": retry_in_s is not None,
                 "delay": retry_in_s or 0.0,
                 "trace_context": tracing.current_context(),
+                "attempt_outcome": AttemptOutcome.FAILED,
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
             },
@@ -806,7 +471,9 @@ class StepStore:
         """Honour the run's cancel request: end it ``cancelled`` with its never-sent effects
         closed, its outbox rows deleted and its pending approvals invalidated, in one
         statement; refused (``UNRESOLVED``) while an effect's outcome is unknown."""
-        row = self._one(_CANCEL, {"run_id": claim.run_id, "epoch": claim.epoch, "step": step})
+        row = self._one(_CANCEL, {"run_id": claim.run_id, "epoch": claim.epoch, "step": step,
+                                  "attempt_outcome": AttemptOutcome.CANCELLED,
+                                  "error_type": None, "error_message": None})
         if row is not None and row["cancelled"] == 1:
             return Ended.ENDED
         if row is not None and row["blocked_by"] is not None:
@@ -825,6 +492,7 @@ class StepStore:
                 "step": step,
                 "reason": reason,
                 "error": Jsonb(error),
+                "attempt_outcome": AttemptOutcome.PARKED,
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
                 "audit_mac": self._park_audit_mac(claim, reason, error),
@@ -856,6 +524,8 @@ class StepStore:
                 "resend_in": resend_in_s,
                 "spend": spend_attempt,
                 "error": Jsonb(error),
+                "step": claim.step,  # the attempt keeps the step it was claimed for
+                "attempt_outcome": AttemptOutcome.RELEASED,
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
             },
@@ -875,6 +545,8 @@ class StepStore:
                 "delay": delay_s,
                 "park": park,
                 "error": Jsonb(error),
+                "step": claim.step,  # the attempt keeps the step it was claimed for
+                "attempt_outcome": AttemptOutcome.PARKED if park else AttemptOutcome.RELEASED,
                 "error_type": error.get("type"),
                 "error_message": error.get("message"),
                 "audit_mac": (self._park_audit_mac(claim, ParkReason.NO_WORKER_FOR_VERSION, error)
@@ -897,7 +569,9 @@ class StepStore:
                 "step": step,
                 "delay": delay_s,
                 "waiting_on": waiting_on,
-                "detail": detail,
+                "attempt_outcome": AttemptOutcome.WAITING,
+                "error_type": None,
+                "error_message": detail,
             },
         )
         return (row is not None and row["deferred"] == 1) or self._lost(claim)
@@ -911,6 +585,10 @@ class StepStore:
         if row is not None and row["cancelling"]:
             raise CancelRequested(f"run {claim.run_id} is being cancelled")
         return self._lost(claim)
+
+    def position(self, run_id: UUID) -> dict[str, Any] | None:
+        """The run's ``seq``, ``status`` and ``workflow_version`` (None: no such run)."""
+        return self._one(_POSITION, {"run_id": run_id})
 
 
 __all__ = [

@@ -23,10 +23,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import REGISTRY, Collector
-from sqlalchemy.engine import Engine
 
-from ledger.db import wrap_driver_errors
-from ledger.health import Health, health_txn
+from ledger.db import Engine
+from ledger.health import Health, read_health
 from ledger.vocabulary import RunStatus, WaitKind
 from workers.meter import BUCKETS
 
@@ -54,9 +53,8 @@ class LedgerCollector(Collector):
         self.outbox_grace_s = outbox_grace_s
 
     def snapshot(self) -> Health:
-        with wrap_driver_errors("reading metrics"), self.engine.connect() as conn:
-            return health_txn(conn, worker_ttl_s=self.worker_ttl_s,
-                              outbox_grace_s=self.outbox_grace_s)
+        return read_health(self.engine, worker_ttl_s=self.worker_ttl_s,
+                           outbox_grace_s=self.outbox_grace_s)
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()

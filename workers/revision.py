@@ -9,11 +9,11 @@ it runs, ``ledger.db.RevisionWatch`` notices an upgrade and the process stops ta
 from __future__ import annotations
 
 import structlog
-from sqlalchemy.engine import Engine
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from ledger.db import (
     HEAD_REVISION,
+    Engine,
     database_url,
     require_current_schema,
     revision_changed,

@@ -177,9 +177,7 @@ class Replayer:
         return False
 
     def _position(self, run_id: UUID) -> dict[str, Any] | None:
-        return self.store.conn.one(
-            "SELECT seq, status, workflow_version FROM onward.runs WHERE id = %(id)s",
-            {"id": run_id})
+        return self.store.position(run_id)
 
     def _registry_for(self, rec: History, seq: int, bound: int | None) -> Registry:
         """The code the step after checkpoint ``seq`` runs with (see the module's doc)."""

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-import sqlalchemy as sa
 import structlog
 
 from ledger import Ledger, OnwardSettings
+from ledger.db import engine_of_its_own
 from tasks import faults
 from tasks.corpus.replayer import Replayer, ReplayOptions
 
@@ -59,4 +59,4 @@ def replayer_for(data: dict[str, Any]) -> Replayer:
 def ledger_for(settings: OnwardSettings, url: str) -> Ledger:
     """A ledger on the scratch database, with an engine of its own (disposed by its user)."""
     scratch = settings.model_copy(update={"database_url": url})
-    return Ledger(sa.create_engine(url, pool_size=2), scratch)
+    return Ledger(engine_of_its_own(url, pool_size=2), scratch)

@@ -1,0 +1,342 @@
+-- The step hot path (ledger/steps.py): claim, commit, fail, park, release. Each statement
+-- is one transaction on an autocommit connection, built from data-modifying CTEs.
+
+-- fragment: close_attempt
+-- The step's attempt row (written by its claim) ends in the statement that ends the lease,
+-- once the CTE {alias} changed the run: with the attempt's outcome, its step and its error
+-- (NULL where there is none).
+attempt AS (
+    UPDATE onward.step_attempts
+       SET ended_at = onward.now(), outcome = %(attempt_outcome)s, step = %(step)s,
+           error_type = %(error_type)s, error_message = %(error_message)s
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM {alias})
+)
+
+-- name: claim
+-- Take the lease of run_id at seq (docs/design.md section 4.1), consume its outbox row,
+-- end the attempt a lost holder left open, open this one, and read the checkpoint to
+-- restore from with its parent's hash.
+WITH claimed AS (
+    UPDATE onward.runs
+       SET lease_owner = %(owner)s,
+           lease_epoch = lease_epoch + 1,
+           lease_expires_at = onward.now() + %(ttl)s * interval '1 second',
+           attempt = attempt + 1,
+           attempts_total = attempts_total + 1,
+           -- an expired lease still set means its holder never finished: a restore
+           restore_count = restore_count + (lease_expires_at IS NOT NULL)::int,
+           -- a run not yet bound to a version binds to the code that first claims it, so
+           -- a retry of a step that acted is routed to that code (docs/versioning.md)
+           workflow_version = coalesce(workflow_version,
+                                       (%(bind)s::jsonb -> workflow ->> 0)::int),
+           state_schema_version = CASE WHEN workflow_version IS NULL
+                                       THEN (%(bind)s::jsonb -> workflow ->> 1)::int
+                                       ELSE state_schema_version END,
+           updated_at = onward.now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'running'
+       AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())
+       AND attempt < max_attempts
+       -- a duplicate message must not cut a retry's backoff or a timer short
+       AND NOT EXISTS (SELECT 1 FROM onward.outbox o
+                        WHERE o.run_id = %(run_id)s AND o.seq = %(seq)s
+                          AND o.due_at > onward.now())
+       -- no code runs a step on a ledger upgraded (or downgraded) under it
+       AND EXISTS (SELECT 1 FROM onward.onward_alembic_version v
+                    WHERE v.version_num = %(revision)s)
+ RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
+           max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
+           budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
+           state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
+           cancel_requested,
+           onward.now() AS claimed_at
+), consumed AS (
+    DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
+), lost AS (
+    UPDATE onward.step_attempts a SET outcome = 'worker_lost', ended_at = onward.now()
+      FROM claimed c
+     WHERE a.run_id = c.id AND a.lease_epoch = c.lease_epoch - 1 AND a.outcome IS NULL
+), recorded AS (
+    INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker)
+    SELECT id, lease_epoch, seq, attempt, step, %(owner)s FROM claimed
+)
+SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS cp_key_id,
+       cp.step AS cp_step, cp.next_step AS cp_next_step, cp.outcome AS cp_outcome,
+       cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
+       cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
+       cp.refs AS cp_refs, cp.workflow AS cp_workflow, cp.envelope_version AS cp_envelope_version,
+       parent.hash AS parent_found_hash
+  FROM claimed c
+  LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
+  LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
+
+-- name: count_stale
+-- A refused claim: count the stale delivery on the run and read why it was refused.
+UPDATE onward.runs SET stale_deliveries = stale_deliveries + 1
+ WHERE id = %(run_id)s
+RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
+          (lease_expires_at IS NOT NULL AND lease_expires_at >= onward.now()) AS leased,
+          EXISTS (SELECT 1 FROM onward.outbox o
+                   WHERE o.run_id = %(run_id)s AND o.seq = runs.seq
+                     AND o.due_at > onward.now()) AS not_due,
+          (SELECT version_num FROM onward.onward_alembic_version) AS revision
+
+-- name: commit
+-- Advance the run to seq + 1: its checkpoint, its next outbox row, an approval it waits
+-- for, a large state's artifact and the attempt's end, in one transaction.
+-- A signal wait consumes a signal sent before the wait began in this same statement (so no
+-- crash can fall between the two): the run then stays running, with its next outbox row.
+-- Nothing else consumes a signal of a run that is running (Ledger.signal and the reaper
+-- wake waiting runs only), so the signal is read without a lock and updated after the run
+-- row: locks go run first, then signal, everywhere. A signal committed while this statement
+-- runs is not in its snapshot; the reaper wakes the run then (ledger/waits.py). Model and
+-- read spend is not debited here: recording each answer debited it (ledger/evidence.py),
+-- so a step that never commits has spent it all the same.
+WITH early_signal AS (
+    SELECT id FROM onward.signals
+     WHERE %(signal)s::text IS NOT NULL AND run_id = %(run_id)s AND name = %(signal)s
+       AND consumed_seq IS NULL
+     ORDER BY id LIMIT 1
+), advanced AS (
+    UPDATE onward.runs
+       SET seq = seq + 1, step = %(next_step)s, attempt = 0,
+           status = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN 'running'
+                         ELSE %(status)s END,
+           max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
+           lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
+           head_mac = %(head_mac)s,
+           result = %(result)s, result_mac = %(result_mac)s, last_error = NULL,
+           waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
+                             ELSE %(waiting_on)s END,
+           wait_until = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
+                             ELSE %(wait_until)s::timestamptz END,
+           updated_at = onward.now(),
+           state_schema_version = %(state_schema_version)s, handbacks = 0,
+           budget_attempts = coalesce(budget_attempts, %(default_attempts)s),
+           budget_tokens = coalesce(budget_tokens, %(default_tokens)s),
+           budget_cost_usd = coalesce(budget_cost_usd, %(default_cost)s),
+           deadline_at = coalesce(deadline_at, %(default_deadline)s),
+           finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
+                              ELSE onward.now() END
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NULL
+ RETURNING id, tenant_id, status
+), signal_consumed AS (
+    UPDATE onward.signals SET consumed_seq = %(seq)s + 1
+     WHERE id IN (SELECT id FROM early_signal) AND consumed_seq IS NULL
+       AND EXISTS (SELECT 1 FROM advanced)
+), state_artifact AS (
+    INSERT INTO onward.artifacts (sha256, size, media_type, body)
+    SELECT %(artifact_sha)s, length(%(artifact_body)s::bytea), 'application/json',
+           %(artifact_body)s FROM advanced WHERE %(artifact_sha)s::text IS NOT NULL
+    ON CONFLICT (sha256) DO NOTHING
+), checkpoint AS (
+    INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
+                                    step, next_step, outcome, state, workflow_version,
+                                    lease_epoch, control, state_schema_version, refs,
+                                    workflow)
+    SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
+           %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
+           %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s
+      FROM advanced
+), next_message AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes, trace_context)
+    SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()),
+           %(due_at)s::timestamptz IS NULL AND %(status)s = 'running', %(trace_context)s
+      FROM advanced WHERE status = 'running'
+), approval AS (
+    INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
+                                  artifact_hash, artifact, approvers, expires_at, status)
+    SELECT %(approval_id)s, id, tenant_id, %(seq)s + 1, %(workflow_version)s, %(step)s,
+           %(action)s, %(artifact_hash)s, %(artifact)s, %(approvers)s, %(expires_at)s,
+           'pending'
+      FROM advanced WHERE %(approval_id)s::uuid IS NOT NULL
+), resent AS (
+    -- a message the reaper queued again for this seq while the holder was slow: now stale
+    DELETE FROM onward.outbox o USING advanced a WHERE o.run_id = a.id AND o.seq = %(seq)s
+), {close_attempt(advanced)}
+SELECT (SELECT count(*) FROM advanced) AS advanced,
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
+
+-- name: fail
+-- Record a step error: retry through a delayed outbox row, or fail the run and close the
+-- effects known never to have reached the provider. A run never fails while one of its
+-- effects may have reached the provider (blocked_by names it).
+WITH blocking AS (
+    SELECT e.effect_type, e.effect_id FROM onward.effects e
+     WHERE NOT %(retry)s AND e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted')
+       AND {outcome_unknown}
+     LIMIT 1
+), failed AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
+           waiting_on = NULL,
+           status = CASE WHEN %(retry)s THEN 'running' ELSE 'failed' END,
+           finished_at = CASE WHEN %(retry)s THEN NULL ELSE onward.now() END,
+           updated_at = onward.now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND NOT EXISTS (SELECT 1 FROM blocking)
+ RETURNING id
+), closed AS (
+    -- the same statement closes the effects known never to have reached the provider
+    UPDATE onward.effects e
+       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+           error = coalesce(e.error, '{}'::jsonb) || jsonb_build_object('closed_by', 'run failed')
+      FROM failed f
+     WHERE NOT %(retry)s AND e.run_id = f.id AND {never_landed}
+), retry AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at, trace_context)
+    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second', %(trace_context)s
+      FROM failed WHERE %(retry)s
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false,
+           trace_context = EXCLUDED.trace_context
+), {close_attempt(failed)}
+SELECT (SELECT count(*) FROM failed) AS failed,
+       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
+
+-- name: cancel
+-- The worker honours a cancel request: end the run 'cancelled' once no effect of it has an
+-- unknown outcome, closing its never-sent effects, its outbox rows and pending approvals.
+WITH blocking AS (
+    SELECT e.effect_type, e.effect_id FROM onward.effects e
+     WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {outcome_unknown}
+     LIMIT 1
+), cancelled AS (
+    UPDATE onward.runs
+       SET status = 'cancelled', finished_at = onward.now(), updated_at = onward.now(),
+           lease_owner = NULL, lease_expires_at = NULL, waiting_on = NULL, wait_until = NULL,
+           last_error = cancel_requested
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NOT NULL AND NOT EXISTS (SELECT 1 FROM blocking)
+ RETURNING id, cancel_requested
+), closed AS (
+    UPDATE onward.effects e
+       SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+           error = coalesce(e.error, '{}'::jsonb)
+                   || jsonb_build_object('closed_by', 'run cancelled')
+      FROM cancelled c
+     WHERE e.run_id = c.id AND {never_landed}
+), dropped AS (
+    DELETE FROM onward.outbox o USING cancelled c WHERE o.run_id = c.id
+), invalidated AS (
+    UPDATE onward.approvals a
+       SET status = 'invalidated', decided_by = c.cancel_requested->>'by',
+           decided_at = onward.now(),
+           comment = 'run cancelled: ' || coalesce(c.cancel_requested->>'reason_text', '')
+      FROM cancelled c
+     WHERE a.run_id = c.id AND a.status = 'pending'
+), {close_attempt(cancelled)}
+SELECT (SELECT count(*) FROM cancelled) AS cancelled,
+       (SELECT effect_type || ' ' || effect_id FROM blocking) AS blocked_by
+
+-- name: park
+-- Stop the run as needs_review, with its audit row: a person must look before anything runs.
+WITH parked AS (
+    UPDATE onward.runs
+       SET status = 'needs_review', parked_reason = %(reason)s, last_error = %(error)s,
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = onward.now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id, tenant_id, seq
+), audited AS (
+    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
+                              before_seq, after_seq, details, mac)
+    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', %(reason)s, id, seq, seq,
+           %(error)s, %(audit_mac)s
+      FROM parked
+), {close_attempt(parked)}
+SELECT count(*) AS parked FROM parked
+
+-- name: release
+-- Give the lease back without running; with resend_in, queue the step again for the
+-- dispatcher to route; spend keeps the claim's attempt counted.
+WITH released AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL,
+           attempt = attempt - CASE WHEN %(spend)s THEN 0 ELSE 1 END,
+           last_error = %(error)s, updated_at = onward.now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id, seq
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, seq, onward.now() + %(resend_in)s * interval '1 second' FROM released
+     WHERE %(resend_in)s::float8 IS NOT NULL
+        ON CONFLICT (run_id, seq) DO NOTHING
+), {close_attempt(released)}
+SELECT count(*) AS released FROM released
+
+-- name: hand_back
+-- A worker that lacks the run's (newer) version gives the step back: the claim's attempt
+-- is not spent (neither attempt nor attempts_total), the hand-back is counted, and the step
+-- is queued again after delay for the dispatcher to route; the last allowed hand-back
+-- parks the run instead (its outbox row goes with it, migration 0009's trigger).
+WITH handed AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           attempts_total = attempts_total - 1, handbacks = handbacks + 1,
+           status = CASE WHEN %(park)s THEN 'needs_review' ELSE status END,
+           parked_reason = CASE WHEN %(park)s THEN 'no_worker_for_version'
+                                ELSE parked_reason END,
+           last_error = %(error)s, updated_at = onward.now()
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id, tenant_id, seq
+), resend AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, seq, onward.now() + %(delay)s * interval '1 second' FROM handed
+     WHERE NOT %(park)s
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+), audited AS (
+    INSERT INTO onward.audit (tenant_id, actor, role, action, outcome, reason, run_id,
+                              before_seq, after_seq, details, mac)
+    SELECT tenant_id, 'onward-worker', 'system', 'park', 'done', 'no_worker_for_version', id,
+           seq, seq, %(error)s, %(audit_mac)s
+      FROM handed WHERE %(park)s
+), {close_attempt(handed)}
+SELECT count(*) AS handed FROM handed
+
+-- name: defer
+-- Pause the run without a worker: give the lease back (a status poll is not a step
+-- execution: it spends no attempt budget) and wake the same step after delay.
+WITH deferred AS (
+    UPDATE onward.runs
+       SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,
+           attempts_total = attempts_total - 1,
+           waiting_on = %(waiting_on)s, updated_at = onward.now()
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+ RETURNING id
+), wake AS (
+    INSERT INTO onward.outbox (run_id, seq, due_at)
+    SELECT id, %(seq)s, onward.now() + %(delay)s * interval '1 second' FROM deferred
+        ON CONFLICT (run_id, seq) DO UPDATE
+       SET due_at = EXCLUDED.due_at, published_at = NULL, worker_publishes = false
+), {close_attempt(deferred)}
+SELECT count(*) AS deferred FROM deferred
+
+-- name: lease_lost
+-- The stale holder reports back: its attempt ends 'lease_lost' (more precise than the
+-- 'worker_lost' a takeover or the reaper assumed when the lease expired).
+UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, onward.now()), outcome = 'lease_lost'
+ WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+   AND (outcome IS NULL OR outcome = 'worker_lost')
+RETURNING run_id
+
+-- name: state_artifact
+-- A large state, stored as a content-addressed artifact.
+SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s
+
+-- name: heartbeat
+-- Extend the live lease; a run being cancelled is not extended (cancelling says so).
+WITH beat AS (
+    UPDATE onward.runs
+       SET lease_expires_at = greatest(lease_expires_at,
+                                       onward.now() + %(ttl)s * interval '1 second')
+     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+       AND cancel_requested IS NULL
+    RETURNING lease_expires_at
+)
+SELECT (SELECT lease_expires_at FROM beat) AS lease_expires_at,
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
+
+-- name: run_position
+-- Where a run stands (a corpus replay drives it step by step: tasks/corpus/replayer.py).
+SELECT seq, status, workflow_version FROM onward.runs WHERE id = %(run_id)s

@@ -1,0 +1,34 @@
+"""Only ``ledger/`` talks to the database driver: tasks, workers, console and the examples
+call ledger functions and never import SQLAlchemy or psycopg (docs/design.md, "Where SQL
+lives"). Tests, the benchmarks and the process harness may, where they inspect or create
+databases directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.test_harness_boundary import ROOT, _imported_modules
+
+DRIVERS = ("sqlalchemy", "psycopg", "psycopg_pool", "alembic")
+OUTSIDE_LEDGER = ("tasks", "workers", "console", "examples")
+
+
+def _imports_a_driver(path: Path) -> list[str]:
+    return sorted(m for m in _imported_modules(path)
+                  if any(m == d or m.startswith(f"{d}.") for d in DRIVERS))
+
+
+def test_packages_outside_ledger__never_import_the_database_driver() -> None:
+    """No module of tasks, workers, console or examples imports sqlalchemy, psycopg,
+    psycopg_pool or alembic (at any depth of the file, lazily or not)."""
+    offenders = {str(path.relative_to(ROOT)): found for package in OUTSIDE_LEDGER
+                 for path in sorted((ROOT / package).rglob("*.py"))
+                 if (found := _imports_a_driver(path))}
+    assert offenders == {}
+
+
+def test_the_check__sees_a_driver_import(tmp_path: Path) -> None:
+    """The rule above can fail: a lazy import inside a function is found."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from psycopg.types.json import Jsonb\n    return Jsonb\n")
+    assert _imports_a_driver(module) == ["psycopg.types.json"]

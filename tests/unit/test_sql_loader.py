@@ -1,0 +1,59 @@
+"""The SQL catalogue's loader (ledger/sql/__init__.py): named statements, fragments written
+once and included, and a malformed file refused at import rather than at first use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger import sql
+from ledger.exceptions import CatalogueError
+
+
+def _catalogue(tmp_path: Path, **files: str) -> dict[str, sql.Statement]:
+    for name, text in files.items():
+        (tmp_path / f"{name}.sql").write_text(text)
+    return sql.load(tmp_path)[0]
+
+
+def test_load__statements_by_name_with_their_doc(tmp_path: Path) -> None:
+    found = _catalogue(tmp_path, a="-- header\n\n-- name: one\n-- Reads one.\nSELECT 1\n\n"
+                                   "-- name: two\nSELECT %(x)s, %(y)s\n")
+    assert [(s.name, s.file, s.doc, s.sql) for s in found.values()] == [
+        ("one", "a.sql", "Reads one.", "SELECT 1"), ("two", "a.sql", "", "SELECT %(x)s, %(y)s")]
+    assert found["two"].params == {"x", "y"}
+
+
+def test_load__fragments_are_included_with_their_alias(tmp_path: Path) -> None:
+    found = _catalogue(
+        tmp_path,
+        a="-- fragment: live\n-- doc\n{alias}.status = 'running'\n\n"
+          "-- fragment: both\n({live(r)} AND {live(q)})\n",
+        b="-- name: s\nSELECT '{}'::jsonb FROM runs r, runs q WHERE {both}\n")
+    assert found["s"].sql == ("SELECT '{}'::jsonb FROM runs r, runs q "
+                              "WHERE (r.status = 'running' AND q.status = 'running')")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("-- name: s\nSELECT 1\n-- name: s\nSELECT 2\n", "defined twice"),
+    ("-- name: s\nSELECT {nothing}\n", "unknown fragment"),
+    ("-- fragment: f\n{alias}.id\n-- name: s\nSELECT {f}\n", "needs"),
+    ("-- fragment: f\nid\n-- name: s\nSELECT {f(r)}\n", "takes no"),
+    ("-- fragment: f\n{f}\n-- name: s\nSELECT {f}\n", "loop"),
+])
+def test_load__a_malformed_file_is_refused(tmp_path: Path, text: str, problem: str) -> None:
+    with pytest.raises(CatalogueError, match=problem):
+        _catalogue(tmp_path, a=text)
+
+
+def test_statement__an_unknown_name_is_refused() -> None:
+    with pytest.raises(CatalogueError, match="no statement named 'nope'"):
+        sql.statement("nope")
+
+
+def test_text__placeholders_for_sqlalchemy() -> None:
+    """``text()`` gives SQLAlchemy's ``:name`` binds; casts and a literal ``%`` survive."""
+    clause = sql.text("lease_lost")
+    assert set(clause._bindparams) == {"run_id", "epoch"}
+    assert "%(" not in str(clause)
