@@ -121,9 +121,13 @@ class WorkerRuntime:
         return self._store
 
     def close(self) -> None:
-        """Close the ledger connections of this process."""
+        """Flush this process's step counters and close its ledger connections (the meter's
+        thread would otherwise go on trying a database that may be gone)."""
         with self._lock:
             store, self._store = self._store, None
+            meter, self.meter = self.meter, None
+        if meter is not None:
+            meter.close()
         if store is not None:
             store.close()
 
