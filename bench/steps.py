@@ -43,7 +43,10 @@ onward stack (own database, queue, dispatcher, reaper, workers) whose processes 
 ``python -m MODULE worker|dispatcher|reaper``; MODULE patches what it tests, then runs the
 onward CLI (``runpy.run_module("console", run_name="__main__")``). ``--variant-env K=V`` sets
 environment for that stack only (e.g. ONWARD_OUTBOX_GRACE_S=60). ``--celery-variant
-tuned,noevents`` adds a plain Celery side with other settings.
+tuned,noevents`` adds a plain Celery side with other settings. ``--variant-db-role ROLE``
+connects the variant stack's processes as ROLE: ``onward_operator`` measures what the
+row-level security policies cost (docs/security.md) against the default stack, whose
+superuser bypasses them.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy.engine import Engine, make_url  # noqa: E402
 
 from bench import baretx  # noqa: E402
 from bench.plain_celery import TASK as PLAIN_TASK  # noqa: E402
@@ -373,13 +376,16 @@ class OnwardStack:
 def start_onward(name: str, launcher: str, extra_env: dict[str, str], *, admin_url: str,
                  broker: str, home: Path, token: str, procs: Processes,
                  args: argparse.Namespace, profile_env: dict[str, str], host: str,
-                 stacks: list[OnwardStack]) -> tuple[OnwardStack, list[tuple[Proc, str]]]:
+                 stacks: list[OnwardStack], db_role: str | None = None,
+                 ) -> tuple[OnwardStack, list[tuple[Proc, str]]]:
     db_name, db_url = create_database(admin_url, "onward_bench")
-    log(f"{name}: created and migrated database {db_name}")
+    log(f"{name}: created and migrated database {db_name}"
+        + (f"; its processes connect as {db_role}" if db_role else ""))
     queue = f"bench.{token}.{name}"
     key = secrets.token_hex(32)
     env = {
-        "ONWARD_DATABASE_URL": db_url,
+        "ONWARD_DATABASE_URL": (make_url(db_url).set(username=db_role)
+                                .render_as_string(hide_password=False) if db_role else db_url),
         "ONWARD_QUEUE": queue,
         "ONWARD_CHECKPOINT_KEY": key,
         **extra_env,
@@ -707,6 +713,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the variant stack (e.g. "
                              "ONWARD_OUTBOX_GRACE_S=60); implies a variant stack")
+    parser.add_argument("--variant-db-role", metavar="ROLE",
+                        help="the variant stack's worker, dispatcher and reaper connect as ROLE "
+                             "(e.g. onward_operator, so row-level security applies: the "
+                             "configured superuser bypasses it); implies a variant stack")
     parser.add_argument("--broker-path", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure onward with ONWARD_EAGER_STEPS=0 (every step "
                              "through the broker), as its own stack; on by default")
@@ -754,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_env = {"BENCH_PROFILE_DIR": str(args.profile.resolve()),
                        "BENCH_PROFILE_CLOCK": args.profile_clock}
     variant_env = dict(kv.split("=", 1) for kv in args.variant_env)
-    if variant_env and not args.variant:
+    if (variant_env or args.variant_db_role) and not args.variant:
         args.variant = "console"
     stacks: list[OnwardStack] = []
     queues: list[str] = []
@@ -768,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
             _, more = start_onward("broker", "console", {"ONWARD_EAGER_STEPS": "0"}, **shared)
             pending += more
         if args.variant:
-            _, more = start_onward("variant", args.variant, variant_env, **shared)
+            _, more = start_onward("variant", args.variant, variant_env, **shared,
+                                   db_role=args.variant_db_role)
             pending += more
         plain_shared = {"token": token, "procs": procs, "args": args,
                         "profile_env": profile_env, "host": host}
@@ -868,7 +879,9 @@ def main(argv: list[str] | None = None) -> int:
             "chain_steps": args.chain_steps, "fanout_runs": args.fanout_runs,
             "fanout_steps": args.fanout_steps, "bare_clients": args.bare_clients,
             "targets": targets, "celery_variant": args.celery_variant,
-            "variant": " ".join([args.variant or "", *args.variant_env]).strip(),
+            "variant": " ".join([args.variant or "", *args.variant_env,
+                                 *([f"db_role={args.variant_db_role}"]
+                                   if args.variant_db_role else [])]).strip(),
         }
         if args.json:
             out: dict[str, Any] = {k: (round(v, 3) if v == v else None)

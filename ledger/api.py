@@ -32,7 +32,14 @@ from ledger import tokens as token_ops
 from ledger.audit import Actor, AuditEntry, AuditRecord, list_audit_txn, record_txn
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
-from ledger.db import create_engine, database_url, require_current_schema, wrap_driver_errors
+from ledger.db import (
+    create_engine,
+    database_url,
+    require_current_schema,
+    scoped_to_tenant,
+    set_tenant,
+    wrap_driver_errors,
+)
 from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
 from ledger.envelope import CheckpointEnvelope
 from ledger.exceptions import (
@@ -82,10 +89,10 @@ class Ledger:
 
     def __init__(self, engine: Engine, settings: OnwardSettings,
                  actor: Actor | None = None) -> None:
-        self.engine = engine
         self.settings = settings
         self.keys = CheckpointKeys.from_settings(settings)
         self.actor = actor or Actor(settings.actor, Role.ADMIN, settings.tenant_id)
+        self.engine = scoped_to_tenant(engine, self.actor.tenant_id)
 
     def acting_as(self, actor: str, role: Role | str, approver_roles: tuple[str, ...] = (),
                   *, tenant_id: str | None = None) -> Ledger:
@@ -170,7 +177,7 @@ class Ledger:
         request = run_ops.StartRequest(
             workflow=workflow,
             input=input,
-            tenant_id=self.settings.tenant_id,
+            tenant_id=self.actor.tenant_id,
             conversation_id=conversation_id,
             idempotency_key=idempotency_key,
             max_attempts=max_attempts or self.settings.step_max_attempts,
@@ -179,6 +186,7 @@ class Ledger:
         run_ops.validate_request(request)
         raw = run_ops.driver_connection(conn)
         with wrap_driver_errors("starting a run"):
+            set_tenant(raw, request.tenant_id)  # the caller's transaction may have none yet
             if not (self.settings.start_unadvertised if allow_unadvertised is None
                     else allow_unadvertised):
                 catalog.check_start(raw, workflow, input)

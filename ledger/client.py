@@ -28,7 +28,7 @@ from ledger import runs as run_ops
 from ledger.api import REFUSALS
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.db import database_url, libpq_conninfo
+from ledger.db import SET_TENANT, TENANT_OPTION, database_url, libpq_conninfo
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.settings import OnwardSettings
 from ledger.vocabulary import AuditAction, AuditOutcome, Role
@@ -119,7 +119,9 @@ class AsyncLedger:
         self.conninfo = libpq_conninfo(self.url)
         self.keys = CheckpointKeys.from_settings(self.settings)
         self.actor = actor or Actor(self.settings.actor, Role.ADMIN, self.settings.tenant_id)
-        self.engine: AsyncEngine = create_async_engine(self.url, pool_size=5, max_overflow=5)
+        self.engine: AsyncEngine = create_async_engine(
+            self.url, pool_size=5, max_overflow=5,
+            execution_options={TENANT_OPTION: self.actor.tenant_id})
         self._listener = _Listener(self.conninfo)
 
     async def close(self) -> None:
@@ -150,6 +152,7 @@ class AsyncLedger:
                    else allow_unadvertised)
         try:
             async with await psycopg.AsyncConnection.connect(self.conninfo) as conn:
+                await conn.execute(SET_TENANT, (request.tenant_id, True))
                 if not allowed:
                     await catalog.check_start_async(conn, workflow, input)
                 cursor = await conn.execute(run_ops.START_RUN,
@@ -217,6 +220,7 @@ class AsyncLedger:
         try:
             async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
                                                              row_factory=dict_row) as conn:
+                await conn.execute(SET_TENANT, (self.actor.tenant_id, False))  # its one tenant
                 while True:
                     wake.clear()
                     run, steps = await self._read(conn, run_id, progress)

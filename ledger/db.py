@@ -10,16 +10,17 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from sqlalchemy import event
 
 # Engine is re-exported: code outside ledger/ holds engines without importing SQLAlchemy
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine import Engine as Engine
-from sqlalchemy.engine import make_url
 
 from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
 from ledger.schema import SCHEMA, VERSION_TABLE
 from ledger.settings import OnwardSettings
 
-HEAD_REVISION = "0026"
+HEAD_REVISION = "0027"
 """The Alembic revision this code expects; bump with every migration."""
 
 
@@ -59,6 +60,38 @@ def create_engine(settings: OnwardSettings, *, pool_size: int = 5) -> Engine:
 def engine_of_its_own(url: str, *, pool_size: int = 5) -> Engine:
     """An engine on ``url`` not shared with anyone in the process (its user disposes it)."""
     return sa.create_engine(normalize_url(url), pool_size=pool_size)
+
+
+TENANT_OPTION = "onward_tenant"
+"""The execution option naming the tenant every transaction of an engine acts for."""
+
+SET_TENANT = "SELECT set_config('onward.tenant', %s, %s)"
+"""Row-level security keys every table of tenant data on this setting (migration 0027);
+a transaction that sets none sees no rows (docs/security.md)."""
+
+
+def scoped_to_tenant(engine: Engine, tenant_id: str) -> Engine:
+    """The same engine (and pool), each of its transactions first setting ``onward.tenant``
+    to ``tenant_id`` for that transaction only (the pool's connections serve every tenant)."""
+    return engine.execution_options(**{TENANT_OPTION: tenant_id})
+
+
+def set_tenant(conn: psycopg.Connection[Any], tenant_id: str, *, local: bool = True) -> None:
+    """Set the tenant on a plain psycopg connection: for its transaction (``local``), or for
+    the session of a connection that serves one tenant only (a LISTEN connection)."""
+    conn.execute(SET_TENANT, (tenant_id, local))
+
+
+@event.listens_for(Engine, "begin")
+def _begin_as_tenant(conn: Connection) -> None:
+    tenant = conn.get_execution_options().get(TENANT_OPTION)
+    if tenant is None:
+        return
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(SET_TENANT, (tenant, True))
+    finally:
+        cursor.close()
 
 
 def connect_raw(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:

@@ -112,9 +112,12 @@ def authenticate_txn(conn: Connection, secret: str) -> Token:
     of unknown, expired or revoked, to whoever holds a guessed or stolen secret)."""
     if not secret.startswith(PREFIX) or len(secret) > 200:
         raise Unauthenticated("not an onward token (they start with onw_)")
+    hashed = digest(secret)
+    # row-level security lets whoever presents a token's hash read that token (docs/security.md)
+    conn.execute(sa.select(sa.func.set_config("onward.token_hash", hashed, True)))
     row = conn.execute(
         sa.select(tokens, (tokens.c.expires_at > sa.func.onward.now()).label("live"))
-        .where(tokens.c.token_hash == digest(secret))
+        .where(tokens.c.token_hash == hashed)
     ).mappings().first()
     if row is None or row["revoked_at"] is not None or not row["live"]:
         raise Unauthenticated("this token is unknown, expired or revoked: ask an admin for "

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ledger.db import connect_raw
+from ledger.db import connect_raw, set_tenant
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.runs import Run
 from ledger.vocabulary import RunStatus
@@ -141,6 +141,7 @@ class BlockingWatcher:
         self.conn = connect_raw(url, autocommit=True)
         self.conn.row_factory = dict_row
         try:
+            set_tenant(self.conn, tenant_id, local=False)  # this connection serves one tenant
             self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(run_channel(run_id))))
         except psycopg.Error as exc:
             self.close()

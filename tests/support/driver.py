@@ -45,10 +45,12 @@ class Driver:
 
 
 @contextmanager
-def driver(ledger: Ledger, modules: list[str]) -> Iterator[Driver]:
+def driver(ledger: Ledger, modules: list[str], *,
+           worker_url: str | None = None) -> Iterator[Driver]:
+    """Steps executed as a worker connected to ``worker_url`` (the ledger's by default)."""
     registry = Registry()
     registry.load_modules(modules)
-    store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
+    store = StepStore(worker_url or ledger.url, ledger.keys, lease_ttl_s=30)
     settings = ledger.settings
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                             retry_base_s=0.0, retry_max_s=0.0,
