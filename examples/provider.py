@@ -22,13 +22,19 @@ API
                                    acting (a call longer than the caller's lease)
   POST /admin/reset                forget everything
 A request may also carry ``X-Fault: drop-response | error-500 | slow=<s>``.
+
+With ``ONWARD_EXAMPLE_PROVIDER_TOKEN`` set, every ``/v1`` request must carry
+``Authorization: Bearer <that token>`` (401 otherwise); the client reads its copy by
+reference at each request (examples/provider_client.py, docs/security.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -220,8 +226,17 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length) or b"{}")
 
+    def _authorized(self, parts: list[str]) -> bool:
+        token = os.environ.get("ONWARD_EXAMPLE_PROVIDER_TOKEN")
+        if not token or not parts or parts[0] != "v1":
+            return True
+        given = self.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
     def do_GET(self) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if not self._authorized(parts):
+            return self._send(401, {"error": "a valid API token is required"})
         if parts == ["admin", "stats"]:
             return self._send(200, self.store.stats())
         if parts == ["admin", "objects"]:
@@ -238,6 +253,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if not self._authorized(parts):
+            return self._send(401, {"error": "a valid API token is required"})
         try:
             body = self._body()
         except ValueError:

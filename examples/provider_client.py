@@ -28,6 +28,7 @@ import httpcore
 import httpx
 
 from ledger.vocabulary import ToolClass
+from tasks import credentials
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult
 
@@ -151,16 +152,30 @@ def _answer(response: httpx.Response) -> ToolResult:
         obj: dict[str, Any] = response.json()
         accepted = response.status_code == 202 or obj.get("status") == "processing"
         return ToolResult("accepted" if accepted else "completed", obj["id"], obj)
-    message = f"provider answered {response.status_code}: {response.text[:200]}"
+    message = (f"provider answered {response.status_code}: "
+               f"{credentials.redact(response.text[:200])}")
     retryable = response.status_code >= 500 or response.status_code == 429
     raise ToolError(message, retryable=retryable, status_code=response.status_code)
 
 
-def _request(method: str, url: str, timeout: float | None, **options: Any) -> httpx.Response:
+CREDENTIAL = credentials.reference("example_provider_token")
+"""The provider's API token, read at each request (``ONWARD_SECRET_EXAMPLE_PROVIDER_TOKEN``
+or the file in ``ONWARD_SECRETS_DIR``); requests go without one when it is not configured
+(the provider then asks for none)."""
+
+
+def _auth(headers: dict[str, str] | None = None) -> dict[str, str]:
+    token = credentials.lookup(CREDENTIAL)
+    return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+
+
+def _request(method: str, url: str, timeout: float | None, *,
+             headers: dict[str, str] | None = None, **options: Any) -> httpx.Response:
     """One request, over (answered or given up, ``httpx.TimeoutException``) within
-    ``timeout`` seconds in total, body included."""
+    ``timeout`` seconds in total, body included; it carries the provider's token."""
     with _deadline(timeout):
-        return _http().request(method, url, timeout=_timeout(timeout), **options)
+        return _http().request(method, url, timeout=_timeout(timeout), headers=_auth(headers),
+                               **options)
 
 
 def create(collection: str, payload: dict[str, Any], idempotency_key: str,

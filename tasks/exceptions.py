@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ledger.effects import Effect
 
 __all__ = [
+    "CredentialUnavailable",
     "EffectFailed",
     "EffectOutcomeUnknown",
     "FaultSpecError",
@@ -45,6 +46,11 @@ class OutcomeError(StepError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, non_retryable=True)
+
+
+class CredentialUnavailable(OnwardError):
+    """A tool's credential reference (``secret://NAME``) names nothing configured, or is not
+    a reference (tasks/credentials.py). The message never holds a credential's value."""
 
 
 class LeaseLost(OnwardError):

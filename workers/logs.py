@@ -21,6 +21,8 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from tasks.credentials import RedactingFilter, redact_event
+
 
 def json_logs() -> bool:
     """Whether ``ONWARD_LOG_JSON`` asks for one JSON object per line."""
@@ -38,6 +40,7 @@ def _shared() -> list[Any]:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_pid,
+        redact_event,  # no resolved tool credential in any line (docs/security.md)
     ]
 
 
@@ -64,6 +67,7 @@ def configure_logging(level: str | None = None, *, capture_stdout: bool = False)
                     structlog.processors.dict_tracebacks,
                     structlog.processors.JSONRenderer()],
     ))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(numeric)
@@ -79,6 +83,7 @@ def _configure_console(numeric: int) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_event,
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -87,6 +92,8 @@ def _configure_console(numeric: int) -> None:
     )
     logging.basicConfig(level=numeric, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
 
 
 def _keep_celery_off_logging() -> None:
