@@ -9,16 +9,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ledger.checkpoints import CheckpointKeys, canonical_json
+from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect, EffectStore
 from ledger.evidence import EvidenceStore
 from ledger.exceptions import (
@@ -29,21 +28,20 @@ from ledger.exceptions import (
     StatementRefused,
 )
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
-from ledger.vocabulary import OutcomeKind, ParkReason, RunStatus
+from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
 from tasks import faults, observe
+from tasks.advance import next_checkpoint
 from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import CancelFor, DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import EffectOutcomeUnknown, LeaseLost, OutcomeError, StepError
-from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits, recheck
 from tasks.resolve import Resolver
-from tasks.restore import Refusal, restore
+from tasks.restore import Refusal, Restored, restore
 from tasks.routing import version_queue
 from tasks.services import StepServices
-from tasks.waiting import build_wait
-from tasks.workflow import Registry, Step, Workflow
+from tasks.workflow import Registry, Step
 
 log = structlog.get_logger("onward.executor")
 
@@ -141,11 +139,10 @@ def execute_step(
                           workflow=claimed.workflow, version=claimed.workflow_version)
     faults.point("after_claim", claimed.step)
     observe.claimed(claimed)
-    if claimed.cancel_requested is not None:  # an operator asked: end it, run nothing
-        ending = _Ending(store, _resolver(config, registry, claimed, worker, effects, None),
-                         claimed, claimed.step, log.bind(run_id=str(claimed.run_id)))
-        return ending.cancel(str(claimed.cancel_requested.get("message", "cancel requested")))
-    report = _run_claimed(store, registry, config, claimed, worker, effects, evidence)
+    attempt = _Attempt(store, registry, config, claimed, worker, effects, evidence,
+                       log.bind(run_id=str(claimed.run_id), seq=claimed.seq,
+                                attempt=claimed.attempt))
+    report = attempt.run()
     if report.workflow is None:
         report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
     if report.next_seq is not None:
@@ -154,185 +151,294 @@ def execute_step(
     return report
 
 
-def _run_claimed(
-    store: StepStore, registry: Registry, config: ExecutorConfig, claim: Claim, worker: str,
-    effects: EffectStore, evidence: EvidenceStore,
-) -> StepReport:
-    bound = log.bind(run_id=str(claim.run_id), seq=claim.seq, attempt=claim.attempt)
-    restored = restore(config.keys, registry, claim)
-    if isinstance(restored, Refusal):
-        refusal = error_record(restored.error_type, restored.message)
-        if restored.resend:
-            return _hand_back(store, config, claim, restored, bound)
-        if not restored.park:
-            bound.error("message handed back, run left unchanged", reason=restored.reason,
-                        detail=restored.message)
-            store.release(claim, refusal, spend_attempt=True)
-            return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq,
-                              detail=restored.message)
-        bound.error("run parked for review", reason=restored.reason, detail=restored.message)
-        store.park(claim, claim.step, restored.reason, refusal)
-        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=restored.message)
-    workflow, step, state = restored.workflow, restored.step, restored.state
-    limits = Limits.of(claim.budget, workflow.budgets)
-    refused = recheck(claim, limits, WaitStore(effects.conn), config.keys)
-    if refused is not None:
-        ending = _Ending(store, _resolver(config, registry, claim, worker, effects, None),
-                         claim, step.name, bound)
-        return ending.refuse(refused)
+@dataclass(frozen=True)
+class _Ready:
+    """A restored step about to run: its code and state, the run's limits, the services
+    its body calls through, and how the run ends if it must."""
 
-    clock = StepClock(claim.claimed_at)
-    services = StepServices(
-        effects=effects, evidence=evidence, run_id=claim.run_id, tenant_id=claim.tenant_id,
-        seq=claim.seq, step=step.name, epoch=claim.epoch, worker=worker,
-        llm_client=workflow.llm,
-        control=claim.checkpoint.control if claim.checkpoint else None,
-        tokens_left=limits.tokens_left(claim.budget),
-        cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
-        launch=claim.launch, clock=clock,
-        max_effect_payload_bytes=config.max_effect_payload_bytes,
-        max_json_depth=config.max_json_depth,
-        tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
-        model_timeout_s=config.model_timeout_s,
-    )
-    ending = _Ending(store, _resolver(config, registry, claim, worker, effects, services),
-                     claim, step.name, bound)
+    restored: Restored
+    limits: Limits
+    services: StepServices
+    ending: _Ending
+    started: float = field(default_factory=time.perf_counter)
 
-    def heartbeat() -> bool:
+    @property
+    def step(self) -> Step:
+        return self.restored.step
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What the step's code came to: the outcome it returned, or the error it raised
+    (neither when it was suspended: the decision is on ``services.control``)."""
+
+    outcome: object = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One claimed execution of one step, in four phases (docs/design.md section 7):
+    restore or refuse, run the body, settle the decision, commit and continue. Each phase
+    returns what the next one needs, or the ``StepReport`` the attempt ends with."""
+
+    store: StepStore
+    registry: Registry
+    config: ExecutorConfig
+    claim: Claim
+    worker: str
+    effects: EffectStore
+    evidence: EvidenceStore
+    log: Any
+
+    def run(self) -> StepReport:
+        request = self.claim.cancel_requested
+        if request is not None:  # an operator asked: end it, run nothing
+            ending = self._ending(self.claim.step)
+            return ending.cancel(str(request.get("message", "cancel requested")))
+        ready = self.restore_or_refuse()
+        if isinstance(ready, StepReport):
+            return ready
+        body = self.run_body(ready)
+        if isinstance(body, StepReport):
+            return body
+        advance = self.settle(ready, body)
+        if isinstance(advance, StepReport):
+            return advance
+        return self.commit_and_continue(ready, advance)
+
+    # -- phase 1: restore or refuse ----------------------------------------------------------
+    def restore_or_refuse(self) -> _Ready | StepReport:
+        """Restore the checkpoint and re-check the run's limits; what may not run is handed
+        back, released, parked or failed here, before any step code runs."""
+        restored = restore(self.config.keys, self.registry, self.claim)
+        if isinstance(restored, Refusal):
+            return self._refuse(restored)
+        limits = Limits.of(self.claim.budget, restored.workflow.budgets)
+        refused = recheck(self.claim, limits, WaitStore(self.effects.conn), self.config.keys)
+        if refused is not None:
+            return self._ending(restored.step.name).refuse(refused)
+        services = self._services(restored, limits)
+        return _Ready(restored, limits, services, self._ending(restored.step.name, services))
+
+    def _refuse(self, refusal: Refusal) -> StepReport:
+        claim = self.claim
+        error = error_record(refusal.error_type, refusal.message)
+        if refusal.resend:
+            return self._hand_back(refusal)
+        if not refusal.park:
+            self.log.error("message handed back, run left unchanged", reason=refusal.reason,
+                           detail=refusal.message)
+            self.store.release(claim, error, spend_attempt=True)
+            return self._report(ReportKind.RELEASED, refusal.message)
+        self.log.error("run parked for review", reason=refusal.reason, detail=refusal.message)
+        self.store.park(claim, claim.step, refusal.reason, error)
+        return self._report(ReportKind.PARKED, refusal.message)
+
+    def _hand_back(self, refusal: Refusal) -> StepReport:
+        """The run is bound to a version this worker lacks: give it back to the fleet without
+        spending an attempt, backing off; after ``handback_limit`` hand-backs in a row (no
+        worker with that version took it meanwhile), park it ``no_worker_for_version``."""
+        claim, config = self.claim, self.config
+        handbacks = claim.handbacks + 1
+        park = handbacks >= config.handback_limit
+        delay = min(config.handback_max_delay_s, 2.0 ** min(handbacks - 1, 30))
+        message = refusal.message
+        if park:
+            wanted = f"{claim.workflow} v{claim.workflow_version}"
+            message = (f"no worker with {wanted} took the run: it was handed back {handbacks} "
+                       f"times in a row by workers without it (last: {refusal.message}); deploy "
+                       f"workers with {wanted} (ONWARD_WORKFLOWS), then `onward runs continue "
+                       f"{claim.run_id}`")
+        error = error_record("NoWorkerForVersion" if park else refusal.error_type, message,
+                             handbacks=handbacks, workflow_version=claim.workflow_version)
+        if not self.store.hand_back(claim, error, delay_s=delay, park=park):
+            return self._report(ReportKind.LEASE_LOST)
+        if park:
+            self.log.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,
+                           detail=message)
+            return self._report(ReportKind.PARKED, message)
+        self.log.warning("step handed back for a worker with the run's version", detail=message,
+                         handbacks=handbacks, resend_in_s=delay)
+        return self._report(ReportKind.RELEASED, message)
+
+    def _services(self, restored: Restored, limits: Limits) -> StepServices:
+        claim, config = self.claim, self.config
+        return StepServices(
+            effects=self.effects, evidence=self.evidence, run_id=claim.run_id,
+            tenant_id=claim.tenant_id, seq=claim.seq, step=restored.step.name,
+            epoch=claim.epoch, worker=self.worker, llm_client=restored.workflow.llm,
+            control=claim.checkpoint.control if claim.checkpoint else None,
+            tokens_left=limits.tokens_left(claim.budget),
+            cost_left_usd=limits.cost_left(claim.budget), spent=claim.budget.spent(),
+            launch=claim.launch, clock=StepClock(claim.claimed_at),
+            max_effect_payload_bytes=config.max_effect_payload_bytes,
+            max_json_depth=config.max_json_depth,
+            tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
+            model_timeout_s=config.model_timeout_s,
+        )
+
+    # -- phase 2: run the body ---------------------------------------------------------------
+    def run_body(self, ready: _Ready) -> _Body | StepReport:
+        """Run the step's code once. A lease lost while it ran ends the attempt (what it did
+        is discarded); any other error is the body's, for ``settle`` to weigh."""
+        step, services = ready.step, ready.services
+        ctx = StepContext(
+            run_id=self.claim.run_id, seq=self.claim.seq, attempt=self.claim.attempt,
+            step=step.name, workflow=ready.restored.workflow, worker=self.worker,
+            tenant_id=self.claim.tenant_id, services=services,
+            _heartbeat=lambda: self._heartbeat(services),
+        )
         try:
-            return store.heartbeat(claim)
+            faults.point("in_step", step.name)
+            return _Body(outcome=step(ctx, ready.restored.state))
+        except Suspend:
+            return _Body()  # the decision is on services.control
+        except (LeaseLost, EffectFenced, EvidenceFenced) as exc:
+            self.log.warning("lease lost during step; result discarded", error=str(exc))
+            self.store.commit_refused(self.claim)
+            return self._report(ReportKind.LEASE_LOST)
+        except Exception as exc:
+            return _Body(error=exc)
+
+    def _heartbeat(self, services: StepServices) -> bool:
+        try:
+            return self.store.heartbeat(self.claim)
         except CancelRequested as exc:
             raise services.cancelled(exc) from exc
 
-    ctx = StepContext(
-        run_id=claim.run_id, seq=claim.seq, attempt=claim.attempt, step=step.name,
-        workflow=workflow, worker=worker, tenant_id=claim.tenant_id, services=services,
-        _heartbeat=heartbeat,
-    )
-    started = time.perf_counter()
-    outcome: object = None
-    error: Exception | None = None
-    try:
-        faults.point("in_step", step.name)
-        outcome = step(ctx, state)
-    except Suspend:
-        pass  # the decision is on services.control
-    except (LeaseLost, EffectFenced, EvidenceFenced) as exc:
-        bound.warning("lease lost during step; result discarded", error=str(exc))
-        store.commit_refused(claim)
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    except Exception as exc:
-        error = exc
-    if error is None and services.unknown:
-        # the body caught an unknown outcome and went on: the step must not commit past it
-        error = EffectOutcomeUnknown(
-            f"step {step.name} went on after the outcome of effect "
-            f"{next(iter(services.unknown.values()))} became unknown; the next attempt "
-            "reconciles it")
-    # A wait, a park, a budget stop or a cancel decided inside the step stands, whatever
-    # the body caught or returned.
-    decision = services.control.decision
-    if isinstance(decision, CancelFor):
-        return ending.cancel(decision.message)
-    if isinstance(decision, DivergeFor):
-        return _diverge(services, claim, decision, bound)
-    if isinstance(decision, (ParkFor, FailFor)):
-        return ending.refuse(decision)
-    if isinstance(decision, WaitFor):
-        if not store.defer(claim, step.name, delay_s=decision.delay_s,
-                           waiting_on=decision.waiting_on, detail=decision.detail):
-            return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-        bound.info("step waiting", waiting_on=decision.waiting_on, delay_s=decision.delay_s)
-        return StepReport(ReportKind.WAITING, claim.run_id, claim.seq, detail=decision.detail)
-    if error is not None:
-        return _record_failure(ending, config, claim, error)
-    try:
-        advance = _advance(config, workflow, step, state, outcome, limits, clock.now())
-        refs = services.refs(claim.budget.spent())
-        if restored.migrated is not None:
-            refs["migrated_from"] = restored.migrated.as_ref()
-        advance = replace(advance, refs=refs)
-    except OutcomeError as exc:
-        return _record_failure(ending, config, claim, exc)
-    replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
-    if replayed is None and isinstance(services.control.decision, DivergeFor):
-        return _diverge(services, claim, services.control.decision, bound)
-    advance = replayed or advance
+    # -- phase 3: settle the decision --------------------------------------------------------
+    def settle(self, ready: _Ready, body: _Body) -> Advance | StepReport:
+        """What the attempt comes to. A wait, a park, a budget stop, a divergence or a
+        cancel decided inside the step stands, whatever the body caught or returned; then an
+        error retries or fails the step; else its outcome becomes the next checkpoint."""
+        services = ready.services
+        error = body.error
+        if error is None and services.unknown:
+            # the body caught an unknown outcome and went on: the step must not commit past it
+            error = EffectOutcomeUnknown(
+                f"step {ready.step.name} went on after the outcome of effect "
+                f"{next(iter(services.unknown.values()))} became unknown; the next attempt "
+                "reconciles it")
+        decided = self._decided(ready)
+        if decided is not None:
+            return decided
+        if error is not None:
+            return self._retry_or_fail(ready.ending, error)
+        try:
+            advance = self._advance(ready, body.outcome)
+        except OutcomeError as exc:
+            return self._retry_or_fail(ready.ending, exc)
+        replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
+        if replayed is None and isinstance(services.control.decision, DivergeFor):
+            return self._diverge(services, services.control.decision)
+        return replayed or advance
 
-    faults.point("before_checkpoint_commit", step.name)
-    try:
-        committed = store.commit(claim, advance)
-    except CancelRequested as exc:
-        return ending.cancel(str(exc))
-    except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
-        failure = OutcomeError(f"the ledger refused to commit step {step.name}: {exc}")
-        return _record_failure(ending, config, claim, failure)
-    if not committed:
-        bound.warning("lease lost before commit; result discarded", step=step.name)
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    faults.point("after_checkpoint_commit", step.name)
-    bound.debug("step committed", step=step.name, next_step=advance.next_step,
-                ms=round((time.perf_counter() - started) * 1000, 2))
-    if restored.migrated is not None:
-        bound.warning("run migrated to newer code", workflow=workflow.name,
-                      from_version=restored.migrated.workflow_version,
-                      to_version=workflow.version,
-                      from_schema=restored.migrated.state_schema_version,
-                      to_schema=workflow.state_schema_version)
-    wait = advance.wait
-    fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
-    next_seq = claim.seq + 1 if fast_path else None
-    return StepReport(ReportKind.COMMITTED, claim.run_id, claim.seq, next_seq=next_seq,
-                      queue=version_queue(config.queue, workflow.name, workflow.version),
-                      workflow=workflow.name, version=workflow.version,
-                      next_step=advance.next_step, status=advance.status.value)
+    def _decided(self, ready: _Ready) -> StepReport | None:
+        """End the attempt as the step's own decision says, if it took one."""
+        decision = ready.services.control.decision
+        if isinstance(decision, CancelFor):
+            return ready.ending.cancel(decision.message)
+        if isinstance(decision, DivergeFor):
+            return self._diverge(ready.services, decision)
+        if isinstance(decision, (ParkFor, FailFor)):
+            return ready.ending.refuse(decision)
+        if isinstance(decision, WaitFor):
+            return self._defer(ready.step.name, decision)
+        return None
 
+    def _defer(self, step: str, wait: WaitFor) -> StepReport:
+        if not self.store.defer(self.claim, step, delay_s=wait.delay_s,
+                                waiting_on=wait.waiting_on, detail=wait.detail):
+            return self._report(ReportKind.LEASE_LOST)
+        self.log.info("step waiting", waiting_on=wait.waiting_on, delay_s=wait.delay_s)
+        return self._report(ReportKind.WAITING, wait.detail)
 
-def _hand_back(store: StepStore, config: ExecutorConfig, claim: Claim, refusal: Refusal,
-               bound: Any) -> StepReport:
-    """The run is bound to a version this worker lacks: give it back to the fleet without
-    spending an attempt, backing off; after ``handback_limit`` hand-backs in a row (no
-    worker with that version took it meanwhile), park it ``no_worker_for_version``."""
-    handbacks = claim.handbacks + 1
-    park = handbacks >= config.handback_limit
-    delay = min(config.handback_max_delay_s, 2.0 ** min(handbacks - 1, 30))
-    message = refusal.message
-    if park:
-        wanted = f"{claim.workflow} v{claim.workflow_version}"
-        message = (f"no worker with {wanted} took the run: it was handed back {handbacks} "
-                   f"times in a row by workers without it (last: {refusal.message}); deploy "
-                   f"workers with {wanted} (ONWARD_WORKFLOWS), then `onward runs continue "
-                   f"{claim.run_id}`")
-    error = error_record("NoWorkerForVersion" if park else refusal.error_type, message,
-                         handbacks=handbacks, workflow_version=claim.workflow_version)
-    if not store.hand_back(claim, error, delay_s=delay, park=park):
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    if park:
-        bound.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,
-                    detail=message)
-        return StepReport(ReportKind.PARKED, claim.run_id, claim.seq, detail=message)
-    bound.warning("step handed back for a worker with the run's version", detail=message,
-                  handbacks=handbacks, resend_in_s=delay)
-    return StepReport(ReportKind.RELEASED, claim.run_id, claim.seq, detail=message)
+    def _diverge(self, services: StepServices, decision: DivergeFor) -> StepReport:
+        """Stop an evidence replay that diverged from its parent, with the report on the run."""
+        if not services.stop_diverged(decision):
+            return self._report(ReportKind.LEASE_LOST)
+        self.log.error("replay diverged", detail=decision.message)
+        return self._report(ReportKind.DIVERGED, decision.message)
 
+    def _advance(self, ready: _Ready, outcome: object) -> Advance:
+        """The checkpoint the outcome commits, with what it binds under its MAC."""
+        migrated = ready.restored.migrated
+        advance = next_checkpoint(outcome, ready.restored, limits=ready.limits,
+                                  sizes=self.config, now=ready.services.clock.now())
+        refs = ready.services.refs(self.claim.budget.spent())
+        if migrated is not None:
+            refs["migrated_from"] = migrated.as_ref()
+        return replace(advance, refs=refs)
 
-def _diverge(services: StepServices, claim: Claim, decision: DivergeFor,
-             bound: Any) -> StepReport:
-    """Stop an evidence replay that diverged from its parent, with the report on the run."""
-    if not services.stop_diverged(decision):
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    bound.error("replay diverged", detail=decision.message)
-    return StepReport(ReportKind.DIVERGED, claim.run_id, claim.seq, detail=decision.message)
+    def _retry_or_fail(self, ending: _Ending, exc: Exception) -> StepReport:
+        """A step error: retry the step later, or fail the run when the error says it is
+        final or the step's attempts are spent."""
+        claim = self.claim
+        non_retryable = isinstance(exc, StepError) and exc.non_retryable
+        exhausted = claim.attempt >= claim.max_attempts
+        error = error_record(type(exc).__name__, str(exc), step=ending.step,
+                             attempt=claim.attempt, max_attempts=claim.max_attempts)
+        if non_retryable or exhausted:
+            self.log.error("step failed; run fails", step=ending.step, error=str(exc),
+                           non_retryable=non_retryable)
+            return ending.fail(error, str(exc))
+        retry_in = retry_delay(claim.attempt, self.config.retry_base_s, self.config.retry_max_s)
+        if not self.store.fail(claim, ending.step or "", error, retry_in_s=retry_in):
+            return self._report(ReportKind.LEASE_LOST)
+        self.log.warning("step failed; retrying", step=ending.step, error=str(exc),
+                         retry_in_s=round(retry_in, 3))
+        return self._report(ReportKind.RETRY, str(exc))
 
+    # -- phase 4: commit and continue --------------------------------------------------------
+    def commit_and_continue(self, ready: _Ready, advance: Advance) -> StepReport:
+        """The one commit statement; then say whether a message for the next step goes out."""
+        step = ready.step.name
+        faults.point("before_checkpoint_commit", step)
+        try:
+            committed = self.store.commit(self.claim, advance)
+        except CancelRequested as exc:
+            return ready.ending.cancel(str(exc))
+        except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
+            failure = OutcomeError(f"the ledger refused to commit step {step}: {exc}")
+            return self._retry_or_fail(ready.ending, failure)
+        if not committed:
+            self.log.warning("lease lost before commit; result discarded", step=step)
+            return self._report(ReportKind.LEASE_LOST)
+        faults.point("after_checkpoint_commit", step)
+        self.log.debug("step committed", step=step, next_step=advance.next_step,
+                       ms=round((time.perf_counter() - ready.started) * 1000, 2))
+        return self._continue(ready, advance)
 
-def _resolver(config: ExecutorConfig, registry: Registry, claim: Claim, worker: str,
-              effects: EffectStore, services: StepServices | None) -> Resolver:
-    """What resolves the run's unknown effects before it ends: the tools this step used,
-    else those of the workflow modules."""
-    used = services.tools_used if services is not None else {}
-    return Resolver(effects, lambda name: used.get(name) or registry.tool(name), worker,
-                    claim.epoch, config.tool_timeout_s, config.tool_lease_margin_s,
-                    simulation=claim.launch.simulation)
+    def _continue(self, ready: _Ready, advance: Advance) -> StepReport:
+        workflow, migrated = ready.restored.workflow, ready.restored.migrated
+        if migrated is not None:
+            self.log.warning("run migrated to newer code", workflow=workflow.name,
+                             from_version=migrated.workflow_version,
+                             to_version=workflow.version,
+                             from_schema=migrated.state_schema_version,
+                             to_schema=workflow.state_schema_version)
+        wait = advance.wait
+        fast_path = advance.status is RunStatus.RUNNING and (wait is None or wait.due_at is None)
+        return StepReport(ReportKind.COMMITTED, self.claim.run_id, self.claim.seq,
+                          next_seq=self.claim.seq + 1 if fast_path else None,
+                          queue=version_queue(self.config.queue, workflow.name, workflow.version),
+                          workflow=workflow.name, version=workflow.version,
+                          next_step=advance.next_step, status=advance.status.value)
+
+    # -- shared ------------------------------------------------------------------------------
+    def _report(self, kind: ReportKind, detail: str = "") -> StepReport:
+        return StepReport(kind, self.claim.run_id, self.claim.seq, detail=detail)
+
+    def _ending(self, step: str | None, services: StepServices | None = None) -> _Ending:
+        """How the run ends from here; its unknown effects are resolved with the tools this
+        step used, else those of the workflow modules."""
+        used = services.tools_used if services is not None else {}
+        registry, config = self.registry, self.config
+        resolver = Resolver(self.effects, lambda name: used.get(name) or registry.tool(name),
+                            self.worker, self.claim.epoch, config.tool_timeout_s,
+                            config.tool_lease_margin_s, simulation=self.claim.launch.simulation)
+        return _Ending(self.store, resolver, self.claim, step, self.log)
 
 
 @dataclass(frozen=True)
@@ -409,110 +515,3 @@ class _Ending:
                 return self._report(ReportKind.CANCELLED, message)
         return self._park_unknown(unknown, f"the run was to be cancelled ({message}); "
                                            "cancel it again once the provider was checked")
-
-
-def _advance(config: ExecutorConfig, workflow: Workflow[Any], step: Step, state: BaseModel,
-             outcome: object, limits: Limits, now: datetime) -> Advance:
-    """Turn a step's outcome into the next checkpoint, or raise OutcomeError."""
-    defaults = limits.defaults_for_run()
-    if isinstance(outcome, Goto):
-        target = _target(workflow, step, outcome.step)
-        new_state = _merge(workflow, state, outcome.update, config)
-        return Advance(step.name, OutcomeKind.GOTO, target.name, new_state, workflow.version,
-                       workflow.attempts_for(target), defaults=defaults,
-                       state_schema_version=workflow.state_schema_version)
-    if isinstance(outcome, (AskApproval, WaitSignal, Sleep)):
-        then = _target(workflow, step, outcome.then)
-        for other in _continuations(outcome):
-            _target(workflow, step, other)
-        if isinstance(outcome, AskApproval):
-            _check_json(outcome.artifact, "approval artifact", config.max_json_depth,
-                        config.max_approval_artifact_bytes, "ONWARD_MAX_APPROVAL_ARTIFACT_BYTES")
-        new_state = _merge(workflow, state, outcome.update, config)
-        return Advance(step.name, OutcomeKind.WAIT, then.name, new_state, workflow.version,
-                       workflow.attempts_for(then), wait=build_wait(outcome, workflow, step, now),
-                       defaults=defaults, state_schema_version=workflow.state_schema_version)
-    state_json = _as_json(state, config)
-    if isinstance(outcome, Finish):
-        _check_json(outcome.result, "finish result", config.max_json_depth,
-                    config.max_state_bytes)
-        return Advance(step.name, OutcomeKind.FINISH, None, state_json, workflow.version, 1,
-                       result=outcome.result, defaults=defaults,
-                       state_schema_version=workflow.state_schema_version)
-    if isinstance(outcome, Fail):
-        result = {"reason": outcome.reason, **outcome.details}
-        _check_json(result, "fail details", config.max_json_depth, config.max_state_bytes)
-        return Advance(step.name, OutcomeKind.FAIL, None, state_json, workflow.version, 1,
-                       result={"failed": result}, defaults=defaults,
-                       state_schema_version=workflow.state_schema_version)
-    raise OutcomeError(f"step {step.name} returned {type(outcome).__name__}; return "
-                       "ctx.goto(...), ctx.finish(...) or ctx.fail(...)")
-
-
-def _target(workflow: Workflow[Any], step: Step, name: str | None) -> Step:
-    target = workflow.resolve(name) if name is not None else None
-    if target is None:
-        raise OutcomeError(f"step {step.name} went to unknown step {name!r} "
-                           f"(steps: {list(workflow.steps)})")
-    return target
-
-
-def _continuations(outcome: AskApproval | WaitSignal | Sleep) -> list[str]:
-    if isinstance(outcome, AskApproval):
-        return [n for n in (outcome.on_reject, outcome.on_expire) if n is not None]
-    if isinstance(outcome, WaitSignal):
-        return [outcome.on_timeout] if outcome.on_timeout is not None else []
-    return []
-
-
-def _merge(workflow: Workflow[Any], state: BaseModel, update: dict[str, Any],
-           config: ExecutorConfig) -> dict[str, Any]:
-    unknown = set(update) - set(type(state).model_fields)
-    if unknown:
-        raise OutcomeError(f"state update names fields {sorted(unknown)} that "
-                           f"{type(state).__name__} does not have")
-    try:
-        merged = workflow.state.model_validate({**state.model_dump(), **update})
-    except ValidationError as exc:
-        raise OutcomeError(f"state update is invalid for {type(state).__name__}: {exc}") from exc
-    return _as_json(merged, config)
-
-
-def _as_json(state: BaseModel, config: ExecutorConfig) -> dict[str, Any]:
-    try:
-        data = state.model_dump(mode="json")
-    except Exception as exc:
-        raise OutcomeError(f"state is not JSON-serializable: {exc}") from exc
-    _check_json(data, "state", config.max_json_depth, config.max_state_bytes)
-    return data
-
-
-def _check_json(value: Any, what: str, max_depth: int, max_bytes: int,
-                setting: str = "ONWARD_MAX_STATE_BYTES") -> None:
-    """Refuse (OutcomeError) what the ledger cannot keep: not plain JSON, a NUL character,
-    nested deeper than ``max_depth``, larger than ``max_bytes``."""
-    try:
-        size = len(canonical_json(value, max_depth=max_depth))
-    except InvalidInput as exc:
-        raise OutcomeError(f"{what} cannot be stored: {exc}") from exc
-    if size > max_bytes:
-        raise OutcomeError(f"{what} is {size} bytes, over the limit of {max_bytes} ({setting}); "
-                           "keep large values out of the ledger and pass references")
-
-
-def _record_failure(ending: _Ending, config: ExecutorConfig, claim: Claim,
-                    exc: Exception) -> StepReport:
-    non_retryable = isinstance(exc, StepError) and exc.non_retryable
-    exhausted = claim.attempt >= claim.max_attempts
-    error = error_record(type(exc).__name__, str(exc), step=ending.step, attempt=claim.attempt,
-                         max_attempts=claim.max_attempts)
-    if non_retryable or exhausted:
-        ending.log.error("step failed; run fails", step=ending.step, error=str(exc),
-                         non_retryable=non_retryable)
-        return ending.fail(error, str(exc))
-    retry_in = retry_delay(claim.attempt, config.retry_base_s, config.retry_max_s)
-    if not ending.store.fail(claim, ending.step or "", error, retry_in_s=retry_in):
-        return StepReport(ReportKind.LEASE_LOST, claim.run_id, claim.seq)
-    ending.log.warning("step failed; retrying", step=ending.step, error=str(exc),
-                       retry_in_s=round(retry_in, 3))
-    return StepReport(ReportKind.RETRY, claim.run_id, claim.seq, detail=str(exc))
