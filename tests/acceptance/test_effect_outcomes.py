@@ -88,7 +88,10 @@ def test_cancel__a_step_in_flight_stops_paying_and_sends_nothing(
     assert stopped(ledger, run_id) is RunStatus.CANCELLED
     wait_for(lambda: all(a.outcome for a in ledger.timeline(run_id)), timeout=60,
              what="the step's attempt to end", seen=lambda: ledger.timeline(run_id))
-    assert [a.outcome for a in ledger.timeline(run_id)] == ["cancelled"]
+    # on a loaded machine the first attempt may have lost its lease before the cancel (the
+    # next one took over the step): whichever attempt held the step ends it cancelled
+    *earlier, last = [a.outcome for a in ledger.timeline(run_id)]
+    assert last == "cancelled" and set(earlier) <= {"lease_lost"}, earlier
     assert paid() <= at_cancel + 1 < 40
     assert provider.stats().get("requests", 0) == 0
     assert ledger.effects(run_id) == []

@@ -64,6 +64,6 @@ def test_workers__lists_live_workers_and_flags_unserved_workflows(
     assert view["unserved"] == [{"workflow": "ghost_workflow", "version": None, "runs": 1,
                                  "workflow_served": False}]
 
-    worker.stop()
+    worker.stop(timeout=90)  # a clean stop (past 15 s on a loaded machine it was a SIGKILL)
     code, view = _workers(settings_env, "--all")
     assert [w for w in view["workers"] if w["pid"] == worker.pid] == []

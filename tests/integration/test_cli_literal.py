@@ -49,7 +49,8 @@ def onward(*args: str, role: str | None = None, input: str | None = None,
     assert result.exit_code == code, (result.exit_code, result.output, result.exception)
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         result.exception
-    return result.output
+    # --json: stdout alone is the answer (a warning logged meanwhile goes to stderr)
+    return result.stdout if "--json" in args else result.output
 
 
 def waiting_approval(drv: Driver, artifact: dict[str, Any]) -> dict[str, Any]:

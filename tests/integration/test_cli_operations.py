@@ -55,7 +55,8 @@ def onward(*args: str, role: str | None = "operator", input: str | None = None,
     env = {"COLUMNS": "220", **({"ONWARD_TOKEN": TOKENS[role]} if role else {})}
     result = CliRunner().invoke(app, list(args), env=env, input=input)
     assert result.exit_code == code, (result.exit_code, result.output)
-    return result.output
+    # --json: stdout alone is the answer (a warning logged meanwhile goes to stderr)
+    return result.stdout if "--json" in args else result.output
 
 
 def finished(drv: Driver, **state: object) -> UUID:

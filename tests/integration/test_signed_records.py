@@ -114,7 +114,8 @@ def _cli(*args: str, secret: str) -> str:
     result = CliRunner().invoke(__import__("console.cli", fromlist=["app"]).app, list(args),
                                 env={"COLUMNS": "220", "ONWARD_TOKEN": secret})
     assert result.exit_code == 0, result.output
-    return result.output
+    # --json: stdout alone is the answer (a warning logged meanwhile goes to stderr)
+    return result.stdout if "--json" in args else result.output
 
 
 # -- the audit log: each row signed by its writer, sealed into a chain by the reaper ---------
