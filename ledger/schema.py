@@ -163,6 +163,11 @@ checkpoints = Table(
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
+    # a state stored apart, by its artifact: what lets a tenant read that artifact
+    # (row-level security, migration 0028); only large states have an entry
+    Index("ix_checkpoints_state_artifact",
+          text("((state -> '$artifact'::text) ->> 'sha256'::text)"),
+          postgresql_where=text("state ? '$artifact'::text")),
 )
 
 step_attempts = Table(
@@ -294,6 +299,10 @@ evidence = Table(
     PrimaryKeyConstraint("run_id", "command_id"),
     CheckConstraint(_in("kind", EvidenceKind), name="kind"),
     CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),
+    # the artifacts a tenant's evidence names (row-level security, migration 0028)
+    Index("ix_evidence_artifact_sha256", "artifact_sha256",
+          postgresql_where=text("artifact_sha256 IS NOT NULL")),
+    Index("ix_evidence_request_hash", "request_hash"),
 )
 
 approvals = Table(
