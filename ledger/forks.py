@@ -48,6 +48,7 @@ from ledger.vocabulary import (
     OutcomeKind,
     RunStatus,
 )
+from ledger.waits import check_terms
 
 StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
 """Validates a branch's patched state against the workflow's model (raise InvalidInput)."""
@@ -156,7 +157,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         if check_state is not None:
             check_state(workflow, cp["workflow_version"], state)
     run_id = uuid7()
-    start = _start(conn, parent, cp, request.mode, run_id)
+    start = _start(conn, keys, parent, cp, request.mode, run_id)
     body = CheckpointBody(
         run_id=run_id, seq=cp["seq"], parent_hash=None, step=cp["step"],
         next_step=cp["next_step"], outcome=OutcomeKind.FORK.value, state=state,
@@ -184,9 +185,10 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         lease_epoch=0, control=start.control, state_schema_version=cp["state_schema_version"],
         workflow=workflow))
     if start.approval is not None:
-        conn.execute(approvals.insert().values(id=start.approval["id"], run_id=run_id,
-                                               tenant_id=parent["tenant_id"], seq=cp["seq"],
-                                               **start.approval["values"]))
+        asked = {"id": start.approval["id"], "run_id": run_id,
+                 "tenant_id": parent["tenant_id"], "seq": cp["seq"], **start.approval["values"]}
+        conn.execute(approvals.insert().values(
+            **asked, terms_mac=keys.sign(signed.approval_terms(asked))))
     if start.status is RunStatus.RUNNING:
         queue_step_txn(conn, run_id, cp["seq"], start.due_at)
     launched = Launched(run_id, parent["id"], cp["seq"], request.mode, start.status, start.step,
@@ -303,8 +305,8 @@ class _Start:
     last_error: dict[str, Any] | None = None
 
 
-def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMode,
-           run_id: UUID) -> _Start:
+def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: RowMapping,
+           mode: LaunchMode, run_id: UUID) -> _Start:
     """Where the new run begins: the step after checkpoint k, or the wait k recorded."""
     control = dict(cp["control"]) if cp["control"] else None
     if not control or not control.get("kind"):
@@ -323,12 +325,15 @@ def _start(conn: Connection, parent: RowMapping, cp: RowMapping, mode: LaunchMod
         raise OperationRefused(f"checkpoint {cp['seq']} waits for approval "
                                f"{control['approval_id']}, which does not exist")
     _check_asked_artifact(asked, control)
+    check_terms(keys, asked)  # approvers and lifetime are copied: only as they were signed
     approval_id = uuid7()
     lifetime: timedelta = asked["expires_at"] - asked["created_at"]
+    now = conn.execute(sa.select(sa.func.onward.now())).scalar_one()
     values = {"workflow_version": asked["workflow_version"], "step": asked["step"],
               "action": asked["action"], "artifact_hash": asked["artifact_hash"],
               "artifact": asked["artifact"], "approvers": asked["approvers"],
-              "expires_at": sa.func.onward.now() + lifetime, "status": ApprovalStatus.PENDING.value}
+              "created_at": now, "expires_at": now + lifetime,
+              "status": ApprovalStatus.PENDING.value}
     return _Start(RunStatus.WAITING, control["then"],
                   {**control, "approval_id": str(approval_id)},
                   waiting_on=f"approval:{approval_id}",

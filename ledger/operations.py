@@ -330,7 +330,8 @@ def decide_approval_txn(conn: Connection, keys: CheckpointKeys, actor: Actor,
     actor.require(action)
     approval = waits.get_approval_txn(conn, approval_id)
     lock_run_txn(conn, approval.run_id, actor)
-    decided = waits.record_decision_txn(conn, approval_id, approve=approve, actor=actor.name,
+    decided = waits.record_decision_txn(conn, keys, approval_id, approve=approve,
+                                        actor=actor.name,
                                         roles=actor.approver_roles,
                                         artifact_hash=artifact_hash, comment=comment)
     # signed where the decision is taken: a resumed step acts on it only if it verifies

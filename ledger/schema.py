@@ -324,6 +324,7 @@ approvals = Table(
     Column("decided_at", TS, nullable=True),
     Column("comment", Text, nullable=True),
     Column("decision_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py approval_decision
+    Column("terms_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py approval_terms
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     CheckConstraint(_in("status", ApprovalStatus), name="status"),
     Index("ix_approvals_run", "run_id", "seq"),

@@ -92,6 +92,22 @@ def approval_decision(fields: Mapping[Any, Any]) -> dict[str, Any]:
             "decided_at_us": micros(decided_at) if decided_at is not None else None}
 
 
+def approval_terms(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """What an approval asks and of whom, as the step that asked recorded it: which run,
+    seq, step and tenant; the action and the artifact hash it is bound to; who may decide
+    (``approvers``) and from when until when (``created_at`` and ``expires_at``). Written
+    with the approval (by the commit that asks, or the fork that asks again); approve and
+    reject, the step it resumes and ``verify`` check it, so adding an approver or extending
+    the expiry in the database is refused."""
+    return {"mac": "approval_terms", "id": str(fields["id"]), "run_id": str(fields["run_id"]),
+            "tenant_id": fields["tenant_id"], "seq": fields["seq"],
+            "workflow_version": fields["workflow_version"], "step": fields["step"],
+            "action": fields["action"], "artifact_hash": fields["artifact_hash"],
+            "approvers": list(fields["approvers"]),
+            "created_at_us": micros(fields["created_at"]),
+            "expires_at_us": micros(fields["expires_at"])}
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

@@ -219,6 +219,7 @@ class ApprovalRequest:
     artifact_hash: str
     approvers: list[str]
     expires_at: datetime
+    created_at: datetime  # the step's clock when it asked: the expiry is counted from it
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,8 @@ class StepStore:
                 "artifact": Jsonb(approval.artifact) if approval else None,
                 "approvers": Jsonb(approval.approvers) if approval else None,
                 "expires_at": approval.expires_at if approval else None,
+                "approval_created_at": approval.created_at if approval else None,
+                "terms_mac": self._approval_terms_mac(claim, advance, approval),
                 "state_schema_version": advance.state_schema_version,
                 "refs": Jsonb(advance.refs) if advance.refs is not None else None,
                 "default_attempts": defaults.attempts,
@@ -421,6 +424,18 @@ class StepStore:
             raise CancelRequested(f"run {claim.run_id} is being cancelled: step "
                                   f"{advance.step} at seq {claim.seq} is not committed")
         return self._lost(claim)
+
+    def _approval_terms_mac(self, claim: Claim, advance: Advance,
+                            approval: ApprovalRequest | None) -> str | None:
+        """The MAC of what the approval asks and of whom (ledger/signed.py approval_terms)."""
+        if approval is None:
+            return None
+        return self._keys.sign(signed.approval_terms({
+            "id": approval.approval_id, "run_id": claim.run_id, "tenant_id": claim.tenant_id,
+            "seq": claim.seq + 1, "workflow_version": advance.workflow_version,
+            "step": advance.step, "action": approval.action,
+            "artifact_hash": approval.artifact_hash, "approvers": approval.approvers,
+            "created_at": approval.created_at, "expires_at": approval.expires_at}))
 
     def commit_refused(self, claim: Claim) -> None:
         """The step learnt mid-way that its lease was taken over: record its attempt lost."""

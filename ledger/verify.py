@@ -37,6 +37,7 @@ from ledger.schema import (
     runs,
 )
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
+from ledger.waits import check_terms
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,10 @@ def _approval_problem(keys: CheckpointKeys, approval: sa.RowMapping,
         return f"its artifact is not plain JSON: {exc}"
     if shown != approval["artifact_hash"] and approval["artifact"] != DROPPED:
         return "its artifact does not match its hash (edited outside onward)"
+    try:
+        check_terms(keys, approval)
+    except IntegrityViolation as exc:
+        return str(exc)
     if approval["status"] in (ApprovalStatus.APPROVED.value, ApprovalStatus.REJECTED.value):
         try:
             keys.check(signed.approval_decision(approval), approval["decision_mac"],

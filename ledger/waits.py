@@ -7,6 +7,7 @@ resumes the run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
-from ledger.checkpoints import canonical_json, sha256_hex
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import (
     ApprovalRefused,
@@ -177,13 +179,25 @@ def _fail(conn: Connection, run_id: UUID, reason: FailReason, message: str,
 
 
 def get_approval_txn(conn: Connection, approval_id: UUID, *, lock: bool = False) -> Approval:
+    return Approval.from_row(_approval_row(conn, approval_id, lock=lock))
+
+
+def _approval_row(conn: Connection, approval_id: UUID, *, lock: bool) -> sa.RowMapping:
     query = sa.select(approvals).where(approvals.c.id == approval_id)
     if lock:
         query = query.with_for_update()
     row = conn.execute(query).mappings().first()
     if row is None:
         raise UnknownApproval(f"no approval {approval_id}")
-    return Approval.from_row(row)
+    return row
+
+
+def check_terms(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
+    """Raise IntegrityViolation unless the approval's terms (run, action, artifact hash,
+    approvers, created and expiry times) are the ones signed when it was asked for."""
+    keys.check(signed.approval_terms(row), row["terms_mac"],
+               f"approval {row['id']}'s terms (its artifact binding, who may decide it and "
+               "until when)")
 
 
 def list_approvals_txn(conn: Connection, *, status: ApprovalStatus | None = None,
@@ -227,11 +241,15 @@ def _stored_artifact_hash(approval: Approval) -> str:
         return "not plain JSON"
 
 
-def record_decision_txn(conn: Connection, approval_id: UUID, *, approve: bool, actor: str,
-                        roles: tuple[str, ...], artifact_hash: str,
+def record_decision_txn(conn: Connection, keys: CheckpointKeys, approval_id: UUID, *,
+                        approve: bool, actor: str, roles: tuple[str, ...], artifact_hash: str,
                         comment: str | None) -> Approval:
-    """Check and record one decision, then resume (or end) the run, in the caller's txn."""
-    approval = get_approval_txn(conn, approval_id, lock=True)
+    """Check and record one decision, then resume (or end) the run, in the caller's txn.
+    The approval's signed terms are checked first: approvers added or an expiry extended
+    in the database refuse the decision."""
+    row = _approval_row(conn, approval_id, lock=True)
+    check_terms(keys, row)
+    approval = Approval.from_row(row)
     verb = "approve" if approve else "reject"
     if approval.status is not ApprovalStatus.PENDING:
         raise ApprovalRefused(
@@ -327,8 +345,9 @@ class WaitStore:
         the step back without running it does not count). The claim being checked has
         its own row already, so it is never NULL for a claimed step."""
         return self.conn.one(
-            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
-            "artifact_hash, artifact, expires_at, decision_mac, "
+            "SELECT id, run_id, tenant_id, seq, workflow_version, step, action, status, "
+            "decided_by, decided_at, comment, artifact_hash, artifact, approvers, created_at, "
+            "expires_at, decision_mac, terms_mac, "
             "onward.now() < expires_at AS unexpired, "
             "(SELECT min(s.started_at) FROM onward.step_attempts s "
             "  WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s "

@@ -14,7 +14,7 @@ from ledger.exceptions import IntegrityViolation
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
-from ledger.waits import WaitStore
+from ledger.waits import WaitStore, check_terms
 from tasks.control import FailFor, ParkFor
 
 
@@ -99,6 +99,11 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
     if control["kind"] != "approval":
         return None
     approval = waits.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
+    if approval is not None:
+        try:  # who might decide and until when count only as the asking step signed them
+            check_terms(keys, approval)
+        except IntegrityViolation as exc:
+            return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
     status = approval["status"] if approval else "missing"
     if status == ApprovalStatus.PENDING and approval is not None and not approval["unexpired"]:
         status = ApprovalStatus.EXPIRED  # the reaper has not swept it yet

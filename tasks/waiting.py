@@ -61,7 +61,7 @@ def _approval_wait(outcome: AskApproval, step: Step, now: datetime) -> Wait:
     return Wait(
         waiting_on=f"approval:{approval_id}", control=control,
         approval=ApprovalRequest(approval_id, outcome.action, outcome.artifact, digest,
-                                 list(outcome.approvers), now + outcome.expires_in),
+                                 list(outcome.approvers), now + outcome.expires_in, now),
     )
 
 

@@ -145,10 +145,11 @@ WITH early_signal AS (
       FROM advanced WHERE status = 'running'
 ), approval AS (
     INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
-                                  artifact_hash, artifact, approvers, expires_at, status)
+                                  artifact_hash, artifact, approvers, expires_at, status,
+                                  created_at, terms_mac)
     SELECT %(approval_id)s, id, tenant_id, %(seq)s + 1, %(workflow_version)s, %(step)s,
            %(action)s, %(artifact_hash)s, %(artifact)s, %(approvers)s, %(expires_at)s,
-           'pending'
+           'pending', %(approval_created_at)s, %(terms_mac)s
       FROM advanced WHERE %(approval_id)s::uuid IS NOT NULL
 ), resent AS (
     -- a message the reaper queued again for this seq while the holder was slow: now stale

@@ -12,11 +12,15 @@ import re
 from typing import Any
 from uuid import UUID
 
+import pytest
 from fastapi.testclient import TestClient
 
 from console.http.pages import COOKIE
 from ledger import Ledger, RunStatus
 from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.exceptions import IntegrityViolation
+from ledger.inspection import RunFilter
+from ledger.vocabulary import LaunchMode
 from tests.integration.test_console_http import auth, client, drv, token  # noqa: F401
 from tests.support import reads
 from tests.support.driver import Driver
@@ -100,3 +104,77 @@ def test_api__decides_on_the_shown_hash(client: TestClient, drv: Driver) -> None
     refused = [a.outcome for a in drv.ledger.audit(action="approve")
                if a.approval_id == approval["id"]]
     assert refused == ["refused", "refused"]
+
+
+def approval_problems(ledger: Ledger, run_id: UUID) -> list[str]:
+    return [p.detail for p in ledger.verify_run(run_id) if p.kind == "approval"]
+
+
+def test_approvers_added_in_the_database_are_refused(drv: Driver) -> None:  # noqa: F811
+    """Invariant: an approver added to the approval's list in the database cannot decide
+    (IntegrityViolation, the run keeps waiting) and verify names the approval. Failed
+    before: mallory, added by SQL, approved and the run went on."""
+    run_id, approval = waiting_review(drv)
+    sql(drv.ledger, "UPDATE onward.approvals SET approvers = approvers || '[\"mallory\"]' "
+                    "WHERE id = :i", i=approval["id"])
+    with pytest.raises(IntegrityViolation, match="terms"):
+        drv.ledger.acting_as("mallory", "approver").approve(
+            approval["id"], artifact_hash=approval["artifact_hash"], comment="mine now")
+    still_pending(drv, run_id, approval["id"])
+    assert any("terms" in p for p in approval_problems(drv.ledger, run_id))
+
+
+def test_an_expiry_extended_in_the_database_is_refused(drv: Driver) -> None:  # noqa: F811
+    """Invariant: an expiry extended in the database refuses the decision and is reported
+    by verify (an approval can be kept alive past the time its step set only with the
+    key). Failed before: the extended approval was approved."""
+    run_id, approval = waiting_review(drv)
+    sql(drv.ledger, "UPDATE onward.approvals SET expires_at = expires_at + interval '30 days' "
+                    "WHERE id = :i", i=approval["id"])
+    with pytest.raises(IntegrityViolation, match="terms"):
+        drv.ledger.acting_as("alice", "approver").approve(
+            approval["id"], artifact_hash=approval["artifact_hash"], comment="ok")
+    still_pending(drv, run_id, approval["id"])
+    assert any("terms" in p for p in approval_problems(drv.ledger, run_id))
+
+
+def test_terms_edited_after_the_decision_park_the_approved_step(drv: Driver) -> None:  # noqa: F811
+    """Invariant: the step an approval resumes checks its signed terms before it runs: an
+    expiry extended after a decision (say, to let a late step through) parks the run
+    integrity and the approved step does not run. Failed before: the step ran."""
+    run_id, approval = waiting_review(drv)
+    drv.ledger.acting_as("alice", "approver").approve(
+        approval["id"], artifact_hash=approval["artifact_hash"], comment="ok")
+    sql(drv.ledger, "UPDATE onward.approvals SET expires_at = expires_at + interval '1 day' "
+                    "WHERE id = :i", i=approval["id"])
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert "terms" in reads.run_row(drv.ledger.engine, run_id)["last_error"]["message"]
+
+
+def test_a_replay_does_not_copy_edited_terms(drv: Driver) -> None:  # noqa: F811
+    """Invariant: a replay or branch from an approval wait asks again with the parent's
+    approvers and lifetime only if they verify: approvers added in the database are not
+    copied into a freshly signed approval (IntegrityViolation, nothing created). Failed
+    before: the new run's approval named mallory, validly signed."""
+    run_id, approval = waiting_review(drv)
+    sql(drv.ledger, "UPDATE onward.approvals SET approvers = '[\"mallory\"]' WHERE id = :i",
+        i=approval["id"])
+    seq = drv.ledger.get_run(run_id).seq
+    with pytest.raises(IntegrityViolation, match="terms"):
+        drv.ledger.acting_as("olga", "operator").replay(
+            run_id, seq, LaunchMode.LIVE, "try again")
+    assert [r.id for r in drv.ledger.find_runs(RunFilter(workflow="test_review"))] == [run_id]
+
+
+def test_a_replayed_approval_is_signed_and_decidable(drv: Driver) -> None:  # noqa: F811
+    """Invariant: the approval a live replay asks again is signed anew (its own id and
+    lifetime from now): it verifies and its approver can decide it."""
+    run_id, _ = waiting_review(drv)
+    launched = drv.ledger.acting_as("olga", "operator").replay(
+        run_id, drv.ledger.get_run(run_id).seq, LaunchMode.LIVE, "ask again")
+    [asked] = drv.ledger.approvals(run_id=launched.run_id)
+    assert drv.ledger.verify_run(launched.run_id) == []
+    drv.ledger.acting_as("alice", "approver").approve(
+        asked.id, artifact_hash=asked.artifact_hash, comment="ok")
+    assert drv.drive(launched.run_id).status is RunStatus.COMPLETED

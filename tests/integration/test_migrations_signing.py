@@ -125,3 +125,23 @@ def test_migration_0025__signs_existing_effects_and_attempts(old_engine: Engine)
     check_effect(keys, effect)
     keys.check(signed.effect_attempt("crm", "e1", 1, "call", "e1", "completed", "obj_1"),
                attempt["mac"], "attempt")
+
+
+def test_migration_0029__signs_existing_approval_terms(old_engine: Engine) -> None:
+    """Invariant: upgrading signs each existing approval's terms (approvers, times, artifact
+    binding) as they stand, so approve and verify accept them after the upgrade."""
+    from ledger.waits import check_terms
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0028")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        conn.execute(sa.text(
+            "INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, "
+            "action, artifact_hash, artifact, approvers, expires_at, status) VALUES "
+            "(:id, :run, 'default', 0, 1, 's', 'send', 'h', '{}', '[\"alice\"]', "
+            "now() + interval '1 day', 'pending')"), {"id": uuid4(), "run": run_id})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT * FROM onward.approvals")).mappings().one()
+    check_terms(keys, row)
