@@ -43,7 +43,44 @@ def authenticated(request: Request, credentials: Annotated[
     return base.authenticate(credentials.credentials)
 
 
-Authed = Annotated[Ledger, Depends(authenticated)]
+async def without_nul(request: Request, ledger: Annotated[Ledger, Depends(authenticated)]
+                      ) -> Ledger:
+    """Refuse (422) a NUL character anywhere in the request, after authentication (so an
+    anonymous request is still 401): PostgreSQL stores no NUL in text or JSON, and a NUL
+    that reached a statement, an audit row or an error message failed deep inside as a
+    server error. Path, query and the JSON body are checked, keys included."""
+    found = _nul_in(request.path_params, "path") or _nul_in(
+        dict(request.query_params.multi_items()), "query")
+    if found is None and await request.body():
+        try:
+            found = _nul_in(await request.json(), "body")
+        except (ValueError, RecursionError):
+            found = None  # not JSON: the body's own validation answers 422
+    if found is not None:
+        raise InvalidInput(f"{found} holds a NUL character (\\u0000), which onward cannot "
+                           "store: remove or replace it")
+    return ledger
+
+
+def _nul_in(value: Any, where: str) -> str | None:
+    """Where in ``value`` (a JSON-like value, walked without recursion: a body may nest
+    deeply) a NUL character is, or None."""
+    pending: list[tuple[Any, str]] = [(value, where)]
+    while pending:
+        item, place = pending.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return place
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if "\x00" in str(key):
+                    return f"{place}: a key"
+                pending.append((inner, f"{place}.{key}"))
+        elif isinstance(item, list):
+            pending.extend((inner, f"{place}[{n}]") for n, inner in enumerate(item))
+    return None
+
+
+Authed = Annotated[Ledger, Depends(without_nul)]
 
 
 class Strict(BaseModel):
