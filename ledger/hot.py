@@ -7,10 +7,17 @@ so no connection is ever used by two threads (or greenlets) at once, and a proce
 ``-c 200`` steps that mostly wait on a model holds only as many connections as statements
 in flight (at most ``max_size``). With ``max_size=1`` (the default, and a prefork child)
 every statement runs on the same connection, as a single dedicated connection would.
+
+Statements are written with psycopg's named placeholders (``%(name)s``). Each SQL text is
+turned into PostgreSQL's positional form (``$1``, ``$2``, ...) once per process and run
+through a raw cursor: psycopg would otherwise parse every statement longer than 4 KB (the
+commit is) again on every call, which cost about a fifth of a worker's CPU per step.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 from typing import Any
 
@@ -23,6 +30,26 @@ from ledger.exceptions import LedgerUnavailable, StatementRefused
 
 CONNECT_TIMEOUT_S = 10.0
 """How long a statement waits for a connection (pool exhausted or database unreachable)."""
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
+
+
+@functools.lru_cache(maxsize=512)
+def positional(sql: str) -> tuple[bytes, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` placeholders numbered ``$1``, ``$2``, ... in order of
+    first appearance (a name used twice is one parameter), ``%%`` read as ``%``; and the
+    names in that order. Any other ``%`` is an error, as psycopg would say."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            if match.group(0) != "%%":
+                raise ValueError(f"a lone % in SQL (write %% for a literal one): {sql[:80]!r}")
+            return "%"
+        return f"${names.setdefault(name, len(names) + 1)}"
+
+    return _PLACEHOLDER.sub(number, sql).encode(), tuple(names)
 
 
 class HotConnection:
@@ -43,17 +70,23 @@ class HotConnection:
             if self._pool is None:
                 self._pool = ConnectionPool(
                     libpq_conninfo(self._url),
-                    kwargs={"autocommit": True, "row_factory": dict_row},
+                    kwargs={"autocommit": True, "row_factory": dict_row,
+                            "cursor_factory": psycopg.RawCursor},
                     min_size=0, max_size=self.max_size, timeout=self._timeout_s,
                     reconnect_timeout=self._timeout_s, num_workers=1,
                     name="onward-hot", open=True)
             return self._pool
 
     def _run(self, sql: str, params: dict[str, Any], many: bool) -> Any:
+        query, names = positional(sql)
+        try:
+            values = [params[name] for name in names]
+        except KeyError as exc:
+            raise StatementRefused(f"statement parameter {exc} missing") from None
         pool = self._pool or self._open_pool()
         try:
             with pool.connection() as conn:
-                cursor = conn.execute(sql, params, prepare=True)
+                cursor = conn.execute(query, values, prepare=True)
                 return cursor.fetchall() if many else cursor.fetchone()
         except psycopg.OperationalError as exc:
             # The pool drops the broken connection; the statement's outcome is unknown.
