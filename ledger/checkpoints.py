@@ -46,27 +46,62 @@ class _TooDeep(Exception):
     """Raised inside the walk when a value nests deeper than allowed."""
 
 
-def _json_dumps_is_canonical(value: Any, room: int) -> bool:
-    """True when ``json.dumps(sort_keys, compact)`` writes ``value`` exactly as RFC 8785 does:
-    only exact str, int (I-JSON range), bool, None, list and dict with ASCII keys (so code
-    point order is UTF-16 order). Floats (ECMAScript number formatting) and anything else
-    take the rfc8785 path. ``room`` is how many levels of containers may still open
-    (negative: no limit); one more raises _TooDeep."""
+_NOT_FAST = object()
+"""What ``_fast_form`` returns for a value ``json.dumps`` cannot write as RFC 8785 does."""
+
+
+def _fast_form(value: Any, room: int) -> Any:
+    """``value`` in a form ``json.dumps(sort_keys, compact)`` writes exactly as RFC 8785 does,
+    or ``_NOT_FAST``. That is ``value`` itself when it holds only exact str, int (I-JSON
+    range), bool, None, list and dict with ASCII keys (so code point order is UTF-16 order);
+    a copy when it also holds floats ECMAScript formats as ``repr`` does (see
+    ``_fast_float``); anything else takes the rfc8785 path. ``room`` is how many levels of
+    containers may still open (negative: no limit); one more raises _TooDeep."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
-        return True
+        return value
     if kind is int:
-        return bool(-_JS_SAFE_INT <= value <= _JS_SAFE_INT)
+        return value if -_JS_SAFE_INT <= value <= _JS_SAFE_INT else _NOT_FAST
+    if kind is float:
+        return _fast_float(value)
     if kind is dict:
         if room == 0:
             raise _TooDeep
-        return all(type(k) is str and k.isascii() and _json_dumps_is_canonical(v, room - 1)
-                   for k, v in value.items())
+        copied: dict[str, Any] | None = None
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii():
+                return _NOT_FAST
+            form = _fast_form(item, room - 1)
+            if form is not item:
+                if form is _NOT_FAST:
+                    return _NOT_FAST
+                copied = copied if copied is not None else dict(value)
+                copied[key] = form
+        return value if copied is None else copied
     if kind is list:
         if room == 0:
             raise _TooDeep
-        return all(_json_dumps_is_canonical(v, room - 1) for v in value)
-    return False
+        listed: list[Any] | None = None
+        for index, item in enumerate(value):
+            form = _fast_form(item, room - 1)
+            if form is not item:
+                if form is _NOT_FAST:
+                    return _NOT_FAST
+                listed = listed if listed is not None else list(value)
+                listed[index] = form
+        return value if listed is None else listed
+    return _NOT_FAST
+
+
+def _fast_float(number: float) -> Any:
+    """A float as ``json.dumps`` writes it the ECMAScript way (RFC 8785 section 3.2.2.3), or
+    ``_NOT_FAST``: a whole number of magnitude up to 2**53 - 1 is written as that integer
+    (ECMAScript writes 3.0 as 3, -0.0 as 0); any other in [1e-4, 1e16) as ``repr`` writes it,
+    the same shortest round-trip digits in plain notation. Exponents, larger whole numbers,
+    NaN and infinities go to rfc8785."""
+    if number.is_integer():
+        return int(number) if -_JS_SAFE_INT <= number <= _JS_SAFE_INT else _NOT_FAST
+    return number if 1e-4 <= abs(number) < 1e16 else _NOT_FAST
 
 
 def _depth(value: Any) -> int:
@@ -102,13 +137,15 @@ def canonical_json(value: Any, *, max_depth: int | None = None) -> bytes:
     holds a NUL character (PostgreSQL cannot store ``\\u0000`` in jsonb or text), or nests
     deeper than ``max_depth`` levels of objects and arrays (None: as deep as Python can).
 
-    The common case (no floats, ASCII keys) goes through the C json encoder, which writes
-    those values byte for byte as RFC 8785 does (tests/unit/test_checkpoints.py checks it
-    against the rfc8785 package); everything else through rfc8785 itself."""
+    The common case (ASCII keys, floats of everyday magnitude) goes through the C json
+    encoder, which writes those values byte for byte as RFC 8785 does (tests/unit/
+    test_checkpoints.py checks it against the rfc8785 package); everything else through
+    rfc8785 itself."""
     body: bytes | None = None
     try:
-        if _json_dumps_is_canonical(value, -1 if max_depth is None else max_depth):
-            body = json.dumps(value, sort_keys=True, separators=(",", ":"),
+        form = _fast_form(value, -1 if max_depth is None else max_depth)
+        if form is not _NOT_FAST:
+            body = json.dumps(form, sort_keys=True, separators=(",", ":"),
                               ensure_ascii=False).encode()
     except _TooDeep:
         raise InvalidInput(f"value nests more than {max_depth} levels of objects and arrays "

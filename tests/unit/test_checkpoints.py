@@ -186,6 +186,40 @@ def test_canonical_json__edge_cases_match_rfc8785(value: Any) -> None:
     assert _ours_or_error(value) == _rfc8785_or_error(value)
 
 
+_FLOAT_EDGES = [0.0, -0.0, 1.0, -3.0, 0.5, 0.1 + 0.2, 1e-4, 9.999999999999999e-05, 1.5e-4,
+                1e-5, 1e-7, 5e-324, 1e15 + 0.5, 9999999999999998.0, 1e16, 1e16 + 2.0, 1e20, 1e21,
+                float(2**53 - 1), float(2**53), -float(2**53 - 1), 2.0**60, 123456.789, -0.001,
+                1.7976931348623157e308]
+
+
+@pytest.mark.parametrize("number", _FLOAT_EDGES)
+def test_canonical_json__floats_match_rfc8785(number: float) -> None:
+    """Floats at the edges of the fast path (plain notation from 1e-4 to 1e16, whole
+    numbers up to 2**53 written as integers, -0.0 as 0) are written as rfc8785 writes them."""
+    assert _ours_or_error({"x": number, "l": [number]}) == _rfc8785_or_error({"x": number,
+                                                                            "l": [number]})
+
+
+@given(number=st.floats(allow_nan=False, allow_infinity=False))
+def test_canonical_json__any_float_matches_rfc8785(number: float) -> None:
+    assert _ours_or_error([number]) == _rfc8785_or_error([number])
+
+
+def test_canonical_json__everyday_floats_take_the_fast_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's refs carry the run's spend as a float (0.0 mostly): writing it must
+    not fall back to the pure-Python rfc8785 encoder, which cost a step more CPU than
+    everything else in its MAC. The value is left as it was (the fast path copies)."""
+    def refused(_value: Any) -> bytes:
+        raise AssertionError("rfc8785 path taken")
+
+    monkeypatch.setattr(rfc8785, "dumps", refused)
+    value = {"spent": {"attempts": 3, "tokens": 10, "cost_usd": 0.0}, "p": [0.25, 2.0]}
+    assert canonical_json(value) == (b'{"p":[0.25,2],"spent":{"attempts":3,"cost_usd":0,'
+                                     b'"tokens":10}}')
+    assert value["spent"]["cost_usd"] == 0.0 and isinstance(value["p"][1], float)
+
+
 def test_checkpoint_envelope__version_1_still_verifies_and_cannot_be_claimed() -> None:
     """Checkpoints written before envelope 2 (no workflow in the MAC'd body) still verify
     as version 1; a version 2 checkpoint relabelled as version 1 (to drop its workflow from
