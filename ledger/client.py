@@ -20,6 +20,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -190,9 +191,24 @@ class AsyncLedger:
         async with asyncio.timeout(timeout):
             wake = await self._listener.subscribe(channel)
         try:
-            return await self._wait_subscribed(run_id, wake, timeout, through_waits)
+            await self._watch(watch.WATCH, run_id)  # after LISTEN, before the first read
+            try:
+                return await self._wait_subscribed(run_id, wake, timeout, through_waits)
+            finally:
+                await self._watch(watch.UNWATCH, run_id)
         finally:
             self._listener.unsubscribe(channel, wake)
+
+    async def _watch(self, statement: str, run_id: UUID) -> None:
+        """Register (or unregister) a watcher of the run (ledger/watch.py); an unregistration
+        that fails leaves the run notifying."""
+        try:
+            async with self.engine.begin() as conn:
+                await conn.exec_driver_sql(statement, {"run_id": run_id,
+                                                       "tenant_id": self.actor.tenant_id})
+        except (sa_exc.DBAPIError, psycopg.Error) as exc:
+            if statement is watch.WATCH:
+                raise LedgerUnavailable(f"cannot watch run {run_id}: {exc}") from exc
 
     async def _wait_subscribed(self, run_id: UUID, wake: asyncio.Event, timeout: float | None,
                                through_waits: bool) -> watch.RunOutcome:
@@ -221,20 +237,34 @@ class AsyncLedger:
             async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
                                                              row_factory=dict_row) as conn:
                 await conn.execute(SET_TENANT, (self.actor.tenant_id, False))  # its one tenant
-                while True:
-                    wake.clear()
-                    run, steps = await self._read(conn, run_id, progress)
-                    for event in progress.changes(run, steps):
+                params = {"run_id": run_id, "tenant_id": self.actor.tenant_id}
+                await conn.execute(watch.WATCH, params)  # after LISTEN, before the first read
+                try:
+                    async for event in self._follow(conn, run_id, wake, progress, deadline,
+                                                    timeout):
                         yield event
-                    if run.status.terminal:
-                        return
-                    left = None if deadline is None else deadline - loop.time()
-                    if left is not None and left <= 0:
-                        raise WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), left)
+                finally:
+                    with contextlib.suppress(psycopg.Error):  # if it fails, it keeps notifying
+                        await conn.execute(watch.UNWATCH, params)
         finally:
             self._listener.unsubscribe(channel, wake)
+
+    async def _follow(self, conn: psycopg.AsyncConnection[dict[str, Any]], run_id: UUID,
+                      wake: asyncio.Event, progress: watch.RunWatch, deadline: float | None,
+                      timeout: float | None) -> AsyncIterator[watch.RunEvent]:
+        loop = asyncio.get_running_loop()
+        while True:
+            wake.clear()
+            run, steps = await self._read(conn, run_id, progress)
+            for event in progress.changes(run, steps):
+                yield event
+            if run.status.terminal:
+                return
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), left)
 
     async def _read(self, conn: psycopg.AsyncConnection[dict[str, Any]], run_id: UUID,
                     progress: watch.RunWatch) -> tuple[run_ops.Run, list[dict[str, Any]]]:

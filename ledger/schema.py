@@ -121,6 +121,8 @@ runs = Table(
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),
     Column("trace_context", Text, nullable=True),  # W3C traceparent of start_run's span
+    # Ledger.wait/events watchers: progress is NOTIFYed only while above zero (ledger/watch.py)
+    Column("watchers", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(_in("status", RunStatus), name="status"),
     CheckConstraint("seq >= 0", name="seq_nonnegative"),
     Index(

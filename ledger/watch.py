@@ -1,9 +1,15 @@
 """Waiting on a run without polling: LISTEN on the run's channel, read the run when it moves.
 
 Every change of a run's ``seq`` or ``status`` NOTIFYs ``onward_run_<id hex>`` in the same
-transaction (trigger ``runs_notify_progress``, migration 0021). A watcher LISTENs first,
-then reads the run, so nothing that commits after the read goes unnoticed; each
-notification only says "read again". What it reads (the run row and the checkpoints since
+transaction while the run has watchers (trigger ``runs_notify_progress``, migrations 0021
+and 0029: a NOTIFY serializes its commit with every other notifying commit of the server,
+so unwatched runs, nearly all of them, send none). A watcher LISTENs first, then registers
+(``WATCH``: ``runs.watchers + 1``), then reads the run. The registration is an UPDATE of the
+run row: a commit in flight on the run holds that row, so the registration waits for it
+and the read sees it; a commit after the registration reads the count and notifies. So
+nothing that commits after the read goes unnoticed; each notification only says "read
+again". A watcher unregisters when it stops (``UNWATCH``); one that dies first leaves the
+run notifying, as every run did before 0029. What it reads (the run row and the checkpoints since
 the last read) is the ledger's record, so a coalesced or lost notification can delay an
 event but never change it. ``RunWatch`` turns those reads into events and is shared by the
 blocking ``Ledger.wait``/``Ledger.events`` here and the asyncio client (``ledger/client.py``).
@@ -11,6 +17,7 @@ blocking ``Ledger.wait``/``Ledger.events`` here and the asyncio client (``ledger
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +37,13 @@ from ledger.vocabulary import RunStatus
 CHANNEL_PREFIX = "onward_run_"
 
 READ_RUN = "SELECT * FROM onward.runs WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s"
+WATCH = """
+UPDATE onward.runs SET watchers = watchers + 1 WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s
+"""
+UNWATCH = """
+UPDATE onward.runs SET watchers = greatest(watchers - 1, 0)
+ WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s
+"""
 READ_STEPS = """
 SELECT seq, step, outcome, next_step FROM onward.checkpoints
 WHERE run_id = %(run_id)s AND seq > %(after)s AND seq <= %(upto)s ORDER BY seq
@@ -143,8 +157,9 @@ class BlockingWatcher:
         try:
             set_tenant(self.conn, tenant_id, local=False)  # this connection serves one tenant
             self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(run_channel(run_id))))
+            self.conn.execute(WATCH, self.params)  # after LISTEN, before the first read
         except psycopg.Error as exc:
-            self.close()
+            self.conn.close()
             raise LedgerUnavailable(f"cannot listen for run {run_id}: {exc}") from exc
 
     def read(self, watch: RunWatch | None = None) -> tuple[Run, list[dict[str, Any]]]:
@@ -170,6 +185,8 @@ class BlockingWatcher:
             raise LedgerUnavailable(f"ledger database failed: {exc}") from exc
 
     def close(self) -> None:
+        with contextlib.suppress(psycopg.Error):  # if it fails, the run keeps notifying
+            self.conn.execute(UNWATCH, self.params)
         self.conn.close()
 
 

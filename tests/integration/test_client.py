@@ -17,8 +17,9 @@ from uuid import UUID
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger, OnwardSettings, watch
 from ledger.client import AsyncLedger
 from ledger.db import database_url, libpq_conninfo
 from ledger.exceptions import InvalidInput, UnknownWorkflow, WaitTimedOut
@@ -104,6 +105,44 @@ def test_client__events_yield_each_commit_and_the_final_status(ledger: Ledger,
         (EventKind.STEP_COMMITTED, 3), (EventKind.COMPLETED, 3)]
     assert {e.step for e in seen[:3]} == {"tick"}
     assert seen[-1].detail["result"]["done"] == 3
+
+
+def _notified(conn: psycopg.Connection[Any], ledger: Ledger, channel: str) -> list[str]:
+    """The channels ``conn`` (LISTENing on ``channel`` and ``fence``) was notified on until
+    the fence: a NOTIFY committed after everything before it, so nothing earlier is missed."""
+    conn.execute("LISTEN fence")
+    with psycopg.connect(libpq_conninfo(ledger.url), autocommit=True) as other:
+        other.execute("NOTIFY fence")
+    seen = []
+    for notify in conn.notifies(timeout=30):
+        if notify.channel == "fence":
+            return seen
+        seen.append(notify.channel)
+    raise AssertionError(f"the fence notification never came (saw {seen})")
+
+
+def test_client__only_watched_runs_notify_their_progress(ledger: Ledger,
+                                                         steps: Driver) -> None:
+    """A NOTIFY serializes its commit with every other notifying commit of the server, so a
+    step commit sends one only while someone waits on the run (migration 0029): none while
+    nobody watches, one per commit while wait()/events() watch, none again afterwards."""
+    run_id = ledger.start_run("test_chain", {"steps": 4})
+    channel = watch.run_channel(run_id)
+    with psycopg.connect(libpq_conninfo(ledger.url), autocommit=True) as listener:
+        listener.execute(f"LISTEN {channel}")
+        steps.step(run_id, 0)
+        assert _notified(listener, ledger, channel) == []
+
+        watcher = watch.BlockingWatcher(ledger.url, run_id, ledger.actor.tenant_id)
+        steps.step(run_id, 1)
+        assert _notified(listener, ledger, channel) == [channel]
+        watcher.close()
+
+        steps.step(run_id, 2)
+        assert _notified(listener, ledger, channel) == []
+    with ledger.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT watchers FROM onward.runs WHERE id = :id"),
+                            {"id": run_id}).scalar_one() == 0
 
 
 def test_client__async_client_starts_waits_streams_signals_and_cancels(
