@@ -71,6 +71,7 @@ class WorkerRuntime:
     _events: EagerEvents | None = field(default=None, init=False)
     _stopping_main: bool = field(default=False, init=False)
     meter: StepMeter | None = field(default=None, init=False)
+    _worker_id: tuple[int, str] = field(default=(0, ""), init=False, repr=False)
 
     @property
     def pool_size(self) -> int:
@@ -138,7 +139,11 @@ class WorkerRuntime:
 
     @property
     def worker_id(self) -> str:
-        return f"{socket.gethostname()}:{os.getpid()}"
+        """``host:pid`` of this process (the lease owner its claims record), computed once
+        per process: ``gethostname`` is a system call, and this is asked every step."""
+        if self._worker_id[0] != os.getpid():
+            self._worker_id = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}")
+        return self._worker_id[1]
 
     def publish(self, run_id: UUID, seq: int, queue: str, name: str | None = None,
                 traceparent: str | None = None) -> None:
