@@ -52,9 +52,9 @@ from ledger.exceptions import (
     UnknownToken,
 )
 from ledger.schema import approvals as approvals_table
-from ledger.schema import checkpoints as checkpoints_table
 from ledger.schema import runs as runs_table
 from ledger.settings import OnwardSettings
+from ledger.states import checkpoint_rows_txn
 from ledger.stats import BatchStats, batch_stats
 from ledger.vocabulary import (
     ApprovalStatus,
@@ -339,6 +339,10 @@ class Ledger:
         if before is None or after is None:
             missing = from_seq if before is None else to_seq
             raise InvalidInput(f"run {run_id} has no checkpoint {missing}")
+        if before.state is None or after.state is None:
+            gone = from_seq if before.state is None else to_seq
+            raise InvalidInput(f"the state of checkpoint {gone} of run {run_id} was compacted "
+                               "(docs/operating.md#retention): there is nothing to compare")
         patch = jsonpatch.make_patch(before.state, after.state).patch
         return forks.describe_patch(before.state, patch)
 
@@ -673,7 +677,5 @@ class Ledger:
         """The run's checkpoints as validated envelopes (docs/design.md section 9), oldest first."""
         with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            rows = conn.execute(
-                sa.select(checkpoints_table).where(checkpoints_table.c.run_id == run_id)
-                .order_by(checkpoints_table.c.seq)).mappings().all()
+            rows = checkpoint_rows_txn(conn, run_id)
         return [CheckpointEnvelope.from_row(row) for row in rows]

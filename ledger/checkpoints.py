@@ -310,6 +310,12 @@ def verify_checkpoint(keys: CheckpointKeys, body: CheckpointBody, stored_hash: s
             f"run {body.run_id}: checkpoint {body.seq} does not match its MAC "
             "(a field was edited outside onward)"
         )
+    check_parent_link(body, parent_found)
+
+
+def check_parent_link(body: CheckpointBody, parent_found: str | bool | None) -> None:
+    """Raise IntegrityViolation unless ``parent_found`` (the stored hash of checkpoint
+    seq-1, None if it is gone, True: not checked) is the parent ``body`` names."""
     if parent_found is True:
         return
     if body.parent_hash is None:

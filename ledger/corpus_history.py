@@ -5,7 +5,7 @@ ended. Read from the scratch ledger, for the recorded run and for its replay ali
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger.checkpoints import artifact_ref
-from ledger.schema import artifacts, checkpoints, effects, evidence, runs
+from ledger.schema import artifacts, effects, evidence, runs
+from ledger.states import checkpoint_rows_txn, state_of
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,7 @@ def read_history_txn(conn: Connection, run_id: UUID, *, with_tables: bool = True
     """The run and its checkpoints; with ``with_tables``, also its evidence and effects by
     seq when a checkpoint does not name the calls of its step itself (older envelopes)."""
     run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().one()
-    rows = conn.execute(sa.select(checkpoints).where(checkpoints.c.run_id == run_id)
-                        .order_by(checkpoints.c.seq)).mappings().all()
+    rows = checkpoint_rows_txn(conn, run_id)
     states = _artifact_states(conn, rows)
     history = History(
         run_id=run_id, tenant_id=run["tenant_id"], workflow=run["workflow"],
@@ -89,12 +89,12 @@ def read_history_txn(conn: Connection, run_id: UUID, *, with_tables: bool = True
     return history
 
 
-def _checkpoint(row: sa.RowMapping, states: dict[str, dict[str, Any]]) -> Checkpoint:
+def _checkpoint(row: Mapping[str, Any], states: dict[str, dict[str, Any]]) -> Checkpoint:
     ref = artifact_ref(row["state"])
     refs = row["refs"]
     return Checkpoint(
         seq=row["seq"], step=row["step"], next_step=row["next_step"], outcome=row["outcome"],
-        state=states[ref["sha256"]] if ref else row["state"], control=row["control"],
+        state=states[ref["sha256"]] if ref else state_of(row), control=row["control"],
         workflow_version=row["workflow_version"], calls=_ref_calls(refs),
         migrated_from=(refs or {}).get("migrated_from"))
 
@@ -109,7 +109,8 @@ def _ref_calls(refs: dict[str, Any] | None) -> tuple[Call, ...] | None:
     return tuple(used)
 
 
-def _artifact_states(conn: Connection, rows: Sequence[sa.RowMapping]) -> dict[str, dict[str, Any]]:
+def _artifact_states(conn: Connection,
+                     rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     wanted = [ref["sha256"] for ref in (artifact_ref(r["state"]) for r in rows) if ref]
     if not wanted:
         return {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -39,6 +39,7 @@ from ledger.lineage import APPROVAL_AT, SIGNAL_AT, STEP_AFTER, Divergence, resum
 from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
 from ledger.runs import validate_input
 from ledger.schema import approvals, artifacts, checkpoints, runs
+from ledger.states import checkpoint_row_txn, state_of
 from ledger.verify import verify_source_txn
 from ledger.vocabulary import (
     ApprovalStatus,
@@ -150,7 +151,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     cp = _checkpoint(conn, parent, request.from_seq)
     verify_source_txn(conn, keys, parent, cp["seq"])
     workflow = _signed_workflow(parent, cp)
-    state = dict(cp["state"])  # a replay copies a state stored apart as its reference
+    state = dict(state_of(cp))  # a replay copies a state stored apart as its reference
     if branch:
         refuse_patch_at_approval(cp, parent["id"])
         state = apply_patch(resolve_state_txn(conn, state), request.patch, max_state_bytes)
@@ -200,7 +201,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     if branch and request.patch is not None:
         details["patch"] = request.patch
         details["diff"] = [c.__dict__ for c in describe_patch(
-            resolve_state_txn(conn, dict(cp["state"])), request.patch)]
+            resolve_state_txn(conn, dict(state_of(cp))), request.patch)]
     if start.last_error is not None:
         details["divergence"] = start.last_error
     record_txn(conn, keys, actor, AuditRecord(
@@ -209,7 +210,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     return launched
 
 
-def _signed_workflow(parent: RowMapping, cp: RowMapping) -> str:
+def _signed_workflow(parent: RowMapping, cp: Mapping[str, Any]) -> str:
     """The workflow the copy runs: the one the verified checkpoint's MAC names (envelope 2
     on), which the parent's row must agree with."""
     signed = cp["workflow"]
@@ -234,7 +235,7 @@ def resolve_state_txn(conn: Connection, state: dict[str, Any]) -> dict[str, Any]
     return resolved
 
 
-def refuse_patch_at_approval(cp: RowMapping, run_id: UUID) -> None:
+def refuse_patch_at_approval(cp: Mapping[str, Any], run_id: UUID) -> None:
     """A branch may not change the state of a checkpoint that waits for approval: the
     approval it would ask is for the artifact the parent built from the unpatched state, so
     the approver would authorise one thing while the branch acts on another. Refusing is
@@ -256,14 +257,13 @@ def refuse_patch_at_approval(cp: RowMapping, run_id: UUID) -> None:
 def preview_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, seq: int,
                 patch: list[dict[str, Any]], max_state_bytes: int) -> list[PatchChange]:
     """The diff a branch from checkpoint ``seq`` of ``run_id`` would start from."""
-    cp = conn.execute(sa.select(checkpoints).where(
-        checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).mappings().first()
+    cp = checkpoint_row_txn(conn, run_id, seq)
     run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
     if cp is None or run is None:
         raise OperationRefused(f"run {run_id} has no checkpoint {seq}")
     refuse_patch_at_approval(cp, run_id)
     verify_source_txn(conn, keys, run, seq)
-    state = resolve_state_txn(conn, dict(cp["state"]))
+    state = resolve_state_txn(conn, dict(state_of(cp)))
     apply_patch(state, patch, max_state_bytes)
     return describe_patch(state, patch)
 
@@ -278,9 +278,8 @@ def _parent(conn: Connection, actor: Actor, run_id: UUID) -> RowMapping:
     return row
 
 
-def _checkpoint(conn: Connection, parent: RowMapping, seq: int) -> RowMapping:
-    row = conn.execute(sa.select(checkpoints).where(
-        checkpoints.c.run_id == parent["id"], checkpoints.c.seq == seq)).mappings().first()
+def _checkpoint(conn: Connection, parent: RowMapping, seq: int) -> dict[str, Any]:
+    row = checkpoint_row_txn(conn, parent["id"], seq)
     if row is None:
         first = conn.execute(sa.select(sa.func.min(checkpoints.c.seq))
                              .where(checkpoints.c.run_id == parent["id"])).scalar()
@@ -305,7 +304,7 @@ class _Start:
     last_error: dict[str, Any] | None = None
 
 
-def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: RowMapping,
+def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mapping[str, Any],
            mode: LaunchMode, run_id: UUID) -> _Start:
     """Where the new run begins: the step after checkpoint k, or the wait k recorded."""
     control = dict(cp["control"]) if cp["control"] else None
@@ -352,7 +351,7 @@ def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:
             "edited outside onward, so it is not asked again")
 
 
-def _signal_start(conn: Connection, cp: RowMapping, control: dict[str, Any]) -> _Start:
+def _signal_start(conn: Connection, cp: Mapping[str, Any], control: dict[str, Any]) -> _Start:
     """The new run gets the signal wait the parent was given, counted from now by the
     database's clock (as an approval's lifetime is): the reaper times it out like the
     parent's. The timeout is the one the step asked for (``timeout_s``); checkpoints
@@ -371,7 +370,7 @@ def _signal_start(conn: Connection, cp: RowMapping, control: dict[str, Any]) -> 
                   waiting_on=f"signal:{control['name']}", wait_until=wait_until)
 
 
-def _evidence_start(conn: Connection, parent: RowMapping, cp: RowMapping,
+def _evidence_start(conn: Connection, parent: RowMapping, cp: Mapping[str, Any],
                     control: dict[str, Any]) -> _Start:
     """An evidence replay from a wait follows the decision its source recorded, or stops."""
     source = _evidence_source(conn, parent["id"])

@@ -17,6 +17,7 @@ from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, UnknownEffect, UnknownRun
 from ledger.runs import Run, TimelineEntry
 from ledger.schema import checkpoints, effects, evidence, runs, step_attempts
+from ledger.states import checkpoint_row_txn
 from ledger.vocabulary import EffectStatus, RunStatus
 
 
@@ -117,14 +118,13 @@ class CheckpointView:
     hash: str
     parent_hash: str | None
     workflow_version: int | None
-    state: dict[str, Any]
+    state: dict[str, Any] | None  # None: compacted (or its chain does not rebuild)
     control: dict[str, Any] | None
     created_at: datetime
 
 
 def get_checkpoint_txn(conn: Connection, run_id: UUID, seq: int) -> CheckpointView | None:
-    row = conn.execute(sa.select(checkpoints).where(
-        checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)).mappings().first()
+    row = checkpoint_row_txn(conn, run_id, seq)
     if row is None:
         return None
     return CheckpointView(**{f: row[f] for f in CheckpointView.__dataclass_fields__})

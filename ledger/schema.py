@@ -155,7 +155,8 @@ checkpoints = Table(
     Column("step", Text, nullable=True),  # the step that produced it; NULL for seq 0
     Column("next_step", Text, nullable=True),
     Column("outcome", Text, nullable=False),
-    Column("state", JSONB, nullable=False),
+    # in full (a snapshot; NULL for a delta, or once compacted: ledger/states.py)
+    Column("state", NULLABLE_JSON, nullable=True),
     Column("workflow_version", Integer, nullable=True),
     Column("lease_epoch", BigInteger, nullable=False),
     Column("control", NULLABLE_JSON, nullable=True),  # a wait's continuations (MAC'd)
@@ -163,6 +164,9 @@ checkpoints = Table(
     Column("refs", NULLABLE_JSON, nullable=True),  # evidence, effects, budgets of the step (MAC'd)
     Column("workflow", Text, nullable=True),  # the run's workflow (MAC'd from envelope 2 on)
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("state_delta", NULLABLE_JSON, nullable=True),  # RFC 6902 patch from seq - 1's state
+    Column("snapshot_seq", Integer, nullable=True),  # a delta's chain starts at this snapshot
+    Column("chain_bytes", Integer, nullable=True),  # its deltas' bytes since the snapshot
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
     # a state stored apart, by its artifact: what lets a tenant read that artifact
@@ -170,6 +174,8 @@ checkpoints = Table(
     Index("ix_checkpoints_state_artifact",
           text("((state -> '$artifact'::text) ->> 'sha256'::text)"),
           postgresql_where=text("state ? '$artifact'::text")),
+    CheckConstraint("state_delta IS NULL OR state IS NULL",
+                    name="delta"),
 )
 
 step_attempts = Table(

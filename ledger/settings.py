@@ -128,6 +128,12 @@ class OnwardSettings(BaseSettings):
     max_state_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
     )
+    checkpoint_snapshot_every: int = Field(
+        default=16, ge=1,
+        description="A checkpoint stores its state as a delta from its parent's, with a full "
+        "snapshot once the chain since the last one is this many steps long and its deltas "
+        "weigh half the state (docs/design.md section 9); 1: every state in full.",
+    )
     max_artifact_bytes: int = Field(
         default=10_000_000, gt=0, description="Largest recorded model/read response, in bytes."
     )

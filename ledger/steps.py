@@ -19,7 +19,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger import signed, sql, tracing
+from ledger import signed, sql, states, tracing
 from ledger.checkpoints import (
     ARTIFACT_KEY,
     ENVELOPE_VERSION,
@@ -30,7 +30,7 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.db import HEAD_REVISION
-from ledger.exceptions import CancelRequested
+from ledger.exceptions import CancelRequested, IntegrityViolation
 from ledger.hot import HotConnection
 from ledger.lineage import Launch
 from ledger.vocabulary import (
@@ -122,16 +122,20 @@ class Claim:
     state: dict[str, Any] | None = None  # the checkpoint's state, resolved if stored apart
     head_mac: str | None = None  # signs (run, seq, head hash): ledger/signed.py head
     cancel_requested: dict[str, Any] | None = None  # an operator asked to cancel the run
+    snapshot_seq: int | None = None  # where the head's chain of deltas starts (ledger/states.py)
+    chain_bytes: int = 0  # the bytes of the deltas since that snapshot
+    state_problem: str | None = None  # why the head's state could not be read
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
-        if self.state is None and inline:
+        if self.state is None and inline and self.state_problem is None:
             assert self.checkpoint is not None
             object.__setattr__(self, "state", self.checkpoint.state)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
         checkpoint = None
+        signed_state, state, problem = _head_state(row)
         if row["cp_hash"] is not None:
             checkpoint = CheckpointBody(
                 run_id=row["id"],
@@ -140,7 +144,7 @@ class Claim:
                 step=row["cp_step"],
                 next_step=row["cp_next_step"],
                 outcome=row["cp_outcome"],
-                state=row["cp_state"],
+                state=signed_state,
                 workflow_version=row["cp_workflow_version"],
                 control=row["cp_control"],
                 state_schema_version=row["cp_state_schema_version"],
@@ -179,7 +183,39 @@ class Claim:
             parent_found_hash=row["parent_found_hash"],
             head_mac=row["head_mac"],
             cancel_requested=row["cancel_requested"],
+            state=state,
+            snapshot_seq=(row["cp_snapshot_seq"] if row["cp_snapshot_seq"] is not None
+                          else row["seq"]),
+            chain_bytes=row["cp_chain_bytes"] or 0,
+            state_problem=problem,
         )
+
+
+def _head_state(row: Mapping[str, Any]) -> tuple[Any, Any, str | None]:
+    """The claimed head's state as its MAC signs it, the state itself, and why it cannot
+    be read (None when it can): a snapshot's stored state (an artifact reference resolved),
+    or a delta's chain reconstructed (ledger/states.py)."""
+    if row["cp_hash"] is None:
+        return None, None, None
+    snapshot_seq = row["cp_snapshot_seq"]
+    artifact = bytes(row["state_artifact"]) if row["state_artifact"] is not None else None
+    try:
+        if snapshot_seq is None:
+            if row["cp_state"] is None:
+                raise IntegrityViolation(f"checkpoint {row['seq']}'s state was compacted or "
+                                         "removed: it cannot be restored")
+            return row["cp_state"], states.reconstruct(row["cp_state"], (),
+                                                       artifact_body=artifact), None
+        if row["chain_seqs"] != list(range(snapshot_seq + 1, row["seq"] + 1)) \
+                or row["chain_base"] is None:
+            raise IntegrityViolation(f"the chain of checkpoint {row['seq']} (from snapshot "
+                                     f"{snapshot_seq}) is incomplete: a row was removed")
+        state = states.reconstruct(row["chain_base"], row["chain_deltas"],
+                                   artifact_body=artifact)
+        return state, state, None
+    except IntegrityViolation as exc:
+        signed_state = row["cp_state"] if snapshot_seq is None else None
+        return signed_state, None, f"run {row['id']}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -253,7 +289,6 @@ _RELEASE = sql.statement("release")
 _HAND_BACK = sql.statement("hand_back")
 _DEFER = sql.statement("defer")
 _LEASE_LOST = sql.statement("lease_lost")
-_ARTIFACT = sql.statement("state_artifact")
 _HEARTBEAT = sql.statement("heartbeat")
 _POSITION = sql.statement("run_position")
 
@@ -277,23 +312,33 @@ class StepStore:
     worker sizes it to its concurrency): safe to share between the threads of a process."""
 
     def __init__(self, url: str, keys: CheckpointKeys, *, lease_ttl_s: float,
-                 state_inline_bytes: int = 64 * 1024, pool_size: int = 1) -> None:
+                 state_inline_bytes: int = 64 * 1024, pool_size: int = 1,
+                 snapshot_every: int = states.SNAPSHOT_EVERY) -> None:
         self.conn = HotConnection(url, max_size=pool_size)
         self._keys = keys
         self._ttl = lease_ttl_s
         self._state_inline_bytes = state_inline_bytes
+        self._snapshot_every = snapshot_every
 
     def close(self) -> None:
         self.conn.close()
 
     def _state_for_checkpoint(
-            self, state: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, bytes] | None]:
-        """Large states go to a content-addressed artifact; the checkpoint keeps its sha256."""
+            self, claim: Claim, state: dict[str, Any]
+    ) -> tuple[states.Stored, dict[str, Any], tuple[str, bytes] | None]:
+        """How the next checkpoint stores ``state`` (a delta from the claimed head's, or in
+        full: ledger/states.py), the state its MAC signs, and the artifact a large snapshot
+        goes to (content-addressed; the checkpoint keeps its sha256)."""
         body = canonical_json(state)
-        if len(body) <= self._state_inline_bytes:
-            return state, None
+        parent = claim.state if claim.state_problem is None else None
+        stored = states.store_as(parent, state, len(body), snapshot_seq=claim.snapshot_seq,
+                                 chain_bytes=claim.chain_bytes, seq=claim.seq + 1,
+                                 snapshot_every=self._snapshot_every)
+        if stored.is_delta or len(body) <= self._state_inline_bytes:
+            return stored, state, None
         digest = sha256_hex(body)
-        return {ARTIFACT_KEY: {"sha256": digest, "size": len(body)}}, (digest, body)
+        ref = {ARTIFACT_KEY: {"sha256": digest, "size": len(body)}}
+        return states.Stored(ref), ref, (digest, body)
 
     def _one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         return self.conn.one(sql, params)
@@ -312,16 +357,7 @@ class StepStore:
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
                                  "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION})
         if row is not None:
-            claim = Claim.from_row(row)
-            ref = artifact_ref(claim.checkpoint.state) if claim.checkpoint else None
-            if ref is not None:  # a large state lives in an artifact: fetch and check it
-                found = self._one(_ARTIFACT, {"sha": ref["sha256"]})
-                body = bytes(found["body"]) if found else b""
-                if found is not None and sha256_hex(body) == ref["sha256"]:
-                    claim = replace(claim, state=json.loads(body))
-                else:
-                    claim = replace(claim, state=None)  # restore refuses: integrity
-            return claim
+            return Claim.from_row(row)
         if not count_stale:
             return Stale(run_id, seq, StaleReason.NOT_CLAIMED)
         return self._count_stale(run_id, seq)
@@ -350,7 +386,7 @@ class StepStore:
     def commit(self, claim: Claim, advance: Advance) -> bool:
         """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""
         wait = advance.wait
-        state, artifact = self._state_for_checkpoint(advance.state)
+        stored, state, artifact = self._state_for_checkpoint(claim, advance.state)
         body = CheckpointBody(
             run_id=claim.run_id,
             seq=claim.seq + 1,
@@ -409,7 +445,10 @@ class StepStore:
                 "attempt_outcome": AttemptOutcome.COMMITTED,
                 "error_type": None,
                 "error_message": None,
-                "state": Jsonb(state),
+                "state": Jsonb(stored.state) if stored.state is not None else None,
+                "state_delta": Jsonb(stored.delta) if stored.delta is not None else None,
+                "snapshot_seq": stored.snapshot_seq,
+                "chain_bytes": stored.chain_bytes,
                 "artifact_sha": artifact[0] if artifact else None,
                 "artifact_body": artifact[1] if artifact else None,
                 "result": Jsonb(advance.result) if advance.result is not None else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -30,12 +30,12 @@ from ledger.schema import (
     approvals,
     artifacts,
     audit,
-    checkpoints,
     effect_attempts,
     effects,
     evidence,
     runs,
 )
+from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
 from ledger.waits import check_terms
 
@@ -59,9 +59,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     run = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
     if run is None:
         return [Problem(run_id, None, "missing", "no such run")]
-    rows = conn.execute(
-        sa.select(checkpoints).where(checkpoints.c.run_id == run_id).order_by(checkpoints.c.seq)
-    ).mappings().all()
+    rows = checkpoint_rows_txn(conn, run_id)
     if not rows:
         return [Problem(run_id, None, "head", "the run has no checkpoints at all")]
     problems = chain_problems(keys, run_id, rows, forked=run["parent_run_id"] is not None)
@@ -117,7 +115,7 @@ def head_disagreement(head: CheckpointBody, *, workflow: str, workflow_version: 
     return None
 
 
-def chain_problems(keys: CheckpointKeys, run_id: UUID, rows: Sequence[sa.RowMapping], *,
+def chain_problems(keys: CheckpointKeys, run_id: UUID, rows: Sequence[Mapping[str, Any]], *,
                    forked: bool) -> list[Problem]:
     """Every MAC of ``rows`` (a run's checkpoints, oldest first), their links and their
     contiguity from the run's first checkpoint (seq 0, or a replay's fork checkpoint)."""
@@ -142,9 +140,7 @@ def verify_source_txn(conn: Connection, keys: CheckpointKeys, run: sa.RowMapping
     the chain back to the run's first checkpoint, and the state artifact it references all
     verify. Replay and branch call it before they copy anything (O(seq))."""
     run_id = run["id"]
-    rows = conn.execute(
-        sa.select(checkpoints).where(checkpoints.c.run_id == run_id, checkpoints.c.seq <= seq)
-        .order_by(checkpoints.c.seq)).mappings().all()
+    rows = checkpoint_rows_txn(conn, run_id, upto=seq)
     problems = chain_problems(keys, run_id, rows, forked=run["parent_run_id"] is not None)
     problems.extend(_check_state_artifacts(conn, run_id, rows[-1:]))
     if problems:
@@ -185,7 +181,7 @@ def _beyond_head(conn: Connection, run: sa.RowMapping) -> Iterator[Problem]:
                       f"{run['seq']} (its history was cut back)")
 
 
-def _check_run_row(run: sa.RowMapping, head: sa.RowMapping) -> Iterator[Problem]:
+def _check_run_row(run: sa.RowMapping, head: Mapping[str, Any]) -> Iterator[Problem]:
     found = head_disagreement(CheckpointBody.from_row(head), workflow=run["workflow"],
                               workflow_version=run["workflow_version"],
                               state_schema_version=run["state_schema_version"],
@@ -195,7 +191,7 @@ def _check_run_row(run: sa.RowMapping, head: sa.RowMapping) -> Iterator[Problem]
 
 
 def _check_state_artifacts(conn: Connection, run_id: UUID,
-                           rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
+                           rows: Sequence[Mapping[str, Any]]) -> Iterator[Problem]:
     for row in rows:
         ref = artifact_ref(row["state"])
         if ref is None:
@@ -210,19 +206,25 @@ def _check_state_artifacts(conn: Connection, run_id: UUID,
                           f"state artifact {ref['sha256'][:12]}… does not match its hash")
 
 
-def _check_one(keys: CheckpointKeys, run_id: UUID, row: sa.RowMapping,
-               previous: sa.RowMapping | None) -> Iterator[Problem]:
-    seq = row["seq"]
-    body = CheckpointBody.from_row(row)
+def _check_mac(keys: CheckpointKeys, row: Mapping[str, Any]) -> Iterator[Problem]:
     try:
-        expected = keys.mac(body.as_dict(), row["key_id"])
+        expected = keys.mac(CheckpointBody.from_row(row).as_dict(), row["key_id"])
     except IntegrityViolation as exc:
-        yield Problem(run_id, seq, "key", str(exc))
+        yield Problem(row["run_id"], row["seq"], "key", str(exc))
     else:
         if not hmac.compare_digest(expected, row["hash"]):
-            yield Problem(run_id, seq, "mac",
+            yield Problem(row["run_id"], row["seq"], "mac",
                           "content does not match its MAC (edited, reordered, or copied from "
                           "another run)")
+
+
+def _check_one(keys: CheckpointKeys, run_id: UUID, row: Mapping[str, Any],
+               previous: Mapping[str, Any] | None) -> Iterator[Problem]:
+    seq = row["seq"]
+    if row.get("state_problem_here"):
+        yield Problem(run_id, seq, "delta", f"its state does not rebuild: {row['state_problem']}")
+    if not row.get("state_problem"):  # else there is no state to check the MAC over; the
+        yield from _check_mac(keys, row)  # cause is reported where the chain broke
     if previous is None:
         return
     if seq != previous["seq"] + 1:
@@ -299,7 +301,7 @@ def _check_attempts(conn: Connection, keys: CheckpointKeys,
 
 
 def _check_used(conn: Connection, run: sa.RowMapping,
-                rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
+                rows: Sequence[Mapping[str, Any]]) -> Iterator[Problem]:
     """What the run's committed steps used, as their MAC'd checkpoints name it, is still
     there as named: each effect with the status it had, each of the run's own recorded
     answers for the same request (an evidence replay's answers are its source's)."""
@@ -342,7 +344,7 @@ def _check_audit_rows(conn: Connection, keys: CheckpointKeys,
 
 
 def _check_approvals(conn: Connection, keys: CheckpointKeys, run_id: UUID,
-                     rows: Sequence[sa.RowMapping]) -> Iterator[Problem]:
+                     rows: Sequence[Mapping[str, Any]]) -> Iterator[Problem]:
     """Each approval is the one its checkpoint's signed control names, for the artifact it
     shows; a decision taken on it (approved, rejected) matches its MAC."""
     controls = {row["seq"]: (row["control"] or {}) for row in rows}

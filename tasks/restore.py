@@ -9,13 +9,19 @@ records where the state came from (``Migrated``, bound under the checkpoint's MA
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from ledger import signed
-from ledger.checkpoints import CheckpointBody, CheckpointKeys, verify_checkpoint
+from ledger.checkpoints import (
+    CheckpointBody,
+    CheckpointKeys,
+    check_parent_link,
+    verify_checkpoint,
+)
 from ledger.exceptions import IntegrityViolation
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
@@ -60,6 +66,12 @@ def restore(keys: CheckpointKeys, registry: Registry,
     if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq} is missing")
+    if claim.state_problem is not None:  # a delta chain that does not rebuild, a lost artifact
+        try:  # a deleted or moved parent is named as such, as for a stored state
+            check_parent_link(checkpoint, claim.parent_found_hash)
+        except IntegrityViolation as exc:
+            return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
+        return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", claim.state_problem)
     try:
         verify_checkpoint(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
                           claim.head_hash, parent_found=claim.parent_found_hash)
@@ -85,7 +97,9 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq}'s state artifact is missing "
                        "or does not match its sha256")
-    state_json = claim.state
+    # the step gets a copy: the claim's state is what the next checkpoint's delta is made
+    # from, and a migration or a model field typed Any could otherwise change it in place
+    state_json = json.loads(json.dumps(claim.state))
     if path:
         try:
             for migrate in path:

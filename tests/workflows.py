@@ -35,6 +35,25 @@ def tick(ctx: StepContext, state: Counter) -> Any:
     return ctx.goto(tick, done=done)
 
 
+class Notes(BaseModel):
+    steps: int = 8
+    sleep_ms: int = 0
+    notes: list[str] = []  # one appended per step: checkpoints store deltas
+
+
+notes_chain = Workflow("test_notes_chain", version=1, state=Notes, max_attempts=3)
+
+
+@notes_chain.step(start=True)
+def note(ctx: StepContext, state: Notes) -> Any:
+    if state.sleep_ms:
+        time.sleep(state.sleep_ms / 1000)
+    notes = [*state.notes, f"note {len(state.notes) + 1} written at seq {ctx.seq} " + "." * 200]
+    if len(notes) >= state.steps:
+        return ctx.finish(notes=notes)
+    return ctx.goto(note, notes=notes)
+
+
 class Nothing(BaseModel):
     pass
 

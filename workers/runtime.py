@@ -88,7 +88,8 @@ class WorkerRuntime:
     def _open_process_state(self) -> None:
         keys = CheckpointKeys.from_settings(self.settings)
         self._store = StepStore(database_url(self.settings), keys,
-                                lease_ttl_s=self.settings.lease_ttl_s, pool_size=self.pool_size)
+                                lease_ttl_s=self.settings.lease_ttl_s, pool_size=self.pool_size,
+                                snapshot_every=self.settings.checkpoint_snapshot_every)
         self._config = ExecutorConfig(
             keys=keys,
             max_state_bytes=self.settings.max_state_bytes,

@@ -64,10 +64,25 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
        cp.state AS cp_state, cp.workflow_version AS cp_workflow_version,
        cp.control AS cp_control, cp.state_schema_version AS cp_state_schema_version,
        cp.refs AS cp_refs, cp.workflow AS cp_workflow, cp.envelope_version AS cp_envelope_version,
+       cp.snapshot_seq AS cp_snapshot_seq, cp.chain_bytes AS cp_chain_bytes,
+       base.state AS chain_base, chain.deltas AS chain_deltas, chain.seqs AS chain_seqs,
+       art.body AS state_artifact,
        parent.hash AS parent_found_hash
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
   LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
+  -- a delta's chain: its snapshot and the deltas after it (ledger/states.py)
+  LEFT JOIN onward.checkpoints base ON base.run_id = c.id AND base.seq = cp.snapshot_seq
+  LEFT JOIN LATERAL (
+      SELECT jsonb_agg(d.state_delta ORDER BY d.seq) AS deltas,
+             array_agg(d.seq ORDER BY d.seq) AS seqs
+        FROM onward.checkpoints d
+       WHERE cp.snapshot_seq IS NOT NULL AND d.run_id = c.id
+         AND d.seq > cp.snapshot_seq AND d.seq <= c.seq
+  ) chain ON true
+  -- a state stored apart (the head's, or its chain's snapshot's)
+  LEFT JOIN onward.artifacts art
+    ON art.sha256 = coalesce(base.state, cp.state) -> '$artifact' ->> 'sha256'
 
 -- name: count_stale
 -- A refused claim: count the stale delivery on the run and read why it was refused.
@@ -133,10 +148,11 @@ WITH early_signal AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
                                     step, next_step, outcome, state, workflow_version,
                                     lease_epoch, control, state_schema_version, refs,
-                                    workflow)
+                                    workflow, state_delta, snapshot_seq, chain_bytes)
     SELECT id, %(seq)s + 1, %(parent_hash)s, %(hash)s, %(key_id)s, %(envelope_version)s,
            %(step)s, %(next_step)s, %(outcome)s, %(state)s, %(workflow_version)s, %(epoch)s,
-           %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s
+           %(control)s, %(state_schema_version)s, %(refs)s, %(workflow)s, %(state_delta)s,
+           %(snapshot_seq)s, %(chain_bytes)s
       FROM advanced
 ), next_message AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes, trace_context)
@@ -320,10 +336,6 @@ UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, onward.now()), out
  WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
    AND (outcome IS NULL OR outcome = 'worker_lost')
 RETURNING run_id
-
--- name: state_artifact
--- A large state, stored as a content-addressed artifact.
-SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s
 
 -- name: heartbeat
 -- Extend the live lease; a run being cancelled is not extended (cancelling says so).

@@ -183,3 +183,18 @@ def test_bench_canary__no_credential_and_no_tenant_crossing(server_urls: dict[st
     for place in ("postgres:onward.effects", "postgres:onward.audit", "redis:queued",
                   "log:worker", "log:dispatcher", "log:reaper"):
         assert place in scanned, (place, scanned)
+
+
+def test_bench_storage__reports_storage_and_restore_figures(server_urls: dict[str, str]) -> None:
+    """bench/storage.py, 40 steps of 512 bytes: the issue's keys are present and positive,
+    the quotient is theirs, and most checkpoints were stored as deltas."""
+    out = _bench("storage.py", ["--steps", "40", "--message-bytes", "512", "--samples", "3"],
+                 server_urls)
+
+    for key in ("content_bytes", "stored_bytes", "stored_per_content",
+                "restore_p50_ms_at_step_40", "restore_p50_ms_at_step_10",
+                "restore_p50_ms_same_state_one_snapshot"):
+        assert out[key] is not None and out[key] > 0, (key, out)
+    assert out["stored_per_content"] == pytest.approx(
+        out["stored_bytes"] / out["content_bytes"], rel=0.01)
+    assert out["deltas"] > out["snapshots"] >= 1

@@ -87,6 +87,38 @@ def test_crash__sigkill_mid_step_completes_on_another_worker(ledger: Ledger, clu
     assert (stats.duplicate_commits, stats.runs_with_gaps) == (0, 0)
 
 
+def test_crash__sigkill_mid_run_resumes_from_the_reconstructed_state(
+        ledger: Ledger, cluster: Cluster) -> None:
+    """SIGKILL the pool child holding a run whose checkpoints are deltas (a note appended
+    per step; a snapshot every 3 steps at most), mid-step past its first snapshots: another
+    worker restores the head by reading its snapshot and deltas, and the run completes with
+    every note exactly once, in order, each written at its own seq; its history verifies."""
+    cluster.dispatcher()
+    cluster.reaper()
+    env = {"ONWARD_CHECKPOINT_SNAPSHOT_EVERY": "3"}
+    workers = [start_worker(cluster, "prefork", name="worker-a", env=env),
+               start_worker(cluster, "prefork", name="worker-b", env=env)]
+    run_id = ledger.start_run("test_notes_chain", {"steps": 8, "sleep_ms": 700})
+    wait_for(lambda: reads.run_row(ledger.engine, run_id)["seq"] >= 5, timeout=90,
+             what="the run to pass seq 5", interval=0.05)
+
+    _, pid, owner = lease_holder(ledger, run_id, workers)
+    killed_seq = reads.run_row(ledger.engine, run_id)["seq"]
+    os.kill(pid, signal.SIGKILL)
+
+    row = _completed(ledger, run_id)
+    assert row["restore_count"] >= 1
+    notes = row["result"]["notes"]
+    assert [n.split(" .")[0] for n in notes] == [
+        f"note {i} written at seq {i - 1}" for i in range(1, 9)]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {seq: 1 for seq in range(8)}
+    lost = [a for a in reads.attempts(ledger.engine, run_id) if a["outcome"] == "worker_lost"]
+    assert [(a["worker"], a["seq"]) for a in lost] == [(owner, killed_seq)]
+    kinds = reads.checkpoint_kinds(ledger.engine, run_id)
+    assert kinds[killed_seq] == "delta" and "snapshot" in list(kinds.values())[1:], kinds
+    assert ledger.verify_run(run_id) == []
+
+
 @POOLS
 def test_crash__after_commit_before_publish_the_dispatcher_publishes(
         ledger: Ledger, cluster: Cluster, settings_env: dict[str, str], pool: str) -> None:

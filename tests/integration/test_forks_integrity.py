@@ -103,7 +103,9 @@ def finished_note(drv: Driver, ops: Ledger) -> UUID:  # noqa: F811
 
 
 EDIT_STATE = ("UPDATE onward.checkpoints SET state = jsonb_set(state, '{channel}', "
-              "'\"attacker\"') WHERE run_id = :run AND seq = :seq")
+              "'\"attacker\"'), state_delta = state_delta || '[{\"op\": \"replace\", "
+              "\"path\": \"/channel\", \"value\": \"attacker\"}]' "
+              "WHERE run_id = :run AND seq = :seq")
 
 SOURCES = {
     # name: (seq edited, seq copied, launch)

@@ -20,6 +20,7 @@ from tests.support import reads
 
 class Tally(BaseModel):
     n: int = 0
+    notes: str = "a state larger than its deltas, so they are stored as deltas " * 2
 
 
 calls: list[tuple[UUID, int]] = []
@@ -60,8 +61,14 @@ def harness(ledger: Ledger, settings: OnwardSettings) -> Iterator[Harness]:
 
 
 TAMPERING = {
-    "state": "UPDATE onward.checkpoints SET state = jsonb_set(state, '{n}', '100') "
-             "WHERE run_id = :run AND seq = :seq",
+    # a snapshot's state, or a delta's patch made to set n (ledger/states.py)
+    "state": "UPDATE onward.checkpoints SET state = jsonb_set(state, '{n}', '100'), "
+             "state_delta = state_delta || '[{\"op\": \"replace\", \"path\": \"/n\", "
+             "\"value\": 100}]' WHERE run_id = :run AND seq = :seq",
+    # a delta's patch replaced by one that rebuilds another valid state
+    "state_delta": "UPDATE onward.checkpoints SET state_delta = '[{\"op\": \"replace\", "
+                   "\"path\": \"/n\", \"value\": 7}]' WHERE run_id = :run AND seq = :seq "
+                   "AND state_delta IS NOT NULL",
     "next_step": "UPDATE onward.checkpoints SET next_step = 'count_other' "
                  "WHERE run_id = :run AND seq = :seq",
     "parent_hash": "UPDATE onward.checkpoints SET parent_hash = repeat('0', 64) "
@@ -80,14 +87,14 @@ def test_integrity__untouched_history_runs_to_completion(ledger: Ledger,
     assert reads.run_row(ledger.engine, run_id)["status"] == "completed"
 
 
-@pytest.mark.parametrize("field", ["state", "next_step", "parent_hash"])
+@pytest.mark.parametrize("field", ["state", "state_delta", "next_step", "parent_hash"])
 def test_integrity__tampered_checkpoint_parks_the_run_and_never_runs_the_step(
         ledger: Ledger, harness: Harness, field: str) -> None:
     """After step 1 committed checkpoint 1, an UPDATE of that checkpoint's {field} in SQL
     (which cannot recompute the keyed MAC) makes the next delivery park the run as
     needs_review with parked_reason 'integrity': the step body runs 1 time in total, no
     checkpoint 2 and no message for seq 2 exist."""
-    run_id = ledger.start_run("integrity_probe", {})
+    run_id = ledger.start_run("integrity_probe", Tally().model_dump())
     assert harness.deliver(run_id, 0).kind is ReportKind.COMMITTED
     assert reads.execute(ledger.engine, TAMPERING[field], run=run_id, seq=1) == 1
 
@@ -112,6 +119,23 @@ def test_integrity__tampered_checkpoint_parks_the_run_and_never_runs_the_step(
     after = reads.fingerprint(ledger.engine)
     assert after.step_attempts == before.step_attempts
     assert after.checkpoints == before.checkpoints
+
+
+def test_integrity__a_delta_that_does_not_apply_parks_the_run(
+        ledger: Ledger, harness: Harness) -> None:
+    """A delta edited into a patch that does not apply to its parent's state (or a row of
+    its chain deleted) parks the run integrity, saying so; the step never runs."""
+    run_id = ledger.start_run("integrity_probe", Tally().model_dump())
+    assert harness.deliver(run_id, 0).kind is ReportKind.COMMITTED
+    assert reads.execute(ledger.engine, "UPDATE onward.checkpoints SET state_delta = "
+                         "'[{\"op\": \"remove\", \"path\": \"/nothing\"}]' WHERE run_id = :run "
+                         "AND seq = 1 AND state_delta IS NOT NULL", run=run_id) == 1
+    assert harness.deliver(run_id, 1).kind is ReportKind.PARKED
+    assert calls == [(run_id, 0)]
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
+    assert "delta does not apply" in row["last_error"]["message"]
+    assert [p.kind for p in ledger.verify_run(run_id)][:1] == ["delta"]
 
 
 def test_integrity__tampered_input_is_refused_before_the_first_step(

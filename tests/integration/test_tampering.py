@@ -61,7 +61,8 @@ def forge_next(ledger: Ledger, run_id: UUID, _: UUID) -> None:
 def copy_from_other_run(ledger: Ledger, run_id: UUID, other: UUID) -> None:
     """Replace the head with the other run's (validly MAC'd) checkpoint 3."""
     _sql(ledger, """UPDATE onward.checkpoints t SET state = o.state, hash = o.hash,
-                           parent_hash = o.parent_hash
+                           parent_hash = o.parent_hash, state_delta = o.state_delta,
+                           snapshot_seq = o.snapshot_seq, chain_bytes = o.chain_bytes
                       FROM onward.checkpoints o
                      WHERE t.run_id = :r AND t.seq = 3 AND o.run_id = :o AND o.seq = 3""",
          r=run_id, o=other)

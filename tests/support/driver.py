@@ -46,13 +46,15 @@ class Driver:
 
 @contextmanager
 def driver(ledger: Ledger, modules: list[str], *, worker_url: str | None = None,
-           state_inline_bytes: int = 64 * 1024) -> Iterator[Driver]:
+           state_inline_bytes: int = 64 * 1024,
+           snapshot_every: int | None = None) -> Iterator[Driver]:
     """Steps executed as a worker connected to ``worker_url`` (the ledger's by default);
     states over ``state_inline_bytes`` are stored apart, as artifacts."""
     registry = Registry()
     registry.load_modules(modules)
     store = StepStore(worker_url or ledger.url, ledger.keys, lease_ttl_s=30,
-                      state_inline_bytes=state_inline_bytes)
+                      state_inline_bytes=state_inline_bytes,
+                      snapshot_every=snapshot_every or ledger.settings.checkpoint_snapshot_every)
     settings = ledger.settings
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                             retry_base_s=0.0, retry_max_s=0.0,

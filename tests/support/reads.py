@@ -133,3 +133,13 @@ def audit_rows(engine: Engine, run_id: UUID) -> list[dict[str, Any]]:
         return [dict(r) for r in conn.execute(sa.text(
             "SELECT * FROM onward.audit WHERE run_id = :id ORDER BY id"), {"id": run_id})
             .mappings()]
+
+
+def checkpoint_kinds(engine: Engine, run_id: UUID) -> dict[int, str]:
+    """How each checkpoint of the run stores its state: snapshot, delta or compacted."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT seq, CASE WHEN state_delta IS NOT NULL THEN 'delta' "
+            "WHEN state IS NOT NULL THEN 'snapshot' ELSE 'compacted' END AS kind "
+            "FROM onward.checkpoints WHERE run_id = :run ORDER BY seq"), {"run": run_id}).all()
+    return {seq: kind for seq, kind in rows}

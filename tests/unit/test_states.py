@@ -1,0 +1,119 @@
+"""Checkpoint deltas (ledger/states.py): a delta turns the parent's state into the new one,
+checked against the ``jsonpatch`` library; applying one leaves the parent's state as it was;
+the snapshot rule keeps storage linear for a state that grows every step."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger import states
+from ledger.checkpoints import canonical_json
+from ledger.exceptions import IntegrityViolation
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10),
+                     st.sampled_from(["", "a", "b/c", "~x", "-"]))
+_json = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.sampled_from(["a", "b", "c/d", "~", "-", "0"]), inner, max_size=4)),
+    max_leaves=20)
+_states = st.dictionaries(st.sampled_from(["x", "y", "messages", "a/b"]), _json, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_states, _states)
+def test_diff__is_a_patch_jsonpatch_applies_and_apply_agrees(old: Any, new: Any) -> None:
+    """Invariant: diff(old, new) applied to old gives new exactly (JSON types included), by
+    jsonpatch and by states.apply; old itself is unchanged."""
+    before = copy.deepcopy(old)
+    delta = states.diff(old, new)
+    assert canonical_json(jsonpatch.apply_patch(copy.deepcopy(old), delta)) == canonical_json(new)
+    rebuilt = states.apply(old, delta)
+    assert states._same(rebuilt, new)
+    assert states._same(old, before)
+
+
+def test_diff__json_types_differ_where_python_equality_does_not() -> None:
+    assert states.diff({"a": 1}, {"a": True}) == [{"op": "replace", "path": "/a", "value": True}]
+    assert states.diff({"a": [1]}, {"a": [1.0]}) == [
+        {"op": "replace", "path": "/a/0", "value": 1.0}]
+
+
+def test_diff__a_grown_list_gains_appends_only() -> None:
+    old = {"messages": [{"text": "a" * 100}] * 3}
+    new = {"messages": old["messages"] + [{"text": "b"}]}
+    assert states.diff(old, new) == [{"op": "add", "path": "/messages/-", "value": {"text": "b"}}]
+
+
+@pytest.mark.parametrize("delta", [
+    {"op": "add"}, [{"op": "move", "from": "/a", "path": "/b"}], [{"op": "remove", "path": "/z"}],
+    [{"op": "replace", "path": "/a/7", "value": 1}], [{"path": "/a"}], [{"op": "add", "path": "a"}],
+])
+def test_apply__a_patch_that_does_not_apply_is_an_integrity_violation(delta: Any) -> None:
+    with pytest.raises(IntegrityViolation):
+        states.apply({"a": [1]}, delta)
+
+
+def _stored_bytes(steps: int, every: int) -> tuple[int, int, int]:
+    """Grow a state by one 200-byte message per step; return (stored bytes, content bytes,
+    longest chain in rows)."""
+    state: dict[str, Any] = {"messages": []}
+    snapshot_seq, chain_bytes, stored, longest = 0, 0, 0, 0
+    for seq in range(1, steps + 1):
+        new = {"messages": [*state["messages"], {"seq": seq, "text": "m" * 200}]}
+        size = len(canonical_json(new))
+        how = states.store_as(state, new, size, snapshot_seq=snapshot_seq,
+                              chain_bytes=chain_bytes, seq=seq, snapshot_every=every)
+        if how.is_delta:
+            stored += len(canonical_json(how.delta))
+            chain_bytes = how.chain_bytes or 0
+        else:
+            stored += size
+            snapshot_seq, chain_bytes = seq, 0
+        longest = max(longest, seq - snapshot_seq)
+        state = new
+    return stored, len(canonical_json(state)), longest
+
+
+def test_store_as__a_growing_state_stores_about_twice_its_content() -> None:
+    """Invariant: storage stays linear in content (at most 3 times) for a state gaining a
+    message per step, while every state is in full with snapshot_every=1."""
+    stored, content, longest = _stored_bytes(1000, 16)
+    assert stored <= 3 * content
+    assert longest < 1000
+    full, _, _ = _stored_bytes(100, 1)
+    assert full > 40 * _stored_bytes(100, 1)[1]
+
+
+def test_store_as__a_state_of_steady_size_snapshots_every_n_steps() -> None:
+    state: dict[str, Any] = {"counter": 0, "notes": "n" * 50}
+    snapshot_seq, chain_bytes, snapshots = 0, 0, []
+    for seq in range(1, 65):
+        new = {**state, "counter": seq}
+        how = states.store_as(state, new, len(canonical_json(new)), snapshot_seq=snapshot_seq,
+                              chain_bytes=chain_bytes, seq=seq, snapshot_every=16)
+        if how.is_delta:
+            chain_bytes = how.chain_bytes or 0
+        else:
+            snapshots.append(seq)
+            snapshot_seq, chain_bytes = seq, 0
+        state = new
+    assert snapshots == [16, 32, 48, 64]
+
+
+def test_chain_states__rebuilds_each_row_and_names_a_broken_chain() -> None:
+    s0 = {"m": []}
+    s1 = {"m": [1]}
+    s2 = {"m": [1, 2]}
+    rows = [{"seq": 0, "state": s0, "state_delta": None},
+            {"seq": 1, "state": None, "state_delta": states.diff(s0, s1)},
+            {"seq": 2, "state": None, "state_delta": states.diff(s1, s2)}]
+    out = states.chain_states(rows, {})
+    assert [r["state"] for r in out] == [s0, s1, s2]
+    broken = states.chain_states([rows[0], rows[2]], {})
+    assert broken[1]["state"] is None and "missing" in broken[1]["state_problem"]
