@@ -20,7 +20,7 @@ from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, S
 from ledger.schema import SCHEMA, VERSION_TABLE
 from ledger.settings import OnwardSettings
 
-HEAD_REVISION = "0030"
+HEAD_REVISION = "0031"
 """The Alembic revision this code expects; bump with every migration."""
 
 

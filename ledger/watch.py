@@ -2,14 +2,14 @@
 
 Every change of a run's ``seq`` or ``status`` NOTIFYs ``onward_run_<id hex>`` in the same
 transaction while the run has watchers (trigger ``runs_notify_progress``, migrations 0021
-and 0029: a NOTIFY serializes its commit with every other notifying commit of the server,
+and 0031: a NOTIFY serializes its commit with every other notifying commit of the server,
 so unwatched runs, nearly all of them, send none). A watcher LISTENs first, then registers
 (``WATCH``: ``runs.watchers + 1``), then reads the run. The registration is an UPDATE of the
 run row: a commit in flight on the run holds that row, so the registration waits for it
 and the read sees it; a commit after the registration reads the count and notifies. So
 nothing that commits after the read goes unnoticed; each notification only says "read
 again". A watcher unregisters when it stops (``UNWATCH``); one that dies first leaves the
-run notifying, as every run did before 0029. What it reads (the run row and the checkpoints since
+run notifying, as every run did before 0031. What it reads (the run row and the checkpoints since
 the last read) is the ledger's record, so a coalesced or lost notification can delay an
 event but never change it. ``RunWatch`` turns those reads into events and is shared by the
 blocking ``Ledger.wait``/``Ledger.events`` here and the asyncio client (``ledger/client.py``).

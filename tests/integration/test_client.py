@@ -124,7 +124,7 @@ def _notified(conn: psycopg.Connection[Any], ledger: Ledger, channel: str) -> li
 def test_client__only_watched_runs_notify_their_progress(ledger: Ledger,
                                                          steps: Driver) -> None:
     """A NOTIFY serializes its commit with every other notifying commit of the server, so a
-    step commit sends one only while someone waits on the run (migration 0029): none while
+    step commit sends one only while someone waits on the run (migration 0031): none while
     nobody watches, one per commit while wait()/events() watch, none again afterwards."""
     run_id = ledger.start_run("test_chain", {"steps": 4})
     channel = watch.run_channel(run_id)

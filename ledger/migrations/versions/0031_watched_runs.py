@@ -1,7 +1,7 @@
 """watched runs: a run NOTIFYs its progress only while someone watches it
 
-Revision ID: 0029
-Revises: 0028
+Revision ID: 0031
+Revises: 0030
 
 ``runs.watchers`` counts the ``Ledger.wait``/``events`` (and asyncio client) watchers of a run;
 the ``runs_notify_progress`` trigger (migration 0021) fires only while it is above zero. A
@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0029'
-down_revision = '0028'
+revision = '0031'
+down_revision = '0030'
 branch_labels = None
 depends_on = None
 
