@@ -127,13 +127,13 @@ def test_migration_0025__signs_existing_effects_and_attempts(old_engine: Engine)
                attempt["mac"], "attempt")
 
 
-def test_migration_0031__signs_existing_approval_terms(old_engine: Engine) -> None:
+def test_migration_0029__signs_existing_approval_terms(old_engine: Engine) -> None:
     """Invariant: upgrading signs each existing approval's terms (approvers, times, artifact
     binding) as they stand, so approve and verify accept them after the upgrade."""
     from ledger.waits import check_terms
 
     keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
-    upgrade(old_engine, "0030")
+    upgrade(old_engine, "0028")
     with old_engine.begin() as conn:
         run_id = _insert_run(conn, keys, tampered=False)
         conn.execute(sa.text(

@@ -1,7 +1,7 @@
 """an approval's terms are signed: approvals.terms_mac
 
-Revision ID: 0031
-Revises: 0030
+Revision ID: 0029
+Revises: 0028
 
 ``key_id:HMAC`` of what an approval asks and of whom (ledger/signed.py ``approval_terms``:
 run, tenant, seq, step, action, artifact hash, approvers, created and expiry times), written
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0031'
-down_revision = '0030'
+revision = '0029'
+down_revision = '0028'
 branch_labels = None
 depends_on = None
 
