@@ -16,6 +16,7 @@ from ledger.checkpoints import canonical_json
 from ledger.exceptions import InvalidInput
 from ledger.steps import Advance
 from ledger.vocabulary import OutcomeKind
+from tasks import credentials
 from tasks.exceptions import OutcomeError
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
 from tasks.policy import Limits
@@ -121,9 +122,14 @@ def _check_json(value: Any, what: str, max_depth: int, max_bytes: int,
     """Refuse (OutcomeError) what the ledger cannot keep: not plain JSON, a NUL character,
     nested deeper than ``max_depth``, larger than ``max_bytes``."""
     try:
-        size = len(canonical_json(value, max_depth=max_depth))
+        body = canonical_json(value, max_depth=max_depth)
     except InvalidInput as exc:
         raise OutcomeError(f"{what} cannot be stored: {exc}") from exc
+    if credentials.held_in(body):
+        raise OutcomeError(f"{what} holds the value of a tool credential: keep credentials out "
+                           "of states and results; a tool resolves secret://NAME when it calls "
+                           "(docs/security.md)")
+    size = len(body)
     if size > max_bytes:
         raise OutcomeError(f"{what} is {size} bytes, over the limit of {max_bytes} ({setting}); "
                            "keep large values out of the ledger and pass references")

@@ -10,11 +10,14 @@ are never given. What the ledger may record is the reference.
 
 Every value resolved in a process is remembered there (in memory only) so that ``redact``
 can take it out of text that leaves the process: log lines (``RedactingFilter``, the
-structlog processor ``redact_event``) and a provider's error message before it is recorded.
+structlog processor ``redact_event``) and a provider's error message before it is recorded;
+and so that a step that copies one into a state, an effect payload, an approval artifact or
+a result is refused before anything is recorded (``held_in``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -88,6 +91,17 @@ def redact(text: str) -> str:
         if value in text:
             text = text.replace(value, MASK)
     return text
+
+
+def held_in(body: bytes) -> bool:
+    """Whether canonical JSON ``body`` (a state, a payload, a result) holds the value of a
+    credential this process resolved, as is or JSON-escaped: the caller refuses to record
+    it (a step copied a credential where only its reference belongs)."""
+    if not _known:
+        return False
+    return any(value.encode() in body
+               or json.dumps(value, ensure_ascii=False)[1:-1].encode() in body
+               for value in list(_known))
 
 
 def redact_value(value: Any) -> Any:

@@ -30,7 +30,7 @@ from ledger.exceptions import (
 from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
 from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
-from tasks import faults, observe
+from tasks import credentials, faults, observe
 from tasks.advance import next_checkpoint
 from tasks.clock import StepClock
 from tasks.context import StepContext
@@ -377,12 +377,13 @@ class _Attempt:
         claim = self.claim
         non_retryable = isinstance(exc, StepError) and exc.non_retryable
         exhausted = claim.attempt >= claim.max_attempts
-        error = error_record(type(exc).__name__, str(exc), step=ending.step,
+        message = credentials.redact(str(exc))  # recorded: no resolved credential in it
+        error = error_record(type(exc).__name__, message, step=ending.step,
                              attempt=claim.attempt, max_attempts=claim.max_attempts)
         if non_retryable or exhausted:
-            self.log.error("step failed; run fails", step=ending.step, error=str(exc),
+            self.log.error("step failed; run fails", step=ending.step, error=message,
                            non_retryable=non_retryable)
-            return ending.fail(error, str(exc))
+            return ending.fail(error, message)
         retry_in = retry_delay(claim.attempt, self.config.retry_base_s, self.config.retry_max_s)
         if not self.store.fail(claim, ending.step or "", error, retry_in_s=retry_in):
             return self._report(ReportKind.LEASE_LOST)

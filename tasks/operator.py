@@ -23,6 +23,7 @@ from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
 from ledger.vocabulary import AuditAction, EffectAttemptOutcome, LaunchMode
+from tasks import credentials
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry
@@ -136,11 +137,11 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
         ref, result = answer.provider_ref, answer.result
     except ToolError as exc:
         outcome = EffectAttemptOutcome.FAILED
-        error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+        error = {"type": type(exc).__name__, "message": credentials.redact(str(exc))[:2000],
                  "status_code": exc.status_code}
     except Exception as exc:
         outcome = EffectAttemptOutcome.UNKNOWN
-        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        error = {"type": type(exc).__name__, "message": credentials.redact(str(exc))[:2000]}
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
                                   error=error)
     return RepeatOutcome(started, outcome, ref, effect, error)

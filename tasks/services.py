@@ -46,7 +46,7 @@ from ledger.vocabulary import (
     ToolClass,
 )
 from ledger.waits import WaitStore
-from tasks import faults
+from tasks import credentials, faults
 from tasks.clock import StepClock
 from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import EffectFailed, EffectOutcomeUnknown, OutcomeError, StepError, ToolError
@@ -214,6 +214,10 @@ class StepServices:
             body = canonical_json(payload, max_depth=self.max_json_depth)
         except InvalidInput as exc:
             raise OutcomeError(f"effect payload is not plain JSON: {exc}") from exc
+        if credentials.held_in(body):
+            raise OutcomeError("effect payload holds the value of a tool credential: nothing "
+                               "was sent or recorded; pass no credential in a payload, the tool "
+                               "resolves secret://NAME when it calls (docs/security.md)")
         limit = self.max_effect_payload_bytes
         if limit is not None and len(body) > limit:
             raise OutcomeError(f"effect payload is {len(body)} bytes, over the limit of {limit} "
@@ -711,7 +715,7 @@ def _shown(request: Any) -> Any:
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
-    message = str(exc)[:2000].replace("\x00", "\\0")  # PostgreSQL stores no NUL
+    message = credentials.redact(str(exc))[:2000].replace("\x00", "\\0")  # no NUL in PG
     error: dict[str, Any] = {"type": type(exc).__name__, "message": message}
     status_code = getattr(exc, "status_code", None)
     if status_code is not None:
