@@ -126,7 +126,7 @@ def worker(
     from tasks.routing import worker_queues
     from workers.app import create_app, start_advertising
     from workers.logs import configure_logging, json_logs
-    from workers.pools import PoolKind, PoolOptions
+    from workers.pools import PoolKind, PoolOptions, check_pool_runs
     from workers.revision import schema_changed_under, wait_for_ledger
 
     loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
@@ -149,6 +149,10 @@ def worker(
     engine.dispose()  # no pooled connection may be inherited by the forked pool children
     celery_app = create_app(settings, concurrency=options.steps_per_process)
     runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
+    try:
+        check_pool_runs(options.pool, runtime.registry)
+    except InvalidInput as exc:
+        _fail(str(exc), EXIT_REFUSED)
     queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
     node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
     node = node.replace("%h", socket.gethostname())

@@ -19,7 +19,10 @@ API
                                    n creates in that collection act then drop the response /
                                    answer 500 without acting; {"collection", "slow": n,
                                    "slow_s": s} — the next n creates wait s seconds before
-                                   acting (a call longer than the caller's lease)
+                                   acting (a call longer than the caller's lease);
+                                   {"collection", "hold": n, "hold_s": s} — the next n
+                                   creates act, then hold their answer s seconds (a call
+                                   that landed while its caller gave up)
   POST /admin/reset                forget everything
 A request may also carry ``X-Fault: drop-response | error-500 | slow=<s>``.
 
@@ -117,6 +120,17 @@ class Store:
             self.bump("slow_requests")
             row = self.db.execute("SELECT value FROM counters WHERE name = ?",
                                   (f"fault:{collection}:slow_ms",)).fetchone()
+            return (row[0] if row else 0) / 1000.0
+
+    def take_hold(self, collection: str) -> float:
+        """Seconds to hold this create's answer after acting: an armed ``hold`` fault, or 0
+        (the object exists while the caller still waits: a call that "may have landed")."""
+        with self.lock:
+            if not self.take_fault(collection, "hold"):
+                return 0.0
+            self.bump("held_responses")
+            row = self.db.execute("SELECT value FROM counters WHERE name = ?",
+                                  (f"fault:{collection}:hold_ms",)).fetchone()
             return (row[0] if row else 0) / 1000.0
 
     def view(self, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -265,12 +279,13 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 return self._send(400, {"error": str(exc)})
         if parts == ["admin", "faults"]:
-            for fault in ("drop_response", "error_500", "slow"):
+            for fault in ("drop_response", "error_500", "slow", "hold"):
                 if fault in body:
                     self.store.arm_fault(body["collection"], fault, int(body[fault]))
-            if "slow_s" in body:
-                self.store.arm_fault(body["collection"], "slow_ms",
-                                     round(float(body["slow_s"]) * 1000))
+            for delay in ("slow_s", "hold_s"):
+                if delay in body:
+                    self.store.arm_fault(body["collection"], f"{delay[:-2]}_ms",
+                                         round(float(body[delay]) * 1000))
             return self._send(200, {"armed": body})
         if parts == ["admin", "reset"]:
             self.store.reset()
@@ -292,6 +307,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(2)  # the object exists; the caller hears nothing
                 return None
+            hold = self.store.take_hold(parts[1]) if code in (200, 201, 202) else 0.0
+            if hold:
+                time.sleep(hold)  # acted; the answer comes late (or to nobody)
             return self._send(code, payload)
         return self._send(404, {"error": "no route"})
 

@@ -16,6 +16,7 @@ left.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -233,3 +234,46 @@ def stats() -> dict[str, Any]:
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
+
+
+# -- the same tool, async (an ``async def`` step awaits it on the worker's event loop) -------
+
+_async_clients: dict[int, httpx.AsyncClient] = {}  # per event loop (a client is bound to one)
+
+
+def _async_http() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(id(loop))
+    if client is None:
+        client = _async_clients[id(loop)] = httpx.AsyncClient(timeout=TIMEOUT)
+    return client
+
+
+async def _request_async(method: str, url: str, timeout: float | None,
+                         **options: Any) -> httpx.Response:
+    """``_request``, awaited: the whole request (body included) is over within ``timeout``
+    (``asyncio.timeout``; cancelled at that point, or when the step's timeout passes)."""
+    async with asyncio.timeout(timeout):
+        return await _async_http().request(method, url, timeout=_timeout(timeout), **options)
+
+
+def async_provider_tool(name: str, collection: str, tool_class: ToolClass, *,
+                        timeout_s: float | None = None) -> Tool:
+    """``provider_tool`` with ``async def`` call, lookup and status (httpx.AsyncClient)."""
+
+    async def call(payload: dict[str, Any], key: str, *,
+                   timeout: float | None = None) -> ToolResult:
+        return _answer(await _request_async("POST", f"{provider_url()}/v1/{collection}",
+                                            timeout, json=payload,
+                                            headers={"Idempotency-Key": key}))
+
+    async def find(key: str, *, timeout: float | None = None) -> ToolResult | None:
+        response = await _request_async(
+            "GET", f"{provider_url()}/v1/{collection}/by-key/{key}", timeout)
+        return None if response.status_code == 404 else _answer(response)
+
+    async def poll(ref: str, *, timeout: float | None = None) -> ToolResult:
+        return _answer(await _request_async("GET", f"{provider_url()}/v1/{collection}/{ref}",
+                                            timeout))
+
+    return Tool(name, tool_class, call=call, lookup=find, status=poll, timeout_s=timeout_s)

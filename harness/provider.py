@@ -50,7 +50,8 @@ class ReferenceProvider:
         self.http.post("/admin/config", json=values).raise_for_status()
 
     def arm(self, collection: str, **faults: float) -> None:
-        """The next creates in ``collection`` misbehave: drop_response, error_500, slow."""
+        """The next creates in ``collection`` misbehave: drop_response, error_500, slow,
+        hold (with slow_s / hold_s)."""
         self.http.post("/admin/faults",
                        json={"collection": collection, **faults}).raise_for_status()
 

@@ -344,8 +344,13 @@ class StepStore:
 
     # -- the hot path -------------------------------------------------------------------
     def claim(self, run_id: UUID, seq: int, owner: str, *, count_stale: bool = True,
-              bind: Mapping[str, list[int]] | None = None) -> Claim | Stale:
+              bind: Mapping[str, list[int]] | None = None,
+              leases: Mapping[str, Mapping[str, float]] | None = None) -> Claim | Stale:
         """Take the lease of ``run_id`` at ``seq`` (docs/design.md section 4.1) or say why not.
+
+        The lease lasts ``lease_ttl_s``, or what ``leases`` gives the run's workflow and next
+        step (``""``: the start step) when that is longer: a step's timeout and a margin
+        (``Registry.step_leases``), so a step inside its timeout needs no heartbeat.
 
         A run bound to no version yet is bound, by the same statement, to ``bind``'s
         ``[version, state_schema_version]`` for its workflow (the claiming code's: see
@@ -354,7 +359,8 @@ class StepStore:
         (an upgrade ran under a running worker): the delivery is stale ``schema_changed``.
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
-                                 "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION})
+                                 "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION,
+                                 "leases": Jsonb({k: dict(v) for k, v in (leases or {}).items()})})
         if row is not None:
             return Claim.from_row(row)
         if not count_stale:

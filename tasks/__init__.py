@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from tasks.context import StepContext
-from tasks.exceptions import LeaseLost, OutcomeError, StepError, WorkflowDefinitionError
+from tasks.context import AsyncStepContext, StepContext
+from tasks.exceptions import (
+    LeaseLost,
+    OutcomeError,
+    StepError,
+    StepTimedOut,
+    WorkflowDefinitionError,
+)
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.outcomes import Fail, Finish, Goto, Outcome
 from tasks.workflow import Registry, Step, Workflow
 
 __all__ = [
+    "AsyncStepContext",
     "ExecutorConfig",
     "Fail",
     "Finish",
@@ -22,6 +29,7 @@ __all__ = [
     "StepError",
     "StepMessage",
     "StepReport",
+    "StepTimedOut",
     "Workflow",
     "WorkflowDefinitionError",
     "execute_step",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from tasks import observe
+from tasks import aio, deadline, observe
 from tasks.exceptions import LeaseLost
 from tasks.llm import LLMResponse
 from tasks.outcomes import AskApproval, Fail, Finish, Goto, Sleep, WaitSignal
@@ -19,8 +19,9 @@ from tasks.workflow import Step, Workflow
 
 
 @dataclass
-class StepContext:
-    """Identity of the running step and the outcome builders.
+class BaseContext:
+    """Identity of the running step and the outcome builders, shared by ``StepContext`` (a
+    plain step) and ``AsyncStepContext`` (an ``async def`` step).
 
     A step body may run more than once (at-least-once); only its commit happens once.
     """
@@ -34,27 +35,6 @@ class StepContext:
     tenant_id: str
     services: StepServices = field(repr=False)
     _heartbeat: Callable[[], bool] = field(repr=False, default=lambda: True)
-
-    def effect(self, tool: Tool, /, key: str | None = None, **payload: Any) -> dict[str, Any]:
-        """Change the outside world once: intent recorded before the call, keyed for the
-        action (not the attempt), reconciled when an earlier outcome is unknown.
-
-        ``key`` names the call's intent explicitly; by default it is the call's ordinal
-        within the step.
-        """
-        with observe.effect(self.services, tool):
-            return self.services.effect(tool, key, payload)
-
-    def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
-            **params: Any) -> LLMResponse:
-        """Call the workflow's model client; a re-executed step gets the recorded answer."""
-        with observe.model_call(model):
-            return self.services.llm(model=model, messages=messages, key=key, params=params)
-
-    def read(self, tool: Tool, /, key: str | None = None, **params: Any) -> dict[str, Any]:
-        """Read from a ``read`` tool; recorded with its source version and time."""
-        with observe.read(tool):
-            return self.services.read(tool, key, params)
 
     def goto(self, step: Step | str, /, **update: Any) -> Goto:
         """Continue with ``step`` after merging ``update`` into the state."""
@@ -113,16 +93,105 @@ class StepContext:
     @property
     def decision(self) -> Any:
         """The approval decision this step resumes after (None if it did not wait for one)."""
-        return self.services.decision()
+        with deadline.shielded():
+            return self.services.decision()
 
     def signal(self, name: str) -> Any:
         """The payload of the signal that ended this step's wait."""
-        return self.services.signal_payload(name)
+        with deadline.shielded():
+            return self.services.signal_payload(name)
 
-    def heartbeat(self) -> None:
-        """Extend the lease during a long step; raises LeaseLost if another worker took over."""
+    def time_left(self) -> float | None:
+        """Seconds left before the step's ``timeout`` (None: the step has none)."""
+        running = deadline.current()
+        return running.remaining() if running is not None else None
+
+    def _beat(self) -> None:
+        deadline.check()
         if not self._heartbeat():
             raise LeaseLost(f"run {self.run_id} seq {self.seq}: the lease was taken over")
+
+
+class StepContext(BaseContext):
+    """What a plain (``def``) step is given: the calls below block until answered."""
+
+    def effect(self, tool: Tool, /, key: str | None = None, **payload: Any) -> dict[str, Any]:
+        """Change the outside world once: intent recorded before the call, keyed for the
+        action (not the attempt), reconciled when an earlier outcome is unknown.
+
+        ``key`` names the call's intent explicitly; by default it is the call's ordinal
+        within the step.
+        """
+        return _effect(self.services, tool, key, payload)
+
+    def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
+            **params: Any) -> LLMResponse:
+        """Call the workflow's model client; a re-executed step gets the recorded answer."""
+        return _llm(self.services, model, messages, key, params)
+
+    def read(self, tool: Tool, /, key: str | None = None, **params: Any) -> dict[str, Any]:
+        """Read from a ``read`` tool; recorded with its source version and time."""
+        return _read(self.services, tool, key, params)
+
+    def heartbeat(self) -> None:
+        """Extend the lease during a long step; raises LeaseLost if another worker took over.
+        (A step with a ``timeout`` is leased for it already.)"""
+        with deadline.shielded():
+            self._beat()
+
+
+class AsyncStepContext(BaseContext):
+    """What an ``async def`` step is given: the same calls, awaited (tasks/aio.py). They run
+    one at a time in the order they are made; calls made concurrently (``asyncio.gather``)
+    keep a deterministic order when the body starts them in one, or give each a ``key``."""
+
+    async def effect(self, tool: Tool, /, key: str | None = None,
+                     **payload: Any) -> dict[str, Any]:
+        """``StepContext.effect``, awaited."""
+        return await aio.offload(lambda: _effect(self.services, tool, key, payload))
+
+    async def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
+                  **params: Any) -> LLMResponse:
+        """``StepContext.llm``, awaited (the model client may be sync or async)."""
+        return await aio.offload(lambda: _llm(self.services, model, messages, key, params))
+
+    async def read(self, tool: Tool, /, key: str | None = None,
+                   **params: Any) -> dict[str, Any]:
+        """``StepContext.read``, awaited."""
+        return await aio.offload(lambda: _read(self.services, tool, key, params))
+
+    async def heartbeat(self) -> None:
+        """``StepContext.heartbeat``, awaited."""
+        await aio.offload(self._beat)
+
+    @classmethod
+    def of(cls, ctx: BaseContext) -> AsyncStepContext:
+        """The async context of the same step."""
+        return cls(**{f.name: getattr(ctx, f.name) for f in fields(ctx)})
+
+
+# Each call is refused past the step's deadline, and its bookkeeping is shielded from the
+# deadline's interruption (only the provider or model call itself may be interrupted).
+
+def _effect(services: StepServices, tool: Tool, key: str | None,
+            payload: dict[str, Any]) -> dict[str, Any]:
+    deadline.check()
+    with deadline.shielded(), observe.effect(services, tool):
+        return services.effect(tool, key, payload)
+
+
+def _llm(services: StepServices, model: str, messages: list[dict[str, Any]], key: str | None,
+         params: dict[str, Any]) -> LLMResponse:
+    deadline.check()
+    with deadline.shielded(), observe.model_call(model):
+        return services.llm(model=model, messages=messages, key=key, params=params)
+
+
+def _read(services: StepServices, tool: Tool, key: str | None,
+          params: dict[str, Any]) -> dict[str, Any]:
+    deadline.check()
+    with deadline.shielded(), observe.read(tool):
+        return services.read(tool, key, params)
 
 
 def _name(step: Step | str | None) -> str | None:

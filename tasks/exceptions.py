@@ -19,6 +19,7 @@ __all__ = [
     "LeaseLost",
     "OutcomeError",
     "StepError",
+    "StepTimedOut",
     "ToolError",
     "ToolPromiseBroken",
     "WorkflowDefinitionError",
@@ -51,6 +52,12 @@ class OutcomeError(StepError):
 class CredentialUnavailable(OnwardError):
     """A tool's credential reference (``secret://NAME``) names nothing configured, or is not
     a reference (tasks/credentials.py). The message never holds a credential's value."""
+
+
+class StepTimedOut(StepError):
+    """The step ran past its ``timeout`` (``@wf.step(timeout=...)``): its outcome is not
+    committed, and the attempt is retried within the step's attempt budget
+    (tasks/deadline.py)."""
 
 
 class LeaseLost(OnwardError):

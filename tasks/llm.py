@@ -16,10 +16,12 @@ is in.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
+
+from tasks import aio, deadline
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,13 @@ class LLMClient(Protocol):
     A client may declare ``timeout_s`` (seconds): one call's time limit, which the client
     keeps to (its SDK's timeout). Before each call onward extends the step's lease to cover
     it (plus ``ONWARD_TOOL_LEASE_MARGIN_S``); without it, ``ONWARD_MODEL_TIMEOUT_S`` is
-    used (docs/effects.md, "Call timeouts and the lease")."""
+    used (docs/effects.md, "Call timeouts and the lease").
+
+    ``complete`` (and ``stream``) may be ``async def``: the call is then awaited on the
+    worker's event loop, from plain and async steps alike (docs/steps.md)."""
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
-                 **params: Any) -> LLMResponse: ...
+                 **params: Any) -> LLMResponse | Awaitable[LLMResponse]: ...
 
 
 class TokenSink(Protocol):
@@ -112,15 +117,25 @@ def call_model(client: LLMClient, *, model: str, messages: list[dict[str, Any]],
                params: dict[str, Any], stream_to: StreamTo | None) -> LLMResponse:
     """Call ``client``; with ``stream_to``, publish its text as it arrives (whole, at the
     end, for a client that cannot stream), then a ``done`` event."""
+    with deadline.interruptible():  # the call is what a step's timeout may interrupt
+        return _call_model(client, model, messages, params, stream_to)
+
+
+def _call_model(client: LLMClient, model: str, messages: list[dict[str, Any]],
+                params: dict[str, Any], stream_to: StreamTo | None) -> LLMResponse:
+    # an async client's coroutine is awaited on the worker's event loop (tasks/aio.py)
     if stream_to is None:
-        return client.complete(model=model, messages=messages, **params)
+        answer: LLMResponse = aio.resolve(client.complete(model=model, messages=messages,
+                                                          **params))
+        return answer
     publish = stream_to.publisher()
     stream = getattr(client, "stream", None)
     if stream is not None:
-        response: LLMResponse = stream(model=model, messages=messages,
-                                       on_text=lambda piece: publish({"delta": piece}), **params)
+        response: LLMResponse = aio.resolve(stream(
+            model=model, messages=messages, on_text=lambda piece: publish({"delta": piece}),
+            **params))
     else:
-        response = client.complete(model=model, messages=messages, **params)
+        response = aio.resolve(client.complete(model=model, messages=messages, **params))
         publish({"delta": response.text})
     publish({"done": True, "model": response.model, "tool_calls": response.tool_calls})
     return response

@@ -66,20 +66,75 @@ class OpenAIChat:
         return self._response(assembled.response())
 
     def _response(self, raw: dict[str, Any]) -> LLMResponse:
-        choice = (raw.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        usage = raw.get("usage") or {}
-        tokens_in = int(usage.get("prompt_tokens") or 0)
-        tokens_out = int(usage.get("completion_tokens") or 0)
-        calls = [{"id": call.get("id"), "name": (call.get("function") or {}).get("name"),
-                  **parse_arguments((call.get("function") or {}).get("arguments"))}
-                 for call in message.get("tool_calls") or []]
-        model = str(raw.get("model") or "")
-        return LLMResponse(
-            text=message.get("content") or "", model=model, input_tokens=tokens_in,
-            output_tokens=tokens_out, cost_usd=price_of(self.prices, model, tokens_in, tokens_out),
-            data={"response": raw, "tool_calls": calls,
-                  "finish_reason": choice.get("finish_reason")})
+        return _response(self.prices, raw)
+
+
+class AsyncOpenAIChat:
+    """An ``LLMClient`` over ``openai.AsyncOpenAI().chat.completions``: its calls are
+    awaited on the worker's event loop (from plain and ``async def`` steps alike), so a
+    step waiting for the model holds no thread (docs/steps.md, "Async steps")."""
+
+    def __init__(self, client: Any = None, *, prices: Prices | None = None,
+                 timeout_s: float | None = None, **client_options: Any) -> None:
+        """As ``OpenAIChat``; the client is built on first use, on the loop that uses it."""
+        self.timeout_s = sdk_timeout(timeout_s, client_options)
+        self._options = client_options
+        self._clients: dict[int, Any] = {}
+        self._given = client
+        self.prices = prices or {}
+
+    def _client(self) -> Any:
+        if self._given is not None:
+            return self._given
+        import asyncio
+
+        loop = id(asyncio.get_running_loop())  # an SDK client's connections are the loop's
+        if loop not in self._clients:
+            try:
+                import openai
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise ImportError("AsyncOpenAIChat needs the openai package: "
+                                  "pip install 'onward[openai]'") from exc
+            self._clients[loop] = openai.AsyncOpenAI(**self._options)
+        return self._clients[loop]
+
+    async def complete(self, *, model: str, messages: list[dict[str, Any]],
+                       **params: Any) -> LLMResponse:
+        answer = await self._client().chat.completions.create(model=model, messages=messages,
+                                                              **params)
+        return _response(self.prices, answer.model_dump(mode="json", exclude_unset=False))
+
+    async def stream(self, *, model: str, messages: list[dict[str, Any]],
+                     on_text: Callable[[str], None], **params: Any) -> LLMResponse:
+        """``OpenAIChat.stream``, awaited."""
+        options = {**params, "stream": True,
+                   "stream_options": {**params.get("stream_options", {}), "include_usage": True}}
+        assembled = _Assembler()
+        chunks = await self._client().chat.completions.create(model=model, messages=messages,
+                                                              **options)
+        async for chunk in chunks:
+            piece = assembled.add(chunk.model_dump(mode="json"))
+            if piece:
+                on_text(piece)
+        return _response(self.prices, assembled.response())
+
+
+def _response(prices: Prices, raw: dict[str, Any]) -> LLMResponse:
+    """A chat completion (as JSON) as the evidence keeps it."""
+    choice = (raw.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    usage = raw.get("usage") or {}
+    tokens_in = int(usage.get("prompt_tokens") or 0)
+    tokens_out = int(usage.get("completion_tokens") or 0)
+    calls = [{"id": call.get("id"), "name": (call.get("function") or {}).get("name"),
+              **parse_arguments((call.get("function") or {}).get("arguments"))}
+             for call in message.get("tool_calls") or []]
+    model = str(raw.get("model") or "")
+    return LLMResponse(
+        text=message.get("content") or "", model=model, input_tokens=tokens_in,
+        output_tokens=tokens_out, cost_usd=price_of(prices, model, tokens_in, tokens_out),
+        data={"response": raw, "tool_calls": calls,
+              "finish_reason": choice.get("finish_reason")})
 
 
 class _Assembler:

@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from ledger.vocabulary import EffectAttemptOutcome, ToolClass
+from tasks import aio, deadline
 from tasks.exceptions import (
     ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
     WorkflowDefinitionError,
@@ -78,10 +79,15 @@ def takes_timeout(function: Callable[..., Any]) -> bool:
 
 def invoke(function: Callable[..., Any], *args: Any, timeout: float) -> Any:
     """Call a tool's callable with its time limit, as ``timeout=`` when it takes one; a
-    callable without that keyword must keep to the limit by itself (its client's timeout)."""
-    if takes_timeout(function):
-        return function(*args, timeout=timeout)
-    return function(*args)
+    callable without that keyword must keep to the limit by itself (its client's timeout).
+
+    The limit is cut to what the running step has left of its ``timeout``; the call is the
+    part of a ``ctx`` call that the step's deadline may interrupt (tasks/deadline.py). An
+    ``async def`` callable is awaited on the worker's event loop (tasks/aio.py)."""
+    with deadline.interruptible():
+        if takes_timeout(function):
+            return aio.resolve(function(*args, timeout=deadline.bound(timeout)))
+        return aio.resolve(function(*args))
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,12 @@ class Tool:
                                self.tool_class is ToolClass.IDEMPOTENT_WRITE)
         if self.refuses_key_reuse is None:
             object.__setattr__(self, "refuses_key_reuse", self.honours_key)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether any of its callables is ``async def`` (awaited on the worker's loop)."""
+        return any(inspect.iscoroutinefunction(f) for f in
+                   (self.call, self.lookup, self.status, self.simulate) if f is not None)
 
     def timeout_for(self, default_s: float) -> float:
         """This tool's call time limit, given the configured default."""

@@ -7,14 +7,19 @@
         return ctx.goto(extract, sources=find_sources(state.topic))
 
 Each step receives ``(ctx, state)`` and returns ``ctx.goto(...)``, ``ctx.finish(...)`` or
-``ctx.fail(...)``. Definition mistakes raise ``WorkflowDefinitionError`` at import time.
+``ctx.fail(...)``; an ``async def`` step awaits ``ctx.llm``, ``ctx.read`` and ``ctx.effect``
+(docs/steps.md). ``@wf.step(timeout=...)`` bounds a step's run time, and its lease covers it.
+Definition mistakes raise ``WorkflowDefinitionError`` at import time.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
@@ -23,13 +28,14 @@ from tasks.exceptions import WorkflowDefinitionError
 
 if TYPE_CHECKING:
     from ledger.runs import Budgets
-    from tasks.context import StepContext
+    from tasks.context import AsyncStepContext, StepContext
     from tasks.llm import LLMClient
     from tasks.outcomes import Outcome
     from tasks.tools import Tool
 
 S = TypeVar("S", bound=BaseModel)
-StepFn = Callable[["StepContext", Any], "Outcome"]
+StepFn = (Callable[["StepContext", Any], "Outcome"]
+          | Callable[["AsyncStepContext", Any], Awaitable["Outcome"]])
 MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
@@ -43,9 +49,20 @@ class Step:
     fn: StepFn
     workflow: str
     max_attempts: int | None
+    timeout_s: float | None = None  # the body's time limit; the lease covers it
 
-    def __call__(self, ctx: StepContext, state: Any) -> Outcome:
+    def __call__(self, ctx: Any, state: Any) -> Any:
+        """The body: an outcome, or (``async def``) a coroutine that returns one."""
         return self.fn(ctx, state)
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` step: it runs on the worker's event loop (tasks/aio.py)."""
+        return inspect.iscoroutinefunction(self.fn)
+
+    def lease_s(self, margin_s: float) -> float | None:
+        """The lease a claim of this step takes at least: its timeout and ``margin_s``."""
+        return None if self.timeout_s is None else self.timeout_s + margin_s
 
 
 class Workflow(Generic[S]):
@@ -99,7 +116,8 @@ class Workflow(Generic[S]):
 
     @overload
     def step(
-        self, *, start: bool = False, name: str | None = None, max_attempts: int | None = None
+        self, *, start: bool = False, name: str | None = None, max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Callable[[StepFn], Step]: ...
 
     def step(  # type: ignore[misc]  # one decorator, used bare or with options
@@ -110,18 +128,26 @@ class Workflow(Generic[S]):
         start: bool = False,
         name: str | None = None,
         max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Step | Callable[[StepFn], Step]:
-        """Register a step; ``start=True`` marks the one a new run begins with."""
+        """Register a step; ``start=True`` marks the one a new run begins with.
+
+        ``timeout`` (seconds or a timedelta) bounds one attempt of the step: the claim's lease
+        covers it (no heartbeat needed inside it), the body is interrupted or refused past
+        it, and the attempt is retried within ``max_attempts`` (docs/steps.md, "Timeouts").
+        The step may be ``async def`` (docs/steps.md, "Async steps")."""
 
         def register(func: StepFn) -> Step:
             step_name = name or func.__name__
+            where = f"{self.name}.{step_name}"
             if not _NAME.match(step_name):
                 raise WorkflowDefinitionError(f"{self.name}: invalid step name {step_name!r}")
             if step_name in self.steps:
                 raise WorkflowDefinitionError(f"{self.name}: step {step_name!r} defined twice")
             if max_attempts is not None and max_attempts < 1:
-                raise WorkflowDefinitionError(f"{self.name}.{step_name}: max_attempts must be >= 1")
-            step = Step(step_name, func, self.name, max_attempts)
+                raise WorkflowDefinitionError(f"{where}: max_attempts must be >= 1")
+            _check_body(where, func)
+            step = Step(step_name, func, self.name, max_attempts, _seconds(where, timeout))
             if start:
                 if self.start is not None:
                     raise WorkflowDefinitionError(
@@ -174,6 +200,11 @@ class Workflow(Generic[S]):
             return step.max_attempts
         return self.max_attempts
 
+    @property
+    def async_steps(self) -> list[str]:
+        """The names of its ``async def`` steps."""
+        return [name for name, step in self.steps.items() if step.is_async]
+
     def check(self) -> None:
         """Validate the whole definition; the registry calls this on registration."""
         if self.start is None:
@@ -182,11 +213,33 @@ class Workflow(Generic[S]):
             )
 
 
+def _check_body(where: str, func: StepFn) -> None:
+    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+        raise WorkflowDefinitionError(
+            f"{where} is a generator: a step returns one outcome (ctx.goto, ctx.finish, "
+            "ctx.fail, a wait); write it as def or async def that returns it")
+    if not callable(func):
+        raise WorkflowDefinitionError(f"{where}: a step must be a function, not "
+                                      f"{type(func).__name__}")
+
+
+def _seconds(where: str, timeout: float | timedelta | None) -> float | None:
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise WorkflowDefinitionError(
+            f"{where}: timeout must be a positive number of seconds or a timedelta, got "
+            f"{timeout!r}")
+    return float(seconds)
+
+
 class Registry:
     """The workflows a worker can run, by name and version; versions live side by side."""
 
     def __init__(self) -> None:
         self._workflows: dict[tuple[str, int], Workflow[Any]] = {}
+        self._leases: tuple[float, dict[str, dict[str, float]]] | None = None
 
     def register(self, workflow: Workflow[Any]) -> Workflow[Any]:
         workflow.check()
@@ -196,6 +249,7 @@ class Registry:
             raise WorkflowDefinitionError(
                 f"workflow {workflow.name!r} version {workflow.version} is registered twice")
         self._workflows[key] = workflow
+        self._leases = None
         return workflow
 
     def get(self, name: str, version: int | None = None) -> Workflow[Any] | None:
@@ -222,6 +276,44 @@ class Registry:
         for workflow in self.all():  # sorted: the newest version of each name comes last
             bound[workflow.name] = [workflow.version, workflow.state_schema_version]
         return bound
+
+    def step_leases(self, margin_s: float) -> dict[str, dict[str, float]]:
+        """The lease a claim takes at least, per workflow and step (``""``: the start step),
+        for the steps with a timeout: the timeout and ``margin_s``, the longest over the
+        versions this code has. The claim statement reads it (ledger/steps.py)."""
+        if self._leases is not None and self._leases[0] == margin_s:
+            return self._leases[1]
+        leases: dict[str, dict[str, float]] = {}
+        for workflow in self.all():
+            for step in workflow.steps.values():
+                lease = step.lease_s(margin_s)
+                if lease is None:
+                    continue
+                names = [step.name, ""] if step is workflow.start else [step.name]
+                for name in names:
+                    per_step = leases.setdefault(workflow.name, {})
+                    per_step[name] = max(lease, per_step.get(name, 0.0))
+        self._leases = (margin_s, leases)
+        return leases
+
+    def async_parts(self) -> dict[str, list[str]]:
+        """Per workflow (``name vN``), what of it needs an event loop: its ``async def``
+        steps, an async model client, and the async tools its module defines."""
+        from tasks.tools import Tool as ToolType
+
+        found: dict[str, list[str]] = {}
+        for workflow in self.all():
+            parts = [f"async step {name}" for name in workflow.async_steps]
+            complete = getattr(workflow.llm, "complete", None)
+            if complete is not None and inspect.iscoroutinefunction(complete):
+                parts.append("async model client")
+            for module in {step.fn.__module__ for step in workflow.steps.values()}:
+                values = vars(sys.modules[module]).values() if module in sys.modules else ()
+                parts += sorted(f"async tool {v.name}" for v in values
+                                if isinstance(v, ToolType) and v.is_async)
+            if parts:
+                found[f"{workflow.name} v{workflow.version}"] = parts
+        return found
 
     def all(self) -> list[Workflow[Any]]:
         return [self._workflows[key] for key in sorted(self._workflows)]

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ledger.exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from tasks.workflow import Registry
 
 
 class PoolKind(StrEnum):
@@ -91,3 +95,20 @@ class PoolOptions:
         if self.prefetch_multiplier is not None:
             args += ["--prefetch-multiplier", str(self.prefetch_multiplier)]
         return args
+
+
+def check_pool_runs(pool: PoolKind, registry: Registry) -> None:
+    """Refuse, when the worker starts, workflows this pool cannot run: ``async def`` steps,
+    async tools and async model clients need an event loop of their own (tasks/aio.py),
+    which gevent's patched threads and sockets cannot host. Never found out at run time."""
+    if pool is not PoolKind.GEVENT:
+        return
+    found = registry.async_parts()
+    if not found:
+        return
+    named = "; ".join(f"{workflow}: {', '.join(parts)}" for workflow, parts in found.items())
+    raise InvalidInput(
+        f"the gevent pool cannot run async steps, tools or model clients ({named}): start "
+        "these workflows' workers with --pool threads (many steps in flight per process) or "
+        "--pool prefork, or keep them out of this worker's ONWARD_WORKFLOWS "
+        "(docs/steps.md, \"Async steps\")")

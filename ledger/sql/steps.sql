@@ -20,7 +20,10 @@ WITH claimed AS (
     UPDATE onward.runs
        SET lease_owner = %(owner)s,
            lease_epoch = lease_epoch + 1,
-           lease_expires_at = onward.now() + %(ttl)s * interval '1 second',
+           -- a step with a timeout is leased for it and a margin at least (docs/steps.md)
+           lease_expires_at = onward.now() + greatest(
+               %(ttl)s, coalesce((%(leases)s::jsonb -> workflow ->> coalesce(step, ''))::float8,
+                                 0)) * interval '1 second',
            attempt = attempt + 1,
            attempts_total = attempts_total + 1,
            -- an expired lease still set means its holder never finished: a restore

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ledger.exceptions import InvalidInput
+from tasks.workflow import Registry
 from workers.greenpatch import green_pool_requested
-from workers.pools import PoolKind, PoolOptions
+from workers.pools import PoolKind, PoolOptions, check_pool_runs
 
 
 def test_pools__options_pass_through_to_celery() -> None:
@@ -63,3 +64,19 @@ def test_pools__gevent_patching_only_for_a_gevent_worker(argv: list[str],
     """Only ``onward worker -P gevent`` patches the standard library (at import of the
     console package, before psycopg is imported); no other command or program does."""
     assert green_pool_requested(argv) == expected
+
+
+def test_pools__gevent_refuses_async_workflows_at_start() -> None:
+    """A workflow with async steps or tools cannot run on gevent: the worker refuses it when
+    it starts, naming the workflow and its async parts and saying which pool to use; the
+    threads and prefork pools take it."""
+    registry = Registry()
+    registry.load_modules(["tests.workflows_async"])
+    with pytest.raises(InvalidInput, match=r"gevent pool cannot run async.*test_async v1: "
+                                           r"async step .*--pool threads"):
+        check_pool_runs(PoolKind.GEVENT, registry)
+    for pool in (PoolKind.THREADS, PoolKind.PREFORK, PoolKind.SOLO):
+        check_pool_runs(pool, registry)
+    plain = Registry()
+    plain.load_modules(["tests.workflows"])
+    check_pool_runs(PoolKind.GEVENT, plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -134,3 +135,60 @@ def test_registry__loads_test_workflows() -> None:
     registry = Registry()
     registry.load_modules(["tests.workflows"])
     assert {"test_chain", "test_poison", "test_flaky", "test_broken"} <= set(registry.names())
+
+
+# -- timeouts and async steps (docs/steps.md) ----------------------------------------------
+
+@pytest.mark.parametrize("timeout", [0, -1, "10", True, timedelta(0)])
+def test_workflow__bad_step_timeout_is_refused(timeout: Any) -> None:
+    """A timeout is a positive number of seconds or a timedelta; anything else is refused
+    when the step is defined, naming it."""
+    flow = Workflow("bad_timeout", state=State)
+    with pytest.raises(WorkflowDefinitionError, match=r"bad_timeout\._noop: timeout must be"):
+        flow.step(timeout=timeout)(_noop)
+
+
+def test_workflow__generator_step_is_refused() -> None:
+    """A step returns one outcome: a generator (sync or async) is refused at definition."""
+    flow = Workflow("gen", state=State)
+
+    def many(ctx: StepContext, state: Any) -> Any:
+        yield ctx.finish()
+
+    async def many_async(ctx: Any, state: Any) -> Any:
+        yield ctx.finish()
+
+    for body in (many, many_async):
+        with pytest.raises(WorkflowDefinitionError, match="is a generator"):
+            flow.step(body)
+
+
+def test_registry__step_leases_cover_timeouts_and_the_margin() -> None:
+    """The claim leases a step with a timeout for the timeout and the margin, by workflow
+    and step name ("" for the start step, which a new run's row does not name); the
+    longest over the versions this code has; steps without a timeout are left out."""
+    v1 = Workflow("leased", version=1, state=State)
+    v1.step(start=True, timeout=timedelta(minutes=2))(_noop)
+    v1.step(name="plain")(_noop)
+    v2 = Workflow("leased", version=2, state=State)
+    v2.step(start=True, timeout=60)(_noop)
+    registry = Registry()
+    registry.register(v1)
+    registry.register(v2)
+    assert registry.step_leases(5.0) == {"leased": {"_noop": 125.0, "": 125.0}}
+    assert registry.step_leases(0.0) == {"leased": {"_noop": 120.0, "": 120.0}}
+
+
+def test_registry__async_parts_name_async_steps_tools_and_clients() -> None:
+    """What of a workflow needs an event loop: its async def steps, an async model client,
+    the async tools of its module (what a gevent worker refuses at start)."""
+    registry = Registry()
+    registry.load_modules(["tests.workflows_async"])
+    parts = registry.async_parts()
+    assert "async step draft" in parts["test_async v1"]
+    assert "async tool test.async_offer" in parts["test_async v1"]
+    flow = Workflow("plain_only", state=State)
+    flow.step(start=True)(_noop)
+    registry.register(flow)
+    assert "plain_only v1" not in registry.async_parts()
+    assert flow.start is not None and not flow.start.is_async

@@ -1,0 +1,246 @@
+"""``async def`` steps: their bodies run on an event loop of the worker process (docs/steps.md,
+"Async steps").
+
+Each worker process has one event loop, in a daemon thread of its own, started on first use
+(in each prefork child after the fork). The thread that took the step's message (a prefork
+child's main thread, a threads-pool thread) hands the body to that loop and, while it runs,
+serves the body's ``ctx`` calls: each awaited ``ctx.llm``, ``ctx.read``, ``ctx.effect``
+becomes a job that this thread runs with the same code a plain step runs (tasks/services.py:
+one checkpoint, effect and evidence protocol, its ledger statements on this thread's
+connections), one job at a time, in the order the calls were made, so their command ids
+stay deterministic. A tool or model client whose calls are coroutines is awaited on the
+loop (``resolve``), so the loop keeps serving the other steps while this one waits.
+
+At the step's timeout the body is cancelled on the loop; a ``ctx`` call in flight then
+cancels the coroutine it awaits (its attempt is recorded with an unknown outcome) and the
+body is only let go once the call's bookkeeping is done.
+
+Not on the gevent pool: gevent replaces the threads and sockets this relies on; a worker
+refuses to start there with async workflows (workers/pools.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import os
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from tasks.deadline import StepDeadline
+
+T = TypeVar("T")
+
+
+class _ProcessLoop:
+    """The process's event loop and its thread (a new one after a fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        if self._loop is not None and self._pid == os.getpid():
+            return self._loop
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="onward-step-loop",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+
+_process_loop = _ProcessLoop()
+
+
+def process_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async steps, async tools and async model clients run on here."""
+    return _process_loop.get()
+
+
+@dataclass
+class _Job:
+    """One ``ctx`` call of an async step, run by the step's own thread."""
+
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+    cancelled: bool = False
+    awaiting: set[concurrent.futures.Future[Any]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cancel(self) -> None:
+        """Not started: never run. Running: cancel the coroutines it awaits on the loop."""
+        with self.lock:
+            self.cancelled = True
+            awaiting = list(self.awaiting)
+        for waited in awaiting:
+            waited.cancel()
+
+
+class StepThread:
+    """The thread that runs one async step's ``ctx`` calls while its body runs on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._open = True
+        self._running: _Job | None = None
+
+    # -- on the loop ------------------------------------------------------------------------
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the step's thread; cancelling this waits until ``fn`` is over."""
+        if not self._open:
+            raise RuntimeError("a ctx call was made after its step had ended: await every "
+                               "task a step starts before it returns")
+        job = _Job(fn, self.loop.create_future())
+        self._jobs.put(job)
+        try:
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            job.cancel()
+            while not job.future.done():  # its bookkeeping ends before the body lets go
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([job.future])
+            if not job.future.cancelled():
+                job.future.exception()  # seen: the cancel is what the body is told
+            raise
+
+    def close(self) -> None:
+        """The body is over: no further call runs; the step's thread stops serving."""
+        self._open = False
+        self._jobs.put(None)
+
+    # -- on the step's thread ---------------------------------------------------------------
+    def serve(self) -> None:
+        """Run the body's calls until ``close``."""
+        while (job := self._jobs.get()) is not None:
+            self._run(job)
+
+    def _run(self, job: _Job) -> None:
+        if job.cancelled or not self._open:
+            self._settle(job, None, None, cancel=True)
+            return
+        self._running = job
+        _serving.thread = self
+        try:
+            result = job.fn()
+        except (KeyboardInterrupt, SystemExit) as exc:  # this thread is told to stop
+            self._settle(job, None, exc)
+            raise
+        except BaseException as exc:  # handed to the awaiting body (Suspend included)
+            self._settle(job, None, exc)
+        else:
+            self._settle(job, result, None)
+        finally:
+            self._running = None
+            _serving.thread = None
+
+    def _settle(self, job: _Job, result: Any, error: BaseException | None, *,
+                cancel: bool = False) -> None:
+        def settle() -> None:
+            if job.future.done():
+                return
+            if cancel:
+                job.future.cancel()
+            elif error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+        self.loop.call_soon_threadsafe(settle)
+
+    def await_on_loop(self, awaitable: Awaitable[T]) -> T:
+        """Wait here for ``awaitable`` run on the loop; the running job's cancel cancels it."""
+        waited = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop)
+        job = self._running
+        if job is not None:
+            with job.lock:
+                if job.cancelled:
+                    waited.cancel()
+                job.awaiting.add(waited)
+        try:
+            return waited.result()
+        finally:
+            if job is not None:
+                with job.lock:
+                    job.awaiting.discard(waited)
+
+
+class _Serving(threading.local):
+    thread: StepThread | None = None
+
+
+_serving = _Serving()
+_step_thread: ContextVar[StepThread | None] = ContextVar("onward_step_thread", default=None)
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def resolve(value: Any) -> Any:
+    """``value``, or what it resolves to if it is awaitable (an async tool's or model
+    client's answer), awaited on the process loop while this thread waits for it."""
+    if not inspect.isawaitable(value):
+        return value
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop()
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError("an async tool or model client was called from inside an event loop "
+                        "without await: call it through ctx (await ctx.effect/read/llm)")
+    serving = _serving.thread
+    if serving is not None:
+        return serving.await_on_loop(value)
+    waited = asyncio.run_coroutine_threadsafe(_awaited(value), process_loop())
+    try:
+        return waited.result()
+    except BaseException:
+        waited.cancel()  # interrupted (a plain step's timeout): stop the coroutine too
+        raise
+
+
+async def offload(fn: Callable[[], T]) -> T:
+    """From an async step's body: run ``fn`` (a ``ctx`` call) on the step's thread."""
+    thread = _step_thread.get()
+    if thread is None:
+        raise RuntimeError("an async ctx call needs the async step it belongs to; it was "
+                           "awaited outside one")
+    return await thread.call(fn)
+
+
+async def _body(thread: StepThread, body: Coroutine[Any, Any, T],
+                deadline: StepDeadline | None) -> T:
+    _step_thread.set(thread)  # this task's context; tasks the body starts copy it
+    try:
+        if deadline is None:
+            return await body
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + deadline.remaining()):
+                return await body
+        except TimeoutError as exc:
+            if deadline.passed:
+                raise deadline.error() from exc
+            raise
+    finally:
+        thread.close()
+
+
+def run(body: Coroutine[Any, Any, T], deadline: StepDeadline | None) -> T:
+    """Run an async step's ``body`` on the process loop, serving its ``ctx`` calls on this
+    thread until it is over; its result, or what it raised."""
+    loop = process_loop()
+    thread = StepThread(loop)
+    done = asyncio.run_coroutine_threadsafe(_body(thread, body, deadline), loop)
+    thread.serve()
+    return done.result()

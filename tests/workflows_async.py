@@ -1,0 +1,139 @@
+"""Workflows for async steps and step timeouts (docs/steps.md), imported by the workers of
+tests/acceptance/test_async_steps.py and test_step_timeouts.py via ONWARD_WORKFLOWS (kept
+out of the default list: a gevent worker refuses async workflows at start).
+
+Side channel: a body appends a line to ``$ONWARD_TEST_MARKS/<run_id>`` at named points, so
+a test counts what bodies did (a body that was interrupted never writes its later marks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from examples.provider_client import async_provider_tool, provider_tool
+from ledger.vocabulary import ToolClass
+from tasks import AsyncStepContext, StepContext, Workflow
+from tasks.llm_openai import AsyncOpenAIChat, OpenAIChat
+
+async_offer = async_provider_tool("test.async_offer", "async_offers", ToolClass.IRREVERSIBLE)
+held_offer = provider_tool("test.held_offer", "held_offers", ToolClass.IRREVERSIBLE)
+MODEL = "onward-test-model"
+
+
+def mark(ctx: Any, what: str) -> None:
+    folder = os.environ.get("ONWARD_TEST_MARKS")
+    if folder:
+        with (Path(folder) / str(ctx.run_id)).open("a") as marks:
+            marks.write(f"{what} attempt={ctx.attempt} pid={os.getpid()}\n")
+
+
+def _model_url() -> str:
+    return os.environ.get("ONWARD_MODEL_URL", "http://127.0.0.1:8780/v1")
+
+
+class _Lazy:
+    """A model client built on first use from the environment (the test sets the URL)."""
+
+    def __init__(self, kind: type[Any]) -> None:
+        self.kind = kind
+        self.built: Any = None
+        self.timeout_s = 30.0
+
+    def _client(self) -> Any:
+        if self.built is None:
+            self.built = self.kind(base_url=_model_url(), api_key="test", timeout_s=30.0,
+                                   max_retries=0)
+        return self.built
+
+    def complete(self, **kwargs: Any) -> Any:
+        return self._client().complete(**kwargs)
+
+
+class _LazyAsync(_Lazy):
+    async def complete(self, **kwargs: Any) -> Any:
+        return await self._client().complete(**kwargs)
+
+
+class Offer(BaseModel):
+    topic: str = "durable agents"
+    draft: str = ""
+    offer_id: str = ""
+    sleep_s: float = 0.0  # after the effect, before the step returns (to kill it there)
+
+
+# -- an async workflow: a model call, an effect, a second async step -------------------------
+
+async_flow = Workflow("test_async", version=1, state=Offer, llm=_LazyAsync(AsyncOpenAIChat),
+                      max_attempts=3)
+
+
+@async_flow.step(start=True)
+async def draft(ctx: AsyncStepContext, state: Offer) -> Any:
+    answer = await ctx.llm(model=MODEL, messages=[
+        {"role": "user", "content": f"Draft an offer about {state.topic}."}])
+    await asyncio.sleep(0)  # the body really is on an event loop
+    offer = await ctx.effect(async_offer, topic=state.topic, text=answer.text[:200])
+    mark(ctx, "effect_returned")
+    if state.sleep_s:
+        await asyncio.sleep(state.sleep_s)
+    return ctx.goto(publish, draft=answer.text[:200], offer_id=offer["id"])
+
+
+@async_flow.step
+async def publish(ctx: AsyncStepContext, state: Offer) -> Any:
+    first, second = await asyncio.gather(  # started in one go: a deterministic order
+        ctx.llm(model=MODEL, messages=[{"role": "user", "content": "title"}]),
+        ctx.llm(model=MODEL, messages=[{"role": "user", "content": "summary"}]))
+    return ctx.finish(offer_id=state.offer_id, title=first.text[:40],
+                      summary=second.text[:40])
+
+
+# -- step timeouts (plain steps) ------------------------------------------------------------
+
+class Hang(BaseModel):
+    hang_s: float = 0.0  # the first attempt sleeps this long after its effect
+    release_file: str = ""  # the body waits for this file to exist (bounded by its timeout)
+
+
+timed = Workflow("test_timeout_effect", version=1, state=Hang, max_attempts=3)
+
+
+@timed.step(start=True, timeout=1.0)
+def send_then_hang(ctx: StepContext, state: Hang) -> Any:
+    """Sends its effect, then (first attempt) hangs past its 1 s timeout."""
+    offer = ctx.effect(held_offer, note="sent once, whatever the timeouts")
+    mark(ctx, "effect_returned")
+    if ctx.attempt == 1 and state.hang_s:
+        time.sleep(state.hang_s)
+        mark(ctx, "woke")
+    return ctx.finish(offer_id=offer["id"])
+
+
+long_step = Workflow("test_timeout_long", version=1, state=Hang, max_attempts=3)
+
+
+@long_step.step(start=True, timeout=30.0)
+def wait_for_release(ctx: StepContext, state: Hang) -> Any:
+    """Runs longer than the default lease (3 s in tests), well inside its timeout, with no
+    heartbeat: it waits for the test to create ``release_file``."""
+    mark(ctx, "started")
+    while not Path(state.release_file).exists():
+        time.sleep(0.05)
+    mark(ctx, "released")
+    return ctx.finish(attempt=ctx.attempt)
+
+
+plain_flow = Workflow("test_timeout_model", version=1, state=Offer,
+                      llm=_Lazy(OpenAIChat), max_attempts=2)
+
+
+@plain_flow.step(start=True, timeout=60.0)
+def ask(ctx: StepContext, state: Offer) -> Any:
+    answer = ctx.llm(model=MODEL, messages=[{"role": "user", "content": state.topic}])
+    return ctx.finish(text=answer.text[:40])
