@@ -1,5 +1,5 @@
 """Run a step's body, plain or ``async def``, held to its ``timeout`` (tasks/deadline.py,
-tasks/aio.py). The executor calls ``run_body`` where it would call the step."""
+tasks/aio.py). The executor calls ``run_step_body`` where it would call the step."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tasks.exceptions import LeaseLost, StepError, StepTimedOut
 from tasks.workflow import Step
 
 
-def run_body(step: Step, ctx: BaseContext, state: Any) -> Any:
+def run_step_body(step: Step, ctx: BaseContext, state: Any) -> Any:
     """What the body returns. Past the step's timeout it is interrupted where the pool
     allows; what it returns late is refused, and an error it raises late that would be
     retried anyway is recorded as ``StepTimedOut`` (a definitive failure and a lost lease

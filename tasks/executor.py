@@ -32,6 +32,7 @@ from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
 from tasks import credentials, faults, observe
 from tasks.advance import next_checkpoint
+from tasks.body import run_step_body
 from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import CancelFor, DivergeFor, FailFor, ParkFor, Suspend, WaitFor
@@ -130,7 +131,8 @@ def execute_step(
                                          keys=config.keys,
                                          max_json_depth=config.max_json_depth)
     claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale,
-                          bind=registry.first_claim_versions())
+                          bind=registry.first_claim_versions(),
+                          leases=registry.step_leases(config.tool_lease_margin_s))
     if isinstance(claimed, Stale):
         log.info("stale delivery" if count_stale else "run moved on before eager continuation",
                  run_id=str(claimed.run_id), seq=claimed.seq,
@@ -280,8 +282,9 @@ class _Attempt:
 
     # -- phase 2: run the body ---------------------------------------------------------------
     def run_body(self, ready: _Ready) -> _Body | StepReport:
-        """Run the step's code once. A lease lost while it ran ends the attempt (what it did
-        is discarded); any other error is the body's, for ``settle`` to weigh."""
+        """Run the step's code once (plain or async, held to its timeout: tasks/body.py). A
+        lease lost while it ran ends the attempt (what it did is discarded); any other
+        error is the body's (``StepTimedOut`` included), for ``settle`` to weigh."""
         step, services = ready.step, ready.services
         ctx = StepContext(
             run_id=self.claim.run_id, seq=self.claim.seq, attempt=self.claim.attempt,
@@ -291,7 +294,7 @@ class _Attempt:
         )
         try:
             faults.point("in_step", step.name)
-            return _Body(outcome=step(ctx, ready.restored.state))
+            return _Body(outcome=run_step_body(step, ctx, ready.restored.state))
         except Suspend:
             return _Body()  # the decision is on services.control
         except (LeaseLost, EffectFenced, EvidenceFenced) as exc:
