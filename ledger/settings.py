@@ -50,8 +50,8 @@ class OnwardSettings(BaseSettings):
     )
     tool_lease_margin_s: float = Field(
         default=5.0, ge=0,
-        description="Lease kept beyond a provider call's (or model call's) time limit, to "
-        "record its answer.",
+        description="Lease kept beyond a provider call's (or model call's, or a step's "
+        "``timeout``) time limit, to record its answer.",
     )
     model_timeout_s: float = Field(
         default=120.0, gt=0,

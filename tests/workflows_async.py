@@ -19,9 +19,11 @@ from pydantic import BaseModel
 from examples.provider_client import async_provider_tool, provider_tool
 from ledger.vocabulary import ToolClass
 from tasks import AsyncStepContext, StepContext, Workflow
-from tasks.llm_openai import AsyncOpenAIChat, OpenAIChat
+from tasks.llm_openai import AsyncOpenAIChat
 
-async_offer = async_provider_tool("test.async_offer", "async_offers", ToolClass.IRREVERSIBLE)
+# short call limits: a crashed call's lease (limit + margin) runs out soon, for quick tests
+async_offer = async_provider_tool("test.async_offer", "async_offers", ToolClass.IRREVERSIBLE,
+                                  timeout_s=3.0)
 held_offer = provider_tool("test.held_offer", "held_offers", ToolClass.IRREVERSIBLE)
 MODEL = "onward-test-model"
 
@@ -37,27 +39,19 @@ def _model_url() -> str:
     return os.environ.get("ONWARD_MODEL_URL", "http://127.0.0.1:8780/v1")
 
 
-class _Lazy:
-    """A model client built on first use from the environment (the test sets the URL)."""
+class _Model:
+    """``AsyncOpenAIChat`` to the model server, built on first use from the environment."""
 
-    def __init__(self, kind: type[Any]) -> None:
-        self.kind = kind
-        self.built: Any = None
-        self.timeout_s = 30.0
+    timeout_s = 3.0
 
-    def _client(self) -> Any:
-        if self.built is None:
-            self.built = self.kind(base_url=_model_url(), api_key="test", timeout_s=30.0,
-                                   max_retries=0)
-        return self.built
+    def __init__(self) -> None:
+        self.built: AsyncOpenAIChat | None = None
 
-    def complete(self, **kwargs: Any) -> Any:
-        return self._client().complete(**kwargs)
-
-
-class _LazyAsync(_Lazy):
     async def complete(self, **kwargs: Any) -> Any:
-        return await self._client().complete(**kwargs)
+        if self.built is None:
+            self.built = AsyncOpenAIChat(base_url=_model_url(), api_key="test",
+                                         timeout_s=self.timeout_s, max_retries=0)
+        return await self.built.complete(**kwargs)
 
 
 class Offer(BaseModel):
@@ -69,7 +63,7 @@ class Offer(BaseModel):
 
 # -- an async workflow: a model call, an effect, a second async step -------------------------
 
-async_flow = Workflow("test_async", version=1, state=Offer, llm=_LazyAsync(AsyncOpenAIChat),
+async_flow = Workflow("test_async", version=1, state=Offer, llm=_Model(),
                       max_attempts=3)
 
 
@@ -127,13 +121,3 @@ def wait_for_release(ctx: StepContext, state: Hang) -> Any:
         time.sleep(0.05)
     mark(ctx, "released")
     return ctx.finish(attempt=ctx.attempt)
-
-
-plain_flow = Workflow("test_timeout_model", version=1, state=Offer,
-                      llm=_Lazy(OpenAIChat), max_attempts=2)
-
-
-@plain_flow.step(start=True, timeout=60.0)
-def ask(ctx: StepContext, state: Offer) -> Any:
-    answer = ctx.llm(model=MODEL, messages=[{"role": "user", "content": state.topic}])
-    return ctx.finish(text=answer.text[:40])
