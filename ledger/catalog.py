@@ -22,9 +22,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from psycopg.rows import tuple_row
 
+from ledger import sql
 from ledger.exceptions import InvalidInput, UnknownWorkflow
 
-ADVERTISED = "SELECT workflow, version, state_schema FROM onward.worker_queues"
+ADVERTISED = sql.statement("advertised_workflows")
 CACHE_S = 5.0
 """How long a process trusts what it read (a name not found is always read again)."""
 

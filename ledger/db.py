@@ -16,8 +16,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine import Engine as Engine
 
+from ledger import sql
 from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
-from ledger.schema import SCHEMA, VERSION_TABLE
 from ledger.settings import OnwardSettings
 
 HEAD_REVISION = "0031"
@@ -134,12 +134,9 @@ def _cause(exc: Exception) -> str:
 def current_revision(engine: Engine) -> str | None:
     """The Alembic revision stored in the database, or None when never migrated."""
     with wrap_driver_errors("reading the schema revision"), engine.connect() as conn:
-        exists = conn.execute(
-            sa.text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.{VERSION_TABLE}"}
-        ).scalar()
-        if exists is None:
+        if conn.execute(sql.text("version_table")).scalar() is None:
             return None
-        value = conn.execute(sa.text(f"SELECT version_num FROM {SCHEMA}.{VERSION_TABLE}")).scalar()
+        value = conn.execute(sql.text("stored_revision")).scalar()
         return str(value) if value is not None else None
 
 
@@ -154,20 +151,16 @@ def require_current_schema(engine: Engine) -> None:
         )
 
 
-_REVISION = f"SELECT version_num FROM {SCHEMA}.{VERSION_TABLE}"
-
-
 def stored_revision(url: str) -> str | None:
     """The stored revision, read on a connection of its own that is closed at once (safe in
     a process that forks pool children; one connection per check)."""
     conn = connect_raw(url)
     try:
         with wrap_driver_errors("reading the schema revision"):
-            table = conn.execute("SELECT to_regclass(%s)",
-                                 (f"{SCHEMA}.{VERSION_TABLE}",)).fetchone()
+            table = conn.execute(sql.statement("version_table")).fetchone()
             if table is None or table[0] is None:
                 return None
-            row = conn.execute(_REVISION).fetchone()
+            row = conn.execute(sql.statement("stored_revision")).fetchone()
             return str(row[0]) if row is not None and row[0] is not None else None
     finally:
         conn.close()

@@ -15,63 +15,15 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from ledger import sql
 from ledger.hot import HotConnection
 
-_ADVERTISE_QUEUE = """
-INSERT INTO onward.worker_queues (queue, workflow, version, seen_at, start_step, state_schema)
-VALUES (%(queue)s, %(workflow)s, %(version)s, onward.now(), %(start_step)s, %(state_schema)s)
-ON CONFLICT (queue) DO UPDATE SET seen_at = onward.now(), start_step = EXCLUDED.start_step,
-                                  state_schema = EXCLUDED.state_schema
-RETURNING queue
-"""
+_ADVERTISE_QUEUE = sql.statement("advertise_queue")
+_ADVERTISE_WORKER = sql.statement("advertise_worker")
+_RETIRE = sql.statement("retire_worker")
+_WORKERS = sql.statement("workers")
 
-_ADVERTISE_WORKER = """
-WITH pruned AS (
-    DELETE FROM onward.workers WHERE seen_at < onward.now() - interval '1 day'
-)
-INSERT INTO onward.workers (node, host, pid, pool, concurrency, queues, workflows, in_flight,
-                            started_at, seen_at)
-VALUES (%(node)s, %(host)s, %(pid)s, %(pool)s, %(concurrency)s, %(queues)s, %(workflows)s,
-        %(in_flight)s, onward.now(), onward.now())
-ON CONFLICT (node) DO UPDATE
-   SET host = EXCLUDED.host, pid = EXCLUDED.pid, pool = EXCLUDED.pool,
-       concurrency = EXCLUDED.concurrency, queues = EXCLUDED.queues,
-       workflows = EXCLUDED.workflows, in_flight = EXCLUDED.in_flight,
-       -- a new main process under the same node name is a restart
-       started_at = CASE WHEN onward.workers.pid = EXCLUDED.pid
-                         THEN onward.workers.started_at ELSE onward.now() END,
-       seen_at = onward.now()
-RETURNING node
-"""
-
-_RETIRE = "DELETE FROM onward.workers WHERE node = %(node)s AND pid = %(pid)s RETURNING node"
-
-_WORKERS = """
-SELECT node, host, pid, pool, concurrency, queues, workflows, in_flight, started_at, seen_at,
-       extract(epoch FROM onward.now() - seen_at)::float8 AS age_s,
-       seen_at > onward.now() - %(within)s * interval '1 second' AS live
-  FROM onward.workers ORDER BY host, node
-"""
-
-# Active runs by workflow and version (the status index holds the few that are not
-# terminal), against what live workers advertise: a workflow no live worker has, or a version
-# no live worker has, is unserved.
-UNSERVED_SQL = """
-WITH served AS (
-    SELECT DISTINCT workflow, version FROM onward.worker_queues
-     WHERE seen_at > onward.now() - %(within)s * interval '1 second'
-), active AS (
-    SELECT workflow, workflow_version, count(*) AS runs FROM onward.runs
-     WHERE status IN ('running', 'waiting')
-     GROUP BY workflow, workflow_version
-)
-SELECT a.workflow, a.workflow_version AS version, a.runs,
-       EXISTS (SELECT 1 FROM served s WHERE s.workflow = a.workflow) AS workflow_served
-  FROM active a
- WHERE NOT EXISTS (SELECT 1 FROM served s WHERE s.workflow = a.workflow
-                     AND (a.workflow_version IS NULL OR s.version = a.workflow_version))
- ORDER BY a.workflow, a.workflow_version
-"""
+UNSERVED_SQL = sql.statement("unserved_runs")
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
+from ledger import sql
 from ledger.db import connect_raw, set_tenant
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.runs import Run
@@ -36,18 +37,10 @@ from ledger.vocabulary import RunStatus
 
 CHANNEL_PREFIX = "onward_run_"
 
-READ_RUN = "SELECT * FROM onward.runs WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s"
-WATCH = """
-UPDATE onward.runs SET watchers = watchers + 1 WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s
-"""
-UNWATCH = """
-UPDATE onward.runs SET watchers = greatest(watchers - 1, 0)
- WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s
-"""
-READ_STEPS = """
-SELECT seq, step, outcome, next_step FROM onward.checkpoints
-WHERE run_id = %(run_id)s AND seq > %(after)s AND seq <= %(upto)s ORDER BY seq
-"""
+READ_RUN = sql.statement("watched_run")
+WATCH = sql.statement("watch_run")
+UNWATCH = sql.statement("unwatch_run")
+READ_STEPS = sql.statement("watched_steps")
 
 
 def run_channel(run_id: UUID) -> str:
@@ -156,7 +149,7 @@ class BlockingWatcher:
         self.conn.row_factory = dict_row
         try:
             set_tenant(self.conn, tenant_id, local=False)  # this connection serves one tenant
-            self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(run_channel(run_id))))
+            self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(run_channel(run_id))))
             self.conn.execute(WATCH, self.params)  # after LISTEN, before the first read
         except psycopg.Error as exc:
             self.conn.close()
