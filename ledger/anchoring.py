@@ -25,7 +25,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.anchor import Anchor, Head, decode, encode
 from ledger.anchor_store import AnchorStore, anchor_name, taken_at_of
 from ledger.audit import AuditRecord, record_txn
@@ -41,17 +41,9 @@ if TYPE_CHECKING:
 BATCH = 5000
 """Heads fetched (when taking) and compared (one statement) at a time."""
 
-_NOW = sa.text("SELECT onward.now()")
-_HEADS = sa.text("SELECT id, tenant_id, seq, head_hash, head_mac FROM onward.runs ORDER BY id")
-# Two index lookups per anchored run (scalar subqueries): as joins, the planner hashes the
-# whole of runs and checkpoints for every batch, which grows with the ledger, not the batch.
-_AT_ANCHORED_SEQ = sa.text("""
-SELECT a.run_id,
-       (SELECT r.seq FROM onward.runs r WHERE r.id = a.run_id) AS seq,
-       (SELECT c.hash FROM onward.checkpoints c
-         WHERE c.run_id = a.run_id AND c.seq = a.seq) AS hash
-  FROM unnest(CAST(:ids AS uuid[]), CAST(:seqs AS integer[])) AS a(run_id, seq)
-""")
+_NOW = sql.text("database_now")
+_HEADS = sql.text("run_heads")
+_AT_ANCHORED_SEQ = sql.text("at_anchored_seq")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, RowMapping
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation
 from ledger.schema import audit, audit_heads
@@ -36,13 +36,9 @@ from ledger.verify import Problem
 SEAL_LOCK = 0x0A_0D_17_5E
 """The advisory lock one sealer holds while it extends the chains."""
 
-_UNSEALED = sa.text("""
-SELECT id, tenant_id, at, mac FROM onward.audit WHERE chain_seq IS NULL
- ORDER BY tenant_id, id LIMIT :limit
-""")
-_SEAL_ROW = sa.text("""
-UPDATE onward.audit SET chain_seq = :seq, chain_mac = :link WHERE id = :id AND chain_seq IS NULL
-""")
+_UNSEALED = sql.text("unsealed_audit_rows")
+_SEAL_ROW = sql.text("seal_audit_row")
+_TRY_SEAL_LOCK = sql.text("try_seal_lock")
 
 
 @dataclass(frozen=True)
@@ -55,8 +51,7 @@ def seal_txn(conn: Connection, keys: CheckpointKeys, limit: int = 1000) -> Seale
     """Link up to ``limit`` committed, unsealed rows into their tenants' chains, in id order.
     Another sealer holding the lock: nothing to do now. A tenant whose chain's end does not
     verify is not extended (that would sign over a deletion): it is named in ``refused``."""
-    if not conn.execute(sa.text("SELECT pg_try_advisory_xact_lock(:k)"),
-                        {"k": SEAL_LOCK}).scalar():
+    if not conn.execute(_TRY_SEAL_LOCK, {"k": SEAL_LOCK}).scalar():
         return Sealed()
     rows = conn.execute(_UNSEALED, {"limit": limit}).mappings().all()
     sealed, refused = 0, []

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
@@ -407,29 +407,7 @@ def _evidence_source(conn: Connection, run_id: UUID) -> UUID | None:
         run_id = row.parent_run_id
 
 
-# What the parent had spent when it reached checkpoint ``seq``: its token and cost totals
-# (which include what it inherited itself, so a replay of a replay keeps the grandparent's
-# spend) minus what it spent from ``seq`` on. Attempts: the run's attempts_total when the
-# step that wrote checkpoint ``seq`` was claimed, as that step bound it under the MAC
-# (refs.budgets; a poll or a hand-back refunds its claim, so counting rows cannot tell);
-# checkpoints without it (start, fork, migration) count the claims from ``seq`` on.
-# One statement, so one snapshot of a live parent.
-_SPENT_BEFORE = sa.text("""
-SELECT greatest(r.used_tokens - coalesce(
-           (SELECT sum(e.input_tokens + e.output_tokens) FROM onward.evidence e
-             WHERE e.run_id = r.id AND e.seq >= :seq), 0), 0) AS tokens,
-       greatest(r.used_cost_usd - coalesce(
-           (SELECT sum(e.cost_usd) FROM onward.evidence e
-             WHERE e.run_id = r.id AND e.seq >= :seq), 0), 0) AS cost_usd,
-       coalesce(
-           (SELECT (c.refs -> 'budgets' ->> 'attempts')::int FROM onward.checkpoints c
-             WHERE c.run_id = r.id AND c.seq = :seq),
-           greatest(r.attempts_total - (
-               SELECT count(*) FROM onward.step_attempts a
-                WHERE a.run_id = r.id AND a.seq >= :seq
-                  AND a.outcome IS DISTINCT FROM 'waiting'), 0)) AS attempts
-  FROM onward.runs r WHERE r.id = :run_id
-""")
+_SPENT_BEFORE = sql.text("spent_before")
 
 
 def _budgets(conn: Connection, parent: RowMapping, seq: int,

@@ -14,9 +14,10 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from ledger import sql
 from ledger.effects import Effect
 from ledger.hot import HotConnection
-from ledger.vocabulary import ApprovalStatus, FailReason, LaunchMode
+from ledger.vocabulary import ApprovalStatus, AttemptOutcome, FailReason, LaunchMode
 
 
 @dataclass(frozen=True)
@@ -114,51 +115,16 @@ def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any
                       "there is no decision an evidence replay could follow")
 
 
-_SOURCE = """
-WITH RECURSIVE chain AS (
-    SELECT id, parent_run_id, mode, 0 AS depth FROM onward.runs WHERE id = %(run_id)s
-    UNION ALL
-    SELECT r.id, r.parent_run_id, r.mode, c.depth + 1
-      FROM onward.runs r JOIN chain c ON r.id = c.parent_run_id
-     WHERE c.mode = 'evidence'
-)
-SELECT id FROM chain WHERE mode IS DISTINCT FROM 'evidence' ORDER BY depth LIMIT 1
-"""
+_SOURCE = sql.statement("replay_source")
 
-APPROVAL_AT = """
-SELECT id, status, artifact_hash, decided_by FROM onward.approvals
- WHERE run_id = %(run_id)s AND seq = %(seq)s ORDER BY created_at DESC LIMIT 1
-"""
+APPROVAL_AT = sql.statement("approval_at")
 
-STEP_AFTER = """
-SELECT step FROM onward.checkpoints WHERE run_id = %(run_id)s AND seq = %(seq)s + 1
-"""
+STEP_AFTER = sql.statement("step_after")
 
-SIGNAL_AT = """
-SELECT payload FROM onward.signals
- WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq = %(seq)s
-"""
+SIGNAL_AT = sql.statement("signal_payload")  # the signal that ended the wait at seq
 
-_EFFECT = """
-SELECT * FROM onward.effects WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s
-"""
-
-_DIVERGE = """
-WITH diverged AS (
-    UPDATE onward.runs
-       SET status = 'diverged', last_error = %(report)s, lease_owner = NULL,
-           lease_expires_at = NULL, waiting_on = NULL, finished_at = onward.now(),
-           updated_at = onward.now()
-     WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
- RETURNING id
-), attempt AS (
-    UPDATE onward.step_attempts
-       SET ended_at = onward.now(), outcome = 'failed', step = %(step)s,
-           error_type = 'ReplayDiverged', error_message = %(message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM diverged)
-)
-SELECT count(*) AS diverged FROM diverged
-"""
+_EFFECT = sql.statement("effect_by_key")
+_DIVERGE = sql.statement("diverge")
 
 
 class LineageStore:
@@ -193,5 +159,7 @@ class LineageStore:
         the lease was lost (someone else decides the run's fate)."""
         row = self.conn.one(_DIVERGE, {"run_id": run_id, "epoch": epoch, "step": step,
                                        "report": Jsonb(report),
-                                       "message": str(report.get("message", ""))[:4000]})
+                                       "attempt_outcome": AttemptOutcome.FAILED,
+                                       "error_type": "ReplayDiverged",
+                                       "error_message": str(report.get("message", ""))[:4000]})
         return row is not None and row["diverged"] == 1

@@ -19,10 +19,10 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
-from ledger import signed, waits
+from ledger import signed, sql, waits
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import OUTCOME_UNKNOWN, Effect, unknown_call
+from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
 from ledger.schema import approvals, checkpoints, effect_attempts, effects, outbox, runs
 from ledger.vocabulary import (
@@ -87,15 +87,12 @@ def _leased(run: RowMapping, now: datetime) -> bool:
     return expires is not None and expires > now
 
 
+_QUEUE_STEP_AT = sql.statement("queue_step_at")
+
+
 def queue_step_txn(conn: Connection, run_id: UUID, seq: int, due_at: Any = None) -> None:
     """(Re)write the outbox row that sends ``(run_id, seq)`` to the fleet."""
-    conn.exec_driver_sql(
-        "INSERT INTO onward.outbox (run_id, seq, due_at) "
-        "VALUES (%(run_id)s, %(seq)s, coalesce(%(due_at)s, onward.now())) "
-        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = EXCLUDED.due_at, "
-        "published_at = NULL, worker_publishes = false",
-        {"run_id": run_id, "seq": seq, "due_at": due_at},
-    )
+    conn.exec_driver_sql(_QUEUE_STEP_AT, {"run_id": run_id, "seq": seq, "due_at": due_at})
 
 
 # -- continue -------------------------------------------------------------------------------
@@ -287,15 +284,11 @@ def _request_cancel(conn: Connection, run: RowMapping, status: RunStatus,
         queue_step_txn(conn, run["id"], run["seq"])
 
 
-_UNKNOWN_EFFECTS = sa.text(f"""
-SELECT e.effect_type, e.effect_id, e.status FROM onward.effects e
- WHERE e.run_id = :run_id AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
- ORDER BY e.seq, e.created_at
-""")
+_UNKNOWN_EFFECTS = sql.text("unknown_effects")
 
 
 def _unknown_effects(conn: Connection, run_id: UUID) -> list[str]:
-    """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
+    """The run's effects whose outcome at the provider is unknown."""
     rows = conn.execute(_UNKNOWN_EFFECTS, {"run_id": run_id}).all()
     return [f"{r.effect_type} {r.effect_id} ({r.status})" for r in rows]
 
@@ -476,10 +469,7 @@ class Finding(StrEnum):
     NOT_SENT = "not_sent"  # the provider holds nothing for the effect's key: send it again
 
 
-_CALL_UNKNOWN = sa.text(f"""
-SELECT {unknown_call("e")} FROM onward.effects e
- WHERE e.effect_type = :effect_type AND e.effect_id = :effect_id
-""")
+_CALL_UNKNOWN = sql.text("effect_call_unknown")
 
 
 def resolve_plan(effect: Effect, finding: Finding, provider_ref: str | None,

@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
-from ledger import signed, tracing
+from ledger import signed, sql, tracing
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys, canonical_json
 from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
@@ -162,34 +162,9 @@ def validate_request(request: StartRequest) -> None:
         raise InvalidInput(f"budgets.deadline must be a positive timedelta, got {deadline!r:.80}")
 
 
-START_RUN = """
-WITH run AS (
-    INSERT INTO onward.runs (id, tenant_id, workflow, conversation_id, idempotency_key, status,
-                             max_attempts, head_hash, head_mac, budget_attempts, budget_tokens,
-                             budget_cost_usd, deadline_at, trace_context)
-    VALUES (%(run_id)s, %(tenant_id)s, %(workflow)s, %(conversation_id)s, %(idempotency_key)s,
-            %(status)s, %(max_attempts)s, %(hash)s, %(head_mac)s, %(budget_attempts)s,
-            %(budget_tokens)s, %(budget_cost_usd)s,
-            onward.now() + make_interval(secs => %(deadline_s)s::float8), %(trace_context)s)
-    ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
-), checkpoint AS (
-    INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,
-                                    step, next_step, outcome, state, workflow_version,
-                                    workflow, lease_epoch)
-    SELECT id, 0, NULL, %(hash)s, %(key_id)s, %(envelope_version)s, NULL, NULL, %(outcome)s,
-           %(state)s, NULL, %(workflow)s, 0 FROM run
-), queued AS (
-    INSERT INTO onward.outbox (run_id, seq, trace_context) SELECT id, 0, %(trace_context)s FROM run
-)
-SELECT id FROM run
-"""
+START_RUN = sql.statement("start_run")
 
-EXISTING_RUN = """
-SELECT r.id, r.workflow, c.state FROM onward.runs r
-JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = 0
-WHERE r.tenant_id = %(tenant_id)s AND r.idempotency_key = %(idempotency_key)s
-"""
+EXISTING_RUN = sql.statement("existing_run")
 
 
 def driver_connection(conn: Connection | psycopg.Connection[Any]) -> psycopg.Connection[Any]:

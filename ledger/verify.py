@@ -14,7 +14,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.bundle import DROPPED
 from ledger.checkpoints import (
     CheckpointBody,
@@ -159,17 +159,7 @@ def _check_head_mac(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Proble
         yield Problem(run["id"], run["seq"], "head", str(exc))
 
 
-_BEYOND_HEAD = sa.text("""
-SELECT 'step attempt' AS what, seq, count(*) AS n FROM onward.step_attempts
- WHERE run_id = :run AND (seq > :seq OR (seq = :seq AND outcome = 'committed')) GROUP BY seq
-UNION ALL
-SELECT 'evidence', seq, count(*) FROM onward.evidence WHERE run_id = :run AND seq > :seq
- GROUP BY seq
-UNION ALL
-SELECT 'effect', seq, count(*) FROM onward.effects WHERE run_id = :run AND seq > :seq
- GROUP BY seq
-ORDER BY seq
-""")
+_BEYOND_HEAD = sql.text("beyond_head")
 
 
 def _beyond_head(conn: Connection, run: sa.RowMapping) -> Iterator[Problem]:

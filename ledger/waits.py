@@ -17,9 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
-from ledger.effects import NEVER_LANDED, OUTCOME_UNKNOWN
 from ledger.exceptions import (
     ApprovalRefused,
     IntegrityViolation,
@@ -57,29 +56,11 @@ class Approval:
         return cls(**fields)
 
 
-# Wake a run waiting on a signal that has already arrived (psycopg parameter style; used by
-# Ledger.signal; a signal stored before the wait began is consumed by the waiting commit).
-WAKE_ON_SIGNAL = """
-WITH sig AS (
-    SELECT s.id FROM onward.signals s JOIN onward.runs r ON r.id = s.run_id
-     WHERE s.run_id = %(run_id)s AND r.seq = %(seq)s AND r.status = 'waiting'
-       AND r.waiting_on = 'signal:' || s.name AND s.consumed_seq IS NULL
-     ORDER BY s.id LIMIT 1
-       FOR UPDATE OF s
-), woke AS (
-    UPDATE onward.runs SET status = 'running', waiting_on = NULL, wait_until = NULL,
-           updated_at = onward.now()
-     WHERE id = %(run_id)s AND seq = %(seq)s AND status = 'waiting'
-       AND EXISTS (SELECT 1 FROM sig)
- RETURNING id
-), consumed AS (
-    UPDATE onward.signals SET consumed_seq = %(seq)s
-     WHERE id IN (SELECT id FROM sig) AND EXISTS (SELECT 1 FROM woke)
-)
-INSERT INTO onward.outbox (run_id, seq) SELECT id, %(seq)s FROM woke
-ON CONFLICT (run_id, seq) DO NOTHING
-RETURNING run_id
-"""
+WAKE_ON_SIGNAL = sql.statement("wake_on_signal")
+_QUEUE_STEP = sql.statement("queue_step")
+_READ_APPROVAL = sql.statement("read_approval")
+_READ_APPROVAL_FOR_STEP = sql.statement("read_approval_for_step")
+_SIGNAL_PAYLOAD = sql.statement("signal_payload")
 
 
 def _lock_run(conn: Connection, run_id: UUID) -> Any:
@@ -104,27 +85,12 @@ def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
         .values(status=RunStatus.RUNNING.value, step=step, waiting_on=None, wait_until=None,
                 updated_at=sa.func.onward.now())
     )
-    conn.exec_driver_sql(
-        "INSERT INTO onward.outbox (run_id, seq) VALUES (%(run_id)s, %(seq)s) "
-        "ON CONFLICT (run_id, seq) DO UPDATE SET due_at = onward.now(), published_at = NULL, "
-        "worker_publishes = false",
-        {"run_id": run_id, "seq": seq},
-    )
+    conn.exec_driver_sql(_QUEUE_STEP, {"run_id": run_id, "seq": seq})
 
 
-_UNKNOWN_EFFECT = sa.text(f"""
-SELECT e.effect_type, e.effect_id FROM onward.effects e
- WHERE e.run_id = :run_id AND e.status IN ('pending', 'accepted') AND {OUTCOME_UNKNOWN}
- ORDER BY e.seq, e.created_at LIMIT 1
-""")
+_UNKNOWN_EFFECT = sql.text("unknown_effect")
+_CLOSE_UNSENT = sql.text("close_unsent")
 
-_CLOSE_UNSENT = sa.text(f"""
-UPDATE onward.effects e
-   SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
-       error = coalesce(e.error, '{{}}'::jsonb)
-               || jsonb_build_object('closed_by', CAST(:closed_by AS text))
- WHERE e.run_id = :run_id AND {NEVER_LANDED}
-""")
 
 
 def unknown_effect(conn: Connection, run_id: UUID) -> str | None:
@@ -333,116 +299,31 @@ class WaitStore:
 
     def approval(self, approval_id: str) -> dict[str, Any] | None:
         """The approval a resumed step reads its decision from (status, who, comment)."""
-        return self.conn.one(
-            "SELECT id, run_id, seq, action, status, decided_by, decided_at, comment, "
-            "artifact_hash, artifact, expires_at, decision_mac, "
-            "onward.now() < expires_at AS unexpired "
-            "FROM onward.approvals WHERE id = %(id)s", {"id": approval_id})
+        return self.conn.one(_READ_APPROVAL, {"id": approval_id})
 
     def approval_for_step(self, approval_id: str, run_id: UUID, seq: int) -> dict[str, Any] | None:
         """The approval a resumed step acts on, with ``step_started_at``: when the first
         claim of that step at ``seq`` started (by the database's clock; a claim that handed
         the step back without running it does not count). The claim being checked has
         its own row already, so it is never NULL for a claimed step."""
-        return self.conn.one(
-            "SELECT id, run_id, tenant_id, seq, workflow_version, step, action, status, "
-            "decided_by, decided_at, comment, artifact_hash, artifact, approvers, created_at, "
-            "expires_at, decision_mac, terms_mac, "
-            "onward.now() < expires_at AS unexpired, "
-            "(SELECT min(s.started_at) FROM onward.step_attempts s "
-            "  WHERE s.run_id = %(run_id)s AND s.seq = %(seq)s "
-            "    AND s.outcome IS DISTINCT FROM 'released') AS step_started_at "
-            "FROM onward.approvals WHERE id = %(id)s",
-            {"id": approval_id, "run_id": run_id, "seq": seq})
+        return self.conn.one(_READ_APPROVAL_FOR_STEP,
+                             {"id": approval_id, "run_id": run_id, "seq": seq})
 
     def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
         """The payload of the signal ``name`` that ended the run's wait at ``seq`` (None if
         none did)."""
-        row = self.conn.one(
-            "SELECT payload FROM onward.signals WHERE run_id = %(run_id)s AND name = %(name)s "
-            "AND consumed_seq = %(seq)s", {"run_id": run_id, "name": name, "seq": seq})
+        row = self.conn.one(_SIGNAL_PAYLOAD, {"run_id": run_id, "name": name, "seq": seq})
         return row["payload"] if row else None
 
 
 # -- the reaper's part --------------------------------------------------------------------------
 
-# Locks are taken run row first, then approval, as cancel and decide take them, so the
-# reaper cannot deadlock with them: the runs of due approvals are locked (skipping those a
-# command holds), then their approvals are expired.
-_DUE_APPROVALS = sa.text("""
-SELECT a.id FROM onward.approvals a JOIN onward.runs r ON r.id = a.run_id
- WHERE a.status = 'pending' AND a.expires_at < onward.now()
- LIMIT :limit
-   FOR UPDATE OF r SKIP LOCKED
-""")
-
-_EXPIRE_APPROVALS = sa.text("""
-WITH expired AS (
-    UPDATE onward.approvals SET status = 'expired'
-     WHERE id = ANY(:ids) AND status = 'pending' AND expires_at < onward.now()
- RETURNING id, run_id, seq
-)
-SELECT e.id, e.run_id, e.seq, c.control FROM expired e
-  JOIN onward.runs r ON r.id = e.run_id AND r.seq = e.seq AND r.status = 'waiting'
-                    AND r.waiting_on = 'approval:' || e.id::text
-  JOIN onward.checkpoints c ON c.run_id = e.run_id AND c.seq = e.seq
-""")
-
-# A run waits on a signal that is stored and unconsumed: the signal committed while the
-# commit that began the wait was running (outside its snapshot), or before a crash of code
-# that consumed early signals in a second statement. Wake it as the signal would have.
-_WAKE_SIGNALLED = sa.text("""
-WITH due AS (
-    SELECT r.id AS run_id, r.seq, r.waiting_on FROM onward.runs r
-     WHERE r.status = 'waiting'
-       AND EXISTS (SELECT 1 FROM onward.signals s
-                    WHERE s.run_id = r.id AND s.consumed_seq IS NULL
-                      AND r.waiting_on = 'signal:' || s.name)
-     LIMIT :limit
-       FOR UPDATE OF r SKIP LOCKED
-), first_signal AS (
-    SELECT DISTINCT ON (d.run_id) d.run_id, d.seq, s.id AS signal_id
-      FROM due d JOIN onward.signals s
-        ON s.run_id = d.run_id AND s.consumed_seq IS NULL AND d.waiting_on = 'signal:' || s.name
-     ORDER BY d.run_id, s.id
-), woke AS (
-    UPDATE onward.runs r SET status = 'running', waiting_on = NULL, wait_until = NULL,
-           updated_at = onward.now()
-      FROM first_signal f WHERE r.id = f.run_id
- RETURNING r.id, r.seq
-), consumed AS (
-    UPDATE onward.signals s SET consumed_seq = f.seq
-      FROM first_signal f WHERE s.id = f.signal_id AND s.consumed_seq IS NULL
-)
-INSERT INTO onward.outbox (run_id, seq) SELECT id, seq FROM woke
-ON CONFLICT (run_id, seq) DO UPDATE SET due_at = onward.now(), published_at = NULL,
-                                        worker_publishes = false
-""")
-
-_SIGNAL_TIMEOUTS = sa.text("""
-SELECT r.id AS run_id, r.seq, c.control FROM onward.runs r
-  JOIN onward.checkpoints c ON c.run_id = r.id AND c.seq = r.seq
- WHERE r.status = 'waiting' AND r.wait_until < onward.now()
- LIMIT :limit FOR UPDATE OF r SKIP LOCKED
-""")
-
-# cut a retry backoff or a status poll's delay short; a row already due is left as it is
-_QUEUE_NOW = sa.text("""
-INSERT INTO onward.outbox (run_id, seq)
-SELECT id, seq FROM onward.runs WHERE id = :run_id
-    ON CONFLICT (run_id, seq) DO UPDATE
-   SET due_at = onward.now(), published_at = NULL, worker_publishes = false
- WHERE onward.outbox.due_at > onward.now()
-""")
-
-_DEADLINES = sa.text("""
-SELECT id AS run_id, status, deadline_at, attempts_total, used_tokens, used_cost_usd
-  FROM onward.runs
- WHERE deadline_at < onward.now()
-   AND (status = 'waiting'
-        OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < onward.now())))
- LIMIT :limit FOR UPDATE SKIP LOCKED
-""")
+_DUE_APPROVALS = sql.text("due_approvals")
+_EXPIRE_APPROVALS = sql.text("expire_approvals")
+_WAKE_SIGNALLED = sql.text("wake_signalled")
+_SIGNAL_TIMEOUTS = sql.text("signal_timeouts")
+_QUEUE_NOW = sql.text("queue_now")
+_DEADLINES = sql.text("past_deadline")
 
 
 @dataclass(frozen=True)
