@@ -22,7 +22,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ledger import signed, sql
@@ -30,7 +29,7 @@ from ledger.anchor import Anchor, Head, decode, encode
 from ledger.anchor_store import AnchorStore, anchor_name, taken_at_of
 from ledger.audit import AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.db import wrap_driver_errors
+from ledger.db import snapshot, wrap_driver_errors
 from ledger.exceptions import AnchorRefused, IntegrityViolation, RollbackFound
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction, AuditOutcome
@@ -77,9 +76,7 @@ def read_heads(engine: Engine, keys: CheckpointKeys) -> tuple[datetime, list[Hea
     runs left out because their head MAC does not verify."""
     heads: list[Head] = []
     unsigned: list[UUID] = []
-    with wrap_driver_errors("reading every run's head"), engine.connect().execution_options(
-            isolation_level="REPEATABLE READ") as conn, conn.begin():
-        conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+    with wrap_driver_errors("reading every run's head"), snapshot(engine) as conn:
         taken_at: datetime = conn.execute(_NOW).scalar_one()
         rows = conn.execution_options(yield_per=BATCH).execute(_HEADS)
         for run_id, tenant_id, seq, head_hash, head_mac in rows:
@@ -153,9 +150,7 @@ def check_against(engine: Engine, keys: CheckpointKeys, name: str, data: bytes,
     verify."""
     anchor = decode(keys, name, data)
     with wrap_driver_errors("comparing the ledger with an anchor"), \
-            engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, \
-            conn.begin():
-        conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+            snapshot(engine) as conn:
         now: datetime = conn.execute(_NOW).scalar_one()
         compared, problems = compare_txn(conn, anchor, tenant_id)
     return Compared(anchor, now - anchor.taken_at, compared,

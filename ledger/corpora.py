@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, TypeVar
 from uuid import UUID
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import corpus
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import Bundle, DropPolicy
 from ledger.corpus_bundle import Exported, export_txn, load_txn, verify_loaded_txn
-from ledger.db import wrap_driver_errors
+from ledger.db import snapshot, wrap_driver_errors
 from ledger.vocabulary import AuditAction, AuditOutcome
 
 if TYPE_CHECKING:
@@ -94,10 +93,7 @@ class Corpora:
         name uses. Needs the role an export needs; writes nothing (no audit row either)."""
         out = io.BytesIO()
         self.actor.require(AuditAction.CORPUS_EXPORT)
-        with wrap_driver_errors("reading a corpus"), \
-                self.ledger.engine.connect().execution_options(
-                    isolation_level="REPEATABLE READ") as conn, conn.begin():
-            conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+        with wrap_driver_errors("reading a corpus"), snapshot(self.ledger.engine) as conn:
             export_txn(conn, self.ledger.keys, self.actor, name, out, DropPolicy(),
                        audit=False)
         return out.getvalue()
@@ -133,10 +129,8 @@ class Corpora:
 
         try:
             self.actor.require(action)
-            with wrap_driver_errors(action.value), self.ledger.engine.connect() \
-                    .execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
-                if read_only:
-                    conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+            with wrap_driver_errors(action.value), \
+                    snapshot(self.ledger.engine, read_only=read_only) as conn:
                 return body(conn)
         except REFUSALS as exc:
             raise self.ledger.refuse(action, exc) from None

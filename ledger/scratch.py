@@ -14,6 +14,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from ledger import sql
 from ledger.db import database_url, normalize_url, wrap_driver_errors
 from ledger.exceptions import OperationRefused
 from ledger.migrate import upgrade
@@ -58,7 +59,7 @@ def _given(url: str) -> Iterator[str]:
     engine = sa.create_engine(url)
     try:
         with wrap_driver_errors("checking the scratch database"), engine.connect() as conn:
-            found = conn.execute(sa.text("SELECT to_regnamespace(:s)"), {"s": SCHEMA}).scalar()
+            found = conn.execute(sql.text("onward_schema")).scalar()
         if found is not None:
             raise OperationRefused(
                 "the scratch database already holds an onward schema (a ledger?): a replay "

@@ -8,3 +8,7 @@ SELECT to_regclass('onward.onward_alembic_version') AS found
 -- name: stored_revision
 -- The Alembic revision the database is at.
 SELECT version_num FROM onward.onward_alembic_version
+
+-- name: onward_schema
+-- The onward schema, if the database has one (NULL: none; a scratch database must not).
+SELECT to_regnamespace('onward') AS found
