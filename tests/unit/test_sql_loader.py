@@ -3,6 +3,7 @@ once and included, and a malformed file refused at import rather than at first u
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,13 @@ def test_text__placeholders_for_sqlalchemy() -> None:
     clause = sql.text("lease_lost")
     assert set(clause._bindparams) == {"run_id", "epoch"}
     assert "%(" not in str(clause)
+
+
+def test_catalogue__every_statement_is_used_and_every_use_exists() -> None:
+    """Each named statement is taken by some ledger module (no dead SQL), and each name a
+    module takes is in the catalogue (also checked at import, where it would fail first)."""
+    root = Path(sql.__file__).resolve().parents[1]
+    used = {m[1] for path in root.rglob("*.py")
+            for m in re.finditer(r'sql\.(?:statement|text)\("(\w+)"\)', path.read_text())}
+    assert sorted(set(sql.STATEMENTS) - used) == []
+    assert sorted(used - set(sql.STATEMENTS)) == []
