@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 _HEADER = re.compile(r"^--\s*(name|fragment):\s*(\w+)\s*$")
 _INCLUDE = re.compile(r"\{(\w+)(?:\(([\w.]+)\))?\}")
 _PARAM = re.compile(r"%\((\w+)\)s")
+_STRAY_PERCENT = re.compile(r"(?<!%)%(?!%)")
 # What SQLAlchemy's text() would take for a bind parameter (its own pattern, in sql/elements.py)
 _SA_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
 
@@ -104,6 +105,10 @@ def load(folder: Path = HERE) -> tuple[dict[str, Statement], dict[str, str]]:
     expanded = {name: Statement(s.name, s.file, s.doc,
                                 _expand(s.sql, fragments, f"{s.file}: {name}"))
                 for name, s in statements.items()}
+    for s in expanded.values():
+        if _STRAY_PERCENT.search(_PARAM.sub("", s.sql)):
+            raise CatalogueError(f"{s.file}: {s.name} has a % that is neither a %(param)s "
+                                 "nor written %% (comments included: the driver reads them)")
     return expanded, fragments
 
 

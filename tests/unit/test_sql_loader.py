@@ -42,6 +42,7 @@ def test_load__fragments_are_included_with_their_alias(tmp_path: Path) -> None:
     ("-- fragment: f\n{alias}.id\n-- name: s\nSELECT {f}\n", "needs"),
     ("-- fragment: f\nid\n-- name: s\nSELECT {f(r)}\n", "takes no"),
     ("-- fragment: f\n{f}\n-- name: s\nSELECT {f}\n", "loop"),
+    ("-- name: s\nSELECT 1 -- 100% sure\n", "neither"),
 ])
 def test_load__a_malformed_file_is_refused(tmp_path: Path, text: str, problem: str) -> None:
     with pytest.raises(CatalogueError, match=problem):
