@@ -153,7 +153,7 @@ class AsyncLedger:
                    else allow_unadvertised)
         try:
             async with await psycopg.AsyncConnection.connect(self.conninfo) as conn:
-                await conn.execute(SET_TENANT, (request.tenant_id, True))
+                await conn.execute(SET_TENANT, {"tenant": request.tenant_id, "local": True})
                 if not allowed:
                     await catalog.check_start_async(conn, workflow, input)
                 cursor = await conn.execute(run_ops.START_RUN,
@@ -236,7 +236,8 @@ class AsyncLedger:
         try:
             async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
                                                              row_factory=dict_row) as conn:
-                await conn.execute(SET_TENANT, (self.actor.tenant_id, False))  # its one tenant
+                # the connection serves its one tenant
+                await conn.execute(SET_TENANT, {"tenant": self.actor.tenant_id, "local": False})
                 params = {"run_id": run_id, "tenant_id": self.actor.tenant_id}
                 await conn.execute(watch.WATCH, params)  # after LISTEN, before the first read
                 try:

@@ -65,8 +65,8 @@ def engine_of_its_own(url: str, *, pool_size: int = 5) -> Engine:
 TENANT_OPTION = "onward_tenant"
 """The execution option naming the tenant every transaction of an engine acts for."""
 
-SET_TENANT = "SELECT set_config('onward.tenant', %s, %s)"
-"""Row-level security keys every table of tenant data on this setting (migration 0027);
+SET_TENANT = sql.statement("set_tenant")
+"""Row-level security keys every table of tenant data on ``onward.tenant`` (migration 0027);
 a transaction that sets none sees no rows (docs/security.md)."""
 
 
@@ -79,7 +79,7 @@ def scoped_to_tenant(engine: Engine, tenant_id: str) -> Engine:
 def set_tenant(conn: psycopg.Connection[Any], tenant_id: str, *, local: bool = True) -> None:
     """Set the tenant on a plain psycopg connection: for its transaction (``local``), or for
     the session of a connection that serves one tenant only (a LISTEN connection)."""
-    conn.execute(SET_TENANT, (tenant_id, local))
+    conn.execute(SET_TENANT, {"tenant": tenant_id, "local": local})
 
 
 @event.listens_for(Engine, "begin")
@@ -89,7 +89,7 @@ def _begin_as_tenant(conn: Connection) -> None:
         return
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.execute(SET_TENANT, (tenant, True))
+        cursor.execute(SET_TENANT, {"tenant": tenant, "local": True})
     finally:
         cursor.close()
 

@@ -12,3 +12,9 @@ SELECT version_num FROM onward.onward_alembic_version
 -- name: onward_schema
 -- The onward schema, if the database has one (NULL: none; a scratch database must not).
 SELECT to_regnamespace('onward') AS found
+
+-- name: set_tenant
+-- Row-level security keys every table of tenant data on onward.tenant (migration 0027): set
+-- it for this transaction (local) or for the session of a connection that serves one
+-- tenant only. A transaction that sets none sees no rows (docs/security.md).
+SELECT set_config('onward.tenant', %(tenant)s, %(local)s)
