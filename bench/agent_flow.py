@@ -19,10 +19,12 @@ from pydantic import BaseModel
 from examples.provider_client import provider_tool
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
+from tasks.limits import Limit
 from tasks.llm import LLMResponse
 from tasks.llm_openai import OpenAIChat
 
 WORKFLOW = "bench_agent"
+QUOTA_WORKFLOW = "bench_agent_quota"  # the same agent, its client declaring the quota
 MODEL = "bench-model"
 write = provider_tool("bench.write", "bench_writes", ToolClass.IRREVERSIBLE)
 
@@ -30,7 +32,8 @@ write = provider_tool("bench.write", "bench_writes", ToolClass.IRREVERSIBLE)
 @cache
 def model_client() -> OpenAIChat:
     """One client per process (threads and greenlets share it; it is thread-safe). The
-    SDK's own retries are off: a 429 fails the step, which onward retries with backoff."""
+    SDK's own retries are off: a 429 is retried by onward's policy for model calls,
+    deferring the step (tasks/retry.py)."""
     return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
                       max_retries=0, timeout_s=120.0)
 
@@ -52,21 +55,42 @@ class _Model:
         return model_client().complete(**call)
 
 
+class _QuotaModel(_Model):
+    """The same client, declaring the model server's quota as a fleet-wide limit
+    (BENCH_QUOTA_CONCURRENCY, BENCH_QUOTA_RATE: what bench/agents.py configured the server
+    with), so the fleet keeps inside it instead of meeting 429s (docs/limits.md)."""
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        concurrency = int(os.environ.get("BENCH_QUOTA_CONCURRENCY", "0")) or None
+        rate = float(os.environ.get("BENCH_QUOTA_RATE", "0"))
+        if concurrency is None and not rate:
+            return ()
+        return (Limit("bench-model", concurrency=concurrency,
+                      rate=f"{rate:g}/s" if rate else None),)
+
+
 class AgentState(BaseModel):
     topic: str
     steps: int = 5
     done: int = 0
 
 
-bench_agent = Workflow(WORKFLOW, version=1, state=AgentState, llm=_Model(), max_attempts=50)
+def _agent(name: str, llm: _Model) -> Workflow[AgentState]:
+    agent = Workflow(name, version=1, state=AgentState, llm=llm, max_attempts=50)
+
+    @agent.step(start=True)
+    def work(ctx: StepContext, state: AgentState) -> Any:
+        ctx.llm(model=MODEL, messages=messages_for(state.topic, state.done))
+        if writes_at(state.done):
+            ctx.effect(write, run=str(ctx.run_id), n=state.done)
+        done = state.done + 1
+        if done >= state.steps:
+            return ctx.finish(done=done)
+        return ctx.goto(work, done=done)
+
+    return agent
 
 
-@bench_agent.step(start=True)
-def work(ctx: StepContext, state: AgentState) -> Any:
-    ctx.llm(model=MODEL, messages=messages_for(state.topic, state.done))
-    if writes_at(state.done):
-        ctx.effect(write, run=str(ctx.run_id), n=state.done)
-    done = state.done + 1
-    if done >= state.steps:
-        return ctx.finish(done=done)
-    return ctx.goto(work, done=done)
+bench_agent = _agent(WORKFLOW, _Model())
+bench_agent_quota = _agent(QUOTA_WORKFLOW, _QuotaModel())

@@ -12,10 +12,9 @@ and the plain Celery worker (bench/plain_agents.py), against a database of the b
 on the configured PostgreSQL and a queue of its own on the configured Redis.
 
 Phases: onward (unlimited model), plain Celery (unlimited model), then onward against a
-model with a quota (--quota-concurrency / --quota-rate, 20 and 100/s by default). Fleet-wide
-quotas (issue 13 item 5) are not implemented yet: the client cannot declare the quota, so
-the quota phase shows what happens today (429s, each one a failed attempt retried with
-backoff), not the target (no 429, throttled steps waiting without a worker).
+model with a quota (--quota-concurrency / --quota-rate, 20 and 100/s by default) whose client
+declares the same quota as a fleet-wide limit (docs/limits.md): the workers keep inside it
+(no 429), and a step that finds it full waits without a worker until a slot frees.
 
 Fields (JSON): inflight_max / inflight_avg (requests the model server held at once: peak,
 and time-weighted mean over its busy time), steps_per_s, celery_steps_per_s,
@@ -26,8 +25,9 @@ committed attempt, claim to commit by the database's clock, minus the time the m
 held its request, which is deterministic; the provider write of one step in three counts as
 overhead),
 model_429s, model_max_concurrency, model_limit_concurrency and throttled_fleet_cpu_s (quota
-phase: worker CPU seconds spent on attempts that met a 429, estimated as the phase's worker
-CPU times their share of attempts).
+phase: worker CPU seconds spent on attempts that did not commit (throttled re-checks: a
+claim, the step up to its call, a deferral; 429s), estimated as the phase's worker CPU
+times their share of attempts; a step waiting for a slot holds no worker and costs none).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import psutil
 import redis
 import sqlalchemy as sa
 
-from bench.agent_flow import MODEL, WORKFLOW, messages_for
+from bench.agent_flow import MODEL, QUOTA_WORKFLOW, WORKFLOW, messages_for
 from bench.plain_agents import TASK, done_key
 from bench.plain_agents import make_app as plain_app
 from examples.model_server import answer_for, hold_s
@@ -145,14 +145,14 @@ class Phase:
 
 def onward_phase(ledger: Ledger, model: ModelServer, workers: list[Proc], runs: int, steps: int,
                  deadline_s: float, procs: Processes, limits: dict[str, Any],
-                 latency: tuple[float, float]) -> Phase:
+                 latency: tuple[float, float], workflow: str = WORKFLOW) -> Phase:
     model.reset()
     model.configure(**limits)
     with Sampler(workers) as sampler:
         cpu0 = sampler.cpu()
         with ledger.engine.begin() as conn:
             t0 = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
-            ids = [ledger.start_run_txn(conn, WORKFLOW, {"topic": f"t{i}", "steps": steps})
+            ids = [ledger.start_run_txn(conn, workflow, {"topic": f"t{i}", "steps": steps})
                    for i in range(runs)]
         _wait_runs(ledger, ids, deadline_s, procs)
         cpu = sampler.cpu() - cpu0
@@ -283,7 +283,9 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     model = ModelServer.start(procs, work, "--latency-ms", str(args.latency_ms), "--jitter",
                               str(args.jitter))
     provider = ReferenceProvider.start(procs, work)
-    procs.env.update(ONWARD_MODEL_URL=model.url, ONWARD_EXAMPLE_PROVIDER_URL=provider.url)
+    procs.env.update(ONWARD_MODEL_URL=model.url, ONWARD_EXAMPLE_PROVIDER_URL=provider.url,
+                     BENCH_QUOTA_CONCURRENCY=str(args.quota_concurrency),
+                     BENCH_QUOTA_RATE=str(args.quota_rate))
     settings = OnwardSettings(**{k.removeprefix("ONWARD_").lower(): v for k, v in
                                  procs.env.items() if k in ("ONWARD_DATABASE_URL",
                                                             "ONWARD_BROKER_URL", "ONWARD_QUEUE",
@@ -325,9 +327,10 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     if args.quota_runs:
         quota = onward_phase(ledger, model, workers, args.quota_runs, args.steps, args.deadline,
                              procs, {"max_concurrency": args.quota_concurrency,
-                                     "rate_per_s": args.quota_rate}, latency)
-        log(f"quota phase: {quota.model['rejected_429']} 429s, "
-            f"{quota.failed_attempts} failed attempts of {quota.attempts}")
+                                     "rate_per_s": args.quota_rate}, latency, QUOTA_WORKFLOW)
+        log(f"quota phase: {quota.model['rejected_429']} 429s, max in flight "
+            f"{quota.model['max_inflight']}, {quota.failed_attempts} of {quota.attempts} "
+            "attempts did not commit (throttled or retried)")
     return _fields(args, onward, celery, quota)
 
 
@@ -360,9 +363,10 @@ def _fields(args: argparse.Namespace, onward: Phase, celery: Phase | None,
         "throttled_fleet_cpu_s": round(quota.cpu_s * quota.failed_attempts / quota.attempts, 2)
         if quota and quota.attempts else None,
         "quota_steps_per_s": round(quota.steps_per_s, 2) if quota else None,
-        "quota_note": "fleet-wide quotas (issue 13 item 5) are not implemented: the client "
-        "cannot declare the server's quota, so steps meet it as 429s (each a failed attempt, "
-        "retried by onward with backoff); the server's own limit caps what it holds",
+        "quota_throttled_attempts": quota.failed_attempts if quota else None,
+        "quota_note": "the client declares the server's quota as a fleet-wide limit "
+        "(docs/limits.md): steps that find it full wait without a worker, woken when a "
+        "slot frees; each such wait costs one claim and one deferral",
         "pool": args.pool, "concurrency": args.concurrency, "workers": args.workers,
         "runs": args.runs, "steps": args.steps, "latency_ms": args.latency_ms,
     }

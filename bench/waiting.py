@@ -91,7 +91,7 @@ from ledger.stats import BatchStats  # noqa: E402
 from ledger.vocabulary import ApprovalStatus  # noqa: E402
 from tasks.routing import version_queue, workflow_queue  # noqa: E402
 from tasks.waiting import artifact_hash  # noqa: E402
-from workers.broker import broker_url  # noqa: E402
+from workers.broker import broker_url, redis_lists  # noqa: E402
 
 WORKFLOW_MODULE = "bench.waiting_agent"
 STALL_S = 90.0  # no progress for this long: the bench gives up
@@ -306,7 +306,7 @@ def wait_queued(engine: Engine, client: redis.Redis, queues: list[str], expected
     queued."""
     deadline = time.monotonic() + timeout
     while True:
-        queued = sum(int(client.llen(q)) for q in queues)
+        queued = sum(int(client.llen(k)) for q in queues for k in redis_lists(q))
         with engine.connect() as conn:
             unpublished = int(conn.execute(sa.text(
                 "SELECT count(*) FROM onward.outbox WHERE published_at IS NULL")).scalar_one())
@@ -325,7 +325,7 @@ def settle(engine: Engine, client: redis.Redis, queues: list[str], procs: Proces
     the start would otherwise be consumed, as stale deliveries, inside the window)."""
     deadline = time.monotonic() + timeout
     while True:
-        queued = sum(int(client.llen(q)) for q in queues)
+        queued = sum(int(client.llen(k)) for q in queues for k in redis_lists(q))
         now = counts(engine)
         if not queued and not now["outbox_rows"] and not now["leases"]:
             break
@@ -378,7 +378,7 @@ def measure_window(seconds: float, *, worker: Proc, control: list[Proc], engine:
     elapsed = time.monotonic() - start
     pushes = counter.stop()
     after = counts(engine)
-    queue_len = sum(int(client.llen(q)) for q in queues)
+    queue_len = sum(int(client.llen(k)) for q in queues for k in redis_lists(q))
     client.close()
     if not counter.available:
         log(f"  MONITOR unavailable ({counter.error}); broker pushes not counted")
@@ -673,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             clients.close()
         procs.stop_all()
         with contextlib.suppress(redis.RedisError):
-            client.delete(*queues)
+            client.delete(*(k for q in queues for k in redis_lists(q)))
         client.close()
         engine.dispose()
         if args.keep_db:

@@ -17,6 +17,7 @@ from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_corpus import corpus_app
 from console.commands_effects import effects_app
+from console.commands_limits import limits as limits_cmd
 from console.commands_runs import runs_app
 from console.commands_tokens import tokens_app
 from console.commands_tools import tools_app
@@ -25,7 +26,7 @@ from console.common import open_ledger, reported, say_error
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import InvalidInput, OnwardError, TracingUnavailable
-from ledger.vocabulary import AuditAction
+from ledger.vocabulary import AuditAction, Priority
 
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
@@ -56,6 +57,7 @@ def _logs_to_stderr() -> None:
 app.command("verify")(commands_verify.verify)
 app.command("anchor")(commands_anchor.anchor)
 app.command("workers")(workers_cmd)
+app.command("limits")(limits_cmd)
 assert commands_replay.corpus_replay is not None
 
 out = console()
@@ -270,6 +272,9 @@ def start(
     input_json: Annotated[str, typer.Option("--input", help="Run input as a JSON object.")] = "{}",
     idempotency_key: Annotated[str | None, typer.Option()] = None,
     conversation: Annotated[str | None, typer.Option()] = None,
+    priority: Annotated[Priority, typer.Option(
+        help="Who goes first in the queues and for limited tools (docs/limits.md).")]
+        = Priority.NORMAL,
 ) -> None:
     """Start a run of WORKFLOW and print its id (operator role; audited)."""
     ledger = open_ledger(AuditAction.START)
@@ -284,7 +289,7 @@ def start(
             raise ledger.refuse(AuditAction.START, InvalidInput(
                 f"--input must be a JSON object, not {type(payload).__name__}"))
         run_id = ledger.start_run_command(workflow, payload, idempotency_key=idempotency_key,
-                                          conversation_id=conversation)
+                                          conversation_id=conversation, priority=priority)
     print(run_id)
 
 

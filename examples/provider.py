@@ -15,14 +15,15 @@ API
   GET  /admin/stats                objects, keys, duplicate objects per key, requests
   GET  /admin/objects              every object
   POST /admin/config               {"key_ttl_s", "async_complete_s", "lookup", "slow_s"}
-  POST /admin/faults               {"collection", "drop_response": n, "error_500": n} — the next
-                                   n creates in that collection act then drop the response /
-                                   answer 500 without acting; {"collection", "slow": n,
-                                   "slow_s": s} — the next n creates wait s seconds before
-                                   acting (a call longer than the caller's lease);
-                                   {"collection", "hold": n, "hold_s": s} — the next n
-                                   creates act, then hold their answer s seconds (a call
-                                   that landed while its caller gave up)
+  POST /admin/faults               {"collection", "drop_response": n, "error_500": n,
+                                   "error_429": n} — the next n creates in that collection act
+                                   then drop the response / answer 500 / answer 429 with
+                                   Retry-After (setting retry_after_s) without acting;
+                                   {"collection", "slow": n, "slow_s": s} — the next n
+                                   creates wait s seconds before acting (a call longer than
+                                   the caller's lease); {"collection", "hold": n, "hold_s": s}
+                                   — the next n creates act, then hold their answer s seconds
+                                   (a call that landed while its caller gave up)
   POST /admin/reset                forget everything
 A request may also carry ``X-Fault: drop-response | error-500 | slow=<s>``.
 
@@ -66,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "async_complete_s": 0.0,  # > 0: creates answer 202 and complete after this long
     "lookup": True,  # GET by-key available
     "slow_s": 0.0,  # delay every create
+    "retry_after_s": 1,  # the Retry-After header of an injected 429
 }
 
 
@@ -149,6 +151,9 @@ class Store:
             if fault == "error-500" or self.take_fault(collection, "error_500"):
                 self.bump("errors_500")
                 return 500, {"error": "internal error (injected); nothing was created"}
+            if self.take_fault(collection, "error_429"):
+                self.bump("rejected_429")
+                return 429, {"error": "rate limited (injected); nothing was created"}
             now = time.time()
             if key is not None:
                 ttl = float(self.setting("key_ttl_s"))
@@ -232,6 +237,8 @@ class Handler(BaseHTTPRequestHandler):
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        if code == 429:
+            self.send_header("Retry-After", str(self.store.setting("retry_after_s")))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -279,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 return self._send(400, {"error": str(exc)})
         if parts == ["admin", "faults"]:
-            for fault in ("drop_response", "error_500", "slow", "hold"):
+            for fault in ("drop_response", "error_500", "error_429", "slow", "hold"):
                 if fault in body:
                     self.store.arm_fault(body["collection"], fault, int(body[fault]))
             for delay in ("slow_s", "hold_s"):

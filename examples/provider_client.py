@@ -31,6 +31,8 @@ import httpx
 from ledger.vocabulary import ToolClass
 from tasks import credentials
 from tasks.exceptions import ToolError
+from tasks.limits import Limit
+from tasks.retry import RetryPolicy, parse_retry_after
 from tasks.tools import Tool, ToolResult
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)  # when no timeout is given (admin requests)
@@ -156,7 +158,8 @@ def _answer(response: httpx.Response) -> ToolResult:
     message = (f"provider answered {response.status_code}: "
                f"{credentials.redact(response.text[:200])}")
     retryable = response.status_code >= 500 or response.status_code == 429
-    raise ToolError(message, retryable=retryable, status_code=response.status_code)
+    raise ToolError(message, retryable=retryable, status_code=response.status_code,
+                    retry_after_s=parse_retry_after(response.headers.get("retry-after")))
 
 
 CREDENTIAL = credentials.reference("example_provider_token")
@@ -201,9 +204,11 @@ def provider_tool(name: str, collection: str, tool_class: ToolClass, *, lookup: 
                   honours_key: bool | None = None, send_key: bool = True,
                   recipient_field: str | None = None,
                   check_payload: dict[str, Any] | None = None,
-                  timeout_s: float | None = None) -> Tool:
+                  timeout_s: float | None = None, limits: tuple[Limit, ...] = (),
+                  retry: RetryPolicy | None = None) -> Tool:
     """A Tool whose call, lookup and status go to ``collection`` at the reference provider;
-    each request is given the time limit onward passes (``timeout``)."""
+    each request is given the time limit onward passes (``timeout``); ``limits`` and
+    ``retry`` as ``Tool`` takes them (docs/limits.md)."""
 
     def call(payload: dict[str, Any], key: str, *, timeout: float | None = None) -> ToolResult:
         return create(collection, payload, key, send_key=send_key, timeout=timeout)
@@ -226,6 +231,8 @@ def provider_tool(name: str, collection: str, tool_class: ToolClass, *, lookup: 
         recipient=(lambda p: str(p.get(recipient_field))) if recipient_field else None,
         check_payload=check_payload,
         timeout_s=timeout_s,
+        limits=limits,
+        retry=retry,
     )
 
 

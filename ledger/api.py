@@ -51,6 +51,7 @@ from ledger.exceptions import (
     UnknownRun,
     UnknownToken,
 )
+from ledger.limits import LimitState, limit_states_txn
 from ledger.schema import approvals as approvals_table
 from ledger.schema import runs as runs_table
 from ledger.settings import OnwardSettings
@@ -63,11 +64,20 @@ from ledger.vocabulary import (
     EffectAttemptOutcome,
     EffectStatus,
     LaunchMode,
+    Priority,
     Role,
     RunStatus,
 )
 
 T = TypeVar("T")
+
+
+def _priority(value: Priority | str) -> Priority:
+    try:
+        return Priority(value)
+    except ValueError:
+        raise InvalidInput(f"priority must be one of {[p.value for p in Priority]}, "
+                           f"got {value!r:.80}") from None
 
 REFUSALS: tuple[type[Exception], ...] = (
     OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, ApprovalRefused,
@@ -133,8 +143,11 @@ class Ledger:
         max_attempts: int | None = None,
         budgets: run_ops.Budgets | None = None,
         allow_unadvertised: bool | None = None,
+        priority: Priority | str = Priority.NORMAL,
     ) -> UUID:
         """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run.
+        ``priority`` (high, normal, low) decides who goes first in the broker's queues and
+        for a limited tool's slots (docs/limits.md).
 
         Refused (``UnknownWorkflow``, listing the known ones) when no worker has advertised
         ``workflow``, and (``InvalidInput``) when every advertised version's state model
@@ -151,6 +164,7 @@ class Ledger:
                 max_attempts=max_attempts,
                 budgets=budgets,
                 allow_unadvertised=allow_unadvertised,
+                priority=priority,
             )
             tracing.name_run(span, run_id)
             return run_id
@@ -166,6 +180,7 @@ class Ledger:
         max_attempts: int | None = None,
         budgets: run_ops.Budgets | None = None,
         allow_unadvertised: bool | None = None,
+        priority: Priority | str = Priority.NORMAL,
     ) -> UUID:
         """Start a run inside the caller's own transaction (atomic with their business
         write), on a SQLAlchemy connection or a psycopg 3 one (not in autocommit mode, or
@@ -182,6 +197,7 @@ class Ledger:
             idempotency_key=idempotency_key,
             max_attempts=max_attempts or self.settings.step_max_attempts,
             budgets=budgets or run_ops.Budgets(),
+            priority=_priority(priority),
         )
         run_ops.validate_request(request)
         raw = run_ops.driver_connection(conn)
@@ -191,6 +207,12 @@ class Ledger:
                     else allow_unadvertised):
                 catalog.check_start(raw, workflow, input)
             return run_ops.start_run_txn(raw, self.keys, request)
+
+    def limits(self) -> list[LimitState]:
+        """Every fleet-wide limit key: what its client declared and its current use (slots
+        in flight, starts in the rate's window, runs waiting), docs/limits.md."""
+        with wrap_driver_errors("reading limits"), self.engine.connect() as conn:
+            return limit_states_txn(conn)
 
     # -- waiting on runs (no polling: LISTEN/NOTIFY, ledger/watch.py) ------------------------
     def wait(self, run_id: UUID, timeout: float | None = None, *,
@@ -421,14 +443,15 @@ class Ledger:
 
     def start_run_command(self, workflow: str, input: dict[str, Any], *,
                           conversation_id: str | None = None,
-                          idempotency_key: str | None = None) -> UUID:
+                          idempotency_key: str | None = None,
+                          priority: Priority | str = Priority.NORMAL) -> UUID:
         """Start a run for an operator or a service (CLI, HTTP API): needs the operator role,
         runs in the actor's tenant, and writes one audit row with the run it started."""
         def body(conn: Connection) -> UUID:
             scoped = self.settings.model_copy(update={"tenant_id": self.actor.tenant_id})
             run_id = Ledger(self.engine, scoped, self.actor).start_run_txn(
                 conn, workflow, input, conversation_id=conversation_id,
-                idempotency_key=idempotency_key)
+                idempotency_key=idempotency_key, priority=priority)
             record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.START, AuditOutcome.DONE, run_id=run_id, new_run_id=run_id,
                 details={"workflow": workflow, "idempotency_key": idempotency_key}))

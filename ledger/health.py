@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger import sql
 from ledger.db import wrap_driver_errors
 from ledger.hot import HotConnection
+from ledger.limits import LimitState, limit_states_txn
 from ledger.vocabulary import RunStatus
 
 # Counters' keys: (workflow, version, metric, label).
@@ -46,8 +47,8 @@ class QuotaUse:
     limit: int | None = None
 
 
-# Where quota slots come from once quotas exist: each probe reads its own table in the
-# scrape's transaction (one indexed query) and says what is in use.
+# Further sources of quota slots beside onward's own limits (docs/limits.md): each probe
+# reads its own table in the scrape's transaction (one indexed query) and says what is in use.
 QUOTA_PROBES: list[Callable[[Connection], list[QuotaUse]]] = []
 
 
@@ -64,6 +65,7 @@ class Health:
     steps_in_flight: int
     unserved: list[dict[str, Any]]  # workflow, version, runs, workflow_served
     quotas: list[QuotaUse] = field(default_factory=list)
+    limits: list[LimitState] = field(default_factory=list)  # fleet-wide limits, with use
 
 
 def _rows(conn: Connection, query: Any, **params: Any) -> list[dict[str, Any]]:
@@ -74,6 +76,7 @@ def health_txn(conn: Connection, *, worker_ttl_s: float = 30.0,
                outbox_grace_s: float = 30.0) -> Health:
     """One scrape: a handful of indexed queries in the caller's (read-only) transaction."""
     live = conn.execute(_LIVE_WORKERS, {"within": worker_ttl_s}).mappings().one()
+    limits = limit_states_txn(conn)
     approvals = conn.execute(_APPROVALS).mappings().one()
     active = _rows(conn, _ACTIVE_RUNS)
     served = {(r["workflow"], r["version"]) for r in _rows(conn, _SERVED,
@@ -89,7 +92,9 @@ def health_txn(conn: Connection, *, worker_ttl_s: float = 30.0,
         workers_live=int(live["n"]),
         steps_in_flight=int(live["in_flight"]),
         unserved=_unserved(active, served),
-        quotas=[use for probe in QUOTA_PROBES for use in probe(conn)],
+        quotas=[*(QuotaUse(state.key, state.in_use, state.concurrency) for state in limits),
+                *(use for probe in QUOTA_PROBES for use in probe(conn))],
+        limits=limits,
     )
 
 

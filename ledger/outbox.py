@@ -45,6 +45,7 @@ class OutboxMessage:
     step: str | None = None  # the step the message runs; None: the workflow's start step
     attempt: int = 1  # the attempt the message starts (for display)
     trace_context: str | None = None  # the traceparent the step's span continues
+    priority: str = "normal"  # the run's priority: the message's broker priority
 
 
 class OutboxStore:
@@ -92,7 +93,7 @@ class OutboxStore:
                     conn.execute(_DROP, {"ids": dead})
                 messages = [OutboxMessage(r["id"], r["run_id"], r["seq"], r["workflow"],
                                           r["workflow_version"], r["step"], r["attempt"] + 1,
-                                          r["trace_context"])
+                                          r["trace_context"], r["priority"])
                             for r in rows if not r["dead"]]
                 for message in messages:
                     publish(message)

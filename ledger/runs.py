@@ -19,7 +19,7 @@ from ledger import signed, sql, tracing
 from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys, canonical_json
 from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
-from ledger.vocabulary import OutcomeKind, RunStatus
+from ledger.vocabulary import OutcomeKind, Priority, RunStatus
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,14 @@ class Run:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    priority: Priority = Priority.NORMAL
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Run:
-        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        fields = {name: row[name] for name in cls.__dataclass_fields__ if name in row}
         fields["status"] = RunStatus(row["status"])
+        if "priority" in fields:
+            fields["priority"] = Priority(fields["priority"])
         return cls(**fields)
 
 
@@ -95,6 +98,7 @@ class StartRequest:
     idempotency_key: str | None
     max_attempts: int
     budgets: Budgets = Budgets()
+    priority: Priority = Priority.NORMAL
 
 
 def validate_input(value: Any, max_bytes: int, max_depth: int | None = None) -> bytes:
@@ -149,6 +153,9 @@ def validate_request(request: StartRequest) -> None:
         if value is not None:
             _check_text(value, what)
     _check_count(request.max_attempts, "max_attempts", 1)
+    if request.priority not in tuple(Priority):
+        raise InvalidInput(f"priority must be one of {[p.value for p in Priority]}, "
+                           f"got {request.priority!r:.80}")
     budgets = request.budgets
     if budgets.attempts is not None:
         _check_count(budgets.attempts, "budgets.attempts", 1)
@@ -226,7 +233,7 @@ def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
         else None,
         "key_id": keys.current, "envelope_version": ENVELOPE_VERSION,
         "outcome": OutcomeKind.START.value, "state": Jsonb(request.input),
-        "trace_context": trace_context,
+        "trace_context": trace_context, "priority": Priority(request.priority).value,
     }
 
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     MetaData,
     Numeric,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -40,7 +41,7 @@ from ledger.vocabulary import EffectStatus as EffectStatus
 from ledger.vocabulary import EvidenceKind as EvidenceKind
 from ledger.vocabulary import LaunchMode as LaunchMode
 from ledger.vocabulary import OutcomeKind as OutcomeKind
-from ledger.vocabulary import Role
+from ledger.vocabulary import Priority, Role
 from ledger.vocabulary import RunStatus as RunStatus
 from ledger.vocabulary import ToolClass as ToolClass
 
@@ -123,7 +124,10 @@ runs = Table(
     Column("trace_context", Text, nullable=True),  # W3C traceparent of start_run's span
     # Ledger.wait/events watchers: progress is NOTIFYed only while above zero (ledger/watch.py)
     Column("watchers", Integer, nullable=False, server_default=text("0")),
+    # who goes first in the broker's queues and for a limited tool's slots (docs/limits.md)
+    Column("priority", Text, nullable=False, server_default=text("'normal'")),
     CheckConstraint(_in("status", RunStatus), name="status"),
+    CheckConstraint(_in("priority", Priority), name="priority"),
     CheckConstraint("seq >= 0", name="seq_nonnegative"),
     Index(
         "ix_runs_tenant_idempotency",
@@ -213,6 +217,67 @@ outbox = Table(
     Column("trace_context", Text, nullable=True),  # traceparent of the span that wrote it
     UniqueConstraint("run_id", "seq"),
     Index("ix_outbox_due_at", "due_at"),
+)
+
+# The failures a retry policy counted for one model or tool call (tasks/retry.py): a call
+# deferred for a retry finds its count here when the step runs again.
+call_retries = Table(
+    "call_retries",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("command_id", Text, nullable=False),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", NULLABLE_JSON, nullable=True),
+    Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
+    PrimaryKeyConstraint("run_id", "seq", "command_id"),
+)
+
+# Fleet-wide limits (docs/limits.md): one row per limit key (``name`` or ``name:key``) with
+# what its client declared; the functions onward.limit_acquire and onward.limit_release
+# (migration 0031) are the only writers of these three tables.
+limits = Table(
+    "limits",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("concurrency", Integer, nullable=True),  # calls in flight at once; NULL: no limit
+    Column("rate_count", Integer, nullable=True),  # calls started per window; NULL: no limit
+    Column("rate_window_s", Float(precision=53), nullable=True),
+    Column("granted", BigInteger, nullable=False, server_default=text("0")),
+    Column("throttled", BigInteger, nullable=False, server_default=text("0")),
+    Column("declared_at", TS, nullable=False, server_default=func.onward.now()),
+)
+
+# A slot held (released_at NULL, not expired) or a start still inside the rate's window.
+limit_grants = Table(
+    "limit_grants",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("key", Text, ForeignKey("limits.key", ondelete="CASCADE"), nullable=False),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("command_id", Text, nullable=False),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("granted_at", TS, nullable=False),
+    Column("expires_at", TS, nullable=False),  # the holder died if it has not released by then
+    Column("released_at", TS, nullable=True),
+    Index("ix_limit_grants_key_granted_at", "key", "granted_at"),
+    Index("ix_limit_grants_run_id", "run_id"),
+)
+
+# Runs waiting for a slot, without a worker: served by rank (priority), then in order.
+limit_waiters = Table(
+    "limit_waiters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("key", Text, ForeignKey("limits.key", ondelete="CASCADE"), nullable=False),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("rank", SmallInteger, nullable=False),
+    Column("enqueued_at", TS, nullable=False),
+    Column("expires_at", TS, nullable=False),
+    UniqueConstraint("key", "run_id"),
+    Index("ix_limit_waiters_run_id", "run_id"),
 )
 
 effects = Table(

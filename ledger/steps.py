@@ -40,6 +40,7 @@ from ledger.vocabulary import (
     AuditOutcome,
     OutcomeKind,
     ParkReason,
+    Priority,
     RunStatus,
 )
 
@@ -124,6 +125,7 @@ class Claim:
     snapshot_seq: int | None = None  # where the head's chain of deltas starts (ledger/states.py)
     chain_bytes: int = 0  # the bytes of the deltas since that snapshot
     state_problem: str | None = None  # why the head's state could not be read
+    priority: Priority = Priority.NORMAL  # who goes first for a limit's slots
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
@@ -187,6 +189,7 @@ class Claim:
                           else row["seq"]),
             chain_bytes=row["cp_chain_bytes"] or 0,
             state_problem=problem,
+            priority=Priority(row["priority"]),
         )
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "AttemptOutcome",
     "AuditAction",
     "AuditOutcome",
+    "CallFailure",
     "EffectAttemptKind",
     "EffectAttemptOutcome",
     "EffectStatus",
@@ -24,6 +25,7 @@ __all__ = [
     "LaunchMode",
     "OutcomeKind",
     "ParkReason",
+    "Priority",
     "Role",
     "RunStatus",
     "ToolClass",
@@ -48,6 +50,20 @@ class RunStatus(StrEnum):
     def terminal(self) -> bool:
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
                         RunStatus.DIVERGED)
+
+
+class Priority(StrEnum):
+    """Which runs go first (``runs.priority``): in the broker's queues and for a limited
+    tool's slots (docs/limits.md)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        """Higher goes first (``limit_waiters.rank``)."""
+        return {Priority.HIGH: 2, Priority.NORMAL: 1, Priority.LOW: 0}[self]
 
 
 class OutcomeKind(StrEnum):
@@ -125,6 +141,8 @@ class WaitKind(StrEnum):
     TIMER = "timer"
     EFFECT = "effect"  # an accepted effect's next status poll (waiting_on only)
     REPLAYED = "replayed"  # a replay passing its parent's wait (waiting_on only)
+    LIMIT = "limit"  # a slot of a fleet-wide limit (waiting_on only: ``limit:<key>``)
+    RETRY = "retry"  # a call's retry backoff or Retry-After (waiting_on only)
 
 
 class LaunchMode(StrEnum):
@@ -158,6 +176,16 @@ class ToolClass(StrEnum):
     READ = "read"  # repeat freely
     IDEMPOTENT_WRITE = "idempotent_write"  # repeat with the same key
     IRREVERSIBLE = "irreversible"  # never repeated blindly: reconcile first
+
+
+class CallFailure(StrEnum):
+    """Why a call to a model or a tool failed, as a retry policy reads it (tasks/retry.py)
+    and ``call_retries.last_error`` records it."""
+
+    TIMEOUT = "timeout"  # no answer within the call's time limit
+    CONNECTION = "connection"  # the request may not have left: refused, reset, DNS
+    RATE_LIMITED = "rate_limited"  # HTTP 429: refused before doing anything
+    SERVER_ERROR = "server_error"  # HTTP 5xx, or a refusal the tool calls retryable
 
 
 class EffectAttemptKind(StrEnum):

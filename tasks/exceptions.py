@@ -68,12 +68,15 @@ class LeaseLost(OnwardError):
 
 class ToolError(OnwardError):
     """The provider answered and refused. ``retryable`` says whether trying again can help
-    (HTTP 5xx, 429) or not (4xx, a conflict)."""
+    (HTTP 5xx, 429) or not (4xx, a conflict); ``retry_after_s`` is the provider's
+    ``Retry-After``, which the tool's retry policy honours (tasks/retry.py)."""
 
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
 
 class EffectFailed(StepError):

@@ -83,6 +83,7 @@ class StepReport:
     version: int | None = None
     next_step: str | None = None
     status: str | None = None  # the run's status after a commit (running, waiting, completed…)
+    priority: str | None = None  # the run's priority: its next message's broker priority
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def execute_step(
     attempt = _Attempt(store, registry, config, claimed, worker, effects, evidence,
                        log.bind(run_id=str(claimed.run_id), seq=claimed.seq,
                                 attempt=claimed.attempt))
-    report = attempt.run()
+    report = replace(attempt.run(), priority=claimed.priority.value)
     if report.workflow is None:
         report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
     if report.next_seq is not None:
@@ -277,7 +278,7 @@ class _Attempt:
             max_effect_payload_bytes=config.max_effect_payload_bytes,
             max_json_depth=config.max_json_depth,
             tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
-            model_timeout_s=config.model_timeout_s,
+            model_timeout_s=config.model_timeout_s, priority=claim.priority,
         )
 
     # -- phase 2: run the body ---------------------------------------------------------------

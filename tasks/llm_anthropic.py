@@ -8,11 +8,13 @@ as ``{"id", "name", "arguments"}``, the same shape the OpenAI adapter gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from tasks.limits import Limit
 from tasks.llm import LLMResponse, sdk_timeout
 from tasks.llm_openai import Prices, price_of
+from tasks.retry import RetryPolicy
 
 
 class AnthropicMessages:
@@ -20,10 +22,14 @@ class AnthropicMessages:
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
                  max_tokens: int = 1024, timeout_s: float | None = None,
+                 limits: Sequence[Limit] = (), retry: RetryPolicy | None = None,
                  **client_options: Any) -> None:
         """``timeout_s``: one call's time limit, covered by the step's lease (given to the SDK
-        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it)."""
+        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it).
+        ``limits`` and ``retry``: as ``OpenAIChat`` (docs/limits.md)."""
         self.timeout_s = sdk_timeout(timeout_s, client_options)
+        self.limits = tuple(limits)
+        self.retry = retry
         if client is None:
             try:
                 import anthropic

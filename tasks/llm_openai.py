@@ -11,10 +11,12 @@ only the answer that came back is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from tasks.limits import Limit
 from tasks.llm import LLMResponse, parse_arguments, sdk_timeout
+from tasks.retry import RetryPolicy
 
 Prices = dict[str, tuple[float, float]]
 """USD per million input and output tokens, by the model name the response reports (or a
@@ -32,10 +34,16 @@ class OpenAIChat:
     """An ``LLMClient`` over ``openai.OpenAI().chat.completions``."""
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
-                 timeout_s: float | None = None, **client_options: Any) -> None:
+                 timeout_s: float | None = None, limits: Sequence[Limit] = (),
+                 retry: RetryPolicy | None = None, **client_options: Any) -> None:
         """``timeout_s``: one call's time limit, covered by the step's lease (given to the SDK
-        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it)."""
+        as ``timeout`` when this builds the client; a ``timeout=`` number is read as it).
+        ``limits``: fleet-wide limits on its calls; ``retry``: how failed calls are retried
+        (default: as reads; docs/limits.md). Pass ``max_retries=0`` to leave retries to
+        onward, which defers them without holding a worker."""
         self.timeout_s = sdk_timeout(timeout_s, client_options)
+        self.limits = tuple(limits)
+        self.retry = retry
         if client is None:
             try:
                 import openai

@@ -34,6 +34,7 @@ from ledger.exceptions import (
     IntegrityViolation,
     InvalidInput,
 )
+from ledger.limits import LimitStore, RetryStore
 from ledger.lineage import Divergence, Launch, LineageStore, resume_after_wait
 from ledger.steps import Advance, Wait
 from ledger.vocabulary import (
@@ -43,14 +44,18 @@ from ledger.vocabulary import (
     EvidenceKind,
     FailReason,
     ParkReason,
+    Priority,
     ToolClass,
+    WaitKind,
 )
 from ledger.waits import WaitStore
 from tasks import credentials, faults
 from tasks.clock import StepClock
 from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
 from tasks.exceptions import EffectFailed, EffectOutcomeUnknown, OutcomeError, StepError, ToolError
+from tasks.limits import Limit, LimitScope, declared_limits
 from tasks.llm import LLMClient, LLMResponse, StreamTo, call_model
+from tasks.retry import RetryPolicy, classify, default_policy, retry_after_s
 from tasks.tools import Tool, ToolResult, invoke
 
 T = TypeVar("T")
@@ -83,7 +88,8 @@ class StepServices:
                  spent: dict[str, Any] | None = None, launch: Launch | None = None,
                  clock: StepClock, max_effect_payload_bytes: int | None = None,
                  max_json_depth: int | None = None, tool_timeout_s: float = 30.0,
-                 lease_margin_s: float = 5.0, model_timeout_s: float = 120.0) -> None:
+                 lease_margin_s: float = 5.0, model_timeout_s: float = 120.0,
+                 priority: Priority = Priority.NORMAL, limit_poll_s: float = 5.0) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -117,6 +123,14 @@ class StepServices:
         self.model_timeout_s = float(getattr(llm_client, "timeout_s", None) or model_timeout_s)
         self.lease_margin_s = lease_margin_s
         self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
+        self.priority = Priority(priority)
+        self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
+        self.retries = RetryStore(effects.conn)
+        self.limits = LimitStore(effects.conn)
+        self.model_limits = declared_limits(llm_client)
+        model_retry = getattr(llm_client, "retry", None)
+        self.model_retry = (model_retry if isinstance(model_retry, RetryPolicy)
+                            else default_policy(ToolClass.READ))
         self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
 
     def command_id(self, key: str | None) -> str:
@@ -261,15 +275,20 @@ class StepServices:
         return self._apply(tool, effect, attempt, ToolResult.coerce(found), reconciled=True)
 
     def _send(self, tool: Tool, effect: Effect, payload: dict[str, Any]) -> dict[str, Any]:
-        attempt = self._begin(tool, effect, EffectAttemptKind.CALL)
-        call = tool.simulate if self.launch.simulation and tool.simulate else tool.call
-        raw: Any = None
-        failure: Exception | None = None
+        limits = () if self.launch.simulation else tool.limits
+        held = self._acquire(limits, tool.name, effect.command_id, self.timeout(tool))
         try:
-            with self._overrun_guard(tool, effect, attempt):
-                raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
-        except Exception as exc:
-            failure = exc
+            attempt = self._begin(tool, effect, EffectAttemptKind.CALL)
+            call = tool.simulate if self.launch.simulation and tool.simulate else tool.call
+            raw: Any = None
+            failure: Exception | None = None
+            try:
+                with self._overrun_guard(tool, effect, attempt):
+                    raw = invoke(call, payload, effect.effect_id, timeout=self.timeout(tool))
+            except Exception as exc:
+                failure = exc
+        finally:
+            self._release(held, effect.command_id)
         try:
             return self._sent(tool, effect, attempt, raw, failure)
         except EffectFenced:
@@ -317,6 +336,7 @@ class StepServices:
                                     status=EffectStatus.PENDING, error=_error(exc))
                 if effect.outcome_unknown:
                     self.unknown[effect.effect_id] = tool.name
+                self._retry_later(tool.retry_policy, effect.command_id, exc, tool.name)
                 raise EffectOutcomeUnknown(f"{tool.name} refused for now: {exc}") from exc
             failed = self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.FAILED,
                                   status=EffectStatus.FAILED, error=_error(exc))
@@ -325,6 +345,8 @@ class StepServices:
             self._record_effect(effect, attempt, outcome=EffectAttemptOutcome.UNKNOWN,
                                 status=EffectStatus.PENDING, error=_error(exc))
             self.unknown[effect.effect_id] = tool.name
+            if tool.can_resend_blind:  # the provider dedupes by key: a resend is safe
+                self._retry_later(tool.retry_policy, effect.command_id, exc, tool.name)
             raise EffectOutcomeUnknown(
                 f"{tool.name} call ended without an answer ({type(exc).__name__}: {exc}); "
                 "the next attempt reconciles before sending again") from exc
@@ -434,8 +456,11 @@ class StepServices:
             raise StepError("no model client: pass Workflow(..., llm=client)", non_retryable=True)
         self._check_budget(model)
         stream_to = StreamTo(self.run_id, self.seq, command_id) if params.get("stream") else None
-        response = call_model(self.llm_client, model=model, messages=messages, params={
-            k: v for k, v in params.items() if k != "stream"}, stream_to=stream_to)
+        client = self.llm_client
+        response = self._limited_call(
+            self.model_limits, self.model_retry, model, command_id, self.model_timeout_s,
+            lambda: call_model(client, model=model, messages=messages, params={
+                k: v for k, v in params.items() if k != "stream"}, stream_to=stream_to))
         kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
             seq=self.seq, step=self.step, source=model, source_version=response.model,
@@ -500,8 +525,9 @@ class StepServices:
         recorded = self._recorded(command_id, request_hash, self.timeout(tool))
         if recorded is not None:
             return dict(recorded["result"])
-        answer = ToolResult.coerce(invoke(tool.call, params, command_id,
-                                          timeout=self.timeout(tool)))
+        answer = ToolResult.coerce(self._limited_call(
+            tool.limits, tool.retry_policy, tool.name, command_id, self.timeout(tool),
+            lambda: invoke(tool.call, params, command_id, timeout=self.timeout(tool))))
         kept = self._record(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.READ.value,
             seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
@@ -511,6 +537,73 @@ class StepServices:
             lease_epoch=self.epoch, request=params if tool.store_payload else None,
         ))
         return dict(kept.response["result"])
+
+    # -- limits and retries (docs/limits.md) ---------------------------------------------------
+    def _limited_call(self, limits: tuple[Limit, ...], policy: RetryPolicy, target: str,
+                      command_id: str, timeout_s: float, call: Callable[[], T]) -> T:
+        """Make a model call or a read: within a slot of each of ``limits`` (or wait for
+        one without a worker), its retryable failures deferred per ``policy``."""
+        held = self._acquire(limits, target, command_id, timeout_s)
+        try:
+            return call()
+        except Exception as exc:
+            self._retry_later(policy, command_id, exc, target)
+            raise
+        finally:
+            self._release(held, command_id)
+
+    def _acquire(self, limits: tuple[Limit, ...], target: str, command_id: str,
+                 timeout_s: float) -> list[str]:
+        """A slot of each limit for this call; the keys held. When one is not free, give
+        back those taken and wait in its queue (the step is deferred: no worker, no lease,
+        no attempt spent), woken when a slot frees or after ``retry_in_s``."""
+        held: list[str] = []
+        scope = LimitScope(self.tenant_id, target)
+        for limit in limits:
+            key = limit.key(scope)
+            grant = self.limits.acquire(
+                key, limit.name, concurrency=limit.concurrency, rate=limit.rate_window,
+                run_id=self.run_id, seq=self.seq, command_id=command_id, epoch=self.epoch,
+                rank=self.priority.rank, hold_s=timeout_s + self.lease_margin_s,
+                wait_s=self.limit_poll_s)
+            if not grant.granted:
+                self._release(held, command_id)
+                self.control.wait(WaitFor(
+                    grant.retry_in_s, f"{WaitKind.LIMIT.value}:{key}",
+                    f"{target}: limit {key} full ({grant.in_use} in flight, "
+                    f"{grant.waiting} waiting); asking again in {grant.retry_in_s:.2f}s "
+                    "or when a slot frees"))
+                raise Suspend()
+            held.append(key)
+        return held
+
+    def _release(self, held: list[str], command_id: str) -> None:
+        for key in held:
+            try:
+                self.limits.release(key, run_id=self.run_id, command_id=command_id,
+                                    epoch=self.epoch)
+            except Exception as exc:  # the slot expires with the call's cover instead
+                log.warning("could not give a limit's slot back", key=key, error=str(exc))
+        held.clear()
+
+    def _retry_later(self, policy: RetryPolicy, command_id: str, exc: Exception,
+                     target: str) -> None:
+        """Defer the step to retry the call, when ``policy`` retries this failure and
+        attempts are left (counted in the ledger); otherwise return and let it raise."""
+        failure = classify(exc)
+        if not policy.retries(failure) or policy.attempts <= 1:
+            return
+        error = {**_error(exc), "failure": str(failure)}
+        failures = self.retries.count_failure(self.run_id, self.seq, command_id,
+                                              epoch=self.epoch, error=error)
+        if failures is None or failures >= policy.attempts:
+            return  # the lease is lost, or the call's attempts are spent: the error stands
+        delay = policy.delay_s(failures, retry_after_s(exc))
+        self.control.wait(WaitFor(
+            delay, f"{WaitKind.RETRY.value}:{command_id}",
+            f"{target} failed ({failure}, {failures} of {policy.attempts} attempts): "
+            f"retrying in {delay:.2f}s"))
+        raise Suspend() from exc
 
     def _verified(self, read: Callable[[], T]) -> T:
         """What ``read`` returns, unless it does not verify against its MAC: then the run is

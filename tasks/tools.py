@@ -33,6 +33,8 @@ from tasks.exceptions import (
     ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
     WorkflowDefinitionError,
 )
+from tasks.limits import Limit, declared_limits
+from tasks.retry import RetryPolicy, default_policy
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class Tool:
     refuses_key_reuse: bool | None = None
     check_payload: dict[str, Any] | None = None  # a sample for `onward tools check` (test env)
     timeout_s: float | None = None  # one call's time limit; None: ONWARD_TOOL_TIMEOUT_S
+    # fleet-wide limits on its calls, and how its failed calls are retried (docs/limits.md)
+    limits: tuple[Limit, ...] = ()
+    retry: RetryPolicy | None = None  # None: the default of its class (tasks/retry.py)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -121,6 +126,12 @@ class Tool:
                                self.tool_class is ToolClass.IDEMPOTENT_WRITE)
         if self.refuses_key_reuse is None:
             object.__setattr__(self, "refuses_key_reuse", self.honours_key)
+        object.__setattr__(self, "limits", declared_limits(self))
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """Its own retry policy, else its class's default."""
+        return self.retry if self.retry is not None else default_policy(self.tool_class)
 
     @property
     def is_async(self) -> bool:

@@ -9,10 +9,13 @@ from pydantic import BaseModel
 from examples.provider_client import provider_tool
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
+from tasks.retry import RetryPolicy
 
 unstable_payload = provider_tool("test.unstable", "unstable", ToolClass.IRREVERSIBLE)
 no_lookup = provider_tool("test.no_lookup", "blind", ToolClass.IRREVERSIBLE, lookup=False)
-poisoned = provider_tool("test.poisoned", "poisoned", ToolClass.IDEMPOTENT_WRITE)
+# every retry left to the step (no retry policy of its own): the tests count step attempts
+poisoned = provider_tool("test.poisoned", "poisoned", ToolClass.IDEMPOTENT_WRITE,
+                         retry=RetryPolicy(attempts=1))
 chained = provider_tool("test.chained", "chained", ToolClass.IRREVERSIBLE)
 
 

@@ -22,6 +22,7 @@ from examples.provider_client import provider_tool
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow
 from tasks.exceptions import EffectOutcomeUnknown, ToolError
+from tasks.retry import RetryPolicy
 from tasks.tools import Tool, ToolResult
 
 
@@ -97,15 +98,20 @@ class Outside:
 
 OUTSIDE = Outside()
 
+# These tools leave every retry to the step (``attempts=1``: no retry policy of their own,
+# docs/limits.md), so the tests here see each refusal as a failed step attempt.
+STEP_RETRIES = RetryPolicy(attempts=1)
 with_lookup = Tool("test.outcome.with_lookup", ToolClass.IRREVERSIBLE,
-                   call=OUTSIDE.create, lookup=OUTSIDE.find, timeout_s=7.0)
+                   call=OUTSIDE.create, lookup=OUTSIDE.find, timeout_s=7.0, retry=STEP_RETRIES)
 without_lookup = Tool("test.outcome.without_lookup", ToolClass.IRREVERSIBLE,
-                      call=OUTSIDE.create)
-keyed = Tool("test.outcome.keyed", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.create_once)
+                      call=OUTSIDE.create, retry=STEP_RETRIES)
+keyed = Tool("test.outcome.keyed", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.create_once,
+             retry=STEP_RETRIES)
 job = Tool("test.outcome.job", ToolClass.IDEMPOTENT_WRITE, call=OUTSIDE.submit,
-           status=OUTSIDE.job_status, status_timeout_s=60)
+           status=OUTSIDE.job_status, status_timeout_s=60, retry=STEP_RETRIES)
 overrunning = Tool("test.outcome.overrunning", ToolClass.IRREVERSIBLE,
-                   call=OUTSIDE.create_slowly, lookup=OUTSIDE.find, timeout_s=1.0)
+                   call=OUTSIDE.create_slowly, lookup=OUTSIDE.find, timeout_s=1.0,
+                   retry=STEP_RETRIES)
 TOOLS = {"lookup": with_lookup, "blind": without_lookup, "keyed": keyed, "job": job,
          "overrun": overrunning}
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ledger.embedded import home_lock
 from ledger.settings import OnwardSettings
+from ledger.vocabulary import Priority
 
 REDIS_DB = 0
 
@@ -88,3 +89,24 @@ def stop_redis(home: Path) -> bool:
     finally:
         pid_file.unlink(missing_ok=True)
     return True
+
+
+# Redis (kombu): a message's priority picks one of the lists ``queue``, ``queue\x06\x163``,
+# ``…6``, ``…9``, and a worker pops them in that order, so 0 goes first. RabbitMQ: higher
+# goes first (a quorum queue has two levels: above 4 is high).
+_REDIS_PRIORITY = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
+_AMQP_PRIORITY = {Priority.HIGH: 9, Priority.NORMAL: 4, Priority.LOW: 0}
+
+
+def message_priority(priority: Priority | str | None, url: str) -> int:
+    """The broker priority a step message of a run with ``priority`` is published with."""
+    chosen = Priority(priority or Priority.NORMAL)
+    if url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return _AMQP_PRIORITY[chosen]
+    return _REDIS_PRIORITY[chosen]
+
+
+def redis_lists(queue: str) -> list[str]:
+    """The Redis lists that hold ``queue``'s messages, one per priority used (kombu)."""
+    return [queue if step == 0 else f"{queue}\x06\x16{step}"
+            for step in sorted(set(_REDIS_PRIORITY.values()))]

@@ -19,6 +19,7 @@ from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.routing import route, workflow_queue
+from workers.broker import broker_url, message_priority
 from workers.events import display_kwargs, display_name, trace_headers
 from workers.revision import wait_for_ledger
 from workers.runtime import STEP_TASK
@@ -45,6 +46,7 @@ class Dispatcher:
         self._live: set[str] = set()
         self._start_steps: dict[str, str] = {}  # workflow -> its start step (newest code)
         self._live_at = -1e9
+        self._broker = broker_url(settings)
 
     def _live_queues(self) -> set[str]:
         now = time.monotonic()
@@ -77,6 +79,7 @@ class Dispatcher:
             headers=trace_headers(message.trace_context),
             argsrepr="()",
             kwargsrepr=display_kwargs(message.run_id, message.seq, message.attempt),
+            priority=message_priority(message.priority, self._broker),
         )
 
     def sweep_once(self) -> int:

@@ -176,6 +176,32 @@ def _fleet(h: Health) -> Iterator[Metric]:
         if quota.limit is not None:
             limit.add_metric([quota.quota], quota.limit)
     yield from (in_use, limit)
+    yield from _limits(h)
+
+
+def _limits(h: Health) -> Iterator[Metric]:
+    """Fleet-wide limits (docs/limits.md): use against what was declared, and who waits."""
+    labels = ["limit"]
+    waiting = GaugeMetricFamily("onward_limit_waiting_runs",
+                                "Runs waiting (without a worker) for a slot of the limit.",
+                                labels=labels)
+    started = GaugeMetricFamily("onward_limit_rate_started",
+                                "Calls started within the limit's rate window.", labels=labels)
+    rate = GaugeMetricFamily("onward_limit_rate_allowed",
+                             "Calls the limit allows to start per rate window.", labels=labels)
+    granted = CounterMetricFamily("onward_limit_granted", "Calls the limit let through.",
+                                  labels=labels)
+    throttled = CounterMetricFamily("onward_limit_throttled",
+                                    "Times a call found the limit full and its step waited.",
+                                    labels=labels)
+    for state in h.limits:
+        waiting.add_metric([state.key], state.waiting)
+        granted.add_metric([state.key], state.granted)
+        throttled.add_metric([state.key], state.throttled)
+        if state.rate_count is not None:
+            started.add_metric([state.key], state.started_in_window)
+            rate.add_metric([state.key], state.rate_count)
+    yield from (waiting, started, rate, granted, throttled)
 
 
 def serve_metrics(engine: Engine, port: int, host: str = "127.0.0.1", *,

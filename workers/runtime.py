@@ -38,7 +38,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
 from tasks.llm import set_token_sink
 from tasks.workflow import Registry
-from workers.broker import broker_url
+from workers.broker import broker_url, message_priority
 from workers.events import (
     FAILED_KINDS,
     EagerEvents,
@@ -70,6 +70,7 @@ class WorkerRuntime:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _events: EagerEvents | None = field(default=None, init=False)
     _stopping_main: bool = field(default=False, init=False)
+    _broker_url: str = field(default="", init=False)
     meter: StepMeter | None = field(default=None, init=False)
     _worker_id: tuple[int, str] = field(default=(0, ""), init=False, repr=False)
 
@@ -111,6 +112,7 @@ class WorkerRuntime:
         tracing.enable("onward-worker")  # per process: exporters must not cross fork
         faults.arm_from_env()
         url = broker_url(self.settings)
+        self._broker_url = url
         if url.startswith(("redis://", "rediss://", "unix://")):
             set_token_sink(RedisTokenSink(url))  # ctx.llm(..., stream=True) publishes here
         self._pid = os.getpid()  # last: other threads see a complete state or take the lock
@@ -147,10 +149,10 @@ class WorkerRuntime:
         return self._worker_id[1]
 
     def publish(self, run_id: UUID, seq: int, queue: str, name: str | None = None,
-                traceparent: str | None = None) -> None:
+                traceparent: str | None = None, priority: str | None = None) -> None:
         """Send the step message for ``(run_id, seq)`` (fast path, right after commit),
         shown in Flower as ``name`` (``<workflow>.<step>``), attempt 1, continuing the trace
-        ``traceparent`` names."""
+        ``traceparent`` names, at the run's ``priority`` (docs/limits.md)."""
         with self.app.producer_pool.acquire(block=True) as producer:
             self.app.send_task(
                 STEP_TASK,
@@ -161,6 +163,7 @@ class WorkerRuntime:
                 headers=trace_headers(traceparent),
                 argsrepr="()",
                 kwargsrepr=display_kwargs(run_id, seq, 1),
+                priority=message_priority(priority, self._broker_url),
             )
 
     def handle(self, kwargs: dict[str, Any], *, task_id: str | None = None,
@@ -194,7 +197,7 @@ class WorkerRuntime:
             run_id, seq, queue = follow
             name = display_name(report.workflow, report.next_step)
             if eager_left <= 0 or time.monotonic() >= deadline:
-                self.publish(run_id, seq, queue, name, traceparent)
+                self.publish(run_id, seq, queue, name, traceparent, report.priority)
                 bind_step(delivered.run_id, delivered.seq)
                 return delivered
             eager_left -= 1

@@ -26,7 +26,7 @@ from ledger.exceptions import InvalidInput, Unauthenticated
 from ledger.forks import BudgetPolicy
 from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
-from ledger.vocabulary import ApprovalStatus, AuditAction, EffectStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus, AuditAction, EffectStatus, LaunchMode, Priority
 
 bearer = HTTPBearer(auto_error=False, description="A token from `onward tokens create`.")
 router = APIRouter(prefix="/api/v1")
@@ -92,6 +92,7 @@ class StartBody(Strict):
     input: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, max_length=500)
     conversation_id: str | None = Field(default=None, max_length=500)
+    priority: Priority = Priority.NORMAL  # who goes first (docs/limits.md)
 
 
 class ReasonBody(Strict):
@@ -260,7 +261,8 @@ def start_run(ledger: Authed, body: StartBody) -> dict[str, Any]:
     ledger.require(AuditAction.START)
     run_id = ledger.start_run_command(body.workflow, body.input,
                                       idempotency_key=body.idempotency_key,
-                                      conversation_id=body.conversation_id)
+                                      conversation_id=body.conversation_id,
+                                      priority=body.priority)
     return {"run_id": str(run_id)}
 
 

@@ -3,7 +3,7 @@
 -- name: due_messages
 -- The outbox rows due to be published (or dropped: a stopped run's), locked for this
 -- dispatcher.
-SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version, r.step, r.attempt,
+SELECT o.id, o.run_id, o.seq, r.workflow, r.workflow_version, r.step, r.attempt, r.priority,
        coalesce(o.trace_context, r.trace_context) AS trace_context,
        (r.status <> 'running' OR o.seq < r.seq) AS dead
   FROM onward.outbox o JOIN onward.runs r ON r.id = o.run_id

@@ -50,7 +50,7 @@ WITH claimed AS (
            max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
-           cancel_requested,
+           cancel_requested, priority,
            onward.now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq

@@ -103,7 +103,8 @@ def test_bench_agents__reports_every_field(server_urls: dict[str, str]) -> None:
     """bench/agents.py, tiny (threads -c 8, 100 ms model, 8 runs x 3 steps, a quota phase of
     4 runs at 2 concurrent): every field the issue lists is in the JSON, the model server
     saw the onward side's calls in flight together, the ratio is the quotient of the rates,
-    and the quota phase met the server's limit as 429s (no quota is declared yet)."""
+    and in the quota phase, whose client declares the server's limit, no 429 was met and
+    the server never held more than the limit."""
     out = _bench("agents.py", ["--runs", "8", "--steps", "3", "--latency-ms", "100",
                                "--pool", "threads", "-c", "8", "--quota-runs", "4",
                                "--quota-concurrency", "2", "--quota-rate", "50",
@@ -119,6 +120,7 @@ def test_bench_agents__reports_every_field(server_urls: dict[str, str]) -> None:
     assert out["ratio_vs_celery"] == pytest.approx(
         out["steps_per_s"] / out["celery_steps_per_s"], rel=0.01)
     assert out["model_max_concurrency"] <= out["model_limit_concurrency"] == 2
+    assert out["model_429s"] == 0
 
 
 def test_bench_corpus__replays_identical_then_divergent_where_expected(

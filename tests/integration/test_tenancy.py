@@ -29,11 +29,13 @@ MODULES = ["tests.workflows_ops"]
 
 OWN = ("runs", "approvals", "effects", "audit", "corpora", "corpus_runs", "tokens")
 """Tables whose rows name their tenant."""
-OF_RUN = ("checkpoints", "step_attempts", "evidence", "signals", "outbox")
+OF_RUN = ("checkpoints", "step_attempts", "evidence", "signals", "outbox", "call_retries",
+          "limit_grants", "limit_waiters")
 """Tables whose rows belong to a run (and so to its tenant)."""
 PROTECTED = (*OWN, "audit_heads", *OF_RUN, "effect_attempts", "artifacts")
-UNPROTECTED = {"workers", "worker_queues", "metric_totals", "onward_alembic_version"}
-"""The fleet, cross-tenant counters and the schema revision: no tenant's data."""
+UNPROTECTED = {"workers", "worker_queues", "metric_totals", "limits", "onward_alembic_version"}
+"""The fleet (its workers, its limits), cross-tenant counters and the schema revision: no
+tenant's data."""
 RECORDED = ("runs", "checkpoints", "step_attempts", "evidence", "effects", "effect_attempts",
             "approvals", "audit", "tokens", "signals", "artifacts")
 """What the runs below leave in every tenant (a test that finds none of it proves nothing)."""

@@ -14,10 +14,11 @@ import redis
 
 from harness.brokers import amqp_depths, delete_amqp_queues
 from ledger import OnwardSettings
+from ledger.vocabulary import Priority
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.app import create_app
-from workers.broker import broker_url
+from workers.broker import broker_url, message_priority
 from workers.runtime import STEP_TASK
 
 
@@ -49,11 +50,12 @@ class Publisher:
 
     def queued(self) -> int:
         """Messages waiting in the broker (not yet fetched by any worker), in the base queue
-        and in the per-workflow(-version) queues derived from it (``<queue>.<workflow>…``)."""
+        and in the per-workflow(-version) queues derived from it (``<queue>.<workflow>…``),
+        at every priority (kombu keeps one Redis list per priority step: ``<queue>\x06\x163``)."""
         if self.redis is None:
             return sum(amqp_depths(self.app, test_queues(self.settings)).values())
-        keys = [self.queue, *(key for key in self.redis.scan_iter(match=f"{self.queue}.*",
-                                                                  _type="list"))]
+        keys = [key for key in self.redis.scan_iter(match=f"{self.queue}*", _type="list")
+                if key.decode() == self.queue or key.decode()[len(self.queue)] in ".\x06"]
         return sum(int(self.redis.llen(key)) for key in keys)
 
     def close(self) -> None:
@@ -83,3 +85,11 @@ def remove_amqp_queues(env: dict[str, str]) -> None:
         delete_amqp_queues(app, test_queues(settings))
     finally:
         app.close()
+
+
+
+def redis_list(queue: str, priority: Priority = Priority.NORMAL) -> str:
+    """The Redis list holding step messages of runs of ``priority`` in ``queue`` (kombu
+    keeps one list per priority step; workers/broker.py)."""
+    step = message_priority(priority, "redis://")
+    return queue if step == 0 else f"{queue}\x06\x16{step}"
