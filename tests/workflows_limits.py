@@ -26,10 +26,14 @@ from tasks.tools import Tool, ToolResult
 
 
 class LimitedModel:
-    """The openai adapter to ONWARD_MODEL_URL, declaring the model server's quota."""
+    """The openai adapter to ONWARD_MODEL_URL, declaring the model server's quota; its time
+    limit (which a slot and the lease cover) from ONWARD_TEST_MODEL_TIMEOUT_S."""
 
-    timeout_s = 5.0
     retry = RetryPolicy(attempts=3, backoff_s=0.05, backoff_max_s=0.2)
+
+    @property
+    def timeout_s(self) -> float:
+        return float(os.environ.get("ONWARD_TEST_MODEL_TIMEOUT_S", "5"))
 
     @property
     def limits(self) -> tuple[Limit, ...]:

@@ -119,12 +119,14 @@ def test_limits__a_worker_killed_holding_a_slot_frees_it(
         ledger: Ledger, cluster: Cluster, tmp_path: Path) -> None:
     """Invariant: a slot held by a worker that dies is freed when the time its lease
     covered the call runs out. Worker A takes the only slot for run 1's 3 s model call and
-    is SIGKILLed during it; run 2 waits, then gets the slot once it expired (the call's 5 s
-    limit and a 1 s margin); both runs complete on worker B, the server never held more
+    is SIGKILLed during it; run 2 waits, then gets the slot once it expired (the call's
+    20 s limit and a 1 s margin: long enough that a busy machine cannot let it lapse while
+    the call is still held); both runs complete on worker B, the server never held more
     than one request and answered no 429."""
     with running_model_server(tmp_path / "model", "--latency-ms", "3000", "--jitter", "0",
                               "--max-concurrency", "1") as model:
-        env = _env(model, concurrency=1, ONWARD_TOOL_LEASE_MARGIN_S="1")
+        env = _env(model, concurrency=1, ONWARD_TOOL_LEASE_MARGIN_S="1",
+                   ONWARD_TEST_MODEL_TIMEOUT_S="20")
         cluster.dispatcher(env=env)
         cluster.reaper(env=env)
         first = cluster.worker(concurrency=2, pool="threads", env=env, name="worker-a")

@@ -6,6 +6,7 @@ standing for other workers of the fleet.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,9 @@ from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
+from typer.testing import CliRunner
 
+from console.cli import app
 from ledger import Ledger
 from ledger.limits import LimitStore, limit_states_txn
 from ledger.vocabulary import ParkReason, Priority
@@ -227,3 +230,29 @@ def test_retry__an_idempotent_write_that_timed_out_is_resent_under_the_same_key(
 
     assert run.status == "completed" and run.attempts_total == 1
     assert flows.CALLS == ["send", "send"]
+
+
+def test_limits__the_cli_shows_each_limit_and_starts_runs_by_priority(
+        ledger: Ledger, steps: Driver, model: ModelServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``onward limits --json`` shows the limit's declared concurrency, the slot in use and
+    the run waiting for it; ``onward start --priority high`` starts a high-priority run."""
+    monkeypatch.setenv("ONWARD_AUTH", "off")
+    limits = LimitStore(steps.store.conn)
+    assert _hold(limits, ledger, ledger.start_run("test_plain", {"topic": "holder"}))
+    started = CliRunner().invoke(app, ["start", "test_limited", "--input", '{"topic": "cli"}',
+                                       "--priority", "high"])
+    assert started.exit_code == 0, started.output
+    run_id = UUID(started.stdout.strip())
+    assert steps.step(run_id, 0).kind is ReportKind.WAITING
+
+    shown = CliRunner().invoke(app, ["limits", "--json"])
+
+    assert shown.exit_code == 0, shown.output
+    [state] = json.loads(shown.stdout)["limits"]
+    assert (state["key"], state["concurrency"], state["in_use"], state["waiting"]) == (
+        KEY, 1, 1, 1)
+    run = ledger.get_run(run_id)
+    assert run is not None and run.priority is Priority.HIGH
+    table = CliRunner().invoke(app, ["limits"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "1/1" in table.output, table.output
