@@ -6,7 +6,7 @@ PostgreSQL holds the slots, not Redis: the ledger is already the source of truth
 worker shares, a grant is fenced by the same lease epoch as the call it admits, a slot
 whose holder died expires with the time its lease covered the call, and a broker flush
 (docs/guarantees.md) cannot lose or double a slot. ``onward.limit_acquire`` and
-``onward.limit_release`` (migration 0031) are PL/pgSQL functions, so each is one round
+``onward.limit_release`` (migration 0032) are PL/pgSQL functions, so each is one round
 trip that locks the limit's row for its own transaction only.
 """
 

@@ -235,7 +235,7 @@ call_retries = Table(
 
 # Fleet-wide limits (docs/limits.md): one row per limit key (``name`` or ``name:key``) with
 # what its client declared; the functions onward.limit_acquire and onward.limit_release
-# (migration 0031) are the only writers of these three tables.
+# (migration 0032) are the only writers of these three tables.
 limits = Table(
     "limits",
     metadata,

@@ -4,8 +4,8 @@ limits, limit_grants and limit_waiters (fleet-wide concurrency and rate limits, 
 limit with priority first), with the functions onward.limit_acquire and
 onward.limit_release that take and give back a slot in one statement each
 
-Revision ID: 0031
-Revises: 0030
+Revision ID: 0032
+Revises: 0031
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0031'
-down_revision = '0030'
+revision = '0032'
+down_revision = '0031'
 branch_labels = None
 depends_on = None
 
