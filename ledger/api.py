@@ -22,6 +22,7 @@ from ledger import (
     forks,
     inspection,
     operations,
+    retention,
     tracing,
     verify,
     waits,
@@ -400,6 +401,36 @@ class Ledger:
                     approval_id=approval_id,
                     details={"error": str(exc), "type": type(exc).__name__}))
             raise
+
+    # -- retention (ledger/retention.py) ----------------------------------------------------------
+    def retention_plan(self) -> retention.Plan:
+        """What the retention policies would compact now (admin; a dry run)."""
+        self.actor.require(AuditAction.RETENTION)
+        policies = retention.parse_policies(self.settings.retention_policies)
+        with wrap_driver_errors("planning retention"), self.engine.connect() as conn:
+            return retention.plan_txn(conn, policies)
+
+    def retention_apply(self, *, batch: int = 100,
+                        max_runs: int | None = None) -> retention.Applied:
+        """Compact what the policies make due: one run per transaction, each audited."""
+        self.actor.require(AuditAction.RETENTION)
+        policies = retention.parse_policies(self.settings.retention_policies)
+        return retention.apply(self.engine, self.keys, policies, actor=self.actor,
+                               batch=batch, max_runs=max_runs)
+
+    def hold(self, run_id: UUID, reason: str | None, *, release: bool = False) -> None:
+        """Put a run on legal hold (retention keeps it) or release it (admin; audited)."""
+        def body(conn: Connection) -> None:
+            if not (reason or "").strip():
+                raise InvalidInput("a legal hold and its release need --reason")
+            self._own_run(conn, run_id)
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id)
+                         .values(legal_hold=None if release else reason))
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.HOLD, AuditOutcome.DONE, reason, run_id=run_id,
+                details={"hold": not release}))
+
+        self._command(AuditAction.HOLD, body, reason=reason, run_id=run_id)
 
     def refuse(self, action: AuditAction, error: Exception, *, reason: str | None = None,
                run_id: UUID | None = None, effect_id: str | None = None,

@@ -46,6 +46,8 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.CORPUS_EXPORT: Role.OPERATOR,
     AuditAction.CORPUS_IMPORT: Role.OPERATOR,
     AuditAction.ANCHOR: Role.ADMIN,
+    AuditAction.RETENTION: Role.ADMIN,
+    AuditAction.HOLD: Role.ADMIN,
 }
 
 

@@ -122,6 +122,7 @@ runs = Table(
     Column("updated_at", TS, nullable=False, server_default=func.onward.now()),
     Column("finished_at", TS, nullable=True),
     Column("trace_context", Text, nullable=True),  # W3C traceparent of start_run's span
+    Column("legal_hold", Text, nullable=True),  # why retention must keep it (NULL: no hold)
     # Ledger.wait/events watchers: progress is NOTIFYed only while above zero (ledger/watch.py)
     Column("watchers", Integer, nullable=False, server_default=text("0")),
     # who goes first in the broker's queues and for a limited tool's slots (docs/limits.md)
@@ -171,6 +172,9 @@ checkpoints = Table(
     Column("state_delta", NULLABLE_JSON, nullable=True),  # RFC 6902 patch from seq - 1's state
     Column("snapshot_seq", Integer, nullable=True),  # a delta's chain starts at this snapshot
     Column("chain_bytes", Integer, nullable=True),  # its deltas' bytes since the snapshot
+    # compacted by retention: the sha256 of the state it signed, and a seal over it
+    Column("state_sha256", Text, nullable=True),
+    Column("compacted_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py compacted
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint(_in("outcome", OutcomeKind), name="outcome"),
     # a state stored apart, by its artifact: what lets a tenant read that artifact

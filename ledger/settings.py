@@ -128,6 +128,16 @@ class OnwardSettings(BaseSettings):
     max_state_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
     )
+    retention_policies: str = Field(
+        default="",
+        description="How long terminal runs keep their checkpoint states, per tenant and "
+        "workflow: 'tenant/workflow=days,...' ('*' for any; the most specific entry wins); "
+        "unset: kept forever. Runs on legal hold or in a corpus are kept.",
+    )
+    retention_interval_s: float = Field(
+        default=3600.0, gt=0,
+        description="The reaper applies the retention policies this often.",
+    )
     checkpoint_snapshot_every: int = Field(
         default=16, ge=1,
         description="A checkpoint stores its state as a delta from its parent's, with a full "

@@ -151,3 +151,12 @@ def effect_attempt(effect_type: str, effect_id: str, attempt: int, kind: str,
     return {"mac": "effect_attempt", "effect_type": effect_type, "effect_id": effect_id,
             "attempt": attempt, "kind": kind, "idempotency_key": idempotency_key,
             "outcome": outcome, "provider_ref": provider_ref}
+
+
+def compacted(run_id: UUID, seq: int, checkpoint_hash: str, state_sha256: str) -> dict[str, Any]:
+    """A checkpoint whose state retention dropped (ledger/retention.py): its hash (the MAC
+    of the body it had) and the sha256 of the state that body signed, sealed when the
+    checkpoint still verified. Verify accepts the checkpoint as compacted on this seal, and
+    an edit of the digest or the hash fails it."""
+    return {"mac": "compacted", "run_id": str(run_id), "seq": seq, "hash": checkpoint_hash,
+            "state_sha256": state_sha256}

@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger.checkpoints import artifact_ref, canonical_json, sha256_hex
-from ledger.exceptions import IntegrityViolation
+from ledger.exceptions import IntegrityViolation, OperationRefused
 from ledger.schema import artifacts, checkpoints
 
 SNAPSHOT_EVERY = 16
@@ -299,7 +299,12 @@ def checkpoint_row_txn(conn: Connection, run_id: Any, seq: int) -> dict[str, Any
 
 
 def state_of(row: Mapping[str, Any]) -> Any:
-    """A materialized row's state, or IntegrityViolation saying why it has none."""
+    """A materialized row's state, or IntegrityViolation saying why it has none
+    (OperationRefused for a state retention compacted)."""
+    if row.get("compacted_mac") is not None:
+        raise OperationRefused(
+            f"run {row['run_id']}: the state of checkpoint {row['seq']} was compacted by "
+            "retention (docs/operating.md#retention): there is nothing to copy or show")
     if row.get("state") is None:
         raise IntegrityViolation(
             f"run {row['run_id']}: the state of checkpoint {row['seq']} cannot be read: "

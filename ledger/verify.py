@@ -26,6 +26,7 @@ from ledger.checkpoints import (
 from ledger.effects import Effect, check_effect, list_effects_txn
 from ledger.evidence import checked_response
 from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.retention import compacted_problem
 from ledger.schema import (
     approvals,
     artifacts,
@@ -213,7 +214,11 @@ def _check_one(keys: CheckpointKeys, run_id: UUID, row: Mapping[str, Any],
     seq = row["seq"]
     if row.get("state_problem_here"):
         yield Problem(run_id, seq, "delta", f"its state does not rebuild: {row['state_problem']}")
-    if not row.get("state_problem"):  # else there is no state to check the MAC over; the
+    if row.get("compacted_mac") is not None:  # retention dropped its state: check the seal
+        sealed = compacted_problem(keys, row)
+        if sealed is not None:
+            yield Problem(run_id, seq, "compacted", sealed)
+    elif not row.get("state_problem"):  # else there is no state to check the MAC over; the
         yield from _check_mac(keys, row)  # cause is reported where the chain broke
     if previous is None:
         return

@@ -272,6 +272,8 @@ class AuditAction(StrEnum):
     CORPUS_EXPORT = "corpus_export"  # a corpus's records written to a bundle (data leaves)
     CORPUS_IMPORT = "corpus_import"
     ANCHOR = "anchor"  # every run's head written to the anchor location (docs/guarantees.md)
+    RETENTION = "retention"  # old runs' states compacted by policy (ledger/retention.py)
+    HOLD = "hold"  # a run put on legal hold, or released from it (details say which)
     PARK = "park"  # a worker parked a run for review (written by the worker, not a command)
 
 

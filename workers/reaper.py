@@ -4,9 +4,11 @@ section 7)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import structlog
 
+from ledger import retention
 from ledger.anchor_store import open_store
 from ledger.anchoring import Anchorer
 from ledger.checkpoints import CheckpointKeys
@@ -29,6 +31,9 @@ class Reaper:
         self.anchorer = (Anchorer(engine, keys, open_store(settings.anchor_location),
                                   settings.anchor_interval_s)
                          if settings.anchor_location else None)
+        self.engine, self.keys = engine, keys
+        self.policies = retention.parse_policies(settings.retention_policies)
+        self._retention_due = 0.0  # time.monotonic()
         self.stopping = threading.Event()
         self.revision = RevisionWatch(database_url(settings), settings.schema_check_s)
 
@@ -45,7 +50,20 @@ class Reaper:
                         deadlines=report.waits.deadlines,
                         signals_delivered=report.waits.signals_delivered)
         self.anchor_if_due()
+        self.retention_if_due()
         return report
+
+    def retention_if_due(self) -> None:
+        """Apply ONWARD_RETENTION_POLICIES every ONWARD_RETENTION_INTERVAL_S, a bounded
+        number of runs at a time (the next sweep goes on where this one stopped)."""
+        if not self.policies or time.monotonic() < self._retention_due:
+            return
+        done = retention.apply(self.engine, self.keys, self.policies, max_runs=500)
+        if done.runs < 500:
+            self._retention_due = time.monotonic() + self.settings.retention_interval_s
+        if done.runs or done.refused:
+            log.warning("retention compacted runs", runs=done.runs,
+                        checkpoints=done.checkpoints, kept_unverified=done.refused[:5])
 
     def anchor_if_due(self) -> None:
         """Write an anchor every ONWARD_ANCHOR_INTERVAL_S (ledger/anchoring.py); a ledger

@@ -1,0 +1,64 @@
+"""``onward retention``: plan and apply the retention policies, legal holds
+(docs/operating.md#retention)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+from uuid import UUID
+
+import typer
+
+from console.common import JsonFlag, ReasonOpt, open_ledger, out, reported
+from console.safe import line
+from ledger.vocabulary import AuditAction
+
+retention_app = typer.Typer(
+    help="Retention: compact old runs' states so their history still verifies.",
+    no_args_is_help=True)
+
+
+@retention_app.command("plan")
+def plan(as_json: JsonFlag = False) -> None:
+    """What ONWARD_RETENTION_POLICIES would compact now, in counts and bytes (a dry run)."""
+    ledger = open_ledger(AuditAction.RETENTION)
+    with reported():
+        found = ledger.retention_plan()
+    if as_json:
+        print(json.dumps(found.as_dict()))
+        return
+    out.print(line(f"{found.runs} run(s), {found.checkpoints} checkpoint(s), "
+                   f"{found.bytes:,} bytes of state would be compacted; kept although due: "
+                   f"{found.held} on legal hold, {found.pinned} in a corpus"), soft_wrap=True)
+
+
+@retention_app.command("apply")
+def apply(
+    batch: Annotated[int, typer.Option(help="Runs read per query.")] = 100,
+    max_runs: Annotated[int | None, typer.Option(help="Stop after this many runs.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Compact what the policies make due: one run per transaction, each audited; run it
+    again to go on where it stopped."""
+    ledger = open_ledger(AuditAction.RETENTION)
+    with reported():
+        done = ledger.retention_apply(batch=batch, max_runs=max_runs)
+    if as_json:
+        print(json.dumps({"runs": done.runs, "checkpoints": done.checkpoints,
+                          "refused": done.refused}))
+        return
+    out.print(line(("✓", "green"), f" compacted {done.runs} run(s), {done.checkpoints} "
+                   "checkpoint(s)"), soft_wrap=True)
+    for refused in done.refused[:10]:
+        out.print(line(("✗", "red"), f" kept: {refused}"), soft_wrap=True)
+
+
+@retention_app.command("hold")
+def hold(run_id: UUID, reason: ReasonOpt = None,
+         release: Annotated[bool, typer.Option("--release", help="End the hold.")] = False
+         ) -> None:
+    """Put a run on legal hold (retention keeps it whatever the policy), or --release it."""
+    ledger = open_ledger(AuditAction.HOLD)
+    with reported():
+        ledger.hold(run_id, reason, release=release)
+    out.print(line(("✓", "green"), f" {run_id} {'released' if release else 'held'}"))

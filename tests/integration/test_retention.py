@@ -1,0 +1,128 @@
+"""Retention keeps history verifiable (issue 15 item 5, ledger/retention.py): compaction
+drops a terminal run's checkpoint states and keeps each checkpoint's hash, the sha256 of its
+state and a seal, so verify stays clean and still catches an edit of the digest; runs on
+legal hold or in a corpus are kept; a run that does not verify is not compacted. Steps run
+in the test process against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.corpora import Corpora
+from ledger.corpus import Selection
+from ledger.exceptions import InvalidInput, OperationRefused
+from ledger.retention import compact_run_txn, parse_policies
+from tests.support import reads
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows"]
+
+
+@pytest.fixture()
+def admin(ledger: Ledger) -> Ledger:
+    """The local admin, with a policy that makes every finished run due at once."""
+    return Ledger(ledger.engine, ledger.settings.model_copy(
+        update={"workflows": MODULES, "retention_policies": "*/*=0"}))
+
+
+@pytest.fixture()
+def drv(admin: Ledger) -> Iterator[Driver]:
+    with driver(admin, MODULES) as running:
+        yield running
+
+
+def finished(drv: Driver, admin: Ledger, steps: int = 6) -> UUID:
+    run_id = admin.start_run("test_notes_chain", {"steps": steps, "sleep_ms": 0, "notes": []})
+    assert drv.drive(run_id, max_steps=steps + 2).status is RunStatus.COMPLETED
+    return run_id
+
+
+def test_retention__compaction_keeps_verify_clean_and_catches_an_edited_digest(
+        drv: Driver, admin: Ledger) -> None:
+    """Invariant: after apply, every checkpoint of the run is compacted (no state, no
+    delta), its history verifies clean, one audit row records it, and a second plan finds
+    nothing (apply is resumable and idempotent); an UPDATE of one checkpoint's digest in
+    SQL is reported by verify at that checkpoint; a replay from it is refused."""
+    run_id = finished(drv, admin)
+    plan = admin.retention_plan()
+    assert (plan.runs, plan.checkpoints) == (1, 7) and plan.bytes > 0
+
+    done = admin.retention_apply(batch=1)
+
+    assert (done.runs, done.checkpoints, done.refused) == (1, 7, [])
+    assert set(reads.checkpoint_kinds(admin.engine, run_id).values()) == {"compacted"}
+    assert admin.verify_run(run_id) == []
+    assert [a.action for a in admin.audit(run_id=run_id)].count("retention") == 1
+    assert admin.retention_plan().runs == 0
+    assert reads.execute(admin.engine, "UPDATE onward.checkpoints SET state_sha256 = "
+                         "repeat('0', 64) WHERE run_id = :run AND seq = 3", run=run_id) == 1
+    assert [(p.seq, p.kind) for p in admin.verify_run(run_id)] == [(3, "compacted")]
+    with pytest.raises(OperationRefused, match="compacted"):
+        admin.replay(run_id, 2, "live", "look again")
+
+
+def test_retention__held_and_pinned_runs_are_kept(drv: Driver, admin: Ledger) -> None:
+    """Invariant: a run on legal hold and a run pinned in a corpus are counted as kept by
+    the plan and left whole by apply (compacting a held run directly is refused); once the
+    hold is released, the run is compacted."""
+    held, pinned, plain = finished(drv, admin), finished(drv, admin), finished(drv, admin)
+    admin.hold(held, "litigation 2026-17")
+    Corpora(admin).add("golden", Selection(run_ids=(pinned,)))
+
+    plan = admin.retention_plan()
+    assert (plan.runs, plan.held, plan.pinned) == (1, 1, 1)
+    assert admin.retention_apply().runs == 1
+
+    kinds = {run: set(reads.checkpoint_kinds(admin.engine, run).values())
+             for run in (held, pinned, plain)}
+    assert kinds == {held: {"snapshot", "delta"}, pinned: {"snapshot", "delta"},
+                     plain: {"compacted"}}
+    with pytest.raises(InvalidInput, match="legal hold"), admin.engine.begin() as conn:
+        compact_run_txn(conn, admin.keys, held)
+    admin.hold(held, "case closed", release=True)
+    assert admin.retention_apply().runs == 1
+    assert set(reads.checkpoint_kinds(admin.engine, held).values()) == {"compacted"}
+    assert admin.verify_run(held) == []
+
+
+def test_retention__a_run_that_does_not_verify_is_not_compacted(
+        drv: Driver, admin: Ledger) -> None:
+    """A run whose history was edited keeps its states for investigation: apply reports it
+    and compacts nothing of it."""
+    run_id = finished(drv, admin)
+    assert reads.execute(admin.engine, "UPDATE onward.checkpoints SET next_step = 'x' "
+                         "WHERE run_id = :run AND seq = 2", run=run_id) == 1
+    done = admin.retention_apply()
+    assert done.runs == 0 and "does not verify" in done.refused[0]
+    assert "compacted" not in reads.checkpoint_kinds(admin.engine, run_id).values()
+
+
+def test_parse_policies__the_most_specific_entry_wins() -> None:
+    from ledger.retention import days_for
+
+    policies = parse_policies("*/*=30, acme/*=7, */chat=90, acme/chat=1")
+    assert days_for(policies, "acme", "chat") == 1
+    assert days_for(policies, "acme", "other") == 7
+    assert days_for(policies, "beta", "chat") == 90
+    assert days_for(policies, "beta", "other") == 30
+    assert days_for(parse_policies(""), "beta", "other") is None
+    with pytest.raises(InvalidInput):
+        parse_policies("acme=3")
+
+
+def test_reaper__applies_the_policies_when_due(drv: Driver, admin: Ledger) -> None:
+    """The reaper compacts a due run on its sweep, audited as the reaper in the run's
+    tenant, and the run still verifies."""
+    from workers.reaper import Reaper
+
+    run_id = finished(drv, admin)
+    reaper = Reaper(admin.settings)
+    reaper.retention_if_due()
+    assert set(reads.checkpoint_kinds(admin.engine, run_id).values()) == {"compacted"}
+    [row] = [a for a in admin.audit(run_id=run_id) if a.action == "retention"]
+    assert row.actor == "onward-reaper"
+    assert admin.verify_run(run_id) == []
