@@ -130,14 +130,14 @@ def restore_p50_ms(url: str, store: StepStore, registry: Registry, ledger: Ledge
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     settings = OnwardSettings(database_url=url, broker_url="redis://unused",
-                              start_unadvertised=True,
+                              start_unadvertised=True, max_state_bytes=64 * 1024 * 1024,
                               checkpoint_snapshot_every=args.snapshot_every)
     ledger = Ledger.from_env(settings)
     registry = Registry()
     registry.register(chat)
     store = StepStore(database_url(settings), ledger.keys, lease_ttl_s=600,
                       snapshot_every=args.snapshot_every)
-    cfg = ExecutorConfig(keys=ledger.keys, max_state_bytes=64 * 1024 * 1024,
+    cfg = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                          retry_base_s=0.0, retry_max_s=0.0,
                          max_artifact_bytes=settings.max_artifact_bytes,
                          max_json_depth=settings.max_json_depth)

@@ -93,3 +93,17 @@ def test_deltas__every_state_in_full_when_snapshot_every_is_one(ops: Ledger) -> 
         run_id = notes_run(running, ops, steps=5)
     assert set(reads.checkpoint_kinds(ops.engine, run_id).values()) == {"snapshot"}
     assert ops.verify_run(run_id) == []
+
+
+def test_deltas__verify_names_an_edited_delta(drv: Driver, ops: Ledger) -> None:
+    """Invariant: a delta edited in SQL into another patch that applies rebuilds a state
+    its MAC does not sign: verify reports the checkpoint (mac); the rows after it in the
+    chain rebuild from the edited state and are reported too, and nothing else is."""
+    run_id = notes_run(drv, ops)
+    assert reads.execute(ops.engine, "UPDATE onward.checkpoints SET state_delta = state_delta "
+                         "|| '[{\"op\": \"replace\", \"path\": \"/steps\", \"value\": 3}]' "
+                         "WHERE run_id = :run AND seq = 5", run=run_id) == 1
+    problems = [(p.seq, p.kind) for p in ops.verify_run(run_id)]
+    assert problems[0] == (5, "mac")
+    assert {kind for _, kind in problems} == {"mac"}
+    assert {seq for seq, _ in problems} == set(range(5, 17))  # up to the next snapshot
