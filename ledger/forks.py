@@ -176,6 +176,10 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
         state_schema_version=cp["state_schema_version"], parent_run_id=parent["id"],
         parent_seq=cp["seq"], launch_reason=reason, mode=request.mode.value,
         allow_irreversible=request.allow_irreversible,
+        launch_mac=keys.sign(signed.launch(run_id, {
+            "tenant_id": parent["tenant_id"], "mode": request.mode.value,
+            "parent_run_id": parent["id"], "parent_seq": cp["seq"],
+            "allow_irreversible": request.allow_irreversible})),
         branch_patch=request.patch if branch else None,
         **_budgets(conn, parent, cp["seq"], request.budgets),
     ))

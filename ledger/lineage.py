@@ -14,7 +14,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger import sql
+from ledger import signed, sql
 from ledger.effects import Effect
 from ledger.hot import HotConnection
 from ledger.vocabulary import ApprovalStatus, AttemptOutcome, FailReason, LaunchMode
@@ -27,13 +27,23 @@ class Launch:
     mode: LaunchMode | None = None
     parent_run_id: UUID | None = None
     allow_irreversible: bool = False
+    parent_seq: int | None = None
+    mac: str | None = None  # signs how the run was launched: ledger/signed.py launch
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Launch:
         mode = row.get("mode")
         return cls(mode=LaunchMode(mode) if mode else None,
                    parent_run_id=row.get("parent_run_id"),
-                   allow_irreversible=bool(row.get("allow_irreversible")))
+                   allow_irreversible=bool(row.get("allow_irreversible")),
+                   parent_seq=row.get("parent_seq"), mac=row.get("launch_mac"))
+
+    def signed_body(self, run_id: UUID, tenant_id: str) -> dict[str, Any]:
+        """What ``mac`` must sign (ledger/signed.py launch)."""
+        return signed.launch(run_id, {
+            "tenant_id": tenant_id, "mode": self.mode.value if self.mode else None,
+            "parent_run_id": self.parent_run_id, "parent_seq": self.parent_seq,
+            "allow_irreversible": self.allow_irreversible})
 
     @property
     def evidence(self) -> bool:

@@ -227,6 +227,9 @@ def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
         "conversation_id": request.conversation_id, "idempotency_key": request.idempotency_key,
         "status": RunStatus.RUNNING.value, "max_attempts": request.max_attempts,
         "hash": digest, "head_mac": keys.sign(signed.head(run_id, 0, digest)),
+        "launch_mac": keys.sign(signed.launch(run_id, {
+            "tenant_id": request.tenant_id, "mode": None, "parent_run_id": None,
+            "parent_seq": None, "allow_irreversible": False})),
         "budget_attempts": budgets.attempts, "budget_tokens": budgets.tokens,
         "budget_cost_usd": budgets.cost_usd,
         "deadline_s": budgets.deadline.total_seconds() if budgets.deadline is not None

@@ -115,6 +115,8 @@ runs = Table(
     Column("launch_reason", Text, nullable=True),
     Column("mode", Text, nullable=True),  # LaunchMode for replays and branches
     Column("allow_irreversible", Boolean, nullable=False, server_default=text("false")),
+    # key_id:MAC of how the run was launched (tenant, mode, parent, irreversible): signed.launch
+    Column("launch_mac", Text, nullable=True),
     Column("branch_patch", NULLABLE_JSON, nullable=True),  # RFC 6902 patch a branch began with
     # who asked to cancel a run a worker held, and why: the worker ends it (docs/operating.md)
     Column("cancel_requested", NULLABLE_JSON, nullable=True),

@@ -23,6 +23,19 @@ def head(run_id: UUID, seq: int, head_hash: str) -> dict[str, Any]:
     return {"mac": "head", "run_id": str(run_id), "seq": seq, "head_hash": head_hash}
 
 
+def launch(run_id: UUID, fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """How a run was launched, which decides what it may do to the outside world: its
+    tenant, its mode (None: an ordinary run; evidence, simulation, live, branch), the run
+    and checkpoint it was copied from, and whether it may send irreversible effects.
+    Written once, when the run is created (start, replay, branch); checked by every claim
+    and by ``verify``. ``fields`` is the run's row or the values being inserted."""
+    parent = fields["parent_run_id"]
+    return {"mac": "launch", "run_id": str(run_id), "tenant_id": fields["tenant_id"],
+            "mode": fields["mode"], "parent_run_id": str(parent) if parent else None,
+            "parent_seq": fields["parent_seq"],
+            "allow_irreversible": bool(fields["allow_irreversible"])}
+
+
 def money(value: Any) -> Decimal:
     """An amount as the ledger stores it (``Numeric(12, 6)``): what a MAC covers must be the
     value read back, so it is rounded here, before it is written."""

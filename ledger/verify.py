@@ -46,7 +46,7 @@ class Problem:
     run_id: UUID | None  # None: a problem of the tenant's audit chain as a whole
     seq: int | None
     kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result,
-    # approval, audit, effect
+    # approval, audit, effect, launch
     detail: str
 
     def __str__(self) -> str:
@@ -75,6 +75,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     else:
         problems.extend(_check_run_row(run, last))
     problems.extend(_check_head_mac(keys, run))
+    problems.extend(_check_launch(keys, run))
     problems.extend(_beyond_head(conn, run))
     problems.extend(_check_evidence(conn, keys, run_id))
     problems.extend(_check_effects(conn, keys, run_id))
@@ -150,6 +151,16 @@ def verify_source_txn(conn: Connection, keys: CheckpointKeys, run: sa.RowMapping
             f"checkpoint {seq} of run {run_id} does not verify, so it is not copied: {shown}"
             f"{' …' if len(problems) > 3 else ''} (`onward verify {run_id}` reports the "
             "whole history; the run needs investigation, not a copy)")
+
+
+def _check_launch(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:
+    try:
+        keys.check(signed.launch(run["id"], run), run["launch_mac"],
+                   f"how the run was launched (mode {run['mode'] or 'ordinary'}, parent "
+                   f"{run['parent_run_id'] or 'none'}, irreversible effects "
+                   f"{'allowed' if run['allow_irreversible'] else 'not allowed'})")
+    except IntegrityViolation as exc:
+        yield Problem(run["id"], None, "launch", str(exc))
 
 
 def _check_head_mac(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:

@@ -78,6 +78,9 @@ def restore(keys: CheckpointKeys, registry: Registry,
         keys.check(signed.head(claim.run_id, claim.seq, claim.head_hash), claim.head_mac,
                    f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
                    f"{claim.head_hash[:12]}…)")
+        keys.check(claim.launch.signed_body(claim.run_id, claim.tenant_id), claim.launch.mac,
+                   f"run {claim.run_id}: how it was launched (mode, parent, irreversible "
+                   "effects allowed)")
     except IntegrityViolation as exc:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
     unsigned = _unsigned_difference(claim, checkpoint)

@@ -7,12 +7,13 @@
 WITH run AS (
     INSERT INTO onward.runs (id, tenant_id, workflow, conversation_id, idempotency_key, status,
                              max_attempts, head_hash, head_mac, budget_attempts, budget_tokens,
-                             budget_cost_usd, deadline_at, trace_context, priority)
+                             budget_cost_usd, deadline_at, trace_context, priority,
+                             launch_mac)
     VALUES (%(run_id)s, %(tenant_id)s, %(workflow)s, %(conversation_id)s, %(idempotency_key)s,
             %(status)s, %(max_attempts)s, %(hash)s, %(head_mac)s, %(budget_attempts)s,
             %(budget_tokens)s, %(budget_cost_usd)s,
             onward.now() + make_interval(secs => %(deadline_s)s::float8), %(trace_context)s,
-            %(priority)s)
+            %(priority)s, %(launch_mac)s)
     ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 ), checkpoint AS (

@@ -49,8 +49,8 @@ WITH claimed AS (
  RETURNING id, tenant_id, workflow, workflow_version, seq, step, lease_epoch, attempt,
            max_attempts, head_hash, head_mac, attempts_total, budget_attempts, budget_tokens,
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
-           state_schema_version, mode, parent_run_id, allow_irreversible, handbacks,
-           cancel_requested, priority,
+           state_schema_version, mode, parent_run_id, parent_seq, allow_irreversible,
+           launch_mac, handbacks, cancel_requested, priority,
            onward.now() AS claimed_at
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq

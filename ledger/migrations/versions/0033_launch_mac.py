@@ -1,0 +1,47 @@
+"""how a run was launched is signed: runs.launch_mac
+
+Revision ID: 0033
+Revises: 0032
+
+``key_id:HMAC`` of the run's tenant, launch mode (ordinary, evidence, simulation, live,
+branch), the run and checkpoint it was copied from and whether it may send irreversible
+effects (ledger/signed.py ``launch``), written when the run is created; every claim and
+``onward verify`` check it (review F10: editing runs.mode or runs.allow_irreversible
+changed what a replay may do to the outside world, unnoticed). Runs that exist when this
+migration runs are signed here, as they stand, with the checkpoint key every onward
+process uses (run it with the same ``ONWARD_CHECKPOINT_KEY``; `onward verify --all` first).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0033'
+down_revision = '0032'
+branch_labels = None
+depends_on = None
+
+EXISTING = sa.text("SELECT id, tenant_id, mode, parent_run_id, parent_seq, allow_irreversible "
+                   "FROM onward.runs ORDER BY id")
+BATCH = 5000
+
+
+def upgrade() -> None:
+    op.add_column('runs', sa.Column('launch_mac', sa.Text(), nullable=True), schema='onward')
+    from ledger import signed
+    from ledger.checkpoints import CheckpointKeys
+    from ledger.settings import OnwardSettings
+
+    conn = op.get_bind()
+    result = conn.execute(EXISTING).mappings()
+    keys = None
+    while rows := result.fetchmany(BATCH):
+        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        conn.execute(sa.text("UPDATE onward.runs SET launch_mac = :mac WHERE id = :id"),
+                     [{"mac": keys.sign(signed.launch(row["id"], row)), "id": row["id"]}
+                      for row in rows])
+
+
+def downgrade() -> None:
+    op.drop_column('runs', 'launch_mac', schema='onward')
