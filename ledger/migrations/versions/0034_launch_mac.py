@@ -1,7 +1,7 @@
 """how a run was launched is signed: runs.launch_mac
 
-Revision ID: 0033
-Revises: 0032
+Revision ID: 0034
+Revises: 0033
 
 ``key_id:HMAC`` of the run's tenant, launch mode (ordinary, evidence, simulation, live,
 branch), the run and checkpoint it was copied from and whether it may send irreversible
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0033'
-down_revision = '0032'
+revision = '0034'
+down_revision = '0033'
 branch_labels = None
 depends_on = None
 
