@@ -5,8 +5,10 @@ whose agreement with the metadata tests/integration/test_migrations.py checks)."
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,6 +20,8 @@ from ledger.db import libpq_conninfo
 from ledger.schema import SCHEMA, VERSION_TABLE, metadata
 
 _PARAM = re.compile(r"%\((\w+)\)s")
+_FUNCTION = re.compile(r"\s*CREATE OR REPLACE FUNCTION onward\.(\w+)")
+MIGRATIONS = Path(sql.__file__).resolve().parents[1] / "migrations" / "versions"
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +33,32 @@ def schema_only(server_urls: dict[str, str]) -> Iterator[psycopg.Connection[tupl
     try:
         with engine.begin() as conn:
             conn.execute(sa.text(f"CREATE SCHEMA {SCHEMA}"))
-            conn.execute(sa.text(f"CREATE FUNCTION {SCHEMA}.now() RETURNS timestamptz "
-                                 "LANGUAGE sql STABLE AS $$ SELECT now() $$"))
             conn.execute(sa.text(f"CREATE TABLE {SCHEMA}.{VERSION_TABLE} "
                                  "(version_num varchar(32) PRIMARY KEY)"))
+            conn.execute(sa.text(f"CREATE FUNCTION {SCHEMA}.now() RETURNS timestamptz "
+                                 "LANGUAGE sql STABLE AS $$ SELECT now() $$"))
             metadata.create_all(conn)
+            for definition in migrated_functions().values():
+                conn.exec_driver_sql(definition)
         with psycopg.connect(libpq_conninfo(url), autocommit=True) as raw:
             yield raw
     finally:
         engine.dispose()
         drop_database(server_urls["database"], name)
+
+
+def migrated_functions() -> dict[str, str]:
+    """The latest definition of each function of the onward schema the migrations create
+    (statements call some, e.g. onward.limit_acquire), read from the migration modules'
+    string constants; onward.now() is the clock's, created above without its offset."""
+    found: dict[str, str] = {}
+    for path in sorted(MIGRATIONS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                match = _FUNCTION.match(node.value)
+                if match and match[1] != "now":
+                    found[match[1]] = node.value
+    return found
 
 
 def positional(text: str) -> str:
