@@ -644,7 +644,8 @@ class Ledger:
         run now. A signal sent before the run waits for it is kept, not lost."""
         def body(conn: Connection) -> bool:
             self._own_run(conn, run_id)
-            woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {},
+            woke = waits.signal_txn(conn, self.keys, run_id, name,
+                                    payload if payload is not None else {},
                                     max_bytes=self.settings.max_signal_bytes,
                                     max_depth=self.settings.max_json_depth)
             record_txn(conn, self.keys, self.actor, AuditRecord(

@@ -301,7 +301,8 @@ class AsyncLedger:
         def body(conn: Connection) -> bool:
             if run_ops.get_run(conn, run_id) is None:
                 raise UnknownRun(f"no run {run_id}")
-            woke = waits.signal_txn(conn, run_id, name, payload if payload is not None else {},
+            woke = waits.signal_txn(conn, self.keys, run_id, name,
+                                    payload if payload is not None else {},
                                     max_bytes=self.settings.max_signal_bytes,
                                     max_depth=self.settings.max_json_depth)
             record_txn(conn, self.keys, self.actor, AuditRecord(

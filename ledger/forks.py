@@ -49,7 +49,7 @@ from ledger.vocabulary import (
     OutcomeKind,
     RunStatus,
 )
-from ledger.waits import check_terms
+from ledger.waits import check_decision, check_terms
 
 StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
 """Validates a branch's patched state against the workflow's model (raise InvalidInput)."""
@@ -315,7 +315,7 @@ def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mappi
     if not control or not control.get("kind"):
         return _Start(RunStatus.RUNNING, cp["next_step"], control)
     if mode is LaunchMode.EVIDENCE:
-        return _evidence_start(conn, parent, cp, control)
+        return _evidence_start(conn, keys, parent, cp, control)
     kind = control["kind"]
     if kind == "timer":
         return _Start(RunStatus.RUNNING, control["then"], control,
@@ -374,7 +374,8 @@ def _signal_start(conn: Connection, cp: Mapping[str, Any], control: dict[str, An
                   waiting_on=f"signal:{control['name']}", wait_until=wait_until)
 
 
-def _evidence_start(conn: Connection, parent: RowMapping, cp: Mapping[str, Any],
+def _evidence_start(conn: Connection, keys: CheckpointKeys, parent: RowMapping,
+                    cp: Mapping[str, Any],
                     control: dict[str, Any]) -> _Start:
     """An evidence replay from a wait follows the decision its source recorded, or stops."""
     source = _evidence_source(conn, parent["id"])
@@ -383,6 +384,8 @@ def _evidence_start(conn: Connection, parent: RowMapping, cp: Mapping[str, Any],
     if source is not None and control.get("kind") == "approval":
         approval = conn.exec_driver_sql(APPROVAL_AT, {"run_id": source, "seq": seq}) \
             .mappings().first()
+        if approval is not None:  # followed only as the decision was signed
+            check_decision(keys, approval)
     if source is not None and control.get("kind") == "signal":
         signal = conn.exec_driver_sql(SIGNAL_AT, {"run_id": source, "seq": seq,
                                                   "name": control.get("name")}).first()

@@ -420,6 +420,7 @@ signals = Table(
     Column("name", Text, nullable=False),
     Column("payload", JSONB, nullable=False),
     Column("consumed_seq", Integer, nullable=True),  # the seq whose wait it ended
+    Column("mac", Text, nullable=True),  # key_id:MAC of (run, name, payload): signed.signal
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Index("ix_signals_run_name", "run_id", "name", "consumed_seq"),
     Index("ix_signals_unconsumed", "run_id", "name",

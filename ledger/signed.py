@@ -36,6 +36,13 @@ def launch(run_id: UUID, fields: Mapping[Any, Any]) -> dict[str, Any]:
             "allow_irreversible": bool(fields["allow_irreversible"])}
 
 
+def signal(run_id: UUID, name: str, payload: Any) -> dict[str, Any]:
+    """A signal as it was sent: to which run, under which name, with which payload (what the
+    step that consumes it reads with ``ctx.signal``). Written by the send; checked when a
+    step or an evidence replay reads it, and by ``verify``."""
+    return {"mac": "signal", "run_id": str(run_id), "name": name, "payload": payload}
+
+
 def money(value: Any) -> Decimal:
     """An amount as the ledger stores it (``Numeric(12, 6)``): what a MAC covers must be the
     value read back, so it is rounded here, before it is written."""

@@ -35,10 +35,11 @@ from ledger.schema import (
     effects,
     evidence,
     runs,
+    signals,
 )
 from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
-from ledger.waits import check_terms
+from ledger.waits import check_signal, check_terms
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Problem:
     run_id: UUID | None  # None: a problem of the tenant's audit chain as a whole
     seq: int | None
     kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result,
-    # approval, audit, effect, launch
+    # approval, audit, effect, launch, signal
     detail: str
 
     def __str__(self) -> str:
@@ -82,6 +83,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_check_used(conn, run, rows))
     problems.extend(_check_audit_rows(conn, keys, run_id))
     problems.extend(_check_approvals(conn, keys, run_id, rows))
+    problems.extend(_check_signals(conn, keys, run_id))
     problems.extend(_check_result(keys, run))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
@@ -387,6 +389,17 @@ def _approval_problem(keys: CheckpointKeys, approval: sa.RowMapping,
         except IntegrityViolation as exc:
             return str(exc)
     return None
+
+
+def _check_signals(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iterator[Problem]:
+    """Each signal sent to the run is as it was sent (run, name, payload)."""
+    found = conn.execute(sa.select(signals).where(signals.c.run_id == run_id)
+                         .order_by(signals.c.id)).mappings()
+    for row in found:
+        try:
+            check_signal(keys, row)
+        except IntegrityViolation as exc:
+            yield Problem(run_id, row["consumed_seq"], "signal", str(exc))
 
 
 def _check_result(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:

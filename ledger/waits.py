@@ -264,13 +264,15 @@ def record_decision_txn(conn: Connection, keys: CheckpointKeys, approval_id: UUI
     return get_approval_txn(conn, approval_id)
 
 
-def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
-               max_bytes: int, max_depth: int) -> bool:
+def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, payload: Any,
+               *, max_bytes: int, max_depth: int) -> bool:
     """Store a signal for the run; wake it if it waits for this name. Returns whether it woke.
 
     A signal sent before the run waits is kept and consumed when the wait begins. A payload
     that is not plain JSON, nests deeper than ``max_depth`` or is larger than ``max_bytes``
-    (ONWARD_MAX_SIGNAL_BYTES) is refused before anything is written.
+    (ONWARD_MAX_SIGNAL_BYTES) is refused before anything is written. The signal is signed
+    (run, name, payload): the step that reads it checks that, so an edit of its payload in
+    the database parks the run instead of being read.
     """
     if not isinstance(name, str) or not name or "\x00" in name or len(name) > 200:
         raise InvalidInput(f"a signal needs a name: a string of 1 to 200 characters without "
@@ -285,7 +287,8 @@ def signal_txn(conn: Connection, run_id: UUID, name: str, payload: Any, *,
     run = _lock_run(conn, run_id)
     if RunStatus(run["status"]).terminal:
         raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")
-    conn.execute(signals.insert().values(run_id=run_id, name=name, payload=payload))
+    conn.execute(signals.insert().values(run_id=run_id, name=name, payload=payload,
+                                         mac=keys.sign(signed.signal(run_id, name, payload))))
     woke = conn.exec_driver_sql(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]}).first()
     return woke is not None
 
@@ -309,11 +312,32 @@ class WaitStore:
         return self.conn.one(_READ_APPROVAL_FOR_STEP,
                              {"id": approval_id, "run_id": run_id, "seq": seq})
 
+    def signal(self, run_id: UUID, name: str, seq: int) -> dict[str, Any] | None:
+        """The signal ``name`` that ended the run's wait at ``seq`` (payload and MAC; None
+        if none did): check it before using the payload (``check_signal``)."""
+        return self.conn.one(_SIGNAL_PAYLOAD, {"run_id": run_id, "name": name, "seq": seq})
+
     def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
         """The payload of the signal ``name`` that ended the run's wait at ``seq`` (None if
-        none did)."""
-        row = self.conn.one(_SIGNAL_PAYLOAD, {"run_id": run_id, "name": name, "seq": seq})
+        none did), unchecked: a step uses ``signal`` and ``check_signal``."""
+        row = self.signal(run_id, name, seq)
         return row["payload"] if row else None
+
+
+def check_decision(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
+    """Raise IntegrityViolation unless the approval's terms verify and, if it was approved
+    or rejected, the decision does too (what a resumed step or an evidence replay follows)."""
+    check_terms(keys, row)
+    if row["status"] in (ApprovalStatus.APPROVED.value, ApprovalStatus.REJECTED.value):
+        keys.check(signed.approval_decision(row), row["decision_mac"],
+                   f"the decision on approval {row['id']} ({row['status']} by "
+                   f"{row['decided_by']})")
+
+
+def check_signal(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
+    """Raise IntegrityViolation unless the signal row is as it was sent (run, name, payload)."""
+    keys.check(signed.signal(row["run_id"], row["name"], row["payload"]), row["mac"],
+               f"signal {row['name']!r} to run {row['run_id']}")
 
 
 # -- the reaper's part --------------------------------------------------------------------------

@@ -334,8 +334,10 @@ class _Attempt:
         except OutcomeError as exc:
             return self._retry_or_fail(ready.ending, exc)
         replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
-        if replayed is None and isinstance(services.control.decision, DivergeFor):
-            return self._diverge(services, services.control.decision)
+        if replayed is None:  # diverged, or the recorded decision does not verify (parked)
+            decided = self._decided(ready)
+            if decided is not None:
+                return decided
         return replayed or advance
 
     def _decided(self, ready: _Ready) -> StepReport | None:

@@ -48,7 +48,7 @@ from ledger.vocabulary import (
     ToolClass,
     WaitKind,
 )
-from ledger.waits import WaitStore
+from ledger.waits import WaitStore, check_decision, check_signal
 from tasks import credentials, faults
 from tasks.clock import StepClock
 from tasks.control import CancelFor, Control, DivergeFor, FailFor, Suspend, WaitFor
@@ -497,11 +497,18 @@ class StepServices:
         return self.waits.approval(approval_id)
 
     def signal_payload(self, name: str) -> Any:
+        """The payload of the signal that ended this step's wait (its source's, in an
+        evidence replay), if it verifies: an edited signal parks the run (integrity)."""
         if self.launch.evidence:
             source = self._evidence_source()
             row = self.lineage.signal_at(source, name, self.seq) if source else None
-            return row["payload"] if row else None
-        return self.waits.signal_payload(self.run_id, name, self.seq)
+        else:
+            row = self.waits.signal(self.run_id, name, self.seq)
+        if row is None:
+            return None
+        found = row
+        self._verified(lambda: check_signal(self.evidence.keys, found))
+        return row["payload"]
 
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:
@@ -777,6 +784,12 @@ class StepServices:
                   if source is not None and control.get("kind") == "signal" else None)
         timed_out = (self.lineage.step_after(source, seq) if source is not None and signal is None
                      and control.get("kind") == "signal" and control.get("on_timeout") else None)
+        if approval is not None:
+            try:  # the source's decision is followed only as it was signed
+                check_decision(self.evidence.keys, approval)
+            except IntegrityViolation as exc:
+                self.control.park(ParkReason.INTEGRITY, exc)
+                return None
         resumed = resume_after_wait(control, seq, approval, signal is not None, timed_out)
         if isinstance(resumed, Divergence):
             divergence = replace(resumed, step=self.step, seq=self.seq)

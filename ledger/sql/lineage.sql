@@ -14,7 +14,7 @@ SELECT id FROM chain WHERE mode IS DISTINCT FROM 'evidence' ORDER BY depth LIMIT
 
 -- name: approval_at
 -- The latest approval the run asked for at seq.
-SELECT id, status, artifact_hash, decided_by FROM onward.approvals
+SELECT * FROM onward.approvals
  WHERE run_id = %(run_id)s AND seq = %(seq)s ORDER BY created_at DESC LIMIT 1
 
 -- name: step_after

@@ -141,6 +141,6 @@ SELECT id, run_id, tenant_id, seq, workflow_version, step, action, status,
   FROM onward.approvals WHERE id = %(id)s
 
 -- name: signal_payload
--- The payload of the signal name that ended the run's wait at seq.
-SELECT payload FROM onward.signals
+-- The signal name that ended the run's wait at seq: its payload and MAC (check it first).
+SELECT run_id, name, payload, mac FROM onward.signals
  WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq = %(seq)s

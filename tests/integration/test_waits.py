@@ -73,7 +73,7 @@ def test_signal__committed_while_the_wait_commits_is_delivered_by_the_reaper(
     stepping.start()
     wait_for(lambda: _claimed(ledger, run_id), timeout=10, what="the step to be claimed")
     with ledger.engine.begin() as conn:
-        assert signal_txn(conn, run_id, "go", {"n": 3}, max_bytes=1000,
+        assert signal_txn(conn, ledger.keys, run_id, "go", {"n": 3}, max_bytes=1000,
                           max_depth=8) is False  # holds the run's row lock
         holder = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
         wait_for(lambda: _commits_blocked_by(ledger, holder) == 1, timeout=10,

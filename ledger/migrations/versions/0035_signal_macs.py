@@ -1,0 +1,46 @@
+"""a signal is signed when it is sent: signals.mac
+
+Revision ID: 0035
+Revises: 0034
+
+``key_id:HMAC`` of the signal's run, name and payload (ledger/signed.py ``signal``), written
+by the send; the step that reads it (``ctx.signal``), an evidence replay reading its
+source's and ``onward verify`` check it (an edit of a consumed signal's payload changed what
+a step saw, unnoticed). Signals that exist when this migration runs are signed here, as they
+stand, with the checkpoint key every onward process uses (run it with the same
+``ONWARD_CHECKPOINT_KEY``; `onward verify --all` first).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0035'
+down_revision = '0034'
+branch_labels = None
+depends_on = None
+
+EXISTING = sa.text("SELECT id, run_id, name, payload FROM onward.signals ORDER BY id")
+BATCH = 5000
+
+
+def upgrade() -> None:
+    op.add_column('signals', sa.Column('mac', sa.Text(), nullable=True), schema='onward')
+    from ledger import signed
+    from ledger.checkpoints import CheckpointKeys
+    from ledger.settings import OnwardSettings
+
+    conn = op.get_bind()
+    result = conn.execute(EXISTING).mappings()
+    keys = None
+    while rows := result.fetchmany(BATCH):
+        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        conn.execute(sa.text("UPDATE onward.signals SET mac = :mac WHERE id = :id"),
+                     [{"mac": keys.sign(signed.signal(row["run_id"], row["name"],
+                                                      row["payload"])), "id": row["id"]}
+                      for row in rows])
+
+
+def downgrade() -> None:
+    op.drop_column('signals', 'mac', schema='onward')

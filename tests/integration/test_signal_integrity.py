@@ -1,0 +1,86 @@
+"""What a step reads of its wait is what was signed (issue 11): a signal is signed when it
+is sent (run, name, payload); the step that consumes it, and an evidence replay that reads
+its source's, check it, so a payload edited in onward.signals parks the run (integrity)
+instead of being read, and `verify` reports it. An evidence replay follows its source's
+approval only as the decision and the approval's terms were signed."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.exceptions import IntegrityViolation
+from ledger.vocabulary import LaunchMode
+from tests.integration.test_console_http import drv  # noqa: F401 - fixture
+from tests.support import reads
+from tests.support.driver import Driver
+
+SENT = {"amount": 100}
+
+
+def edit_payload(ledger: Ledger, run_id: UUID) -> None:
+    assert reads.execute(ledger.engine, "UPDATE onward.signals SET payload = "
+                         "'{\"amount\": 1000000}' WHERE run_id = :r", r=run_id) == 1
+
+
+def signal_problems(ledger: Ledger, run_id: UUID) -> list[str]:
+    return [p.detail for p in ledger.verify_run(run_id) if p.kind == "signal"]
+
+
+def test_an_edited_signal_payload_parks_the_step_that_reads_it(drv: Driver) -> None:  # noqa: F811
+    """Invariant: the step resumed by a signal whose payload was edited in the database
+    parks integrity and reads nothing; verify names the signal. Failed before: the run
+    completed with the edited payload as its result."""
+    run_id = drv.ledger.start_run("test_signal", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    assert drv.ledger.signal(run_id, "go", SENT) is True
+    edit_payload(drv.ledger, run_id)
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert "signal 'go'" in reads.run_row(drv.ledger.engine, run_id)["last_error"]["message"]
+    assert signal_problems(drv.ledger, run_id) != []
+
+
+def test_an_early_signal_is_signed_and_read(drv: Driver) -> None:  # noqa: F811
+    """Invariant: a signal sent before the run waits is kept signed and read as sent."""
+    run_id = drv.ledger.start_run("test_signal", {})
+    assert drv.ledger.signal(run_id, "go", SENT) is False
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {"payload": SENT}
+    assert drv.ledger.verify_run(run_id) == []
+
+
+def test_an_evidence_replay_does_not_read_an_edited_signal(drv: Driver) -> None:  # noqa: F811
+    """Invariant: an evidence replay reads its source's signal only if it verifies: edited
+    after the source finished, the replay parks integrity instead of finishing with it.
+    Failed before: the replay completed with the edited payload."""
+    run_id = drv.ledger.start_run("test_signal", {})
+    drv.drive(run_id)
+    drv.ledger.signal(run_id, "go", SENT)
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    edit_payload(drv.ledger, run_id)
+    launched = drv.ledger.acting_as("olga", "operator").replay(
+        run_id, 0, LaunchMode.EVIDENCE, "check it")
+    run = drv.drive(launched.run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+
+
+def test_an_evidence_replay_does_not_follow_a_forged_decision(drv: Driver) -> None:  # noqa: F811
+    """Invariant: an evidence replay follows its source's approval only as the decision was
+    signed: an approval set to 'approved' in the database (no decision MAC) stops the
+    replay (refused at launch from the wait, parked from an earlier checkpoint) instead of
+    releasing the approved step. Failed before: the replay completed, approved by
+    'mallory'."""
+    run_id = drv.ledger.start_run("test_review", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    assert reads.execute(drv.ledger.engine, "UPDATE onward.approvals SET status = 'approved', "
+                         "decided_by = 'mallory', decided_at = now() WHERE run_id = :r",
+                         r=run_id) == 1
+    olga = drv.ledger.acting_as("olga", "operator")
+    launched = olga.replay(run_id, 0, LaunchMode.EVIDENCE, "check it")
+    run = drv.drive(launched.run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
+    with pytest.raises(IntegrityViolation, match="decision"):
+        olga.replay(run_id, drv.ledger.get_run(run_id).seq, LaunchMode.EVIDENCE, "check it")
