@@ -151,7 +151,7 @@ approved_send = Workflow("test_outcome_approved_send", version=1, state=Send)
 @approved_send.step(start=True)
 def ask(ctx: StepContext, state: Send) -> Any:
     return ctx.ask_approval("send", artifact={"n": 1}, then=send_approved,
-                            expires_in=timedelta(seconds=2))
+                            expires_in=timedelta(seconds=5))
 
 
 @approved_send.step

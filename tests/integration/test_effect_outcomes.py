@@ -148,8 +148,10 @@ def test_deadline__reaper_does_not_fail_a_run_whose_unknown_call_was_followed_by
     refused one still blocks the reaper from failing the run: it queues it, and the worker
     (no lookup) parks it; the effect is never closed ``unsent``."""
     OUTSIDE.lose_answers, OUTSIDE.refuse = 1, 1
+    # both attempts must run before the deadline (2 s: 300 ms passed mid-way on a loaded
+    # machine, and the second claim then took the worker's deadline path instead)
     run_id = drv.ledger.start_run("test_outcome_send", {"tool": "keyed"},
-                                  budgets=Budgets(deadline=timedelta(milliseconds=300)))
+                                  budgets=Budgets(deadline=timedelta(seconds=2)))
     drv.step(run_id, 0)
     drv.step(run_id, 0)
     wait_for(lambda: past_deadline(drv.ledger, run_id), timeout=10, what="the deadline")

@@ -1,9 +1,9 @@
 """Known failures of main, switched off until their fixes land.
 
 Each flag turns off one behaviour of the model-based test (a rule, or the cases of an
-invariant that one open bug breaks), so the test keeps guarding everything else in CI. The
-findings (F-numbers) are described in /work/findings/model.md with the shortest rule
-sequence hypothesis found and the cause; the issue items they wait for are named below.
+invariant that one open bug breaks), so the test keeps guarding everything else in CI. Each
+finding (F-number, from the review of issue 10) is described at its flag with the issue
+item it waits for.
 Delete a flag when its fix lands (and the test passes without it).
 
 ``ONWARD_MODEL_KNOWN=check`` ignores every flag: the test then checks everything, to see
