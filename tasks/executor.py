@@ -27,7 +27,7 @@ from ledger.exceptions import (
     InvalidInput,
     StatementRefused,
 )
-from ledger.steps import Advance, Claim, Ended, Stale, StepStore, error_record
+from ledger.steps import Advance, Claim, Ended, Stale, error_record
 from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
 from tasks import credentials, faults, observe
@@ -42,6 +42,7 @@ from tasks.resolve import Resolver
 from tasks.restore import Refusal, Restored, restore
 from tasks.routing import version_queue
 from tasks.services import StepServices
+from tasks.step_ledger import StepLedger
 from tasks.workflow import Registry, Step
 
 log = structlog.get_logger("onward.executor")
@@ -111,7 +112,7 @@ def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
 
 
 def execute_step(
-    store: StepStore,
+    store: StepLedger,
     registry: Registry,
     config: ExecutorConfig,
     message: StepMessage,
@@ -185,7 +186,7 @@ class _Attempt:
     restore or refuse, run the body, settle the decision, commit and continue. Each phase
     returns what the next one needs, or the ``StepReport`` the attempt ends with."""
 
-    store: StepStore
+    store: StepLedger
     registry: Registry
     config: ExecutorConfig
     claim: Claim
@@ -453,7 +454,7 @@ class _Ending:
     """Every way a claimed step ends the run (fail, refuse, cancel) or parks it: effects
     whose outcome is unknown are resolved first, and what stays unknown parks the run."""
 
-    store: StepStore
+    store: StepLedger
     resolver: Resolver
     claim: Claim
     step: str | None
