@@ -31,7 +31,7 @@ from ledger.checkpoints import (
 from ledger.db import HEAD_REVISION
 from ledger.exceptions import CancelRequested, IntegrityViolation
 from ledger.hot import HotConnection
-from ledger.lineage import Launch
+from ledger.lineage import Launch, LineageStore
 from ledger.vocabulary import (
     SYSTEM_ROLE,
     WORKER_ACTOR,
@@ -647,6 +647,11 @@ class StepStore:
         if row is not None and row["cancelling"]:
             raise CancelRequested(f"run {claim.run_id} is being cancelled")
         return self._lost(claim)
+
+    def diverge(self, claim: Claim, step: str, report: dict[str, Any]) -> bool:
+        """Stop an evidence replay as ``diverged`` with its report (ledger/lineage.py),
+        fenced by the lease; False means the lease was lost."""
+        return LineageStore(self.conn).diverge(claim.run_id, claim.epoch, step, report)
 
     def position(self, run_id: UUID) -> dict[str, Any] | None:
         """The run's ``seq``, ``status`` and ``workflow_version`` (None: no such run)."""

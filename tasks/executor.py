@@ -347,7 +347,7 @@ class _Attempt:
         if isinstance(decision, CancelFor):
             return ready.ending.cancel(decision.message)
         if isinstance(decision, DivergeFor):
-            return self._diverge(ready.services, decision)
+            return self._diverge(ready.step.name, decision)
         if isinstance(decision, (ParkFor, FailFor)):
             return ready.ending.refuse(decision)
         if isinstance(decision, WaitFor):
@@ -361,9 +361,9 @@ class _Attempt:
         self.log.info("step waiting", waiting_on=wait.waiting_on, delay_s=wait.delay_s)
         return self._report(ReportKind.WAITING, wait.detail)
 
-    def _diverge(self, services: StepServices, decision: DivergeFor) -> StepReport:
+    def _diverge(self, step: str, decision: DivergeFor) -> StepReport:
         """Stop an evidence replay that diverged from its parent, with the report on the run."""
-        if not services.stop_diverged(decision):
+        if not self.store.diverge(self.claim, step, decision.report):
             return self._report(ReportKind.LEASE_LOST)
         self.log.error("replay diverged", detail=decision.message)
         return self._report(ReportKind.DIVERGED, decision.message)

@@ -802,10 +802,6 @@ class StepServices:
             waiting_on=f"replayed:{control.get('kind')}", control=control,
             due_at=self.clock.now()))
 
-    def stop_diverged(self, decision: DivergeFor) -> bool:
-        """Mark the replay ``diverged`` with its report; False means the lease was lost."""
-        return self.lineage.diverge(self.run_id, self.epoch, self.step, decision.report)
-
 
 SHOWN_REQUEST_BYTES = 64 * 1024
 

@@ -77,3 +77,7 @@ class StepLedger(Protocol):
               detail: str) -> bool:
         """Run the same step again after ``delay_s`` (an accepted effect is polled)."""
         ...
+
+    def diverge(self, claim: Claim, step: str, report: dict[str, Any]) -> bool:
+        """Stop an evidence replay that diverged from its parent, with its report."""
+        ...
