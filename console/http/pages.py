@@ -178,6 +178,10 @@ def why_waiting(ledger: Ledger, run: Any) -> str | None:
         return f"sleeps on a durable timer ({waiting})"
     if waiting.startswith("effect:"):
         return f"waits for an accepted effect's outcome ({waiting})"
+    if waiting.startswith("limit:"):
+        return (f"waits for a slot of the fleet-wide limit {waiting.split(':', 1)[1]!r}, "
+                "holding no worker and no lease; it is woken when a slot frees "
+                "(onward limits shows each limit's use)")
     if run.lease_expires_at and run.lease_expires_at > now:
         return (f"running: worker {run.lease_owner} holds step {run.step or '(start)'} until "
                 f"{run.lease_expires_at:%H:%M:%S}")

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from console.cli import app
+from console.http.pages import why_waiting
 from ledger import Ledger
 from ledger.limits import LimitStore, limit_states_txn
 from ledger.vocabulary import ParkReason, Priority
@@ -92,6 +93,7 @@ def test_limits__a_step_that_finds_the_limit_full_waits_without_a_lease_and_is_w
     assert model.stats()["requests"] == 0
     run = ledger.get_run(b)
     assert run is not None and run.waiting_on == f"limit:{KEY}"
+    assert f"waits for a slot of the fleet-wide limit '{KEY}'" in str(why_waiting(ledger, run))
     assert run.lease_expires_at is None and run.attempt == 0 and run.attempts_total == 0
     assert _due_in_s(steps, b) > 1.0  # not before it is woken (or polls)
     with ledger.engine.connect() as conn:
