@@ -58,6 +58,10 @@ class _ProcessLoop:
                 self._loop, self._pid = loop, os.getpid()
             return self._loop
 
+    def current(self) -> asyncio.AbstractEventLoop | None:
+        """This process's loop if it was started here (never starts one)."""
+        return self._loop if self._pid == os.getpid() else None
+
 
 _process_loop = _ProcessLoop()
 
@@ -192,8 +196,13 @@ def resolve(value: Any) -> Any:
     client's answer), awaited on the process loop while this thread waits for it."""
     if not inspect.isawaitable(value):
         return value
+    running = None
     with contextlib.suppress(RuntimeError):
-        asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
+    # Blocking the step loop's own thread on it would deadlock: an async step's body called
+    # an async tool without await. A loop of someone else's running in this thread (the
+    # application's, a test tool's) is not ours to refuse: the answer is awaited on ours.
+    if running is not None and running is _process_loop.current():
         if inspect.iscoroutine(value):
             value.close()
         raise TypeError("an async tool or model client was called from inside an event loop "
