@@ -2,13 +2,15 @@
 
 Nothing here starts a container (this machine has no engine). What can be checked from the
 files is: every command a service runs exists in the code, every ``depends_on`` waits on
-a condition the target can meet, and every onward process gets the same ledger, broker
-and checkpoint key.
+a condition the target can meet, every onward process gets the same ledger, broker and
+checkpoint key, and each connects as the database role its job needs (only the migration as
+the tables' owner; tests/acceptance/test_deploy_roles.py runs the roles' init script).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -23,8 +25,17 @@ from console.cli import app
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-EXPECTED = {"postgres", "redis", "migrate", "worker", "dispatcher", "reaper", "flower"}
-SHARED_ENV = ("ONWARD_DATABASE_URL", "ONWARD_BROKER_URL", "ONWARD_CHECKPOINT_KEY")
+INIT_DIR = ROOT / "deploy" / "postgres" / "initdb"
+EXPECTED = {"postgres", "redis", "migrate", "worker", "dispatcher", "reaper", "flower",
+            "console", "metrics"}
+SHARED_ENV = ("ONWARD_BROKER_URL", "ONWARD_CHECKPOINT_KEY")
+OWNER, APP, OPERATOR = "onward_owner", "onward_app", "onward_operator"
+ROLES = {"migrate": OWNER, "console": APP, "worker": OPERATOR, "dispatcher": OPERATOR,
+         "reaper": OPERATOR, "metrics": OPERATOR, "flower": OPERATOR}
+"""The role each onward service connects as (docs/operating.md, "Database roles"). Flower
+reads only the broker; it inherits the operator's URL and never uses it."""
+_URL = re.compile(r"postgresql://(?P<role>[^:@/]+):\$\{(?P<password>[A-Z_]+):-[^}]+\}"
+                  r"@(?P<where>postgres:5432/onward)")
 
 
 def _services() -> dict[str, dict[str, Any]]:
@@ -136,12 +147,66 @@ def test_compose__onward_processes_wait_for_the_migration() -> None:
 
 def test_compose__onward_processes_share_ledger_broker_and_checkpoint_key() -> None:
     """Checkpoints are MACed with ONWARD_CHECKPOINT_KEY: a process with another key (or a
-    key generated in its own container) would take every checkpoint for tampered."""
+    key generated in its own container) would take every checkpoint for tampered. Every
+    process reaches the same database (under the role of its own, below)."""
     onward = _onward_services()
-    assert {"migrate", "worker", "dispatcher", "reaper", "flower"} <= set(onward)
+    assert {"migrate", "worker", "dispatcher", "reaper", "flower", "console"} <= set(onward)
     for key in SHARED_ENV:
         values = {name: s.get("environment", {}).get(key) for name, s in onward.items()}
         assert len(set(values.values())) == 1 and None not in values.values(), (key, values)
+    places = {_database_url(name)["where"] for name in onward}
+    assert places == {"postgres:5432/onward"}, places
+
+
+def _database_url(name: str) -> dict[str, str]:
+    url = str(_services()[name].get("environment", {}).get("ONWARD_DATABASE_URL"))
+    match = _URL.fullmatch(url)
+    assert match, f"{name}: ONWARD_DATABASE_URL {url!r} is not role:${{PASSWORD:-…}}@postgres"
+    return match.groupdict()
+
+
+def test_compose__only_the_migration_connects_as_the_owner() -> None:
+    """Row-level security is forced, but the owner can switch it off and bypasses it
+    (deploy/postgres/initdb): only ``migrate`` (``onward db upgrade``) connects as the
+    owner; the console as onward_app (one tenant per request), the fleet as
+    onward_operator; no onward service connects as the PostgreSQL superuser."""
+    onward = _onward_services()
+    assert set(onward) == set(ROLES), "a new onward service needs its role in ROLES"
+    superuser = _services()["postgres"]["environment"]["POSTGRES_USER"]
+    for name in onward:
+        role = _database_url(name)["role"]
+        assert role == ROLES[name], f"{name} connects as {role}, not {ROLES[name]}"
+        assert role != superuser, f"{name} connects as the superuser"
+    owners = [name for name in onward if _database_url(name)["role"] == OWNER]
+    assert owners == ["migrate"]
+    assert _command(onward["migrate"]) == ["onward", "db", "upgrade"]
+
+
+def test_compose__role_passwords_come_from_the_environment_and_match_the_init_script() -> None:
+    """Each role's password is a compose variable (the environment or .env), the same one
+    the postgres service hands to the init script that creates the role with it; the init
+    script is mounted where the image runs it on first start."""
+    postgres = _services()["postgres"]
+    assert "./deploy/postgres/initdb:/docker-entrypoint-initdb.d:ro" in postgres["volumes"]
+    script = (INIT_DIR / "10-onward-roles.sh").read_text()
+    given = postgres["environment"]
+    for name in _onward_services():
+        url = _database_url(name)
+        variable = url["password"]
+        assert given.get(variable) == _interpolation(name, variable), (name, variable)
+        assert f'"${variable}"' in script, f"the init script does not read {variable}"
+        assert re.search(rf"CREATE ROLE {url['role']} LOGIN NOSUPERUSER", script), url["role"]
+    assert re.search(r"CREATE ROLE onward_app .*NOBYPASSRLS", script)
+    assert re.search(r"CREATE ROLE onward_operator .*NOBYPASSRLS", script)
+    assert "ALTER DATABASE :\"database\" OWNER TO onward_owner" in script
+
+
+def _interpolation(name: str, variable: str) -> str:
+    """``${VARIABLE:-default}`` as the service's URL spells it (so a default matches)."""
+    url = str(_services()[name]["environment"]["ONWARD_DATABASE_URL"])
+    found = re.search(r"\$\{" + variable + r":-[^}]+\}", url)
+    assert found, (name, variable)
+    return found.group(0)
 
 
 def test_compose__worker_workflows_are_importable_and_in_the_image() -> None:
