@@ -29,8 +29,10 @@ What it does, on real processes (issue 15 items 2 and 3, docs/security.md):
 Prints one JSON line (``--json``): ``canary_plaintext_hits`` (places where either canary was
 found in plain text: a row, a Redis key, a log line), split into ``credential_hits`` and
 ``field_hits`` with ``hits_by_place``, ``places_scanned``, ``cross_tenant_rows_seen`` and
-``unset_tenant_rows_seen``. Payload encryption (issue 15 item 1) is not built: the field
-canary IS found in plain text, and the bench says where; nothing is hidden. Exits 1 when the
+``unset_tenant_rows_seen``. Every process runs with encryption keys (issue 15 item 1,
+docs/security.md): the customer field is marked sensitive in the agent's state; where the
+field canary is still found in plain text (what is not sealed yet), the bench says where;
+nothing is hidden. Exits 1 when the
 credential canary is found anywhere, a tenant sees another's row, a transaction without a
 tenant sees any, or a run does not complete.
 """
@@ -58,6 +60,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from harness.databases import create_database, drop_database, redact  # noqa: E402
@@ -258,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"database server {redact(admin_url)}, broker {redact(broker)}, queue {queue}")
     db_name, db_url = create_database(admin_url, "onward_bench_canary")
     key = secrets.token_hex(32)
+    master = f"canary={secrets.token_hex(32)}"  # encryption at rest (ledger/crypto.py)
     workdir = Path(tempfile.mkdtemp(prefix="onward-bench-canary-"))
     outside = Processes(env={"ONWARD_EXAMPLE_PROVIDER_TOKEN": credential},
                         log_dir=workdir / "provider")
@@ -265,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     env = {"ONWARD_DATABASE_URL": as_role(db_url, OPERATOR), "ONWARD_BROKER_URL": broker,
            "ONWARD_HOME": str(base.home_dir), "ONWARD_QUEUE": queue,
            "ONWARD_CHECKPOINT_KEY": key, "ONWARD_WORKFLOWS": MODULE,
+           "ONWARD_ENCRYPTION_KEYS": master,
            "ONWARD_EXAMPLE_PROVIDER_URL": provider.url, "ONWARD_LOG_JSON": "1",
            env_name(CREDENTIAL_NAME): credential}
     settings = OnwardSettings(database_url=as_role(db_url, APP), broker_url=broker,
                               home=base.home_dir, queue=queue, checkpoint_key=key,
-                              workflows=[MODULE])
+                              workflows=[MODULE], encryption_keys=SecretStr(master))
     procs = Processes(env=env, log_dir=workdir / "onward")
     client = redis.Redis.from_url(broker)
     scan = Scan({"credential": credential.encode(), "field": field.encode()})
@@ -309,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             "unset_tenant_rows_seen": unset,
             "runs": args.runs,
             "completed": len(completed),
-            "payload_encryption": False,  # issue 15 item 1: not built, the field is plain
+            "payload_encryption": True,  # issue 15 item 1: sensitive values sealed
             # every run completed, so every request carried the token the provider requires
             "provider_requires_credential": True,
         }
         log(f"canary hits: credential {result['credential_hits']}, customer field "
-            f"{result['field_hits']} (payload encryption is not built) in "
+            f"{result['field_hits']} (with payload encryption) in "
             f"{sorted(scan.hits)}; rows seen across tenants {cross}, without a tenant {unset}")
         if args.json:
             print(json.dumps(result), flush=True)

@@ -5,14 +5,14 @@ reconciled by lookup), notify the customer by email (idempotent by key)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
 from examples.provider_client import provider_tool
 from ledger.vocabulary import ToolClass
-from tasks import StepContext, Workflow
+from tasks import Sensitive, StepContext, Workflow
 
 MODEL = "sales-model"
 
@@ -28,11 +28,11 @@ send_email = provider_tool("mail.send", "emails", ToolClass.IDEMPOTENT_WRITE,
 
 
 class OfferState(BaseModel):
-    customer_id: str
+    customer_id: Annotated[str, Sensitive]  # sealed at rest when encryption keys are set
     request: str = "Please send me a price offer for 10 seats."
     amount: int = 1000
     route: str = ""
-    offer_text: str = ""
+    offer_text: Annotated[str, Sensitive] = ""  # names the customer
     offer_id: str = ""
     email_id: str = ""
     require_approval: bool = True  # a person approves the drafted offer before it is sent

@@ -207,7 +207,9 @@ class Ledger:
             if not (self.settings.start_unadvertised if allow_unadvertised is None
                     else allow_unadvertised):
                 catalog.check_start(raw, workflow, input)
-            return run_ops.start_run_txn(raw, self.keys, request)
+            sensitive = (catalog.sensitive_fields(raw, workflow) if self.keys.crypt is not None
+                         else frozenset())
+            return run_ops.start_run_txn(raw, self.keys, request, sensitive)
 
     def limits(self) -> list[LimitState]:
         """Every fleet-wide limit key: what its client declared and its current use (slots

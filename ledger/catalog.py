@@ -104,6 +104,24 @@ def check_start(raw: psycopg.Connection[Any], workflow: str, input: dict[str, An
     catalog.check(workflow, input)
 
 
+SENSITIVE_MARK = "x-onward-sensitive"
+"""What the JSON Schema of a state field marked sensitive says (tasks/sensitive.py)."""
+
+
+def sensitive_fields(raw: psycopg.Connection[Any], workflow: str) -> frozenset[str]:
+    """The state fields any advertised version of ``workflow`` marks sensitive: what a new
+    run's input has sealed (ledger/crypto.py)."""
+    key = _key(raw.info)
+    catalog = _cached(key, workflow) or _remember(
+        key, catalog_of(raw.cursor(row_factory=tuple_row).execute(ADVERTISED).fetchall()))
+    found: set[str] = set()
+    for text in catalog.schemas.get(workflow, []):
+        properties = json.loads(text).get("properties") or {}
+        found.update(name for name, prop in properties.items()
+                     if isinstance(prop, dict) and prop.get(SENSITIVE_MARK))
+    return frozenset(found)
+
+
 async def check_start_async(conn: psycopg.AsyncConnection[Any], workflow: str,
                             input: dict[str, Any]) -> None:
     """``check_start`` on an asyncio connection."""

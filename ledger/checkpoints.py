@@ -14,13 +14,16 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import rfc8785
 
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.settings import OnwardSettings
+
+if TYPE_CHECKING:
+    from ledger.crypto import Keyring
 
 ENVELOPE_VERSION = 2
 """The envelope new checkpoints are written with. 2: the MAC'd body names the run's
@@ -37,6 +40,44 @@ def artifact_ref(state: Any) -> dict[str, Any] | None:
         ref = state[ARTIFACT_KEY]
         return ref if isinstance(ref, dict) and isinstance(ref.get("sha256"), str) else None
     return None
+
+
+SEALED_KEY = "$sealed"
+"""A value sealed at rest is ``{"$sealed": {"v", "k", "s", "n", "c", "d"}}`` (ledger/crypto.py)."""
+_SEALED_MARK = b'"$sealed"'
+
+
+def sealed_envelope(value: Any) -> dict[str, Any] | None:
+    """The envelope a sealed value is, or None for anything else."""
+    if type(value) is dict and len(value) == 1 and SEALED_KEY in value:
+        inner = value[SEALED_KEY]
+        if type(inner) is dict and isinstance(inner.get("d"), str):
+            return inner
+    return None
+
+
+def digest_form(value: Any) -> Any:
+    """``value`` with every sealed value replaced by ``{"$sealed": digest}``: what MACs,
+    chains and hashes cover, so they verify without the data keys and stay the same when
+    ``onward keys rotate`` re-encrypts (the digest is keyed with the checkpoint key, over
+    the plaintext and where it belongs: ledger/crypto.py)."""
+    envelope = sealed_envelope(value)
+    if envelope is not None:
+        return {SEALED_KEY: envelope["d"]}
+    if type(value) is dict:
+        return {key: digest_form(item) for key, item in value.items()}
+    if type(value) is list:
+        return [digest_form(item) for item in value]
+    return value
+
+
+def covered_json(value: Any) -> bytes:
+    """The canonical JSON of what a MAC or hash covers of ``value`` (``digest_form``): the
+    same bytes as ``canonical_json`` for a value that holds nothing sealed."""
+    body = canonical_json(value)
+    if _SEALED_MARK in body:
+        return canonical_json(digest_form(value))
+    return body
 
 
 _JS_SAFE_INT = 2**53 - 1  # RFC 8785 (I-JSON) integers; rfc8785 refuses larger ones
@@ -185,6 +226,7 @@ class CheckpointKeys:
 
     current: str
     keys: dict[str, bytes]
+    crypt: Keyring | None = None  # seals and opens sensitive values; None: nothing sealed
 
     @classmethod
     def from_settings(cls, settings: OnwardSettings) -> CheckpointKeys:
@@ -201,14 +243,18 @@ class CheckpointKeys:
             if key_id == settings.checkpoint_key_id:
                 raise InvalidInput(f"old checkpoint key id {key_id!r} is also the current key id")
             keys[key_id] = old_secret.encode()
-        return cls(current=settings.checkpoint_key_id, keys=keys)
+        from ledger.crypto import Keyring
+
+        crypt = Keyring.from_settings(settings, digest_keys=keys,
+                                      digest_key_id=settings.checkpoint_key_id)
+        return cls(current=settings.checkpoint_key_id, keys=keys, crypt=crypt)
 
     def mac(self, body: dict[str, Any], key_id: str | None = None) -> str:
         key_id = key_id or self.current
         key = self.keys.get(key_id)
         if key is None:
             raise IntegrityViolation(f"checkpoint MAC key id {key_id!r} is not configured")
-        return hmac.new(key, canonical_json(body), hashlib.sha256).hexdigest()
+        return hmac.new(key, covered_json(body), hashlib.sha256).hexdigest()
 
 
     def sign(self, body: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ as it is known. The statements are in ``ledger/sql/effects.sql``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -17,11 +17,13 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
 from ledger import signed, sql
-from ledger.checkpoints import CheckpointKeys
+from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
+from ledger.crypto import MASK, Place, open_value, seal_value
 from ledger.exceptions import (
     CancelRequested,
     EffectConflict,  # noqa: F401  deprecated alias (issue 12): import it from ledger.exceptions
     EffectFenced,
+    IntegrityViolation,
     OnwardError,
 )
 from ledger.hot import HotConnection
@@ -138,8 +140,36 @@ def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
                    effect.outcome_mac, f"{what}'s outcome ({effect.status.value})")
 
 
+def effect_field(effect_type: str, effect_id: str, what: str) -> str:
+    """The field a sealed payload or result of an effect is bound to (ledger/crypto.py)."""
+    return f"effect:{effect_type}:{effect_id}:{what}"
+
+
+def opened_effect(keys: CheckpointKeys, effect: Effect) -> Effect:
+    """The effect with its sealed payload and result opened (and the payload checked
+    against its signed request hash); raises SealedValueUnreadable."""
+    if effect.payload is None and effect.result is None:
+        return effect
+    tenant = effect.tenant_id or ""
+    payload = open_value(keys.crypt, effect.payload, tenant=tenant, run_id=effect.run_id,
+                         seq=effect.seq, field=effect_field(effect.effect_type,
+                                                            effect.effect_id, "payload"))
+    result = open_value(keys.crypt, effect.result, tenant=tenant, run_id=effect.run_id,
+                        seq=effect.seq, field=effect_field(effect.effect_type,
+                                                           effect.effect_id, "result"))
+    if payload is effect.payload and result is effect.result:
+        return effect
+    if payload is not effect.payload and \
+            sha256_hex(canonical_json(payload)) != effect.request_hash:
+        raise IntegrityViolation(f"effect {effect.effect_type} {effect.effect_id[:16]}…: its "
+                                 "sealed payload is not what its signed request hash names")
+    return replace(effect, payload=payload, result=result)
+
+
 class EffectStore:
-    """Effect rows and their attempts, on the worker's hot connection."""
+    """Effect rows and their attempts, on the worker's hot connection. With encryption keys
+    configured, payloads and results are sealed as they are written and opened as they are
+    read (ledger/crypto.py)."""
 
     def __init__(self, conn: HotConnection, keys: CheckpointKeys) -> None:
         self.conn = conn
@@ -151,13 +181,16 @@ class EffectStore:
         their MACs; raises IntegrityViolation for an effect edited outside onward, so a step
         or a replay is never answered with an edited result."""
         check_effect(self.keys, effect)
-        return effect
+        return opened_effect(self.keys, effect)
 
     def intend(self, intent: Intent) -> tuple[Effect, bool]:
         """Insert the effect as ``pending`` (committed) or read the existing one.
 
         Returns ``(effect, created)``.
         """
+        payload = seal_value(self.keys.crypt, intent.payload, Place(
+            intent.tenant_id, intent.run_id, intent.seq,
+            effect_field(intent.effect_type, intent.effect_id, "payload")))
         params = {
             "effect_id": intent.effect_id,
             "effect_type": intent.effect_type,
@@ -168,8 +201,10 @@ class EffectStore:
             "command_id": intent.command_id,
             "tool_class": intent.tool_class,
             "request_hash": intent.request_hash,
-            "recipient": intent.recipient,
-            "payload": Jsonb(intent.payload) if intent.payload is not None else None,
+            # derived from the payload for display: not kept in the clear beside a sealed one
+            "recipient": (intent.recipient if self.keys.crypt is None or intent.recipient is None
+                          else MASK),
+            "payload": Jsonb(payload) if payload is not None else None,
             "epoch": intent.lease_epoch,
             "intent_mac": self.keys.sign(signed.effect_intent(vars(intent))),
         }
@@ -241,7 +276,10 @@ class EffectStore:
             raise OnwardError(f"effect {effect.effect_id[:16]}…: attempt {attempt} was not "
                               "begun by this store; it cannot be recorded (and signed) here")
         final_ref = provider_ref if provider_ref is not None else effect.provider_ref
-        final_result = result if result is not None else effect.result
+        result = seal_value(self.keys.crypt, result, Place(
+            effect.tenant_id or "", effect.run_id, effect.seq,
+            effect_field(effect.effect_type, effect.effect_id, "result")))
+        final_result = result if result is not None else self._stored_result(effect)
         terminal = status in (EffectStatus.COMPLETED, EffectStatus.FAILED)
         row = self.conn.one(_RECORD, {
             "run_id": effect.run_id, "epoch": epoch,
@@ -267,7 +305,16 @@ class EffectStore:
                 f"effect {effect.effect_id[:16]}… ({effect.effect_type}): the answer to "
                 f"attempt {attempt} is not recorded — the lease of epoch {epoch} is no longer "
                 "live; the current holder reconciles")
-        return Effect.from_row(row)
+        return opened_effect(self.keys, Effect.from_row(row))
+
+    def _stored_result(self, effect: Effect) -> Any:
+        """The effect's result as it is stored (sealed again when it was opened: the row
+        keeps one sealed form; a re-seal binds the same place and digest)."""
+        if effect.result is None:
+            return None
+        return seal_value(self.keys.crypt, effect.result, Place(
+            effect.tenant_id or "", effect.run_id, effect.seq,
+            effect_field(effect.effect_type, effect.effect_id, "result")))
 
     def mark_overran(self, effect: Effect, attempt: int, *, epoch: int,
                      timeout_s: float) -> bool:
@@ -302,7 +349,8 @@ class EffectStore:
 
     def unresolved(self, run_id: UUID) -> list[Effect]:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
-        return [Effect.from_row(r) for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
+        return [opened_effect(self.keys, Effect.from_row(r))
+                for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
 
     # Deprecated aliases (issue 12), for one landing window: these reads are the waits
     # store's (ledger/waits.py ``WaitStore``).

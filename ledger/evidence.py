@@ -19,7 +19,8 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ledger import signed, sql
-from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
+from ledger.checkpoints import CheckpointKeys, canonical_json, covered_json, sha256_hex
+from ledger.crypto import Place, open_value, seal_value
 from ledger.exceptions import (
     CancelRequested,
     EvidenceFenced,
@@ -69,6 +70,7 @@ class EvidenceRecord:
     # what was asked; kept as the artifact its request hash names, so a replay can show how
     # a changed request differs (docs/corpus.md); None keeps nothing
     request: Any = None
+    tenant_id: str | None = None  # the run's; binds a sealed response (ledger/crypto.py)
 
 
 _FIND = sql.statement("find_evidence")
@@ -85,7 +87,7 @@ def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:
     what = f"evidence {row['command_id']} of run {row['run_id']}"
     if row["artifact_sha256"] is None:
         response = row["response"]
-        digest = sha256_hex(canonical_json(response))
+        digest = sha256_hex(covered_json(response))
     else:
         body = bytes(row["artifact_body"]) if row["artifact_body"] is not None else None
         if body is None or sha256_hex(body) != row["artifact_sha256"]:
@@ -94,6 +96,11 @@ def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:
         response, digest = json.loads(body), row["artifact_sha256"]
     keys.check(signed.evidence(row["run_id"], row, digest), row["mac"], what)
     return response
+
+
+def evidence_field(command_id: str) -> str:
+    """The field a sealed recorded answer is bound to (ledger/crypto.py)."""
+    return f"evidence:{command_id}:response"
 
 
 class EvidenceStore:
@@ -129,7 +136,9 @@ class EvidenceStore:
                              f"{command_id} is not called")
 
     def _evidence(self, row: dict[str, Any]) -> Evidence:
-        response = checked_response(self.keys, row)
+        response = open_value(self.keys.crypt, checked_response(self.keys, row),
+                              tenant=row.get("tenant_id") or "", run_id=row["run_id"],
+                              seq=row["seq"], field=evidence_field(row["command_id"]))
         return Evidence(
             run_id=row["run_id"], command_id=row["command_id"], kind=row["kind"],
             seq=row["seq"], step=row["step"], source=row["source"],
@@ -150,14 +159,20 @@ class EvidenceStore:
             raise InvalidInput(f"{record.kind} response of {len(body)} bytes exceeds the artifact "
                                f"limit of {self.max_artifact_bytes} bytes "
                                "(ONWARD_MAX_ARTIFACT_BYTES)")
-        big = len(body) > INLINE_LIMIT
-        digest = sha256_hex(body)
+        stored = record.response
+        if self.keys.crypt is not None:  # sealed, kept inline (never a shared artifact)
+            stored = seal_value(self.keys.crypt, record.response, Place(
+                record.tenant_id or "", record.run_id, record.seq,
+                evidence_field(record.command_id)))
+            big, digest = False, sha256_hex(covered_json(stored))
+        else:
+            big, digest = len(body) > INLINE_LIMIT, sha256_hex(body)
         cost = signed.money(record.cost_usd)
         row = self.conn.one(_RECORD, {
             "run_id": record.run_id, "command_id": record.command_id, "kind": record.kind,
             "seq": record.seq, "step": record.step, "source": record.source,
             "source_version": record.source_version, "request_hash": record.request_hash,
-            "response": None if big else Jsonb(record.response),
+            "response": None if big else Jsonb(stored),
             "sha": digest if big else None,
             "size": len(body), "body": body if big else None,
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
@@ -178,7 +193,7 @@ class EvidenceStore:
             run_id=record.run_id, command_id=record.command_id, kind=record.kind,
             seq=record.seq, step=record.step, source=record.source,
             source_version=record.source_version, request_hash=record.request_hash,
-            response=json.loads(body) if big else row["response"],
+            response=json.loads(body) if big else record.response,
             artifact_sha256=digest if big else None,
             input_tokens=record.input_tokens, output_tokens=record.output_tokens,
             cost_usd=row["cost_usd"], created_at=row["created_at"],
@@ -187,8 +202,8 @@ class EvidenceStore:
     def _request_body(self, record: EvidenceRecord) -> bytes | None:
         """The request's canonical bytes when it is kept: within the artifact limit, and
         hashing to the request hash it will be found by."""
-        if record.request is None:
-            return None
+        if record.request is None or self.keys.crypt is not None:
+            return None  # a request is kept as a shared artifact: never when sealing
         try:
             body = canonical_json(record.request, max_depth=self.max_json_depth)
         except InvalidInput:

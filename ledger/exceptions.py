@@ -21,6 +21,7 @@ __all__ = [
     "CatalogueError",
     "EffectConflict",
     "EffectFenced",
+    "EncryptionUnavailable",
     "EvidenceFenced",
     "IdempotencyConflict",
     "IntegrityViolation",
@@ -31,6 +32,7 @@ __all__ = [
     "PermissionDenied",
     "RollbackFound",
     "SchemaMismatch",
+    "SealedValueUnreadable",
     "StatementRefused",
     "TracingUnavailable",
     "Unauthenticated",
@@ -145,6 +147,18 @@ class UnknownToken(OperationRefused):
 
 class UnknownCorpus(OperationRefused):
     """No corpus of that name in the actor's tenant."""
+
+
+# encryption at rest (ledger/crypto.py)
+
+class SealedValueUnreadable(IntegrityViolation):
+    """A sealed value that does not open: moved from another tenant, run, seq or field,
+    edited, or sealed under a data key that is unknown or was erased. Nothing guesses its
+    content: the run that needs it is parked for review."""
+
+
+class EncryptionUnavailable(OnwardError):
+    """Encryption keys are misconfigured, or the ``cryptography`` package is missing."""
 
 
 # anchors (ledger/anchor.py, ledger/anchor_store.py, ledger/anchoring.py)

@@ -16,7 +16,16 @@ from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
 from ledger import signed, sql, tracing
-from ledger.checkpoints import ENVELOPE_VERSION, CheckpointBody, CheckpointKeys, canonical_json
+from ledger.checkpoints import (
+    ENVELOPE_VERSION,
+    SEALED_KEY,
+    CheckpointBody,
+    CheckpointKeys,
+    canonical_json,
+    covered_json,
+    sealed_envelope,
+)
+from ledger.crypto import Place
 from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
 from ledger.vocabulary import OutcomeKind, Priority, RunStatus
@@ -187,7 +196,7 @@ def driver_connection(conn: Connection | psycopg.Connection[Any]) -> psycopg.Con
 
 
 def start_run_txn(conn: Connection | psycopg.Connection[Any], keys: CheckpointKeys,
-                  request: StartRequest) -> UUID:
+                  request: StartRequest, sensitive: frozenset[str] = frozenset()) -> UUID:
     """Insert the run, checkpoint 0 and its outbox row inside the caller's transaction, in
     one statement, on a SQLAlchemy connection or a psycopg one.
 
@@ -197,17 +206,20 @@ def start_run_txn(conn: Connection | psycopg.Connection[Any], keys: CheckpointKe
     raw = driver_connection(conn)
     try:
         inserted = raw.cursor(row_factory=tuple_row).execute(
-            START_RUN, start_params(keys, request)).fetchone()
+            START_RUN, start_params(keys, request, sensitive)).fetchone()
     except psycopg.DataError as exc:  # e.g. a NUL character, which PostgreSQL cannot store
         raise InvalidInput(f"the run's workflow name or input cannot be stored: {exc}") from exc
     if inserted is None:
-        return _existing_run(raw, request)
+        return _existing_run(raw, request, keys)
     return UUID(str(inserted[0]))
 
 
-def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
-    """The parameters of ``START_RUN`` for a new run (a new run id, checkpoint 0 MAC'd)."""
+def start_params(keys: CheckpointKeys, request: StartRequest,
+                 sensitive: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The parameters of ``START_RUN`` for a new run (a new run id, checkpoint 0 MAC'd, its
+    ``sensitive`` fields sealed when encryption keys are configured)."""
     run_id = uuid7()
+    state = sealed_input(keys, request, run_id, sensitive)
     trace_context = tracing.current_context()  # start_run's span (ledger/tracing.py)
     body = CheckpointBody(
         run_id=run_id,
@@ -216,7 +228,7 @@ def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
         step=None,
         next_step=None,
         outcome=OutcomeKind.START.value,
-        state=request.input,
+        state=state,
         workflow_version=None,
         workflow=request.workflow,
     )
@@ -235,26 +247,54 @@ def start_params(keys: CheckpointKeys, request: StartRequest) -> dict[str, Any]:
         "deadline_s": budgets.deadline.total_seconds() if budgets.deadline is not None
         else None,
         "key_id": keys.current, "envelope_version": ENVELOPE_VERSION,
-        "outcome": OutcomeKind.START.value, "state": Jsonb(request.input),
+        "outcome": OutcomeKind.START.value, "state": Jsonb(state),
         "trace_context": trace_context, "priority": Priority(request.priority).value,
     }
 
 
-def _existing_run(raw: psycopg.Connection[Any], request: StartRequest) -> UUID:
+def sealed_input(keys: CheckpointKeys, request: StartRequest, run_id: UUID,
+                 sensitive: frozenset[str]) -> dict[str, Any]:
+    """The run's input with its ``sensitive`` fields sealed for checkpoint 0."""
+    if keys.crypt is None or not sensitive:
+        return request.input
+    return {name: (keys.crypt.seal(value, Place(request.tenant_id, run_id, 0, f"state.{name}"))
+                   if name in sensitive and value is not None else value)
+            for name, value in request.input.items()}
+
+
+def _stored_input(keys: CheckpointKeys | None, row: dict[str, Any],
+                  request: StartRequest) -> bytes:
+    """What the run an idempotency key started must have stored for ``request``'s input,
+    as ``covered_json`` writes it (a sealed field as its digest)."""
+    stored, wanted = row["state"] or {}, request.input
+    if keys is not None and keys.crypt is not None and isinstance(stored, dict):
+        crypt = keys.crypt
+        wanted = {name: ({SEALED_KEY: crypt.digest(
+                              Place(request.tenant_id, row["id"], 0, f"state.{name}"),
+                              canonical_json(value), str(stored[name][SEALED_KEY]["d"])
+                              .rpartition(":")[0])}
+                         if sealed_envelope(stored.get(name)) is not None else value)
+                  for name, value in wanted.items()}
+    return canonical_json(wanted)
+
+
+def _existing_run(raw: psycopg.Connection[Any], request: StartRequest,
+                  keys: CheckpointKeys | None = None) -> UUID:
     cursor = raw.cursor(row_factory=dict_row)
     row = cursor.execute(EXISTING_RUN, {"tenant_id": request.tenant_id,
                                         "idempotency_key": request.idempotency_key}).fetchone()
-    return existing_run(row, request)
+    return existing_run(row, request, keys)
 
 
-def existing_run(row: dict[str, Any] | None, request: StartRequest) -> UUID:
+def existing_run(row: dict[str, Any] | None, request: StartRequest,
+                 keys: CheckpointKeys | None = None) -> UUID:
     """The run an idempotency key already started, if it was for the same request."""
     if row is None:
         raise InvalidInput(f"idempotency key {request.idempotency_key!r} conflicted with a "
                            "run that is not visible; retry")
     # Canonical JSON, not Python equality: {"flag": 1} and {"flag": true} are other inputs.
     if (row["workflow"] != request.workflow
-            or canonical_json(row["state"]) != canonical_json(request.input)):
+            or covered_json(row["state"]) != _stored_input(keys, row, request)):
         raise IdempotencyConflict(
             f"idempotency key {request.idempotency_key!r} already started run {row['id']} "
             f"of workflow {row['workflow']!r} with other input; a key must not change its request"

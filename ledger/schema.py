@@ -466,6 +466,24 @@ audit_heads = Table(
     Column("sealed_at", TS, nullable=False, server_default=func.onward.now()),
 )
 
+tenant_keys = Table(
+    "tenant_keys",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("key_id", Text, primary_key=True),  # names it in every value it seals
+    Column("state", Text, nullable=False),  # active (seals), retired (opens), destroyed
+    Column("master_key_id", Text, nullable=True),  # the master key that wraps it
+    Column("wrapped", LargeBinary, nullable=True),  # nonce + AES-GCM of the data key
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("destroyed_at", TS, nullable=True),
+    CheckConstraint("state IN ('active', 'retired', 'destroyed')", name="state"),
+    CheckConstraint("(state = 'destroyed') = (wrapped IS NULL)", name="wrapped"),
+    Index("ix_tenant_keys_active", "tenant_id", unique=True,
+          postgresql_where=text("state = 'active'")),
+    Index("ix_tenant_keys_tenant_id", "tenant_id"),
+)
+"""Each tenant's data keys, wrapped by a master key (ledger/crypto.py; migration 0036)."""
+
 worker_queues = Table(
     "worker_queues",
     metadata,

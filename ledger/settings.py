@@ -125,6 +125,27 @@ class OnwardSettings(BaseSettings):
         default="",
         description="Retired MAC keys that still verify old checkpoints: 'id=secret,id=secret'.",
     )
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="Master keys that wrap the tenants' data keys (docs/security.md, "
+        "encryption at rest): 'id=KEY,id=KEY', each KEY 32 bytes as 64 hex digits or "
+        "base64. Unset (and no encryption_key_file): nothing is encrypted.",
+    )
+    encryption_key_file: Path | None = Field(
+        default=None,
+        description="A file of master keys, one 'id=KEY' a line (mode 0600); read when "
+        "encryption_keys is unset.",
+    )
+    encryption_key_id: str | None = Field(
+        default=None,
+        description="The master key new tenant data keys are wrapped with; default: the "
+        "first listed. The others only unwrap (until `onward keys rotate` rewraps them).",
+    )
+    encryption_key_cache_s: float = Field(
+        default=60.0, ge=0,
+        description="How long a process keeps a tenant's unwrapped data key before reading "
+        "it again (an erased key stops working in running processes after this long).",
+    )
     max_state_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest state a checkpoint accepts, in bytes."
     )

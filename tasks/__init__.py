@@ -12,6 +12,7 @@ from tasks.exceptions import (
 )
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.outcomes import Fail, Finish, Goto, Outcome
+from tasks.sensitive import Sensitive
 from tasks.workflow import Registry, Step, Workflow
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Outcome",
     "OutcomeError",
     "Registry",
+    "Sensitive",
     "Step",
     "StepContext",
     "StepError",

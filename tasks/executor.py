@@ -41,6 +41,7 @@ from tasks.policy import Limits, recheck
 from tasks.resolve import Resolver
 from tasks.restore import Refusal, Restored, restore
 from tasks.routing import version_queue
+from tasks.sensitive import seal_state, sensitive_fields
 from tasks.services import StepServices
 from tasks.step_ledger import StepLedger
 from tasks.workflow import Registry, Step
@@ -376,7 +377,15 @@ class _Attempt:
         refs = ready.services.refs(self.claim.budget.spent())
         if migrated is not None:
             refs["migrated_from"] = migrated.as_ref()
-        return replace(advance, refs=refs)
+        return replace(advance, refs=refs, state=self._sealed(ready.restored, advance.state))
+
+    def _sealed(self, restored: Restored, state: dict[str, Any]) -> dict[str, Any]:
+        """The state with its sensitive fields sealed (tasks/sensitive.py)."""
+        claim = self.claim
+        return seal_state(self.config.keys.crypt, state,
+                          sensitive_fields(restored.workflow.state), tenant=claim.tenant_id,
+                          run_id=claim.run_id, seq=claim.seq + 1, parent_stored=claim.state,
+                          parent_plain=restored.opened, foreign=restored.foreign)
 
     def _retry_or_fail(self, ending: _Ending, exc: Exception) -> StepReport:
         """A step error: retry the step later, or fail the run when the error says it is

@@ -22,10 +22,11 @@ from ledger.checkpoints import (
     check_parent_link,
     verify_checkpoint,
 )
-from ledger.exceptions import IntegrityViolation
+from ledger.exceptions import IntegrityViolation, SealedValueUnreadable
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
 from ledger.vocabulary import OutcomeKind, ParkReason
+from tasks.sensitive import open_state
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
 
@@ -47,6 +48,8 @@ class Restored:
     step: Step
     state: BaseModel
     migrated: Migrated | None = None  # set when the state was migrated to this code's schema
+    opened: dict[str, Any] | None = None  # the stored state, sealed fields opened
+    foreign: frozenset[str] = frozenset()  # fields sealed for the run this one was copied from
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,15 @@ def restore(keys: CheckpointKeys, registry: Registry,
     # the step gets a copy: the claim's state is what the next checkpoint's delta is made
     # from, and a migration or a model field typed Any could otherwise change it in place
     state_json = json.loads(json.dumps(claim.state))
+    try:  # sealed fields (tasks/sensitive.py) open here, in the worker, or the run parks
+        state_json, foreign = open_state(keys.crypt, state_json, tenant=claim.tenant_id,
+                                         run_id=claim.run_id, seq=claim.seq,
+                                         parent_run_id=claim.launch.parent_run_id)
+    except SealedValueUnreadable as exc:
+        return Refusal(ParkReason.INTEGRITY, "SealedValueUnreadable", str(exc))
+    opened = state_json if state_json is not claim.state else None
+    if opened is not None:
+        state_json = json.loads(json.dumps(opened))
     if path:
         try:
             for migrate in path:
@@ -117,10 +129,8 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Refusal(ParkReason.INVALID_STATE, "InvalidState",
                        f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
                        f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
-    if path:
-        return Restored(workflow, step, state,
-                        Migrated(claim.workflow_version or 0, _run_schema(claim)))
-    return Restored(workflow, step, state)
+    migrated = Migrated(claim.workflow_version or 0, _run_schema(claim)) if path else None
+    return Restored(workflow, step, state, migrated, opened, foreign)
 
 
 def _unsigned_difference(claim: Claim, head: CheckpointBody) -> str | None:

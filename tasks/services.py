@@ -640,6 +640,7 @@ class StepServices:
         """Record an answer. One the ledger cannot keep (a NUL character, nested too deeply,
         too large) stops the run as failed with its spend debited, rather than being paid
         for again on every retry; the step body cannot swallow that."""
+        record = replace(record, tenant_id=self.tenant_id)  # binds a sealed answer
         try:
             return self.evidence.record(record)
         except IntegrityViolation as exc:  # another attempt's record came first: edited

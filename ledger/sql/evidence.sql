@@ -2,7 +2,9 @@
 
 -- fragment: evidence_of_command
 -- The evidence command_id of run_id recorded, with its body if stored as an artifact.
-SELECT e.*, a.body AS artifact_body FROM onward.evidence e
+SELECT e.*, a.body AS artifact_body,
+       (SELECT r.tenant_id FROM onward.runs r WHERE r.id = e.run_id) AS tenant_id
+  FROM onward.evidence e
   LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
  WHERE e.run_id = %(run_id)s AND e.command_id = %(command_id)s
 

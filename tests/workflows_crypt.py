@@ -1,0 +1,60 @@
+"""Workflows for tests/integration/test_crypt.py: a state with a sensitive field that goes
+into a model prompt, an effect's payload and result, across several checkpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel
+
+from examples.fake_llm import FakeModel
+from ledger.vocabulary import ToolClass
+from tasks import Sensitive, StepContext, Workflow
+from tasks.tools import Tool, ToolResult
+
+
+def _call(payload: dict[str, Any], key: str) -> ToolResult:
+    return ToolResult("completed", f"crm_{key[:8]}",
+                      {"id": f"crm_{key[:8]}", "echo": payload["customer"]})
+
+
+crm = Tool("test.crypt_crm", ToolClass.IDEMPOTENT_WRITE, call=_call)
+
+
+class Order(BaseModel):
+    customer: Annotated[str, Sensitive]
+    amount: int = 10
+    text: Annotated[str, Sensitive] = ""  # the model echoes the customer
+    crm_id: str = ""
+    echo: Annotated[str, Sensitive] = ""
+    matched: bool = False
+    rounds: int = 0
+
+
+flow = Workflow("test_crypt", version=1, state=Order, llm=FakeModel())
+
+
+@flow.step(start=True)
+def draft(ctx: StepContext, state: Order) -> Any:
+    text = ctx.llm(model="fake-small", messages=[
+        {"role": "user", "content": f"offer for {state.customer}: {state.amount} EUR"}]).text
+    return ctx.goto(again, text=text)
+
+
+@flow.step
+def again(ctx: StepContext, state: Order) -> Any:
+    if state.rounds < 3:
+        return ctx.goto(again, rounds=state.rounds + 1)
+    return ctx.goto(create)
+
+
+@flow.step
+def create(ctx: StepContext, state: Order) -> Any:
+    created = ctx.effect(crm, customer=state.customer, amount=state.amount)
+    return ctx.goto(check, crm_id=created["id"], echo=created["echo"])
+
+
+@flow.step
+def check(ctx: StepContext, state: Order) -> Any:
+    """The worker sees the plain values: the effect's result echoed the customer back."""
+    return ctx.finish(matched=state.echo == state.customer)
