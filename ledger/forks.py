@@ -35,7 +35,15 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
-from ledger.lineage import APPROVAL_AT, SIGNAL_AT, STEP_AFTER, Divergence, resume_after_wait
+from ledger.lineage import (
+    APPROVAL_AT,
+    SIGNAL_AT,
+    SOURCE_CHAIN,
+    STEP_AFTER,
+    Divergence,
+    evidence_source,
+    resume_after_wait,
+)
 from ledger.operations import REPLAY_MODES, queue_step_txn, require_reason
 from ledger.runs import validate_input
 from ledger.schema import approvals, artifacts, checkpoints, runs
@@ -378,7 +386,8 @@ def _evidence_start(conn: Connection, keys: CheckpointKeys, parent: RowMapping,
                     cp: Mapping[str, Any],
                     control: dict[str, Any]) -> _Start:
     """An evidence replay from a wait follows the decision its source recorded, or stops."""
-    source = _evidence_source(conn, parent["id"])
+    chain = conn.exec_driver_sql(SOURCE_CHAIN, {"run_id": parent["id"]}).mappings()
+    source = evidence_source([dict(row) for row in chain], keys)
     seq = cp["seq"]
     approval = signal = None
     if source is not None and control.get("kind") == "approval":
@@ -400,18 +409,6 @@ def _evidence_start(conn: Connection, keys: CheckpointKeys, parent: RowMapping,
     if approval is not None:
         control = {**control, "approval_id": str(approval["id"])}
     return _Start(RunStatus.RUNNING, resumed, control)
-
-
-def _evidence_source(conn: Connection, run_id: UUID) -> UUID | None:
-    """The nearest run, from ``run_id`` up its parents, that made its own calls."""
-    while True:
-        row = conn.execute(sa.select(runs.c.id, runs.c.mode, runs.c.parent_run_id)
-                           .where(runs.c.id == run_id)).first()
-        if row is None:
-            return None
-        if row.mode != LaunchMode.EVIDENCE.value or row.parent_run_id is None:
-            return UUID(str(row.id))
-        run_id = row.parent_run_id
 
 
 _SPENT_BEFORE = sql.text("spent_before")

@@ -8,6 +8,7 @@ transaction on the worker's hot connection.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -15,7 +16,9 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ledger import signed, sql
+from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect
+from ledger.exceptions import IntegrityViolation
 from ledger.hot import HotConnection
 from ledger.vocabulary import ApprovalStatus, AttemptOutcome, FailReason, LaunchMode
 
@@ -125,7 +128,7 @@ def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any
                       "there is no decision an evidence replay could follow")
 
 
-_SOURCE = sql.statement("replay_source")
+SOURCE_CHAIN = sql.statement("replay_source")  # the rows evidence_source walks
 
 APPROVAL_AT = sql.statement("approval_at")
 
@@ -137,16 +140,42 @@ _EFFECT = sql.statement("effect_by_key")
 _DIVERGE = sql.statement("diverge")
 
 
+def evidence_source(chain: Sequence[Mapping[str, Any]], keys: CheckpointKeys, *,
+                    check_first: bool = True) -> UUID | None:
+    """The run an evidence replay answers from, given its lineage (``SOURCE_CHAIN``'s rows,
+    nearest first): the first that made its own calls. None: there is none (a parent is gone).
+
+    Every launch on the way, the source's included, must verify against the MAC its ``mode``
+    and ``parent_run_id`` were signed with (``check_first=False`` skips the first row, already
+    checked by the caller): an edited ancestor would otherwise redirect the replay to another
+    run's records. Raises IntegrityViolation naming the ancestor."""
+    for depth, row in enumerate(chain):
+        if depth or check_first:
+            launch = Launch.from_row(dict(row))
+            keys.check(launch.signed_body(row["id"], row["tenant_id"]), launch.mac,
+                       f"run {chain[0]['id']}: the launch (mode, parent) of "
+                       f"{'its ancestor ' if depth else ''}{row['id']}")
+        if row["mode"] != LaunchMode.EVIDENCE.value:
+            return UUID(str(row["id"]))
+    if len(chain) > 1000:
+        raise IntegrityViolation(f"run {chain[0]['id']}: its lineage of evidence replays does "
+                                 "not end at a run that made its own calls (a cycle, or over "
+                                 "1,000 generations)")
+    return None
+
+
 class LineageStore:
     """The parent's records, as a replay's step reads them, on the worker's hot connection."""
 
     def __init__(self, conn: HotConnection) -> None:
         self.conn = conn
 
-    def evidence_source(self, run_id: UUID) -> UUID | None:
-        """The nearest ancestor of ``run_id`` that made its own calls (not an evidence replay)."""
-        row = self.conn.one(_SOURCE, {"run_id": run_id})
-        return row["id"] if row else None
+    def evidence_source(self, run_id: UUID, keys: CheckpointKeys) -> UUID | None:
+        """The nearest ancestor of ``run_id`` that made its own calls (not an evidence replay),
+        every launch on the way checked (``evidence_source``); the run's own launch was
+        checked when it was claimed."""
+        return evidence_source(self.conn.all(SOURCE_CHAIN, {"run_id": run_id}), keys,
+                               check_first=False)
 
     def effect(self, effect_type: str, effect_id: str) -> Effect | None:
         row = self.conn.one(_EFFECT, {"effect_type": effect_type, "effect_id": effect_id})

@@ -706,7 +706,8 @@ class StepServices:
     def _evidence_source(self) -> UUID | None:
         """The ancestor whose records an evidence replay answers from (looked up once)."""
         if not self._source_known:
-            self._source = self.lineage.evidence_source(self.run_id)
+            self._source = self._verified(
+                lambda: self.lineage.evidence_source(self.run_id, self.evidence.keys))
             self._source_known = True
         return self._source
 
@@ -778,7 +779,10 @@ class StepServices:
             return advance
         control = dict(wait.control)
         seq = self.seq + 1
-        source = self._evidence_source()
+        try:
+            source = self._evidence_source()
+        except IntegrityViolation:  # an ancestor's launch was edited: parked
+            return None
         approval = (self.lineage.approval_at(source, seq)
                     if source is not None and control.get("kind") == "approval" else None)
         signal = (self.lineage.signal_at(source, str(control.get("name")), seq)

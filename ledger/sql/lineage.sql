@@ -2,15 +2,19 @@
 
 
 -- name: replay_source
--- The nearest ancestor of run_id that made its own calls (not an evidence replay).
+-- The run's lineage up to the nearest ancestor that made its own calls (not an evidence
+-- replay), nearest first, with how each was launched: the caller checks every launch MAC.
 WITH RECURSIVE chain AS (
-    SELECT id, parent_run_id, mode, 0 AS depth FROM onward.runs WHERE id = %(run_id)s
+    SELECT id, tenant_id, parent_run_id, parent_seq, mode, allow_irreversible, launch_mac,
+           0 AS depth
+      FROM onward.runs WHERE id = %(run_id)s
     UNION ALL
-    SELECT r.id, r.parent_run_id, r.mode, c.depth + 1
+    SELECT r.id, r.tenant_id, r.parent_run_id, r.parent_seq, r.mode, r.allow_irreversible,
+           r.launch_mac, c.depth + 1
       FROM onward.runs r JOIN chain c ON r.id = c.parent_run_id
-     WHERE c.mode = 'evidence'
+     WHERE c.mode = 'evidence' AND c.depth < 1000
 )
-SELECT id FROM chain WHERE mode IS DISTINCT FROM 'evidence' ORDER BY depth LIMIT 1
+SELECT * FROM chain ORDER BY depth
 
 -- name: approval_at
 -- The latest approval the run asked for at seq.

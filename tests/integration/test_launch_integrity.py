@@ -70,3 +70,25 @@ def test_an_ordinary_run_and_its_replays_verify(drv: Driver, ops: Ledger) -> Non
     run = drv.drive(launched.run_id)
     assert run.status is RunStatus.COMPLETED, run.last_error
     assert ops.verify_run(parent) == [] and ops.verify_run(launched.run_id) == []
+
+
+def test_an_edited_ancestor_of_an_evidence_replay_parks_it(
+        drv: Driver, ops: Ledger, logs: dict[str, Path]) -> None:  # noqa: F811
+    """Invariant: an evidence replay of an evidence replay answers from the records of the
+    run its lineage was signed with. After the middle replay's parent_run_id is pointed at
+    another run, the replay's first recorded call parks it (integrity), nothing is called
+    and nothing is answered from the other run. Failed before: only the replay's own launch
+    was checked, and it completed on the other run's records."""
+    parent, other = finished_note(drv), finished_note(drv)
+    middle = ops.replay(parent, 0, LaunchMode.EVIDENCE, "replay")
+    launched = ops.replay(middle.run_id, 0, LaunchMode.EVIDENCE, "replay of the replay")
+    assert reads.execute(ops.engine, "UPDATE onward.runs SET parent_run_id = :o WHERE id = :r",
+                         o=other, r=middle.run_id) == 1
+    seen = outside(logs)
+
+    run = drv.drive(launched.run_id)
+
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert str(middle.run_id) in reads.run_row(ops.engine, launched.run_id)["last_error"]["message"]
+    assert outside(logs) == seen
+    assert launch_problems(ops, middle.run_id) != []
