@@ -218,8 +218,10 @@ def run_batch(settings: OnwardSettings, app_url: str, runs: int, field: str,
     for n in range(runs):
         tenant = TENANTS[n % len(TENANTS)]
         ledger = base.acting_as("bench", Role.OPERATOR, tenant_id=tenant)
+        # no worker has advertised the workflow's state schema yet (the first messages are
+        # to wait in the queue): the application names the input's sensitive field itself
         ids[ledger.start_run(WORKFLOW, {"customer_id": f"{field}-{n}", "amount": 100 + n},
-                             allow_unadvertised=True)] = tenant
+                             allow_unadvertised=True, sensitive=("customer_id",))] = tenant
     log(f"started {runs} runs in {len(TENANTS)} tenants as {APP}")
     start_worker()
     for run_id, tenant in ids.items():

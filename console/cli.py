@@ -17,6 +17,7 @@ from console.commands_approvals import approvals_app
 from console.commands_audit import audit_app
 from console.commands_corpus import corpus_app
 from console.commands_effects import effects_app
+from console.commands_keys import keys_app
 from console.commands_limits import limits as limits_cmd
 from console.commands_retention import retention_app
 from console.commands_runs import runs_app
@@ -40,6 +41,7 @@ app.add_typer(approvals_app, name="approvals")
 app.add_typer(audit_app, name="audit")
 app.add_typer(tools_app, name="tools")
 app.add_typer(retention_app, name="retention")
+app.add_typer(keys_app, name="keys")
 app.add_typer(embedded_app, name="embedded")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(corpus_app, name="corpus")  # with `corpus replay` (commands_replay)

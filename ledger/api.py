@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace as dc_replace
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -23,6 +24,7 @@ from ledger import (
     inspection,
     operations,
     retention,
+    rotation,
     tracing,
     verify,
     waits,
@@ -33,6 +35,7 @@ from ledger import tokens as token_ops
 from ledger.audit import Actor, AuditEntry, AuditRecord, list_audit_txn, record_txn
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
+from ledger.crypto import MASK, Keyring, approval_field, is_sealed, open_value
 from ledger.db import (
     create_engine,
     database_url,
@@ -41,13 +44,14 @@ from ledger.db import (
     set_tenant,
     wrap_driver_errors,
 )
-from ledger.effects import Effect, EffectAttempt, list_attempts_txn, list_effects_txn
+from ledger.effects import Effect, EffectAttempt, effect_field, list_attempts_txn, list_effects_txn
 from ledger.envelope import CheckpointEnvelope
 from ledger.exceptions import (
     ApprovalRefused,
     IntegrityViolation,
     InvalidInput,
     OperationRefused,
+    SealedValueUnreadable,
     UnknownApproval,
     UnknownRun,
     UnknownToken,
@@ -145,10 +149,13 @@ class Ledger:
         budgets: run_ops.Budgets | None = None,
         allow_unadvertised: bool | None = None,
         priority: Priority | str = Priority.NORMAL,
+        sensitive: tuple[str, ...] = (),
     ) -> UUID:
         """Start a run of ``workflow``; the same ``idempotency_key`` returns the same run.
         ``priority`` (high, normal, low) decides who goes first in the broker's queues and
-        for a limited tool's slots (docs/limits.md).
+        for a limited tool's slots (docs/limits.md). With encryption keys configured, the
+        input fields the workflow's advertised state schema marks sensitive, and those named
+        in ``sensitive`` (for a workflow no worker has advertised yet), are stored sealed.
 
         Refused (``UnknownWorkflow``, listing the known ones) when no worker has advertised
         ``workflow``, and (``InvalidInput``) when every advertised version's state model
@@ -166,6 +173,7 @@ class Ledger:
                 budgets=budgets,
                 allow_unadvertised=allow_unadvertised,
                 priority=priority,
+                sensitive=sensitive,
             )
             tracing.name_run(span, run_id)
             return run_id
@@ -182,6 +190,7 @@ class Ledger:
         budgets: run_ops.Budgets | None = None,
         allow_unadvertised: bool | None = None,
         priority: Priority | str = Priority.NORMAL,
+        sensitive: tuple[str, ...] = (),
     ) -> UUID:
         """Start a run inside the caller's own transaction (atomic with their business
         write), on a SQLAlchemy connection or a psycopg 3 one (not in autocommit mode, or
@@ -207,9 +216,9 @@ class Ledger:
             if not (self.settings.start_unadvertised if allow_unadvertised is None
                     else allow_unadvertised):
                 catalog.check_start(raw, workflow, input)
-            sensitive = (catalog.sensitive_fields(raw, workflow) if self.keys.crypt is not None
-                         else frozenset())
-            return run_ops.start_run_txn(raw, self.keys, request, sensitive)
+            sealed = (catalog.sensitive_fields(raw, workflow) | frozenset(sensitive)
+                      if self.keys.crypt is not None else frozenset())
+            return run_ops.start_run_txn(raw, self.keys, request, sealed)
 
     def limits(self) -> list[LimitState]:
         """Every fleet-wide limit key: what its client declared and its current use (slots
@@ -303,21 +312,26 @@ class Ledger:
     def checkpoint(self, run_id: UUID, seq: int) -> inspection.CheckpointView | None:
         with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return inspection.get_checkpoint_txn(conn, run_id, seq)
+            found = inspection.get_checkpoint_txn(conn, run_id, seq)
+        if found is None:
+            return None
+        return dc_replace(found, state=self._shown_state(found.state, run_id, seq))
 
     def find_effects(self, *, run_id: UUID | None = None, status: EffectStatus | None = None,
                      effect_type: str | None = None, limit: int = 50,
                      offset: int = 0) -> list[Effect]:
         with wrap_driver_errors("listing effects"), self.engine.connect() as conn:
-            return inspection.list_effects_txn(conn, run_id=run_id, status=status,
-                                            effect_type=effect_type, limit=limit, offset=offset,
-                                            tenant_id=self.actor.tenant_id)
+            found = inspection.list_effects_txn(conn, run_id=run_id, status=status,
+                                             effect_type=effect_type, limit=limit,
+                                             offset=offset, tenant_id=self.actor.tenant_id)
+        return [self._shown_effect(e) for e in found]
 
     def find_effect(self, effect_id: str, effect_type: str | None = None) -> Effect:
         """One effect by id (or a unique prefix of at least 8 characters)."""
         with wrap_driver_errors("reading an effect"), self.engine.connect() as conn:
-            return inspection.find_effect_txn(conn, effect_id, effect_type,
-                                           tenant_id=self.actor.tenant_id)
+            found = inspection.find_effect_txn(conn, effect_id, effect_type,
+                                            tenant_id=self.actor.tenant_id)
+        return self._shown_effect(found)
 
     def audit(self, *, run_id: UUID | None = None, action: str | None = None,
               actor: str | None = None, outcome: str | None = None,
@@ -379,7 +393,8 @@ class Ledger:
         """The run's effects, in the order its steps requested them."""
         with wrap_driver_errors("reading effects"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
-            return list_effects_txn(conn, run_id)
+            found = list_effects_txn(conn, run_id)
+        return [self._shown_effect(e) for e in found]
 
     def effect_attempts(self, effect: Effect) -> list[EffectAttempt]:
         """Every call, lookup and status poll made for one effect."""
@@ -403,6 +418,43 @@ class Ledger:
                     approval_id=approval_id,
                     details={"error": str(exc), "type": type(exc).__name__}))
             raise
+
+    # -- encryption keys (ledger/crypto.py, ledger/rotation.py) -----------------------------------
+    def _keyring(self) -> Keyring:
+        if self.keys.crypt is None:
+            raise InvalidInput("no encryption keys are configured (ONWARD_ENCRYPTION_KEYS or "
+                               "ONWARD_ENCRYPTION_KEY_FILE)")
+        crypt = self.keys.crypt
+        crypt.use_engine(self.engine)
+        return crypt
+
+    def rotate_keys(self, *, batch: int = 500, new_keys: bool = True,
+                    progress: Callable[[str, int, int], None] = lambda *_: None
+                    ) -> rotation.RotationReport:
+        """Rewrap the data keys under the active master key, give each tenant a new data key
+        and re-encrypt every sealed value under it, in batches (admin; audited; resumable:
+        ``new_keys=False`` goes on after a stop). Covers the rows this connection sees: the
+        actor's tenant as ``onward_app``, every tenant as ``onward_operator``."""
+        self.actor.require(AuditAction.KEYS)
+        report = rotation.rotate(self.engine, self._keyring(), batch=batch,
+                                 new_keys=new_keys, progress=progress)
+        with wrap_driver_errors("auditing a rotation"), self.engine.begin() as conn:
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.KEYS, AuditOutcome.DONE, "rotate", details=report.as_dict()))
+        return report
+
+    def erase_tenant_keys(self, reason: str | None = None) -> int:
+        """Destroy the data keys of the actor's tenant (admin; audited): its sealed values
+        can no longer be read by anyone, nothing more is sealed for it, and every MAC and
+        chain still verifies. Returns how many keys were destroyed."""
+        def body(conn: Connection) -> int:
+            erased = self._keyring().erase_tenant(self.actor.tenant_id)
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.KEYS, AuditOutcome.DONE, reason or "erase tenant",
+                details={"erased_keys": erased}))
+            return erased
+
+        return self._command(AuditAction.KEYS, body, reason=reason)
 
     # -- retention (ledger/retention.py) ----------------------------------------------------------
     def retention_plan(self) -> retention.Plan:
@@ -628,7 +680,7 @@ class Ledger:
                 approvals_table.c.id == approval_id)).scalar()
         if tenant != self.actor.tenant_id:
             raise UnknownApproval(f"no approval {approval_id}")
-        return approval
+        return self._shown_approval(approval)
 
     def approvals(self, *, status: ApprovalStatus | None = None, run_id: UUID | None = None,
                   limit: int = 100, before: tuple[datetime, UUID] | None = None,
@@ -637,9 +689,10 @@ class Ledger:
         cursor; ``approver`` keeps only those the actor may decide."""
         mine = (self.actor.name, self.actor.approver_roles) if approver else None
         with wrap_driver_errors("listing approvals"), self.engine.connect() as conn:
-            return waits.list_approvals_txn(conn, status=status, run_id=run_id, limit=limit,
-                                            tenant_id=self.actor.tenant_id, before=before,
-                                            decidable_by=mine)
+            found = waits.list_approvals_txn(conn, status=status, run_id=run_id, limit=limit,
+                                             tenant_id=self.actor.tenant_id, before=before,
+                                             decidable_by=mine)
+        return [self._shown_approval(a) for a in found]
 
     def signal(self, run_id: UUID, name: str, payload: Any = None) -> bool:
         """Send a named signal to a run (operator role; audited); returns whether it woke the
@@ -735,4 +788,48 @@ class Ledger:
         with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
             rows = checkpoint_rows_txn(conn, run_id)
-        return [CheckpointEnvelope.from_row(row) for row in rows]
+        envelopes = [CheckpointEnvelope.from_row(row) for row in rows]
+        return [e.model_copy(update={"state": self._shown_state(
+                    e.state, run_id, e.identity.seq)}) for e in envelopes]
+
+    # -- sealed values (ledger/crypto.py): opened for roles that may see them, else masked --
+    @property
+    def may_see_sealed(self) -> bool:
+        """Whether this actor is shown sensitive values opened: an approver (who must see
+        what they decide), an operator or an admin, in a process holding the encryption
+        keys. A viewer sees them masked (``***``)."""
+        return self.actor.role is not Role.VIEWER and self.keys.crypt is not None
+
+    def _shown(self, value: Any, run_id: UUID, field: str, *, seq: int | None = None,
+               seq_at_most: int | None = None) -> Any:
+        if not is_sealed(value):
+            return value
+        if not self.may_see_sealed:
+            return MASK
+        try:
+            return open_value(self.keys.crypt, value, tenant=self.actor.tenant_id,
+                              run_id=run_id, field=field, seq=seq, seq_at_most=seq_at_most)
+        except SealedValueUnreadable:
+            return f"{MASK} (unreadable)"
+
+    def _shown_state(self, state: Any, run_id: UUID, seq: int) -> Any:
+        if not isinstance(state, dict):
+            return state
+        return {name: self._shown(value, run_id, f"state.{name}", seq_at_most=seq)
+                for name, value in state.items()}
+
+    def _shown_effect(self, effect: Effect) -> Effect:
+        if not (is_sealed(effect.payload) or is_sealed(effect.result)):
+            return effect
+        return dc_replace(
+            effect,
+            payload=self._shown(effect.payload, effect.run_id, effect_field(
+                effect.effect_type, effect.effect_id, "payload"), seq=effect.seq),
+            result=self._shown(effect.result, effect.run_id, effect_field(
+                effect.effect_type, effect.effect_id, "result"), seq=effect.seq))
+
+    def _shown_approval(self, approval: waits.Approval) -> waits.Approval:
+        if not is_sealed(approval.artifact):
+            return approval
+        return dc_replace(approval, artifact=self._shown(
+            approval.artifact, approval.run_id, approval_field(approval.id), seq=approval.seq))

@@ -44,8 +44,8 @@ from ledger.checkpoints import SEALED_KEY, canonical_json, sealed_envelope
 from ledger.exceptions import EncryptionUnavailable, SealedValueUnreadable
 from ledger.settings import OnwardSettings
 
-__all__ = ["ENVELOPE_VERSION", "MASK", "Keyring", "Place", "is_sealed", "masked", "open_value",
-           "parse_master_keys", "seal_value"]
+__all__ = ["ENVELOPE_VERSION", "MASK", "Keyring", "Place", "approval_field", "is_sealed",
+           "masked", "open_value", "parse_master_keys", "seal_value"]
 
 ENVELOPE_VERSION = 1
 MASK = "***"
@@ -64,6 +64,11 @@ class Place:
     def aad(self) -> bytes:
         return canonical_json(["onward-sealed-v1", self.tenant, str(self.run_id), self.seq,
                                self.field])
+
+
+def approval_field(approval_id: Any) -> str:
+    """The field a sealed approval artifact is bound to."""
+    return f"approval:{approval_id}:artifact"
 
 
 def is_sealed(value: Any) -> bool:

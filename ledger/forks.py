@@ -34,6 +34,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
+from ledger.crypto import is_sealed
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
 from ledger.lineage import (
     APPROVAL_AT,
@@ -354,7 +355,8 @@ def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mappi
 def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:
     """The new run asks its approver about the parent's artifact: it must be the one the
     MAC'd checkpoint names, or the approver would be shown something else."""
-    shown = sha256_hex(canonical_json(asked["artifact"]))
+    shown = (asked["artifact_hash"] if is_sealed(asked["artifact"])  # bound where opened
+             else sha256_hex(canonical_json(asked["artifact"])))
     if not shown == asked["artifact_hash"] == control.get("artifact_hash"):
         raise IntegrityViolation(
             f"approval {asked['id']}'s artifact (sha256 {shown[:12]}…, recorded as "

@@ -28,6 +28,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
+from ledger.crypto import Place, approval_field, seal_value
 from ledger.db import HEAD_REVISION
 from ledger.exceptions import CancelRequested, IntegrityViolation
 from ledger.hot import HotConnection
@@ -424,7 +425,9 @@ class StepStore:
                 "approval_id": approval.approval_id if approval else None,
                 "action": approval.action if approval else None,
                 "artifact_hash": approval.artifact_hash if approval else None,
-                "artifact": Jsonb(approval.artifact) if approval else None,
+                "artifact": Jsonb(seal_value(self._keys.crypt, approval.artifact, Place(
+                    claim.tenant_id, claim.run_id, claim.seq + 1,
+                    approval_field(approval.approval_id)))) if approval else None,
                 "approvers": Jsonb(approval.approvers) if approval else None,
                 "expires_at": approval.expires_at if approval else None,
                 "approval_created_at": approval.created_at if approval else None,

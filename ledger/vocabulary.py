@@ -275,6 +275,7 @@ class AuditAction(StrEnum):
     RETENTION = "retention"  # old runs' states compacted by policy (ledger/retention.py)
     HOLD = "hold"  # a run put on legal hold, or released from it (details say which)
     PARK = "park"  # a worker parked a run for review (written by the worker, not a command)
+    KEYS = "keys"  # data keys rotated, or a tenant's erased (ledger/crypto.py, rotation.py)
 
 
 class AuditOutcome(StrEnum):

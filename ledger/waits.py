@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from ledger import signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
+from ledger.crypto import approval_field, is_sealed
 from ledger.exceptions import (
     ApprovalRefused,
     IntegrityViolation,
@@ -48,10 +49,12 @@ class Approval:
     decided_at: datetime | None
     comment: str | None
     created_at: datetime
+    tenant_id: str | None = None  # binds a sealed artifact (ledger/crypto.py)
 
     @classmethod
     def from_row(cls, row: Any) -> Approval:
-        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        fields = {name: row.get(name) if name == "tenant_id" else row[name]
+                  for name in cls.__dataclass_fields__}
         fields["status"] = ApprovalStatus(row["status"])
         return cls(**fields)
 
@@ -200,9 +203,19 @@ def may_decide(approval: Approval, name: str, roles: tuple[str, ...]) -> bool:
     return not allowed or name in allowed or any(f"role:{r}" in allowed for r in roles)
 
 
-def _stored_artifact_hash(approval: Approval) -> str:
+def _stored_artifact_hash(keys: CheckpointKeys, approval: Approval) -> str:
+    """The sha256 of the artifact as stored: a sealed one opened (with the data key), or,
+    where this process has no encryption keys, the hash it is bound to (its binding is
+    then checked by whoever opens it: the approver was shown it opened)."""
+    artifact = approval.artifact
+    if is_sealed(artifact):
+        if keys.crypt is None:
+            return approval.artifact_hash
+        artifact = keys.crypt.open(artifact, tenant=approval.tenant_id or "",
+                                   run_id=approval.run_id, seq=approval.seq,
+                                   field=approval_field(approval.id))
     try:
-        return sha256_hex(canonical_json(approval.artifact))
+        return sha256_hex(canonical_json(artifact))
     except InvalidInput:
         return "not plain JSON"
 
@@ -231,7 +244,7 @@ def record_decision_txn(conn: Connection, keys: CheckpointKeys, approval_id: UUI
     if not may_decide(approval, actor, roles):
         raise ApprovalRefused(f"{actor} may not {verb} approval {approval_id}; allowed: "
                               f"{', '.join(allowed)}")
-    stored = _stored_artifact_hash(approval)
+    stored = _stored_artifact_hash(keys, approval)
     if stored != approval.artifact_hash:
         raise IntegrityViolation(
             f"approval {approval_id}'s stored artifact hashes to {stored[:12]}…, but the run "

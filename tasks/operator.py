@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ledger.api import Ledger
-from ledger.effects import Effect, EffectAttempt
+from ledger.effects import Effect, EffectAttempt, opened_effect
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
@@ -125,7 +125,8 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
         shown["attempts"] = shown_attempts
     started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
                                   shown)
-    payload = dict(plan.effect.payload or {})
+    # a sealed payload is opened here (the repeating process holds the keys) or refused
+    payload = dict(opened_effect(ledger.keys, plan.effect).payload or {})
     error: dict[str, Any] | None = None
     outcome: EffectAttemptOutcome
     ref: str | None = None

@@ -58,3 +58,17 @@ def create(ctx: StepContext, state: Order) -> Any:
 def check(ctx: StepContext, state: Order) -> Any:
     """The worker sees the plain values: the effect's result echoed the customer back."""
     return ctx.finish(matched=state.echo == state.customer)
+
+
+review = Workflow("test_crypt_review", version=1, state=Order)
+
+
+@review.step(start=True)
+def ask(ctx: StepContext, state: Order) -> Any:
+    return ctx.ask_approval("send", artifact={"customer": state.customer, "amount": state.amount},
+                            then=done)
+
+
+@review.step
+def done(ctx: StepContext, state: Order) -> Any:
+    return ctx.finish(matched=True)

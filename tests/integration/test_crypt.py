@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -93,17 +94,27 @@ def test_sensitive_values_are_sealed_at_rest_and_opened_by_the_worker(drv: Drive
     assert sealed_envelope(response) is not None
     assert drv.ledger.verify_run(run.id) == []
     assert run.result == {"matched": True}  # the worker opened what it was answered
-    final = drv.ledger.checkpoints(run.id)[-1]
-    assert sealed_envelope(final.state["echo"]) is not None
+    assert sealed_envelope(stored_states(drv, run.id)[-1]["echo"]) is not None
 
 
 def test_an_unchanged_sensitive_field_keeps_its_envelope(drv: Driver) -> None:
     """Given steps that do not change the sensitive field; expect each checkpoint after the
-    first sealed one to keep that envelope (a delta does not carry it again)."""
+    first sealed one to keep that envelope, and its delta not to carry it again."""
     run = run_one(drv, "ada@example.com")
-    envelopes = {json.dumps(cp.state["customer"], sort_keys=True)
-                 for cp in drv.ledger.checkpoints(run.id)[1:]}
+    envelopes = {json.dumps(state["customer"], sort_keys=True)
+                 for state in stored_states(drv, run.id)[1:]}
     assert len(envelopes) == 1
+    deltas = rows(drv.ledger.url, "SELECT state_delta FROM onward.checkpoints WHERE run_id = "
+                                  "%s AND seq > 1 AND state_delta IS NOT NULL", run.id)
+    assert deltas and all("/customer" not in json.dumps(d) for (d,) in deltas)
+
+
+def stored_states(drv: Driver, run_id: Any) -> list[dict[str, Any]]:
+    """The run's states as stored (sealed fields sealed), oldest first."""
+    from ledger.states import checkpoint_rows_txn
+
+    with drv.ledger.engine.connect() as conn:
+        return [row["state"] for row in checkpoint_rows_txn(conn, run_id)]
 
 
 def keyring_of(ledger: Ledger) -> Keyring:
@@ -167,7 +178,7 @@ def _resign_head_state(drv: Driver, run_id: Any, change: dict[str, Any]) -> None
         names = [d.name for d in conn.execute(
             "SELECT * FROM onward.checkpoints LIMIT 0").description or []]
         cp = dict(zip(names, row, strict=True))
-        state = {**drv.ledger.checkpoints(run_id)[-1].state, **change}
+        state = {**stored_states(drv, run_id)[-1], **change}
         cp["state"] = state
         body = CheckpointBody.from_row(cp)
         digest = keys.mac(body.as_dict(), cp["key_id"])
@@ -204,3 +215,132 @@ def _effect_field(drv: Driver, run_id: Any, what: str) -> str:
     effect_type, effect_id = rows(drv.ledger.url, "SELECT effect_type, effect_id FROM "
                                   "onward.effects WHERE run_id = %s", run_id)[0]
     return effect_field(effect_type, effect_id, what)
+
+
+def test_a_viewer_sees_sealed_values_masked_in_the_cli_and_the_http_api(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a completed run with a sealed effect payload; expect a viewer's token to show it
+    masked (``***``) through ``onward effects show`` and ``GET /effects/{id}``, and an
+    operator's to show it opened."""
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from console.cli import app
+    from console.http.app import create_app
+    from ledger.tokens import TokenRequest
+    from ledger.vocabulary import Role
+
+    for key in ("ONWARD_TOKEN", "ONWARD_AUTH", "ONWARD_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    run = run_one(drv, "ada@example.com")
+    effect_id = rows(drv.ledger.url, "SELECT effect_id FROM onward.effects WHERE run_id = %s",
+                     run.id)[0][0]
+    admin = drv.ledger.acting_as("root", "admin")
+    secrets_by_role = {role: admin.create_token(TokenRequest(
+        f"{role}-1", Role(role), "default", timedelta(hours=1), ())).secret
+        for role in ("viewer", "operator")}
+    shown: dict[str, Any] = {}
+    for role, secret in secrets_by_role.items():
+        result = CliRunner().invoke(app, ["effects", "show", effect_id, "--json"],
+                                    env={"ONWARD_TOKEN": secret, "COLUMNS": "220"})
+        assert result.exit_code == 0, result.output
+        shown[role] = json.loads(result.stdout)["effect"]["payload"]
+    assert shown["viewer"] == "***"
+    assert shown["operator"] == {"customer": "ada@example.com", "amount": 10}
+    with TestClient(create_app(Ledger.from_env())) as http:
+        for role, secret in secrets_by_role.items():
+            answer = http.get(f"/api/v1/effects/{effect_id}",
+                              headers={"Authorization": f"Bearer {secret}"})
+            assert answer.status_code == 200, answer.text
+            shown[role] = answer.json()["effect"]["payload"]
+    assert shown["viewer"] == "***"
+    assert shown["operator"]["customer"] == "ada@example.com"
+
+
+def test_an_approval_artifact_is_sealed_and_approved_as_it_was_shown(drv: Driver) -> None:
+    """Given a run asking for approval of an artifact naming the customer; expect the
+    artifact sealed at rest, shown opened to the approver and masked to a viewer, the
+    decision bound to the hash of what the approver was shown, and ``verify`` clean."""
+    from tasks.waiting import artifact_hash
+
+    run_id = drv.ledger.start_run("test_crypt_review", {"customer": "ada@example.com"},
+                                  sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    assert places_holding(drv.ledger.url, "ada@example.com") == []
+    approver = drv.ledger.acting_as("lena", "approver")
+    [asked] = approver.approvals(run_id=run_id)
+    assert asked.artifact == {"customer": "ada@example.com", "amount": 10}
+    assert drv.ledger.acting_as("vic", "viewer").approvals(run_id=run_id)[0].artifact == "***"
+    approver.approve(asked.id, artifact_hash=artifact_hash(asked.artifact), comment="fine")
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    assert drv.ledger.verify_run(run_id) == []
+
+
+def test_a_run_input_named_sensitive_is_sealed_from_checkpoint_0(drv: Driver) -> None:
+    """Given start_run naming the input's sensitive field; expect checkpoint 0 to hold it
+    sealed (the value is in no table), the run to complete, and the same idempotency key to
+    return the same run (its input compared through the sealed field's digest)."""
+    customer = f"CANARY{secrets.token_hex(6)}"
+    start = {"workflow": "test_crypt", "input": {"customer": customer},
+             "idempotency_key": "order-1", "sensitive": ("customer",)}
+    run_id = drv.ledger.start_run(**start)  # type: ignore[arg-type]
+    assert drv.ledger.start_run(**start) == run_id  # type: ignore[arg-type]
+    assert drv.drive(run_id).result == {"matched": True}
+    assert places_holding(drv.ledger.url, customer) == []
+    assert drv.ledger.verify_run(run_id) == []
+
+
+def test_rows_written_before_encryption_was_on_still_read(drv: Driver) -> None:
+    """Given a run whose first steps were committed by a worker without encryption keys
+    (plain rows); expect a worker with keys to continue it, seal what it writes from then
+    on, and ``verify`` to pass over both."""
+    plain = Ledger.from_env(OnwardSettings(encryption_keys=None))
+    assert plain.keys.crypt is None
+    with driver(plain, ["tests.workflows_crypt"]) as before:
+        run_id = before.ledger.start_run("test_crypt", {"customer": "ada@example.com"})
+        for _ in range(3):
+            run = before.ledger.get_run(run_id)
+            assert run is not None
+            before.step(run_id, run.seq)
+    assert "checkpoints" in places_holding(drv.ledger.url, "ada@example.com")  # plain rows
+    assert drv.drive(run_id).result == {"matched": True}
+    assert sealed_envelope(stored_states(drv, run_id)[-1]["customer"]) is not None
+    assert drv.ledger.verify_run(run_id) == []
+
+
+def test_rotation_re_encrypts_everything_and_the_old_master_key_can_go(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a completed run sealed under master key m1; when `onward keys rotate` runs with
+    a new active master key m2 (m1 still listed); expect every sealed value re-encrypted
+    under a new data key, no data key wrapped by m1 any more, and then, with m1 removed, the
+    run's values still open and ``verify`` clean (MACs and chains unchanged)."""
+    from typer.testing import CliRunner
+
+    from console.cli import app
+    from ledger.checkpoints import CheckpointKeys
+
+    run = run_one(drv, "ada@example.com")
+    url = drv.ledger.url
+    before = {row[0]: row[1] for row in rows(
+        url, "SELECT effect_id, payload FROM onward.effects WHERE run_id = %s", run.id)}
+    new_master = secrets.token_hex(32)
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m1={MASTER},m2={new_master}")
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEY_ID", "m2")
+    monkeypatch.setenv("ONWARD_AUTH", "off")
+    result = CliRunner().invoke(app, ["keys", "rotate", "--batch", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["masters_in_use"] == ["m2"]
+    assert report["resealed"]["effects"] == 1 and report["resealed"]["checkpoints"] >= 1
+    after = {row[0]: row[1] for row in rows(
+        url, "SELECT effect_id, payload FROM onward.effects WHERE run_id = %s", run.id)}
+    assert after.keys() == before.keys()
+    assert all(after[k]["$sealed"]["k"] != before[k]["$sealed"]["k"] for k in after)
+    again = CliRunner().invoke(app, ["keys", "rotate", "--resume", "--json"])
+    assert json.loads(again.stdout)["resealed"]["effects"] == 0  # resumable: nothing redone
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m2={new_master}")  # m1 removed
+    only_new = Ledger.from_env(OnwardSettings())
+    assert only_new.verify_run(run.id) == []
+    payload = only_new.effects(run.id)[0].payload
+    assert payload == {"customer": "ada@example.com", "amount": 10}
+    assert CheckpointKeys.from_settings(OnwardSettings()).crypt is not None
