@@ -36,11 +36,13 @@ def launch(run_id: UUID, fields: Mapping[Any, Any]) -> dict[str, Any]:
             "allow_irreversible": bool(fields["allow_irreversible"])}
 
 
-def signal(run_id: UUID, name: str, payload: Any) -> dict[str, Any]:
-    """A signal as it was sent: to which run, under which name, with which payload (what the
-    step that consumes it reads with ``ctx.signal``). Written by the send; checked when a
-    step or an evidence replay reads it, and by ``verify``."""
-    return {"mac": "signal", "run_id": str(run_id), "name": name, "payload": payload}
+def signal(signal_id: int, run_id: UUID, name: str, payload: Any) -> dict[str, Any]:
+    """A signal as it was sent: which one (its row id: a copied row is another signal, never
+    signed), to which run, under which name, with which payload (what the step that consumes
+    it reads with ``ctx.signal``). Written by the send; checked when a step or an evidence
+    replay reads it, and by ``verify``."""
+    return {"mac": "signal", "id": int(signal_id), "run_id": str(run_id), "name": name,
+            "payload": payload}
 
 
 def money(value: Any) -> Decimal:

@@ -284,8 +284,8 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     A signal sent before the run waits is kept and consumed when the wait begins. A payload
     that is not plain JSON, nests deeper than ``max_depth`` or is larger than ``max_bytes``
     (ONWARD_MAX_SIGNAL_BYTES) is refused before anything is written. The signal is signed
-    (run, name, payload): the step that reads it checks that, so an edit of its payload in
-    the database parks the run instead of being read.
+    (its id, run, name, payload): the step that reads it checks that, so an edit of its
+    payload in the database, or a copy of the row, parks the run instead of being read.
     """
     if not isinstance(name, str) or not name or "\x00" in name or len(name) > 200:
         raise InvalidInput(f"a signal needs a name: a string of 1 to 200 characters without "
@@ -300,8 +300,10 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     run = _lock_run(conn, run_id)
     if RunStatus(run["status"]).terminal:
         raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")
-    conn.execute(signals.insert().values(run_id=run_id, name=name, payload=payload,
-                                         mac=keys.sign(signed.signal(run_id, name, payload))))
+    signal_id = conn.execute(sa.select(sa.func.nextval("onward.signals_id_seq"))).scalar_one()
+    conn.execute(signals.insert().values(
+        id=signal_id, run_id=run_id, name=name, payload=payload,
+        mac=keys.sign(signed.signal(signal_id, run_id, name, payload))))
     woke = conn.exec_driver_sql(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]}).first()
     return woke is not None
 
@@ -348,8 +350,9 @@ def check_decision(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
 
 
 def check_signal(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
-    """Raise IntegrityViolation unless the signal row is as it was sent (run, name, payload)."""
-    keys.check(signed.signal(row["run_id"], row["name"], row["payload"]), row["mac"],
+    """Raise IntegrityViolation unless the signal row is as it was sent (its id, run, name,
+    payload): an edited payload and a copied row both fail."""
+    keys.check(signed.signal(row["id"], row["run_id"], row["name"], row["payload"]), row["mac"],
                f"signal {row['name']!r} to run {row['run_id']}")
 
 

@@ -76,6 +76,27 @@ def got_go(ctx: StepContext, state: Waiter) -> Any:
     return ctx.finish(payload=ctx.signal("go"))
 
 
+class Twice(BaseModel):
+    seen: list[Any] = []
+
+
+twice = Workflow("test_signal_twice", version=1, state=Twice)
+
+
+@twice.step(start=True)
+def first_go(ctx: StepContext, state: Twice) -> Any:
+    return ctx.wait_for_signal("go", then=each_go)
+
+
+@twice.step
+def each_go(ctx: StepContext, state: Twice) -> Any:
+    """Waits for "go" again until it has read two of them."""
+    seen = [*state.seen, ctx.signal("go")]
+    if len(seen) < 2:
+        return ctx.wait_for_signal("go", then=each_go, seen=seen)
+    return ctx.finish(seen=seen)
+
+
 class Sleeper(BaseModel):
     seconds: float = 1.0
 

@@ -142,5 +142,5 @@ SELECT id, run_id, tenant_id, seq, workflow_version, step, action, status,
 
 -- name: signal_payload
 -- The signal name that ended the run's wait at seq: its payload and MAC (check it first).
-SELECT run_id, name, payload, mac FROM onward.signals
+SELECT id, run_id, name, payload, mac FROM onward.signals
  WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq = %(seq)s

@@ -145,3 +145,28 @@ def test_migration_0029__signs_existing_approval_terms(old_engine: Engine) -> No
     with old_engine.connect() as conn:
         row = conn.execute(sa.text("SELECT * FROM onward.approvals")).mappings().one()
     check_terms(keys, row)
+
+
+def test_migration_0037__signs_existing_signals_with_their_id(old_engine: Engine) -> None:
+    """Invariant: upgrading signs each signal whose 0035 MAC verifies again with its row id,
+    so it is read after the upgrade; one whose payload was edited keeps its failing MAC."""
+    from ledger.exceptions import IntegrityViolation
+    from ledger.waits import check_signal
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0036")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        for payload, signed_payload in (('{"n": 1}', {"n": 1}), ('{"n": 2}', {"n": 1})):
+            old = {"mac": "signal", "run_id": str(run_id), "name": "go",
+                   "payload": signed_payload}
+            conn.execute(sa.text("INSERT INTO onward.signals (run_id, name, payload, mac) "
+                                 "VALUES (:run, 'go', :payload, :mac)"),
+                         {"run": run_id, "payload": payload, "mac": keys.sign(old)})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        good, edited = conn.execute(sa.text(
+            "SELECT * FROM onward.signals ORDER BY id")).mappings().all()
+    check_signal(keys, good)
+    with pytest.raises(IntegrityViolation):
+        check_signal(keys, edited)

@@ -84,3 +84,32 @@ def test_an_evidence_replay_does_not_follow_a_forged_decision(drv: Driver) -> No
     assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
     with pytest.raises(IntegrityViolation, match="decision"):
         olga.replay(run_id, drv.ledger.get_run(run_id).seq, LaunchMode.EVIDENCE, "check it")
+
+
+def test_a_copied_signal_row_parks_the_step_that_reads_it(drv: Driver) -> None:  # noqa: F811
+    """Invariant: a signal ends one wait. A copy of a signed signal row, inserted in the
+    database before the run waits for the same name again, is consumed by that wait but parks
+    the step that reads it (integrity) and verify names it. Failed before: the MAC did not
+    cover the row, so the copy verified and the run completed having read one signal twice."""
+    run_id = drv.ledger.start_run("test_signal_twice", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    assert drv.ledger.signal(run_id, "go", SENT) is True
+    assert reads.execute(drv.ledger.engine, "INSERT INTO onward.signals (run_id, name, "
+                         "payload, mac) SELECT run_id, name, payload, mac FROM onward.signals "
+                         "WHERE run_id = :r", r=run_id) == 1
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
+    assert "signal 'go'" in reads.run_row(drv.ledger.engine, run_id)["last_error"]["message"]
+    assert len(signal_problems(drv.ledger, run_id)) == 1
+
+
+def test_a_signal_sent_twice_is_read_twice(drv: Driver) -> None:  # noqa: F811
+    """Invariant: two signals sent under one name end two waits, each read as sent."""
+    run_id = drv.ledger.start_run("test_signal_twice", {})
+    drv.drive(run_id)
+    assert drv.ledger.signal(run_id, "go", {"n": 1}) is True
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    assert drv.ledger.signal(run_id, "go", {"n": 2}) is True
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {"seen": [{"n": 1}, {"n": 2}]}
+    assert drv.ledger.verify_run(run_id) == []

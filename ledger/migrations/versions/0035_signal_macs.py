@@ -13,6 +13,8 @@ stand, with the checkpoint key every onward process uses (run it with the same
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -25,9 +27,14 @@ EXISTING = sa.text("SELECT id, run_id, name, payload FROM onward.signals ORDER B
 BATCH = 5000
 
 
+def _signed(row: Any) -> dict[str, Any]:
+    """The body this revision signed (0037 adds the row id; ledger/signed.py ``signal``)."""
+    return {"mac": "signal", "run_id": str(row["run_id"]), "name": row["name"],
+            "payload": row["payload"]}
+
+
 def upgrade() -> None:
     op.add_column('signals', sa.Column('mac', sa.Text(), nullable=True), schema='onward')
-    from ledger import signed
     from ledger.checkpoints import CheckpointKeys
     from ledger.settings import OnwardSettings
 
@@ -37,9 +44,7 @@ def upgrade() -> None:
     while rows := result.fetchmany(BATCH):
         keys = keys or CheckpointKeys.from_settings(OnwardSettings())
         conn.execute(sa.text("UPDATE onward.signals SET mac = :mac WHERE id = :id"),
-                     [{"mac": keys.sign(signed.signal(row["run_id"], row["name"],
-                                                      row["payload"])), "id": row["id"]}
-                      for row in rows])
+                     [{"mac": keys.sign(_signed(row)), "id": row["id"]} for row in rows])
 
 
 def downgrade() -> None:
