@@ -65,15 +65,26 @@ def digest_form(value: Any) -> Any:
     if envelope is not None:
         return {SEALED_KEY: envelope["d"]}
     if type(value) is dict:
-        return {key: digest_form(item) for key, item in value.items()}
+        copied: dict[str, Any] | None = None
+        for key, item in value.items():
+            form = digest_form(item)
+            if form is not item:
+                copied = copied if copied is not None else dict(value)
+                copied[key] = form
+        return value if copied is None else copied
     if type(value) is list:
-        return [digest_form(item) for item in value]
+        items = [digest_form(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     return value
 
 
-def covered_json(value: Any) -> bytes:
+def covered_json(value: Any, *, sealing: bool = False) -> bytes:
     """The canonical JSON of what a MAC or hash covers of ``value`` (``digest_form``): the
-    same bytes as ``canonical_json`` for a value that holds nothing sealed."""
+    same bytes as ``canonical_json`` for a value that holds nothing sealed. ``sealing``
+    (a process with encryption keys, whose values mostly hold sealed ones) walks first
+    instead of encoding twice."""
+    if sealing:
+        return canonical_json(digest_form(value))
     body = canonical_json(value)
     if _SEALED_MARK in body:
         return canonical_json(digest_form(value))
@@ -254,7 +265,8 @@ class CheckpointKeys:
         key = self.keys.get(key_id)
         if key is None:
             raise IntegrityViolation(f"checkpoint MAC key id {key_id!r} is not configured")
-        return hmac.new(key, covered_json(body), hashlib.sha256).hexdigest()
+        return hmac.new(key, covered_json(body, sealing=self.crypt is not None),
+                        hashlib.sha256).hexdigest()
 
 
     def sign(self, body: dict[str, Any]) -> str:

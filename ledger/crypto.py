@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -61,6 +62,7 @@ class Place:
     seq: int
     field: str
 
+    @cached_property
     def aad(self) -> bytes:
         return canonical_json(["onward-sealed-v1", self.tenant, str(self.run_id), self.seq,
                                self.field])
@@ -117,7 +119,9 @@ def _b64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
+@lru_cache(maxsize=256)
 def _aesgcm(key: bytes) -> Any:
+    """The AES-GCM cipher of ``key`` (kept: making one costs more than sealing a value)."""
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # pragma: no cover - a dependency of onward
@@ -164,6 +168,9 @@ class Keyring:
         self.cache_s = cache_s
         self._lock = threading.Lock()
         self._keys: dict[str, tuple[str, bytes, float]] = {}  # key id -> tenant, key, when
+        # what this process sealed or opened, by place and ciphertext: a worker restoring
+        # the state it committed a step ago does not decrypt it again
+        self._opened: dict[tuple[str, str, str, int, str], bytes] = {}
         self._active: dict[str, tuple[str, float]] = {}  # tenant -> key id, when
 
     @classmethod
@@ -305,8 +312,10 @@ class Keyring:
         return erased
 
     def forget(self, tenant: str | None = None) -> None:
-        """Drop cached data keys (of one tenant, or all)."""
+        """Drop cached data keys (of one tenant, or all) and the values they opened."""
         with self._lock:
+            self._opened = {k: v for k, v in self._opened.items()
+                            if tenant is not None and k[0] != tenant}
             if tenant is None:
                 self._keys.clear()
                 self._active.clear()
@@ -322,7 +331,7 @@ class Keyring:
         if key is None:
             raise SealedValueUnreadable(f"a sealed value's digest names checkpoint key "
                                         f"{key_id!r}, which is not configured")
-        mac = hmac.new(key, place.aad() + b"\x00" + body, hashlib.sha256).hexdigest()
+        mac = hmac.new(key, place.aad + b"\x00" + body, hashlib.sha256).hexdigest()
         return f"{key_id}:{mac}"
 
     def seal(self, value: Any, place: Place) -> dict[str, Any]:
@@ -335,10 +344,19 @@ class Keyring:
     def _envelope(self, body: bytes, place: Place, key_id: str, key: bytes,
                   digest: str) -> dict[str, Any]:
         nonce = os.urandom(_NONCE)
-        cipher = _aesgcm(key).encrypt(nonce, body, place.aad())
+        cipher = base64.b64encode(_aesgcm(key).encrypt(nonce, body, place.aad)).decode()
+        self._remember(place, cipher, body)
         return {"v": ENVELOPE_VERSION, "k": key_id, "s": place.seq, "f": place.field,
-                "n": base64.b64encode(nonce).decode(), "c": base64.b64encode(cipher).decode(),
-                "d": digest}
+                "n": base64.b64encode(nonce).decode(), "c": cipher, "d": digest}
+
+    _REMEMBERED = 4096
+
+    def _remember(self, place: Place, cipher: str, body: bytes) -> None:
+        with self._lock:
+            if len(self._opened) >= self._REMEMBERED:
+                self._opened.pop(next(iter(self._opened)))
+            self._opened[(place.tenant, str(place.run_id), place.field, place.seq,
+                          cipher)] = body
 
     def open(self, value: Any, *, tenant: str, run_id: UUID | str, field: str,
              seq: int | None = None, seq_at_most: int | None = None) -> Any:
@@ -360,10 +378,14 @@ class Keyring:
                                         f"version {envelope.get('v')!r}, which this code does "
                                         f"not know ({ENVELOPE_VERSION})")
         place = Place(tenant, run_id, sealed_at, field)
+        remembered = self._opened.get((tenant, str(run_id), field, sealed_at,
+                                       str(envelope.get("c"))))
+        if remembered is not None and self._known_key(tenant, str(envelope.get("k"))):
+            return json.loads(remembered)
         key = self._data_key(tenant, str(envelope.get("k")))
         try:
             body = bytes(_aesgcm(key).decrypt(_b64(str(envelope["n"])),
-                                              _b64(str(envelope["c"])), place.aad()))
+                                              _b64(str(envelope["c"])), place.aad))
         except (_invalid_tag(), KeyError, ValueError, binascii.Error) as exc:
             raise SealedValueUnreadable(
                 f"the sealed {field} of run {run_id} (tenant {tenant}, seq {sealed_at}) does "
@@ -373,7 +395,16 @@ class Keyring:
         if not hmac.compare_digest(self.digest(place, body, digest_id), str(envelope["d"])):
             raise SealedValueUnreadable(f"the sealed {field} of run {run_id} does not match "
                                         "its digest (its ciphertext was swapped)")
+        self._remember(place, str(envelope["c"]), body)
         return json.loads(body)
+
+    def _known_key(self, tenant: str, key_id: str) -> bool:
+        """Whether ``key_id`` is a data key of ``tenant`` this process holds, fresh (an
+        erased key stops opening remembered values when its cache entry expires)."""
+        with self._lock:
+            cached = self._keys.get(key_id)
+        return (cached is not None and cached[0] == tenant
+                and time.monotonic() - cached[2] < self.cache_s)
 
     def reseal(self, value: Any, *, tenant: str, run_id: UUID | str) -> Any:
         """``value`` with every sealed value under a data key other than its tenant's active
