@@ -207,6 +207,8 @@ def test_erasing_a_tenant_key_makes_its_values_unreadable_and_verify_still_passe
         reader.open(payload[0], tenant="default", run_id=run.id, seq=payload[1],
                     field=_effect_field(drv, run.id, "payload"))
     assert drv.ledger.verify_run(run.id) == []
+    keyless = Ledger.from_env(OnwardSettings(encryption_keys=None))
+    assert keyless.keys.crypt is None and keyless.verify_run(run.id) == []
 
 
 def _effect_field(drv: Driver, run_id: Any, what: str) -> str:
@@ -344,3 +346,18 @@ def test_rotation_re_encrypts_everything_and_the_old_master_key_can_go(
     payload = only_new.effects(run.id)[0].payload
     assert payload == {"customer": "ada@example.com", "amount": 10}
     assert CheckpointKeys.from_settings(OnwardSettings()).crypt is not None
+
+
+@pytest.mark.parametrize("mode", ["evidence", "live"])
+def test_a_replay_of_an_encrypted_run_opens_its_parents_sealed_values(
+        drv: Driver, mode: str) -> None:
+    """Given a completed run with sealed state fields, answers and effects; expect a replay
+    from a checkpoint that holds them (sealed for the parent run) to run to the same end:
+    the worker opens the parent's values and seals its own for the new run."""
+    run = run_one(drv, "ada@example.com")
+    launched = drv.ledger.replay(run.id, 2, mode, "check")
+    child = drv.drive(launched.run_id)
+    assert child.status is RunStatus.COMPLETED, child.last_error
+    assert child.result == {"matched": True}
+    assert drv.ledger.verify_run(launched.run_id) == []
+    assert places_holding(drv.ledger.url, "ada@example.com") == ["checkpoints"]  # the input
