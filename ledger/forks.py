@@ -34,7 +34,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
-from ledger.crypto import is_sealed
+from ledger.crypto import Place, approval_field, is_sealed
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
 from ledger.lineage import (
     APPROVAL_AT,
@@ -201,6 +201,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     if start.approval is not None:
         asked = {"id": start.approval["id"], "run_id": run_id,
                  "tenant_id": parent["tenant_id"], "seq": cp["seq"], **start.approval["values"]}
+        asked["artifact"] = _artifact_for(keys, start.approval, asked)
         conn.execute(approvals.insert().values(
             **asked, terms_mac=keys.sign(signed.approval_terms(asked))))
     if start.status is RunStatus.RUNNING:
@@ -349,7 +350,23 @@ def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mappi
     return _Start(RunStatus.WAITING, control["then"],
                   {**control, "approval_id": str(approval_id)},
                   waiting_on=f"approval:{approval_id}",
-                  approval={"id": approval_id, "values": values})
+                  approval={"id": approval_id, "values": values,
+                            "source": {k: asked[k] for k in ("id", "run_id", "seq")}})
+
+
+def _artifact_for(keys: CheckpointKeys, approval: dict[str, Any],
+                  asked: dict[str, Any]) -> Any:
+    """The artifact the new approval stores: a sealed one opened where it was asked and
+    sealed again for the new run and approval (ledger/crypto.py); as it is without keys
+    (it then does not open in the new run)."""
+    artifact, source = asked["artifact"], approval.get("source")
+    if keys.crypt is None or source is None or not is_sealed(artifact):
+        return artifact
+    tenant = str(asked["tenant_id"])
+    plain = keys.crypt.open(artifact, tenant=tenant, run_id=source["run_id"],
+                            seq=source["seq"], field=approval_field(source["id"]))
+    return keys.crypt.seal(plain, Place(tenant, asked["run_id"], asked["seq"],
+                                        approval_field(asked["id"])))
 
 
 def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:

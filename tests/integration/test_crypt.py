@@ -361,3 +361,22 @@ def test_a_replay_of_an_encrypted_run_opens_its_parents_sealed_values(
     assert child.result == {"matched": True}
     assert drv.ledger.verify_run(launched.run_id) == []
     assert places_holding(drv.ledger.url, "ada@example.com") == ["checkpoints"]  # the input
+
+
+def test_a_replay_from_a_wait_asks_again_about_the_artifact_opened(drv: Driver) -> None:
+    """Given a run waiting for approval of a sealed artifact; expect a live replay from that
+    wait to ask its own approval about the same artifact, sealed for the new run: the
+    approver sees it opened, approves it, and the replay completes and verifies."""
+    from tasks.waiting import artifact_hash
+
+    run_id = drv.ledger.start_run("test_crypt_review", {"customer": "ada@example.com"},
+                                  sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    launched = drv.ledger.replay(run_id, 1, "live", "ask again")
+    approver = drv.ledger.acting_as("lena", "approver")
+    [asked] = approver.approvals(run_id=launched.run_id)
+    assert asked.artifact == {"customer": "ada@example.com", "amount": 10}
+    approver.approve(asked.id, artifact_hash=artifact_hash(asked.artifact))
+    assert drv.drive(launched.run_id).status is RunStatus.COMPLETED
+    assert drv.ledger.verify_run(launched.run_id) == []
+    assert places_holding(drv.ledger.url, "ada@example.com") == []
