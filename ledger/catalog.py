@@ -114,6 +114,21 @@ def sensitive_fields(raw: psycopg.Connection[Any], workflow: str) -> frozenset[s
     key = _key(raw.info)
     catalog = _cached(key, workflow) or _remember(
         key, catalog_of(raw.cursor(row_factory=tuple_row).execute(ADVERTISED).fetchall()))
+    return _sensitive_of(catalog, workflow)
+
+
+async def sensitive_fields_async(conn: psycopg.AsyncConnection[Any],
+                                 workflow: str) -> frozenset[str]:
+    """``sensitive_fields`` on an asyncio connection."""
+    key = _key(conn.info)
+    catalog = _cached(key, workflow)
+    if catalog is None:
+        cursor = await conn.cursor(row_factory=tuple_row).execute(ADVERTISED)
+        catalog = _remember(key, catalog_of(await cursor.fetchall()))
+    return _sensitive_of(catalog, workflow)
+
+
+def _sensitive_of(catalog: Catalog, workflow: str) -> frozenset[str]:
     found: set[str] = set()
     for text in catalog.schemas.get(workflow, []):
         properties = json.loads(text).get("properties") or {}

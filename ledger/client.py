@@ -139,9 +139,10 @@ class AsyncLedger:
     async def start(self, workflow: str, input: dict[str, Any], *,
                     conversation_id: str | None = None, idempotency_key: str | None = None,
                     max_attempts: int | None = None, budgets: run_ops.Budgets | None = None,
-                    allow_unadvertised: bool | None = None) -> UUID:
+                    allow_unadvertised: bool | None = None,
+                    sensitive: tuple[str, ...] = ()) -> UUID:
         """``Ledger.start_run``: same checks (known workflow, input its state model accepts),
-        same single statement."""
+        same single statement, the same sensitive input fields sealed."""
         run_ops.validate_input(input, self.settings.max_state_bytes, self.settings.max_json_depth)
         request = run_ops.StartRequest(
             workflow=workflow, input=input, tenant_id=self.actor.tenant_id,
@@ -156,15 +157,21 @@ class AsyncLedger:
                 await conn.execute(SET_TENANT, {"tenant": request.tenant_id, "local": True})
                 if not allowed:
                     await catalog.check_start_async(conn, workflow, input)
-                cursor = await conn.execute(run_ops.START_RUN,
-                                            run_ops.start_params(self.keys, request))
+                if self.keys.crypt is None:
+                    params = run_ops.start_params(self.keys, request)
+                else:  # sealing may read the tenant's data key: off the event loop
+                    sealed = (await catalog.sensitive_fields_async(conn, workflow)
+                              | frozenset(sensitive))
+                    params = await asyncio.to_thread(run_ops.start_params, self.keys,
+                                                     request, sealed)
+                cursor = await conn.execute(run_ops.START_RUN, params)
                 inserted = await cursor.fetchone()
                 if inserted is not None:
                     return UUID(str(inserted[0]))
                 found = await conn.cursor(row_factory=dict_row).execute(
                     run_ops.EXISTING_RUN, {"tenant_id": request.tenant_id,
                                            "idempotency_key": idempotency_key})
-                return run_ops.existing_run(await found.fetchone(), request)
+                return run_ops.existing_run(await found.fetchone(), request, self.keys)
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"starting a run: {exc}") from exc
 

@@ -380,3 +380,27 @@ def test_a_replay_from_a_wait_asks_again_about_the_artifact_opened(drv: Driver) 
     assert drv.drive(launched.run_id).status is RunStatus.COMPLETED
     assert drv.ledger.verify_run(launched.run_id) == []
     assert places_holding(drv.ledger.url, "ada@example.com") == []
+
+
+def test_the_async_ledger_seals_a_run_input_too(drv: Driver) -> None:
+    """Given AsyncLedger.start naming the input's sensitive field; expect checkpoint 0 to
+    hold it sealed, the same idempotency key to return the same run, and the run to
+    complete."""
+    import asyncio
+
+    from ledger.client import AsyncLedger
+
+    customer = f"CANARY{secrets.token_hex(6)}"
+
+    async def start() -> Any:
+        async with AsyncLedger(drv.ledger.settings) as client:
+            first = await client.start("test_crypt", {"customer": customer},
+                                       idempotency_key="a-1", sensitive=("customer",))
+            again = await client.start("test_crypt", {"customer": customer},
+                                       idempotency_key="a-1", sensitive=("customer",))
+            return first, again
+
+    run_id, again = asyncio.run(start())
+    assert again == run_id
+    assert places_holding(drv.ledger.url, customer) == []
+    assert drv.drive(run_id).result == {"matched": True}
