@@ -98,6 +98,9 @@ class _TooDeep(Exception):
     """Raised inside the walk when a value nests deeper than allowed."""
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, built once."""
+
 _NOT_FAST = object()
 """What ``_fast_form`` returns for a value ``json.dumps`` cannot write as RFC 8785 does."""
 
@@ -108,7 +111,10 @@ def _fast_form(value: Any, room: int) -> Any:
     range), bool, None, list and dict with ASCII keys (so code point order is UTF-16 order);
     a copy when it also holds floats ECMAScript formats as ``repr`` does (see
     ``_fast_float``); anything else takes the rfc8785 path. ``room`` is how many levels of
-    containers may still open (negative: no limit); one more raises _TooDeep."""
+    containers may still open (negative: no limit); one more raises _TooDeep.
+
+    Scalars inside containers are checked inline (no call per string or number): this walk
+    runs over every checkpoint, MAC'd body and recorded answer of every step."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
         return value
@@ -123,6 +129,13 @@ def _fast_form(value: Any, room: int) -> Any:
         for key, item in value.items():
             if type(key) is not str or not key.isascii():
                 return _NOT_FAST
+            kind = type(item)
+            if kind is str or kind is bool or item is None:
+                continue
+            if kind is int:
+                if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
+                    continue
+                return _NOT_FAST
             form = _fast_form(item, room - 1)
             if form is not item:
                 if form is _NOT_FAST:
@@ -135,6 +148,13 @@ def _fast_form(value: Any, room: int) -> Any:
             raise _TooDeep
         listed: list[Any] | None = None
         for index, item in enumerate(value):
+            kind = type(item)
+            if kind is str or kind is bool or item is None:
+                continue
+            if kind is int:
+                if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
+                    continue
+                return _NOT_FAST
             form = _fast_form(item, room - 1)
             if form is not item:
                 if form is _NOT_FAST:
@@ -197,8 +217,7 @@ def canonical_json(value: Any, *, max_depth: int | None = None) -> bytes:
     try:
         form = _fast_form(value, -1 if max_depth is None else max_depth)
         if form is not _NOT_FAST:
-            body = json.dumps(form, sort_keys=True, separators=(",", ":"),
-                              ensure_ascii=False).encode()
+            body = _CANONICAL.encode(form).encode()
     except _TooDeep:
         raise InvalidInput(f"value nests more than {max_depth} levels of objects and arrays "
                            "(ONWARD_MAX_JSON_DEPTH); flatten it") from None
