@@ -7,10 +7,17 @@ client of your own. The evidence keeps the whole response as the SDK returned it
 ``{"id", "name", "arguments"}``. The SDK's own retries are the caller's choice
 (``max_retries``, default 2, as in the SDK); each retry is inside one ``ctx.llm`` call, and
 only the answer that came back is recorded.
+
+``clients=N`` spreads calls over N SDK clients, each with its own connection pool: httpx's
+pool goes over every one of its connections when a request starts and when a response is
+closed, so with hundreds of calls in flight through one client that bookkeeping costs more
+CPU than the call itself (a fifth of an async worker's CPU at 200 calls in flight, measured
+by bench/agents.py). About one client per 50 concurrent calls keeps it small.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,28 +42,39 @@ class OpenAIChat:
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
                  timeout_s: float | None = None, limits: Sequence[Limit] = (),
-                 retry: RetryPolicy | None = None, **client_options: Any) -> None:
+                 retry: RetryPolicy | None = None, clients: int = 1,
+                 **client_options: Any) -> None:
         """``timeout_s``: one call's time limit, covered by the step's lease (given to the SDK
         as ``timeout`` when this builds the client; a ``timeout=`` number is read as it).
         ``limits``: fleet-wide limits on its calls; ``retry``: how failed calls are retried
         (default: as reads; docs/limits.md). Pass ``max_retries=0`` to leave retries to
-        onward, which defers them without holding a worker."""
+        onward, which defers them without holding a worker. ``clients``: how many SDK
+        clients calls are spread over (see the module doc; not with ``client``)."""
         self.timeout_s = sdk_timeout(timeout_s, client_options)
         self.limits = tuple(limits)
         self.retry = retry
+        _check_clients(clients, client)
         if client is None:
             try:
                 import openai
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ImportError("OpenAIChat needs the openai package: "
                                   "pip install 'onward[openai]'") from exc
-            client = openai.OpenAI(**client_options)
-        self.client = client
+            self._sdks = tuple(openai.OpenAI(**client_options) for _ in range(clients))
+        else:
+            self._sdks = (client,)
+        self.client = self._sdks[0]
+        self._turn = itertools.count()
         self.prices = prices or {}
+
+    def _sdk(self) -> Any:
+        """The SDK client for the next call (in turn, when there are several)."""
+        sdks = self._sdks
+        return sdks[0] if len(sdks) == 1 else sdks[next(self._turn) % len(sdks)]
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
-        answer = self.client.chat.completions.create(model=model, messages=messages, **params)
+        answer = self._sdk().chat.completions.create(model=model, messages=messages, **params)
         return self._response(answer.model_dump(mode="json", exclude_unset=False))
 
     def stream(self, *, model: str, messages: list[dict[str, Any]],
@@ -66,7 +84,7 @@ class OpenAIChat:
         options = {**params, "stream": True,
                    "stream_options": {**params.get("stream_options", {}), "include_usage": True}}
         assembled = _Assembler()
-        for chunk in self.client.chat.completions.create(model=model, messages=messages,
+        for chunk in self._sdk().chat.completions.create(model=model, messages=messages,
                                                          **options):
             piece = assembled.add(chunk.model_dump(mode="json"))
             if piece:
@@ -83,11 +101,16 @@ class AsyncOpenAIChat:
     step waiting for the model holds no thread (docs/steps.md, "Async steps")."""
 
     def __init__(self, client: Any = None, *, prices: Prices | None = None,
-                 timeout_s: float | None = None, **client_options: Any) -> None:
-        """As ``OpenAIChat``; the client is built on first use, on the loop that uses it."""
+                 timeout_s: float | None = None, clients: int = 1,
+                 **client_options: Any) -> None:
+        """As ``OpenAIChat``; the SDK clients are built on first use, on the loop that uses
+        them (``clients`` of them per loop)."""
+        _check_clients(clients, client)
         self.timeout_s = sdk_timeout(timeout_s, client_options)
         self._options = client_options
-        self._clients: dict[int, Any] = {}
+        self._count = clients
+        self._clients: dict[int, tuple[Any, ...]] = {}
+        self._turn = itertools.count()
         self._given = client
         self.prices = prices or {}
 
@@ -97,14 +120,16 @@ class AsyncOpenAIChat:
         import asyncio
 
         loop = id(asyncio.get_running_loop())  # an SDK client's connections are the loop's
-        if loop not in self._clients:
+        sdks = self._clients.get(loop)
+        if sdks is None:
             try:
                 import openai
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ImportError("AsyncOpenAIChat needs the openai package: "
                                   "pip install 'onward[openai]'") from exc
-            self._clients[loop] = openai.AsyncOpenAI(**self._options)
-        return self._clients[loop]
+            sdks = self._clients[loop] = tuple(openai.AsyncOpenAI(**self._options)
+                                               for _ in range(self._count))
+        return sdks[0] if len(sdks) == 1 else sdks[next(self._turn) % len(sdks)]
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]],
                        **params: Any) -> LLMResponse:
@@ -125,6 +150,14 @@ class AsyncOpenAIChat:
             if piece:
                 on_text(piece)
         return _response(self.prices, assembled.response())
+
+
+def _check_clients(clients: int, client: Any) -> None:
+    if clients < 1:
+        raise ValueError(f"clients must be at least 1, got {clients}")
+    if client is not None and clients != 1:
+        raise ValueError("clients=N builds N SDK clients itself: pass client= or clients=, "
+                         "not both")
 
 
 def _response(prices: Prices, raw: dict[str, Any]) -> LLMResponse:
