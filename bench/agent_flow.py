@@ -11,6 +11,7 @@ step's duration. The plain Celery side (bench/plain_agents.py) makes the same ca
 from __future__ import annotations
 
 import os
+import threading
 from functools import cache
 from typing import Any
 
@@ -29,13 +30,29 @@ MODEL = "bench-model"
 write = provider_tool("bench.write", "bench_writes", ToolClass.IRREVERSIBLE)
 
 
+_client_lock = threading.Lock()
+
+
 @cache
+def _model_client() -> OpenAIChat:
+    return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
+                      max_retries=0, timeout_s=120.0, clients=model_clients())
+
+
+def model_clients() -> int:
+    """SDK clients (connection pools) per process: ``BENCH_MODEL_CLIENTS``, which
+    bench/agents.py sets alike for both sides (tasks/llm_openai.py says why)."""
+    return max(1, int(os.environ.get("BENCH_MODEL_CLIENTS", "1")))
+
+
 def model_client() -> OpenAIChat:
     """One client per process (threads and greenlets share it; it is thread-safe). The
     SDK's own retries are off: a 429 is retried by onward's policy for model calls,
-    deferring the step (tasks/retry.py)."""
-    return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
-                      max_retries=0, timeout_s=120.0)
+    deferring the step (tasks/retry.py). Built under a lock: ``functools.cache`` alone lets
+    the first steps of a ``-c 500`` pool each build one (an SSL context and connection pool
+    apiece, tens of ms of CPU each) when they start at once."""
+    with _client_lock:
+        return _model_client()
 
 
 def messages_for(topic: str, n: int) -> list[dict[str, Any]]:
@@ -62,12 +79,17 @@ class _QuotaModel(_Model):
 
     @property
     def limits(self) -> tuple[Limit, ...]:
-        concurrency = int(os.environ.get("BENCH_QUOTA_CONCURRENCY", "0")) or None
-        rate = float(os.environ.get("BENCH_QUOTA_RATE", "0"))
-        if concurrency is None and not rate:
-            return ()
-        return (Limit("bench-model", concurrency=concurrency,
-                      rate=f"{rate:g}/s" if rate else None),)
+        return quota_limits()
+
+
+def quota_limits() -> tuple[Limit, ...]:
+    """The model server's quota as bench/agents.py configured it, as a fleet-wide limit."""
+    concurrency = int(os.environ.get("BENCH_QUOTA_CONCURRENCY", "0")) or None
+    rate = float(os.environ.get("BENCH_QUOTA_RATE", "0"))
+    if concurrency is None and not rate:
+        return ()
+    return (Limit("bench-model", concurrency=concurrency,
+                  rate=f"{rate:g}/s" if rate else None),)
 
 
 class AgentState(BaseModel):

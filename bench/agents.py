@@ -5,11 +5,18 @@ with the same pool and concurrency (no durability), in the same run.
     python bench/agents.py                       # gevent -c 500, 5 s model latency, ~3 min
     python bench/agents.py --pool threads -c 64 --latency-ms 500 --runs 200
     python bench/agents.py --json                # one JSON line on stdout
+    python bench/agents.py --async --pool threads -c 500   # async def steps (below)
 
 The model server (examples/model_server.py) and the provider (examples/provider.py) are real
 HTTP services on loopback, started here; so are onward's worker(s), dispatcher and reaper,
 and the plain Celery worker (bench/plain_agents.py), against a database of the bench's own
 on the configured PostgreSQL and a queue of its own on the configured Redis.
+
+``--async`` runs bench/agent_flow_async.py instead: the same agent with ``async def`` steps
+awaiting ``AsyncOpenAIChat`` (``openai.AsyncOpenAI``) and an async provider tool on each
+worker process's event loop (tasks/aio.py); the plain Celery side then hands the same awaited
+calls to an event loop thread of its own from each task (bench/plain_agents.py). Not with
+``--pool gevent`` (onward refuses async steps there).
 
 Phases: onward (unlimited model), plain Celery (unlimited model), then onward against a
 model with a quota (--quota-concurrency / --quota-rate, 20 and 100/s by default) whose client
@@ -53,6 +60,7 @@ import redis
 import sqlalchemy as sa
 
 from bench.agent_flow import MODEL, QUOTA_WORKFLOW, WORKFLOW, messages_for
+from bench.agent_flow_async import ASYNC_QUOTA_WORKFLOW, ASYNC_WORKFLOW
 from bench.plain_agents import TASK, done_key
 from bench.plain_agents import make_app as plain_app
 from examples.model_server import answer_for, hold_s
@@ -242,6 +250,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quota-runs", type=int, default=40, help="0 skips the quota phase")
     parser.add_argument("--quota-concurrency", type=int, default=20)
     parser.add_argument("--quota-rate", type=float, default=100.0)
+    parser.add_argument("--async", dest="use_async", action="store_true",
+                        help="async def steps on the worker's event loop (not with gevent)")
+    parser.add_argument("--model-clients", type=int, default=0,
+                        help="SDK clients (connection pools) per worker process, both sides; "
+                        "0: one per 50 of -c")
     parser.add_argument("--skip-celery", action="store_true")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds per phase")
     parser.add_argument("--loglevel", default="WARNING")
@@ -252,6 +265,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.use_async and args.pool == "gevent":
+        raise SystemExit("--async runs async def steps, which the gevent pool cannot host "
+                         "(docs/steps.md, \"Async steps\"): use --pool threads or prefork")
     began = time.monotonic()
     load = os.getloadavg()
     settings = OnwardSettings()
@@ -260,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="onward-agents-"))
     queue = f"bench.agents.{secrets.token_hex(4)}"
     env = {"ONWARD_DATABASE_URL": db_url, "ONWARD_BROKER_URL": broker, "ONWARD_QUEUE": queue,
-           "ONWARD_WORKFLOWS": "bench.agent_flow", "ONWARD_LOG_LEVEL": args.loglevel,
+           "ONWARD_WORKFLOWS": "bench.agent_flow_async" if args.use_async
+           else "bench.agent_flow", "ONWARD_LOG_LEVEL": args.loglevel,
            "ONWARD_CHECKPOINT_KEY": secrets.token_hex(16), "ONWARD_RETRY_MAX_S": "5",
            "ONWARD_LEASE_TTL_S": str(max(30.0, 4 * args.latency_ms / 1000)),
            "ONWARD_HOME": str(work), "ONWARD_AUTH": "off"}
@@ -277,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def model_clients(args: argparse.Namespace) -> int:
+    """SDK clients per worker process (``--model-clients``, else one per 50 slots)."""
+    return args.model_clients or max(1, math.ceil(args.concurrency / 50))
+
+
 def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], queue: str,
              broker: str) -> dict[str, Any]:
     work = procs.log_dir
@@ -285,7 +307,8 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     provider = ReferenceProvider.start(procs, work)
     procs.env.update(ONWARD_MODEL_URL=model.url, ONWARD_EXAMPLE_PROVIDER_URL=provider.url,
                      BENCH_QUOTA_CONCURRENCY=str(args.quota_concurrency),
-                     BENCH_QUOTA_RATE=str(args.quota_rate))
+                     BENCH_QUOTA_RATE=str(args.quota_rate),
+                     BENCH_MODEL_CLIENTS=str(model_clients(args)))
     settings = OnwardSettings(**{k.removeprefix("ONWARD_").lower(): v for k, v in
                                  procs.env.items() if k in ("ONWARD_DATABASE_URL",
                                                             "ONWARD_BROKER_URL", "ONWARD_QUEUE",
@@ -304,16 +327,20 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     plain = [procs.start(f"plain-{i}", ["-m", "bench.plain_agents"], {
         "BENCH_BROKER_URL": broker, "BENCH_PLAIN_QUEUE": plain_queue, "BENCH_POOL": args.pool,
         "BENCH_CONCURRENCY": str(args.concurrency), "BENCH_NODE": f"plain-{i}@bench",
-        "BENCH_LOGLEVEL": args.loglevel}) for i in range(0 if args.skip_celery else args.workers)]
+        "BENCH_LOGLEVEL": args.loglevel, "BENCH_ASYNC": "1" if args.use_async else "0"})
+        for i in range(0 if args.skip_celery else args.workers)]
     papp = plain_app(broker, plain_queue)
     for i, proc in enumerate(plain):
         wait_ready(papp, proc, f"plain-{i}@bench")
-    log(f"{args.workers} x {args.pool} -c {args.concurrency} per side; model {args.latency_ms:g} "
+    log(f"{args.workers} x {args.pool} -c {args.concurrency} per side"
+        f"{', async steps' if args.use_async else ''}; model {args.latency_ms:g} "
         f"ms; {args.runs} runs x {args.steps} steps")
 
     latency = (args.latency_ms, args.jitter)
+    workflow, quota_workflow = ((ASYNC_WORKFLOW, ASYNC_QUOTA_WORKFLOW) if args.use_async
+                                else (WORKFLOW, QUOTA_WORKFLOW))
     onward = onward_phase(ledger, model, workers, args.runs, args.steps, args.deadline, procs,
-                          {"max_concurrency": 0, "rate_per_s": 0}, latency)
+                          {"max_concurrency": 0, "rate_per_s": 0}, latency, workflow)
     log(f"onward: {onward.steps_per_s:.1f} steps/s, model in flight max "
         f"{onward.model['max_inflight']} avg {onward.model['inflight_avg']}")
     celery = None
@@ -327,7 +354,7 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     if args.quota_runs:
         quota = onward_phase(ledger, model, workers, args.quota_runs, args.steps, args.deadline,
                              procs, {"max_concurrency": args.quota_concurrency,
-                                     "rate_per_s": args.quota_rate}, latency, QUOTA_WORKFLOW)
+                                     "rate_per_s": args.quota_rate}, latency, quota_workflow)
         log(f"quota phase: {quota.model['rejected_429']} 429s, max in flight "
             f"{quota.model['max_inflight']}, {quota.failed_attempts} of {quota.attempts} "
             "attempts did not commit (throttled or retried)")
@@ -367,7 +394,9 @@ def _fields(args: argparse.Namespace, onward: Phase, celery: Phase | None,
         "quota_note": "the client declares the server's quota as a fleet-wide limit "
         "(docs/limits.md): steps that find it full wait without a worker, woken when a "
         "slot frees; each such wait costs one claim and one deferral",
-        "pool": args.pool, "concurrency": args.concurrency, "workers": args.workers,
+        "pool": args.pool, "async_steps": args.use_async, "concurrency": args.concurrency,
+        "model_clients": model_clients(args),
+        "workers": args.workers,
         "runs": args.runs, "steps": args.steps, "latency_ms": args.latency_ms,
     }
     fields["targets_met"] = {

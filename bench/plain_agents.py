@@ -5,6 +5,14 @@ each task sends the next one (``apply_async``) and the last one of a chain recor
 finished. A task whose call fails ends its chain (there is no durability to resume it): it is
 recorded as lost, with the step it reached.
 
+With ``BENCH_ASYNC=1`` (``bench/agents.py --async``) each task makes the calls of
+bench/agent_flow_async.py's async step the way onward runs that step on a threads pool: one
+event loop per process, in a daemon thread of its own; the pool thread that took the message
+hands the step's coroutine (the awaited ``openai.AsyncOpenAI`` call, and one step in three
+the awaited ``httpx.AsyncClient`` provider write) to that loop and waits for it to finish,
+then sends the next task. Celery has no async tasks: this is how an async client is used
+from a Celery task on the same pool and concurrency.
+
 Run as a worker: ``python -m bench.plain_agents`` with BENCH_BROKER_URL, BENCH_PLAIN_QUEUE,
 BENCH_POOL, BENCH_CONCURRENCY, BENCH_NODE, ONWARD_MODEL_URL and ONWARD_EXAMPLE_PROVIDER_URL.
 """
@@ -18,7 +26,9 @@ if os.environ.get("BENCH_POOL") == "gevent":  # before anything imports socket u
 
     monkey.patch_all()
 
+import asyncio
 import socket
+import threading
 import time
 from typing import Any
 
@@ -31,6 +41,39 @@ from ledger.settings import OnwardSettings
 from workers.app import celery_config
 
 TASK = "bench.plain_agent_step"
+ASYNC = os.environ.get("BENCH_ASYNC") == "1"
+_loop: dict[str, Any] = {}
+_loop_lock = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop, running in a daemon thread (started on first use)."""
+    with _loop_lock:
+        if _loop.get("pid") != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="plain-loop", daemon=True).start()
+            _loop.update(pid=os.getpid(), loop=loop)
+        found: asyncio.AbstractEventLoop = _loop["loop"]
+        return found
+
+
+async def async_calls(run: str, n: int) -> None:
+    """The async step's calls (bench/agent_flow_async.py), awaited on the process's loop."""
+    from bench.agent_flow_async import async_model_client, plain_write
+
+    await async_model_client().complete(model=MODEL, messages=messages_for(run, n))
+    if writes_at(n):
+        await plain_write.call({"run": run, "n": n}, f"{run}:{n}", timeout=30.0)
+
+
+def calls(run: str, n: int) -> None:
+    """One step's calls: in this thread, or (BENCH_ASYNC) on the event loop, waited for."""
+    if ASYNC:
+        asyncio.run_coroutine_threadsafe(async_calls(run, n), event_loop()).result()
+        return
+    model_client().complete(model=MODEL, messages=messages_for(run, n))
+    if writes_at(n):
+        create("plain_writes", {"run": run, "n": n}, f"{run}:{n}")
 
 
 def done_key(queue: str) -> str:
@@ -48,9 +91,7 @@ def make_app(broker: str, queue: str) -> Celery:
     @app.task(name=TASK, ignore_result=True, acks_late=True)
     def step(run: str, n: int, steps: int) -> None:
         try:
-            model_client().complete(model=MODEL, messages=messages_for(run, n))
-            if writes_at(n):
-                create("plain_writes", {"run": run, "n": n}, f"{run}:{n}")
+            calls(run, n)
         except Exception as exc:  # no durability: the chain ends here, counted as lost
             finish(run, f"lost {n} {type(exc).__name__}")
             raise
