@@ -317,21 +317,23 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
     procs.start("dispatcher", ["-m", "console", "dispatcher"])
     procs.start("reaper", ["-m", "console", "reaper"])
     onward_app = create_app(settings, registry=Registry())
+    run_tag = queue.rsplit(".", 1)[-1]  # in node names: a ping reaches every worker on the
+    # broker, and another bench's "agents-0@bench" would answer for one not started yet
     workers = []
     for index in range(args.workers):
-        node = f"agents-{index}@bench"
+        node = f"agents-{index}-{run_tag}@bench"
         workers.append(procs.start(node, ["-m", "console", "worker", "-P", args.pool, "-c",
                                           str(args.concurrency), "--name", node]))
         wait_ready(onward_app, workers[-1], node)
     plain_queue = f"{queue}.plain"
     plain = [procs.start(f"plain-{i}", ["-m", "bench.plain_agents"], {
         "BENCH_BROKER_URL": broker, "BENCH_PLAIN_QUEUE": plain_queue, "BENCH_POOL": args.pool,
-        "BENCH_CONCURRENCY": str(args.concurrency), "BENCH_NODE": f"plain-{i}@bench",
+        "BENCH_CONCURRENCY": str(args.concurrency), "BENCH_NODE": f"plain-{i}-{run_tag}@bench",
         "BENCH_LOGLEVEL": args.loglevel, "BENCH_ASYNC": "1" if args.use_async else "0"})
         for i in range(0 if args.skip_celery else args.workers)]
     papp = plain_app(broker, plain_queue)
     for i, proc in enumerate(plain):
-        wait_ready(papp, proc, f"plain-{i}@bench")
+        wait_ready(papp, proc, f"plain-{i}-{run_tag}@bench")
     log(f"{args.workers} x {args.pool} -c {args.concurrency} per side"
         f"{', async steps' if args.use_async else ''}; model {args.latency_ms:g} "
         f"ms; {args.runs} runs x {args.steps} steps")

@@ -123,6 +123,20 @@ def test_bench_agents__reports_every_field(server_urls: dict[str, str]) -> None:
     assert out["model_429s"] == 0
 
 
+def test_bench_agents__async_steps_on_both_sides(server_urls: dict[str, str]) -> None:
+    """bench/agents.py --async, tiny: the async def variant of the agent ran on the onward
+    side (every run finished) and its awaited calls on the plain Celery side, both with calls
+    in flight together at the model server; spread over two SDK clients per process."""
+    out = _bench("agents.py", ["--async", "--runs", "6", "--steps", "3", "--latency-ms", "100",
+                               "--pool", "threads", "-c", "6", "--quota-runs", "0",
+                               "--model-clients", "2", "--deadline", "120"], server_urls)
+
+    assert out["async_steps"] is True and out["model_clients"] == 2
+    assert out["steps_per_s"] > 0 and out["celery_steps_per_s"] > 0
+    assert 1 < out["inflight_max"] <= 6 and 1 < out["celery_inflight_max"] <= 6
+    assert out["celery_lost_chains"] == 0
+
+
 def test_bench_corpus__replays_identical_then_divergent_where_expected(
         server_urls: dict[str, str]) -> None:
     """bench/corpus.py with 12 runs: replayed against the code that recorded them, every run
