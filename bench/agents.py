@@ -18,6 +18,10 @@ worker process's event loop (tasks/aio.py); the plain Celery side then hands the
 calls to an event loop thread of its own from each task (bench/plain_agents.py). Not with
 ``--pool gevent`` (onward refuses async steps there).
 
+Both sides build one model client per worker process and spread its calls over
+``--model-clients`` SDK clients (connection pools; default one per 50 of ``-c``):
+``OpenAIChat(clients=N)``, tasks/llm_openai.py says why.
+
 Phases: onward (unlimited model), plain Celery (unlimited model), then onward against a
 model with a quota (--quota-concurrency / --quota-rate, 20 and 100/s by default) whose client
 declares the same quota as a fleet-wide limit (docs/limits.md): the workers keep inside it
