@@ -24,12 +24,16 @@ def plan(as_json: JsonFlag = False) -> None:
     ledger = open_ledger(AuditAction.RETENTION)
     with reported():
         found = ledger.retention_plan()
+        months = ledger.partitions_plan()
     if as_json:
-        print(json.dumps(found.as_dict()))
+        print(json.dumps({**found.as_dict(), "partitions": months}))
         return
     out.print(line(f"{found.runs} run(s), {found.checkpoints} checkpoint(s), "
                    f"{found.bytes:,} bytes of state would be compacted; kept although due: "
                    f"{found.held} on legal hold, {found.pinned} in a corpus"), soft_wrap=True)
+    for name, why in months.items():
+        out.print(line(f"partition {name}: " + (f"kept ({why})" if why else "would be dropped")),
+                  soft_wrap=True)
 
 
 @retention_app.command("apply")
@@ -39,16 +43,20 @@ def apply(
     as_json: JsonFlag = False,
 ) -> None:
     """Compact what the policies make due: one run per transaction, each audited; run it
-    again to go on where it stopped."""
+    again to go on where it stopped. Then drop each ended month's partition of the tables
+    partitioned by time whose rows the policies all let go (audited)."""
     ledger = open_ledger(AuditAction.RETENTION)
     with reported():
         done = ledger.retention_apply(batch=batch, max_runs=max_runs)
+        months = ledger.partitions_expire()
     if as_json:
         print(json.dumps({"runs": done.runs, "checkpoints": done.checkpoints,
-                          "refused": done.refused}))
+                          "refused": done.refused, "partitions": months.as_dict()}))
         return
     out.print(line(("✓", "green"), f" compacted {done.runs} run(s), {done.checkpoints} "
                    "checkpoint(s)"), soft_wrap=True)
+    for name in months.dropped:
+        out.print(line(("✓", "green"), f" dropped partition {name}"), soft_wrap=True)
     for refused in done.refused[:10]:
         out.print(line(("✗", "red"), f" kept: {refused}"), soft_wrap=True)
 

@@ -23,6 +23,7 @@ from ledger import (
     forks,
     inspection,
     operations,
+    partitions,
     retention,
     rotation,
     tracing,
@@ -471,6 +472,19 @@ class Ledger:
         policies = retention.parse_policies(self.settings.retention_policies)
         return retention.apply(self.engine, self.keys, policies, actor=self.actor,
                                batch=batch, max_runs=max_runs)
+
+    def partitions_plan(self) -> dict[str, str | None]:
+        """Each ended month's partition and why the policies keep it (None: due)."""
+        self.actor.require(AuditAction.RETENTION)
+        policies = retention.parse_policies(self.settings.retention_policies)
+        with wrap_driver_errors("planning retention"), self.engine.connect() as conn:
+            return partitions.plan_txn(conn, policies)
+
+    def partitions_expire(self) -> partitions.Expired:
+        """Drop the ended months' partitions the policies let go of entirely (audited)."""
+        self.actor.require(AuditAction.RETENTION)
+        policies = retention.parse_policies(self.settings.retention_policies)
+        return partitions.expire(self.engine, self.keys, policies, actor=self.actor)
 
     def hold(self, run_id: UUID, reason: str | None, *, release: bool = False) -> None:
         """Put a run on legal hold (retention keeps it) or release it (admin; audited)."""

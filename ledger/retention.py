@@ -11,9 +11,10 @@ pinned in a corpus are never compacted.
 
 Compaction runs one run per transaction, so ``apply`` can stop anywhere and be run again
 (what is left is found by the next plan); each compacted run gets an audit row.
-Not done here (docs/operating.md#retention says so): evidence, effect payloads, approval
-artifacts and attempts are kept; artifacts a compacted snapshot referenced are kept
-(content-addressed, possibly shared); tables are not partitioned by time.
+Not done here (docs/operating.md#retention says so): evidence, effect payloads and approval
+artifacts are kept; artifacts a compacted snapshot referenced are kept
+(content-addressed, possibly shared). Attempts expire by month, a partition at a time
+(ledger/partitions.py).
 """
 
 from __future__ import annotations

@@ -202,11 +202,15 @@ step_attempts = Table(
     Column("outcome", Text, nullable=True),
     Column("error_type", Text, nullable=True),
     Column("error_message", Text, nullable=True),
-    PrimaryKeyConstraint("run_id", "lease_epoch"),
+    # partitioned by month of started_at (migration 0038, ledger/partitions.py), so the key
+    # must include it; (run_id, lease_epoch) is unique by the claim, which takes the run's
+    # next epoch under the run row's lock
+    PrimaryKeyConstraint("run_id", "lease_epoch", "started_at"),
     CheckConstraint(f"outcome IS NULL OR {_in('outcome', AttemptOutcome)}", name="outcome"),
     # restores, counted at each scrape (ledger/health.py): few rows, whatever the history
     Index("ix_step_attempts_worker_lost", "run_id",
           postgresql_where=text("outcome = 'worker_lost'")),
+    postgresql_partition_by="RANGE (started_at)",
 )
 
 outbox = Table(

@@ -8,7 +8,7 @@ import time
 
 import structlog
 
-from ledger import retention
+from ledger import partitions, retention
 from ledger.anchor_store import open_store
 from ledger.anchoring import Anchorer
 from ledger.checkpoints import CheckpointKeys
@@ -34,6 +34,7 @@ class Reaper:
         self.engine, self.keys = engine, keys
         self.policies = retention.parse_policies(settings.retention_policies)
         self._retention_due = 0.0  # time.monotonic()
+        self._partitions_due = 0.0  # time.monotonic()
         self.stopping = threading.Event()
         self.revision = RevisionWatch(database_url(settings), settings.schema_check_s)
 
@@ -50,8 +51,29 @@ class Reaper:
                         deadlines=report.waits.deadlines,
                         signals_delivered=report.waits.signals_delivered)
         self.anchor_if_due()
+        self.partitions_if_due()
         self.retention_if_due()
         return report
+
+    def partitions_if_due(self) -> None:
+        """Every ONWARD_RETENTION_INTERVAL_S: make the next months' partitions of the tables
+        partitioned by time (ledger/partitions.py), whatever the policies, and drop the
+        ended months the policies let go of entirely (audited)."""
+        if time.monotonic() < self._partitions_due:
+            return
+        try:
+            made = partitions.ensure(self.engine)
+            expired = partitions.expire(self.engine, self.keys, self.policies)
+        except LedgerUnavailable:
+            raise  # retried at the next sweep (a drop that waited too long for its lock too)
+        except OnwardError as exc:
+            self._partitions_due = time.monotonic() + self.settings.retention_interval_s
+            log.error("partitions not maintained", error=str(exc))
+            return
+        self._partitions_due = time.monotonic() + self.settings.retention_interval_s
+        if made or expired.dropped:
+            log.warning("partitions", created=made, dropped=expired.dropped,
+                        rows_dropped=expired.rows)
 
     def retention_if_due(self) -> None:
         """Apply ONWARD_RETENTION_POLICIES every ONWARD_RETENTION_INTERVAL_S, a bounded

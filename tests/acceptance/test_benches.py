@@ -214,3 +214,16 @@ def test_bench_storage__reports_storage_and_restore_figures(server_urls: dict[st
     assert out["stored_per_content"] == pytest.approx(
         out["stored_bytes"] / out["content_bytes"], rel=0.01)
     assert out["deltas"] > out["snapshots"] >= 1
+
+
+def test_bench_partitions__reports_each_layout_and_its_probes(
+        server_urls: dict[str, str]) -> None:
+    """bench/partitions.py, tiny: a cost per step for each layout of step_attempts, and
+    the closing UPDATE probes one index unpartitioned, one per partition partitioned (this
+    month, three ahead and the default; and 24 past months more)."""
+    out = _bench("partitions.py", ["--ops", "20", "--rounds", "1", "--rows-per-month", "10"],
+                 server_urls)
+    for layout in ("flat", "months_5", "months_28"):
+        assert out[f"{layout}_us_per_step"] > 0, out
+    assert (out["flat_close_index_probes"], out["months_5_close_index_probes"],
+            out["months_28_close_index_probes"]) == (1, 5, 29)

@@ -209,16 +209,30 @@ def test_the_operator_role_sees_every_tenant(tenants: Tenants, database: str) ->
 def test_every_table_of_tenant_data_is_protected(database: str) -> None:
     """Catalog: every onward table but the fleet's, the counters and the version table has
     row-level security enabled and forced (a new table without it fails here), and the
-    application's role owns nothing and cannot bypass it."""
+    application's role owns nothing and cannot bypass it. A partition (of a table
+    partitioned by time, migration 0038) is reached only through its parent, whose policies
+    apply: neither role has any privilege on the partition itself."""
     with sa.create_engine(database).connect() as conn:
         tables = {row.relname: row for row in conn.execute(sa.text(
             "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity, "
             "pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'onward' AND c.relkind IN ('r', 'p')"))}
+            "WHERE n.nspname = 'onward' AND c.relkind IN ('r', 'p') "
+            "AND NOT c.relispartition"))}
+        partitions = conn.execute(sa.text(
+            "SELECT c.relname, p.relname AS parent, "
+            "has_table_privilege('onward_app', c.oid, "
+            "  'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER') "
+            "OR has_table_privilege('onward_operator', c.oid, "
+            "  'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER') AS reachable "
+            "FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid "
+            "JOIN pg_class p ON p.oid = i.inhparent "
+            "WHERE c.relnamespace = 'onward'::regnamespace AND c.relkind IN ('r', 'p')")).all()
         roles = {row.rolname: row for row in conn.execute(sa.text(
             "SELECT rolname, rolsuper, rolbypassrls FROM pg_roles "
             "WHERE rolname IN ('onward_app', 'onward_operator')"))}
+    assert {row.parent for row in partitions} == {"step_attempts"}
+    assert not [row.relname for row in partitions if row.reachable]
     unprotected = {name for name, row in tables.items()
                    if not (row.relrowsecurity and row.relforcerowsecurity)}
     assert unprotected == UNPROTECTED

@@ -1,0 +1,194 @@
+#!/usr/bin/env python
+"""What partitioning ``step_attempts`` by month costs the step hot path (issue 15 item 5;
+docs/scaling.md#when-to-partition-and-which-tables).
+
+    .venv/bin/python bench/partitions.py                 # one JSON line on stdout
+    .venv/bin/python bench/partitions.py --ops 500 --rounds 3 --rows-per-month 2000
+
+A step touches ``step_attempts`` twice: its claim inserts the attempt (and closes the one a
+lost holder left open, by ``(run_id, lease_epoch - 1)``), its commit closes it by
+``(run_id, lease_epoch)``. Neither statement names ``started_at``, the partition key, so an
+UPDATE probes the primary-key index of every partition. This measures those statements
+alone, in a database of its own on the server of ``ONWARD_DATABASE_URL`` (created and
+dropped here), on three tables with the columns and keys of ``step_attempts``:
+
+* ``flat``: unpartitioned, primary key ``(run_id, lease_epoch)`` (before migration 0038);
+* ``months_5``: partitioned as the migration leaves it (this month, three ahead, default);
+* ``months_28``: with 24 past months too (two years of history kept), the most a
+  deployment keeping two years has.
+
+Each past month holds ``--rows-per-month`` attempts (the flat table all of them). Each
+table runs ``--ops`` steps' worth of statements per round (UPDATE of the previous epoch,
+INSERT of an attempt, UPDATE closing it: each its own autocommit statement, prepared, as
+the workers run them), in turns of 100 steps, the tables taking turns (a machine that slows
+down slows them alike), with ``synchronous_commit`` off (a commit's WAL flush costs every
+layout the same and would hide the difference). Reported per table: the median over turns
+of wall microseconds per step, the backend's CPU microseconds per step (from
+``/proc/<pid>/stat`` when the server runs on this host: far steadier than wall time on a
+loaded machine), their quotients to ``flat``, and the tables the closing UPDATE scans (from
+EXPLAIN ANALYZE). FK and row-level security checks are left out: they cost every layout
+the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import psycopg  # noqa: E402
+
+from harness.databases import create_database, drop_database  # noqa: E402
+from ledger import OnwardSettings  # noqa: E402
+from ledger.db import database_url, libpq_conninfo  # noqa: E402
+
+COLUMNS = """(run_id uuid NOT NULL, lease_epoch bigint NOT NULL, seq integer NOT NULL,
+    attempt integer NOT NULL, step text, worker text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(), ended_at timestamptz, outcome text,
+    error_type text, error_message text"""
+BLOCK = 100
+"""Steps per turn of a table: its backend CPU is read around each turn."""
+LAYOUTS = {"flat": (0, False), "months_5": (0, True), "months_28": (24, True)}
+"""name -> (past months, partitioned)"""
+
+INSERT = ("INSERT INTO {t} (run_id, lease_epoch, seq, attempt, step, worker) "
+          "VALUES (%s, %s, 0, 1, 'tick', 'bench')")
+LOST = ("UPDATE {t} SET outcome = 'worker_lost', ended_at = now() "
+        "WHERE run_id = %s AND lease_epoch = %s AND outcome IS NULL")
+CLOSE = ("UPDATE {t} SET ended_at = now(), outcome = 'committed', step = 'tick', "
+         "error_type = NULL, error_message = NULL WHERE run_id = %s AND lease_epoch = %s")
+
+
+def _month(base: datetime, delta: int) -> datetime:
+    year, month = divmod(base.month - 1 + delta, 12)
+    return base.replace(year=base.year + year, month=month + 1)
+
+
+def build(conn: psycopg.Connection[Any], name: str, past: int, partitioned: bool,
+          rows_per_month: int) -> None:
+    key = "run_id, lease_epoch, started_at" if partitioned else "run_id, lease_epoch"
+    conn.execute(f"CREATE TABLE {name} {COLUMNS}, PRIMARY KEY ({key}))"
+                 + (" PARTITION BY RANGE (started_at)" if partitioned else ""))
+    this = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    if partitioned:
+        conn.execute(f"CREATE TABLE {name}_default PARTITION OF {name} DEFAULT")
+        for delta in range(-past, 4):
+            lo, hi = _month(this, delta), _month(this, delta + 1)
+            conn.execute(f"CREATE TABLE {name}_{lo:%Y_%m} PARTITION OF {name} "
+                         f"FOR VALUES FROM ('{lo.isoformat()}') TO ('{hi.isoformat()}')")
+    for delta in range(-24, 0):  # every table holds the same history
+        at = _month(this, delta)
+        conn.execute(
+            f"INSERT INTO {name} (run_id, lease_epoch, seq, attempt, step, worker, "
+            "started_at, ended_at, outcome) "
+            "SELECT gen_random_uuid(), 1, 0, 1, 'tick', 'bench', %s, %s, 'committed' "
+            "FROM generate_series(1, %s)", (at, at, rows_per_month))
+    conn.execute(f"ANALYZE {name}")
+
+
+def _backend_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a local PostgreSQL backend (None: not on this host)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_block(conn: psycopg.Connection[Any], name: str, ops: int,
+              backend: int) -> tuple[float, float | None]:
+    """``ops`` steps' statements on one table: the claim's lost-holder UPDATE and INSERT,
+    the commit's closing UPDATE, each its own autocommit statement; the wall and the
+    backend CPU microseconds per step."""
+    lost, insert, close = (s.format(t=name) for s in (LOST, INSERT, CLOSE))
+    runs = [uuid.uuid4() for _ in range(ops)]
+    cpu0, started = _backend_cpu_s(backend), time.perf_counter()
+    for run in runs:
+        conn.execute(lost, (run, 0), prepare=True)
+        conn.execute(insert, (run, 1), prepare=True)
+        conn.execute(close, (run, 1), prepare=True)
+    wall = (time.perf_counter() - started) / ops * 1e6
+    cpu1 = _backend_cpu_s(backend)
+    return wall, None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / ops * 1e6
+
+
+def probes(conn: psycopg.Connection[Any], name: str) -> int:
+    """The tables the closing UPDATE scans (one per partition it cannot prune), each by
+    its primary-key index (or a scan of an empty partition)."""
+    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLOSE.format(t=name),
+                        (uuid.uuid4(), 1)).fetchone()
+    assert plan is not None
+
+    def scans(node: dict[str, Any]) -> int:
+        own = int(str(node.get("Node Type", "")).endswith("Scan"))
+        return own + sum(scans(child) for child in node.get("Plans", []))
+
+    return scans(plan[0][0]["Plan"])
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
+        # the commit's WAL flush is the same for every layout and would drown the probes
+        conn.execute("SET synchronous_commit = off")
+        for name, (past, partitioned) in LAYOUTS.items():
+            build(conn, name, past, partitioned, args.rows_per_month)
+        backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        names = list(LAYOUTS)
+        for name in names:  # warm-up: plans cached, pages in memory
+            one_block(conn, name, 100, backend)
+        wall: dict[str, list[float]] = {name: [] for name in names}  # per block
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        block = min(BLOCK, args.ops)
+        for r in range(args.rounds * max(1, args.ops // block)):
+            for name in names[r % 3:] + names[:r % 3]:  # the tables take turns
+                w, c = one_block(conn, name, block, backend)
+                wall[name].append(w)
+                if c is not None:
+                    cpu[name].append(c)
+        found = {name: probes(conn, name) for name in LAYOUTS}
+    result: dict[str, Any] = {}
+    for name in names:
+        result[f"{name}_us_per_step"] = round(statistics.median(wall[name]), 1)
+        if cpu[name]:
+            result[f"{name}_backend_cpu_us_per_step"] = round(statistics.mean(cpu[name]), 1)
+        result[f"{name}_close_index_probes"] = found[name]
+    for name in names[1:]:
+        result[f"{name}_vs_flat"] = round(result[f"{name}_us_per_step"]
+                                          / result["flat_us_per_step"], 3)
+        if cpu[name] and cpu["flat"] and statistics.mean(cpu["flat"]) > 0:  # ticks seen
+            result[f"{name}_backend_cpu_vs_flat"] = round(
+                statistics.mean(cpu[name]) / statistics.mean(cpu["flat"]), 3)
+    return {**result, "rounds": args.rounds, "ops": args.ops,
+            "rows_per_month": args.rows_per_month}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="(the output is JSON anyway)")
+    parser.add_argument("--ops", type=int, default=2000, help="steps per table per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rows-per-month", type=int, default=20000)
+    args = parser.parse_args()
+    admin_url = database_url(OnwardSettings())
+    name, url = create_database(admin_url, "onward_partitions")
+    try:
+        result = measure(url, args)
+    finally:
+        drop_database(admin_url, name)
+    load1, _, _ = os.getloadavg()
+    print(json.dumps({**result, "load_1min": round(load1, 2), "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()
