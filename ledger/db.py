@@ -20,7 +20,7 @@ from ledger import sql
 from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
 from ledger.settings import OnwardSettings
 
-HEAD_REVISION = "0038"
+HEAD_REVISION = "0039"
 """The Alembic revision this code expects; bump with every migration."""
 
 

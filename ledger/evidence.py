@@ -73,6 +73,22 @@ class EvidenceRecord:
     tenant_id: str | None = None  # the run's; binds a sealed response (ledger/crypto.py)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An answer to a call that was paid for but could not be recorded (debited and refused
+    by ``EvidenceStore.refuse``): what a retried attempt finds instead of an answer, so it
+    fails the step again without calling again."""
+
+    command_id: str
+    kind: str
+    source: str
+    reason: str
+    answer_sha256: str | None
+    answer_bytes: int | None
+    tokens: int
+    cost_usd: Decimal
+
+
 _FIND = sql.statement("find_evidence")
 _FIND_OR_COVER = sql.statement("find_evidence_or_cover_call")
 _RECORD = sql.statement("record_evidence")
@@ -118,16 +134,24 @@ class EvidenceStore:
         return self._evidence(row) if row is not None else None
 
     def find_or_cover(self, run_id: UUID, command_id: str, *, epoch: int,
-                      cover_s: float) -> Evidence | None:
-        """The recorded answer to ``command_id``; or None, once the live lease of ``epoch``
-        was extended to cover ``cover_s`` (the call's time limit and a margin) in the same
-        statement, so the caller may make the call. Raises CancelRequested once the run's
-        cancel was requested, EvidenceFenced when the lease is no longer live (the call is
-        not started), IntegrityViolation for a record that does not verify."""
+                      cover_s: float) -> Evidence | Refusal | None:
+        """The recorded answer to ``command_id``; the standing Refusal of an answer to it
+        that could not be recorded (the call is not made again); or None, once the live
+        lease of ``epoch`` was extended to cover ``cover_s`` (the call's time limit and a
+        margin) in the same statement, so the caller may make the call. Raises
+        CancelRequested once the run's cancel was requested, EvidenceFenced when the lease
+        is no longer live (the call is not started), IntegrityViolation for a record that
+        does not verify."""
         row = self.conn.one(_FIND_OR_COVER, {"run_id": run_id, "command_id": command_id,
                                              "epoch": epoch, "cover_s": cover_s})
         if row is not None and row["command_id"] is not None:
             return self._evidence(row)
+        if row is not None and row["refused_reason"] is not None:
+            return Refusal(command_id=command_id, kind=row["refused_kind"],
+                           source=row["refused_source"], reason=row["refused_reason"],
+                           answer_sha256=row["refused_sha256"],
+                           answer_bytes=row["refused_bytes"], tokens=row["refused_tokens"],
+                           cost_usd=row["refused_cost_usd"])
         if row is not None and row["covered_until"] is not None:
             return None
         if row is not None and row["cancelling"]:
@@ -219,12 +243,36 @@ class EvidenceStore:
             "run_id": record.run_id, "tokens": record.input_tokens + record.output_tokens,
             "cost_usd": signed.money(record.cost_usd)})
 
-    def debit(self, record: EvidenceRecord) -> bool:
-        """Debit the spend of an answer that was paid for but refused (``record`` raised
-        InvalidInput), under the same lease; False when the lease is no longer held."""
+    def refuse(self, record: EvidenceRecord, reason: str) -> bool:
+        """Debit the spend of an answer that was paid for but could not be recorded
+        (``record`` raised InvalidInput) and record the refusal, in one statement under the
+        same lease: the call, the answer's sha256 and size when they can be taken (never its
+        bytes) and ``reason``. A retried attempt finds it (``find_or_cover``) and does not
+        call again. False when the lease is no longer held (nothing written)."""
+        digest, size = fingerprint(record.response)
         row = self.conn.one(_DEBIT, {
             "run_id": record.run_id, "seq": record.seq, "epoch": record.lease_epoch,
             "tokens": record.input_tokens + record.output_tokens,
-            "cost_usd": signed.money(record.cost_usd),
+            "cost_usd": signed.money(record.cost_usd), "command_id": record.command_id,
+            "kind": record.kind, "source": _storable(record.source),
+            "request_hash": record.request_hash, "answer_sha256": digest,
+            "answer_bytes": size, "reason": _storable(reason)[:2000],
+            "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
         })
         return row is not None
+
+
+def fingerprint(response: Any) -> tuple[str | None, int | None]:
+    """The sha256 and size of an answer the ledger refused, as JSON with sorted keys and
+    every character kept (a NUL too); (None, None) when it is not even that."""
+    try:
+        body = json.dumps(response, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError, RecursionError):
+        return None, None
+    return sha256_hex(body), len(body)
+
+
+def _storable(text: str) -> str:
+    """Text PostgreSQL can keep: a NUL shown as ``\\0``."""
+    return text.replace("\x00", "\\0")

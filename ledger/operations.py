@@ -24,7 +24,15 @@ from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
-from ledger.schema import approvals, checkpoints, effect_attempts, effects, outbox, runs
+from ledger.schema import (
+    approvals,
+    checkpoints,
+    effect_attempts,
+    effects,
+    outbox,
+    refused_answers,
+    runs,
+)
 from ledger.vocabulary import (
     ApprovalStatus,
     AuditAction,
@@ -136,6 +144,15 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
                             effects.c.status == EffectStatus.ACCEPTED.value)
                      .values(polling_since=sa.func.onward.now(),
                              updated_at=sa.func.onward.now()))
+    if status is RunStatus.FAILED and \
+            (run["last_error"] or {}).get("reason") == FailReason.INVALID_ANSWER:
+        # a person decided the step asks again: the refusals of its unusable answers, which
+        # stop any retry from calling again, no longer stand
+        conn.execute(refused_answers.update()
+                     .where(refused_answers.c.run_id == run_id,
+                            refused_answers.c.seq == run["seq"],
+                            refused_answers.c.cleared_at.is_(None))
+                     .values(cleared_at=sa.func.onward.now()))
     queue_step_txn(conn, run_id, run["seq"])
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,

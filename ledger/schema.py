@@ -388,6 +388,33 @@ evidence = Table(
     Index("ix_evidence_request_hash", "request_hash"),
 )
 
+# A model answer or read result that was paid for but could not be recorded as evidence
+# (migration 0036): its call, digest, size and why, never its bytes. A retried step that finds
+# one standing (``cleared_at`` NULL) fails again without calling; continuing a run failed
+# ``invalid_answer`` clears it, so the continued step asks again.
+refused_answers = Table(
+    "refused_answers",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("command_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("answer_sha256", Text, nullable=True),
+    Column("answer_bytes", BigInteger, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("input_tokens", Integer, nullable=False, server_default=text("0")),
+    Column("output_tokens", Integer, nullable=False, server_default=text("0")),
+    Column("cost_usd", Numeric(12, 6), nullable=False, server_default=text("0")),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=func.onward.now()),
+    Column("cleared_at", TS, nullable=True),
+    Index("ix_refused_answers_standing", "run_id", "command_id", unique=True,
+          postgresql_where=text("cleared_at IS NULL")),
+)
+
 approvals = Table(
     "approvals",
     metadata,

@@ -26,6 +26,7 @@ POINTS = frozenset(
         "after_effect_pending",
         "after_provider_response",
         "after_effect_recorded",
+        "after_answer_refused",
         "before_checkpoint_commit",
         "after_checkpoint_commit",
         "after_commit_before_publish",

@@ -25,7 +25,7 @@ import structlog
 
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect, EffectStore, Intent
-from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore
+from ledger.evidence import Evidence, EvidenceRecord, EvidenceStore, Refusal
 from ledger.exceptions import (
     CancelRequested,
     EffectConflict,
@@ -621,25 +621,23 @@ class StepServices:
             self.control.park(ParkReason.INTEGRITY, exc)
             raise
 
-    def _find(self, run_id: UUID, command_id: str, *,
-              cover_s: float | None = None) -> Evidence | None:
+    def _find(self, run_id: UUID, command_id: str) -> Evidence | None:
         """A recorded answer that verifies; one that does not parks the run (integrity):
-        an edited record is never answered with, and nothing is asked again in its place.
-        With ``cover_s`` and no answer, the lease is extended over the call about to be
-        made, in the same statement (``EvidenceStore.find_or_cover``)."""
-        try:
-            if cover_s is None:
-                return self.evidence.find(run_id, command_id)
-            return self.evidence.find_or_cover(run_id, command_id, epoch=self.epoch,
-                                               cover_s=cover_s)
-        except IntegrityViolation as exc:
-            self.control.park(ParkReason.INTEGRITY, exc)
-            raise
+        an edited record is never answered with, and nothing is asked again in its place."""
+        return self._verified(lambda: self.evidence.find(run_id, command_id))
+
+    def _find_or_cover(self, command_id: str, cover_s: float) -> Evidence | Refusal | None:
+        """``_find`` for this run, or the standing refusal of an answer to ``command_id``;
+        with neither, the lease is extended over the call about to be made, in the same
+        statement (``EvidenceStore.find_or_cover``)."""
+        return self._verified(lambda: self.evidence.find_or_cover(
+            self.run_id, command_id, epoch=self.epoch, cover_s=cover_s))
 
     def _record(self, record: EvidenceRecord) -> Evidence:
         """Record an answer. One the ledger cannot keep (a NUL character, nested too deeply,
-        too large) stops the run as failed with its spend debited, rather than being paid
-        for again on every retry; the step body cannot swallow that."""
+        too large) stops the run as failed with its spend debited and its refusal recorded
+        (one statement), rather than being paid for again on a retry; the step body cannot
+        swallow that."""
         record = replace(record, tenant_id=self.tenant_id)  # binds a sealed answer
         try:
             return self.evidence.record(record)
@@ -653,20 +651,28 @@ class StepServices:
                 self.evidence.debit_late(record)
             raise
         except InvalidInput as exc:
-            self.evidence.debit(record)
+            # the debit and the refusal are one statement: a worker killed before the run is
+            # failed leaves the refusal, and the retried step fails without calling again
+            self.evidence.refuse(record, str(exc))
+            faults.point("after_answer_refused", self.step)
             tokens = record.input_tokens + record.output_tokens
             self.usage_tokens += tokens
             self.usage_cost_usd += record.cost_usd
             spent = {**self.spent, "tokens": self.spent.get("tokens", 0) + self.usage_tokens,
                      "cost_usd": self.spent.get("cost_usd", 0.0) + self.usage_cost_usd}
-            self.control.fail(FailFor(
-                FailReason.INVALID_ANSWER,
-                f"the {record.kind} answer of {record.source} to {record.command_id} cannot be "
-                f"recorded: {exc}. It was paid for ({tokens} tokens, ${record.cost_usd:.4f}, "
-                "debited) and no retry asks again; once the client, tool or provider that "
-                "produced it is fixed, continue the run: its step asks again, and that call "
-                "is paid again", spent))
+            self._refused(record.kind, record.source, record.command_id, str(exc), tokens,
+                          record.cost_usd, spent)
             raise Suspend() from exc
+
+    def _refused(self, kind: str, source: str, command_id: str, reason: str, tokens: int,
+                 cost_usd: float, spent: dict[str, Any]) -> None:
+        """Fail the run ``invalid_answer``: an answer was paid for and could not be recorded."""
+        self.control.fail(FailFor(
+            FailReason.INVALID_ANSWER,
+            f"the {kind} answer of {source} to {command_id} cannot be recorded: {reason}. It "
+            f"was paid for ({tokens} tokens, ${cost_usd:.4f}, debited) and no retry asks "
+            "again; once the client, tool or provider that produced it is fixed, continue "
+            "the run: its step asks again, and that call is paid again", spent))
 
     def _recorded(self, command_id: str, request_hash: str,
                   timeout_s: float) -> dict[str, Any] | None:
@@ -674,9 +680,13 @@ class StepServices:
         live lease is extended over its time limit ``timeout_s`` and the margin, in the same
         statement; CancelRequested once a cancel was asked (a cancelled step calls no model
         and reads nothing more), EvidenceFenced once the lease is lost (nothing called)."""
-        found = self._find(self.run_id, command_id, cover_s=timeout_s + self.lease_margin_s)
+        found = self._find_or_cover(command_id, timeout_s + self.lease_margin_s)
         if found is None:
             return None
+        if isinstance(found, Refusal):  # an earlier attempt's answer could not be recorded
+            self._refused(found.kind, found.source, command_id, found.reason, found.tokens,
+                          float(found.cost_usd), self.spent)
+            raise Suspend()
         if found.request_hash != request_hash:
             conflict = EffectConflict(
                 f"{command_id} was recorded for a different request (hash "

@@ -3,6 +3,8 @@ character, deep nesting, an oversized payload or artifact) in each place a value
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,7 +16,9 @@ from tasks.tools import Tool
 
 
 class NulModel:
-    """Answers with a NUL character in its text; counts the calls it was paid for."""
+    """Answers with a NUL character in its text; counts the calls it was paid for (with
+    ``ONWARD_FAKE_LLM_LOG`` set, each one also appends a line there: calls made by worker
+    processes)."""
 
     timeout_s = 1.0  # it answers at once
 
@@ -25,6 +29,10 @@ class NulModel:
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
         self.paid += 1
+        log = os.environ.get("ONWARD_FAKE_LLM_LOG")
+        if log:
+            with Path(log).open("a") as handle:
+                handle.write(f"{os.getpid()}\t{messages[-1]['content']}\n")
         return LLMResponse(text="before after" if self.fixed else "before\x00after",
                            model=model, input_tokens=50, output_tokens=10, cost_usd=0.6)
 

@@ -17,21 +17,31 @@ SELECT e.*, a.body AS artifact_body,
 -- about to be made, so the same statement extends the caller's live lease over the call's
 -- time limit (and a margin), like an effect's attempt (ledger/effects.py): a model call or
 -- read never outlives its lease. Fenced on that lease (``covered_until`` NULL: lost, or a
--- cancel was requested).
+-- cancel was requested). A standing refusal of an earlier answer to the command (an answer
+-- paid for that could not be recorded: debit_unrecorded_answer) is returned as ``refused_*``
+-- and covers nothing: the call is not made again.
 WITH found AS (
     {evidence_of_command}
+), refused AS (
+    SELECT x.kind, x.source, x.reason, x.answer_sha256, x.answer_bytes,
+           x.input_tokens + x.output_tokens AS tokens, x.cost_usd
+      FROM onward.refused_answers x
+     WHERE x.run_id = %(run_id)s AND x.command_id = %(command_id)s AND x.cleared_at IS NULL
 ), cover AS (
     UPDATE onward.runs
        SET lease_expires_at = greatest(lease_expires_at,
                                        onward.now() + %(cover_s)s * interval '1 second')
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
        AND lease_expires_at > onward.now() AND cancel_requested IS NULL
-       AND NOT EXISTS (SELECT 1 FROM found)
+       AND NOT EXISTS (SELECT 1 FROM found) AND NOT EXISTS (SELECT 1 FROM refused)
     RETURNING lease_expires_at
 )
 SELECT r.cancel_requested IS NOT NULL AS cancelling,
-       (SELECT lease_expires_at FROM cover) AS covered_until, f.*
-  FROM onward.runs r LEFT JOIN found f ON true
+       (SELECT lease_expires_at FROM cover) AS covered_until,
+       x.kind AS refused_kind, x.source AS refused_source, x.reason AS refused_reason, x.answer_sha256 AS refused_sha256,
+       x.answer_bytes AS refused_bytes, x.tokens AS refused_tokens,
+       x.cost_usd AS refused_cost_usd, f.*
+  FROM onward.runs r LEFT JOIN found f ON true LEFT JOIN refused x ON true
  WHERE r.id = %(run_id)s
 
 -- name: record_evidence
@@ -85,8 +95,25 @@ UPDATE onward.runs
 RETURNING id
 
 -- name: debit_unrecorded_answer
--- Spend on an answer that could not be recorded (refused as bad input): still spent.
-UPDATE onward.runs
-   SET used_tokens = used_tokens + %(tokens)s, used_cost_usd = used_cost_usd + %(cost_usd)s::numeric
- WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
-RETURNING id
+-- Spend on an answer that could not be recorded (refused as bad input): still spent. Under
+-- the live lease, one statement debits it and records the refusal (the call, the answer's
+-- sha256 and size, why; never its bytes), so a worker killed before the run is failed
+-- leaves what its successor needs to fail the step again without calling (and paying) again.
+WITH debited AS (
+    UPDATE onward.runs
+       SET used_tokens = used_tokens + %(tokens)s,
+           used_cost_usd = used_cost_usd + %(cost_usd)s::numeric
+     WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
+    RETURNING id
+), refused AS (
+    INSERT INTO onward.refused_answers (run_id, seq, command_id, kind, source, request_hash,
+                                        answer_sha256, answer_bytes, reason, input_tokens,
+                                        output_tokens, cost_usd, lease_epoch)
+    SELECT id, %(seq)s, %(command_id)s, %(kind)s, %(source)s, %(request_hash)s,
+           %(answer_sha256)s, %(answer_bytes)s, %(reason)s, %(input_tokens)s,
+           %(output_tokens)s, %(cost_usd)s::numeric, %(epoch)s
+      FROM debited
+    ON CONFLICT (run_id, command_id) WHERE cleared_at IS NULL DO NOTHING
+    RETURNING id
+)
+SELECT d.id, (SELECT count(*) FROM refused) AS refused FROM debited d

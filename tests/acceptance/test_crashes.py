@@ -291,3 +291,37 @@ def test_crash__poison_step_parks_after_max_attempts(ledger: Ledger, cluster: Cl
     assert (after["attempts_total"], after["status"]) == (3, "needs_review")
     assert len(reads.attempts(ledger.engine, run_id)) == 3
     assert worker.alive()
+
+
+@POOLS
+def test_crash__after_an_unrecordable_answer_is_refused_the_model_is_not_called_again(
+        ledger: Ledger, cluster: Cluster, settings_env: dict[str, str], tmp_path: Path,
+        pool: str) -> None:
+    """Issue 10, F9. The model answers with a NUL character, which the ledger cannot
+    record: the answer's spend is debited and its refusal recorded in one statement, and
+    the worker is SIGKILLed right then (fault after_answer_refused), before the run is
+    failed. The reaper restores the run, the next attempt finds the refusal and fails the
+    run ``invalid_answer`` without calling: the model was called (and paid) once, debited
+    once (before: the retry called it again, and paid again: 2 calls, 120 tokens)."""
+    paid = tmp_path / "paid.log"
+    env = {"ONWARD_WORKFLOWS": "tests.workflows_inputs", "ONWARD_FAKE_LLM_LOG": str(paid)}
+    cluster.dispatcher(env=env)
+    cluster.reaper(env=env)
+    worker = start_worker(cluster, pool, env={**env,
+                                              "ONWARD_FAULTS": "after_answer_refused:kill:once"})
+    run_id = ledger.start_run("test_bad_input", {"kind": "nul_answer"})
+    if pool == "threads":
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die at the fault")
+        assert worker.popen.returncode == -signal.SIGKILL
+        start_worker(cluster, pool, name="worker-b", env=env)
+
+    row = reads.wait_run(ledger.engine, run_id, timeout=90, status="failed",
+                         what="the run to fail invalid_answer")
+
+    marker = Path(settings_env["ONWARD_FAULTS_DIR"]) / "after_answer_refused@*.kill.fired"
+    assert marker.exists(), "the fault never fired"
+    assert len(paid.read_text().splitlines()) == 1  # the provider was called once
+    assert row["last_error"]["reason"] == "invalid_answer"
+    assert (row["used_tokens"], float(row["used_cost_usd"])) == (60, 0.6)
+    assert [a["outcome"] for a in reads.attempts(ledger.engine, run_id)] == ["worker_lost",
+                                                                             "failed"]

@@ -6,16 +6,22 @@ process through the real executor (tests/support/driver.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.exceptions import IdempotencyConflict, InvalidInput, OnwardError
 from ledger.runs import Budgets, Run
 from ledger.vocabulary import Role
+from tasks import faults
+from tasks.llm import LLMResponse
 from tests.support import reads
 from tests.support.driver import Driver, driver
 from tests.workflows_inputs import MODEL, SENT, nested
@@ -79,9 +85,55 @@ def test_bad_input__a_run_failed_invalid_answer_is_continued_once_the_model_is_f
         MODEL.fixed = False
     assert run.status is RunStatus.COMPLETED, run.last_error
     assert MODEL.paid - before == 2
+    [refusal] = _refusals(limited, run_id)  # the continue cleared it: the step asked again
+    assert refusal["cleared_at"] is not None
     assert (run.used_tokens, float(run.used_cost_usd)) == (120, 1.2)
     [continued] = limited.audit(run_id=run_id, action="continue")
     assert continued.details["last_error"]["reason"] == "invalid_answer"
+
+
+def _refusals(ledger: Ledger, run_id: Any) -> list[dict[str, Any]]:
+    with ledger.engine.connect() as conn:
+        return [dict(row) for row in conn.execute(sa.text(
+            "SELECT * FROM onward.refused_answers WHERE run_id = :r ORDER BY id"),
+            {"r": run_id}).mappings()]
+
+
+def test_bad_input__a_refused_answer_is_recorded_with_its_debit_and_never_asked_again(
+        limited: Ledger, drv: Driver, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """Invariant: no call is paid twice unless a person asks (issue 10, F9). The answer
+    with a NUL is debited and its refusal recorded in one statement: its sha256 and size,
+    the reason, the spend, never the bytes. The step then dies before the run is failed
+    (fault after_answer_refused, raised once, standing for a crash): the retried attempt
+    finds the refusal and fails the run ``invalid_answer`` without calling the model again
+    (before: the retry called, and paid, again: 2 calls, 120 tokens)."""
+    monkeypatch.setenv("ONWARD_FAULTS", "after_answer_refused:raise:once")
+    monkeypatch.setenv("ONWARD_FAULTS_DIR", str(tmp_path))
+    faults.arm_from_env()
+    before = MODEL.paid
+    try:
+        run = drv.drive(limited.start_run("test_bad_input", {"kind": "nul_answer"}))
+    finally:
+        monkeypatch.delenv("ONWARD_FAULTS")
+        faults.arm_from_env()
+    assert MODEL.paid - before == 1
+    message = _failed(run)
+    assert run.last_error is not None and run.last_error["reason"] == "invalid_answer"
+    assert "NUL" in message and "continue the run" in message
+    assert (run.used_tokens, float(run.used_cost_usd)) == (60, 0.6)
+    assert [a["outcome"] for a in reads.attempts(limited.engine, run.id)] == ["failed",
+                                                                             "failed"]
+    [refusal] = _refusals(limited, run.id)
+    answer = LLMResponse(text="before\x00after", model="m", input_tokens=50, output_tokens=10,
+                         cost_usd=0.6).as_record()
+    body = json.dumps(answer, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode()
+    assert (refusal["answer_bytes"], refusal["answer_sha256"]) == (
+        len(body), hashlib.sha256(body).hexdigest())
+    assert "NUL" in refusal["reason"] and refusal["cleared_at"] is None
+    assert (refusal["input_tokens"], refusal["output_tokens"]) == (50, 10)
+    assert refusal["command_id"] == "hand_over@0#1" and refusal["source"] == "m"
 
 
 def test_bad_input__a_nul_in_a_state_update_is_a_step_failure(limited: Ledger,

@@ -21,8 +21,3 @@ CHECK_EVERYTHING = os.environ.get("ONWARD_MODEL_KNOWN", "") == "check"
 # one call more than its budget per lost answer. Off: the budget check counts the calls
 # whose answers reached the worker (all answers heard are debited, NUL ones included).
 LOST_MODEL_ANSWERS_UNCOUNTED = not CHECK_EVERYTHING
-
-# F9 (issue 10 items 7 and 12): a model answer the ledger cannot keep (a NUL) is debited and
-# then the run is failed, in two statements; a crash between them makes the next attempt
-# ask (and pay) again. Off: a delivery whose model answers with a NUL does not crash.
-NO_CRASH_AFTER_NUL_ANSWERS = not CHECK_EVERYTHING

@@ -67,7 +67,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
-from tests.model import flows, known
+from tests.model import flows
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -304,8 +304,6 @@ class ProtocolMachine(RuleBasedStateMachine):
         chosen = self._worker(worker, "idle")
         self.world.provider.script = deque(provider)
         self.world.model.script = deque([model])
-        if model == "nul" and known.NO_CRASH_AFTER_NUL_ANSWERS:
-            crash = None
         self.env.crashes.point = crash if isinstance(crash, str) else None
         self.env.crashes.after_statement = crash if isinstance(crash, int) else None
         self._record(chosen, chosen.deliver(self.broker.take(pick, keep), eager))
