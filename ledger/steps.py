@@ -235,7 +235,7 @@ class Advance:
     wait: Wait | None = None
     defaults: BudgetDefaults = field(default_factory=lambda: BudgetDefaults())
     state_schema_version: int = 1
-    refs: dict[str, Any] | None = None  # see tasks/services.py StepServices.refs()
+    refs: dict[str, Any] | None = None  # see tasks/scope.py StepScope.refs()
 
     @property
     def status(self) -> RunStatus:

@@ -64,7 +64,7 @@ class LeaseLost(OnwardError):
     """Another worker took over this step; the current attempt's work is discarded."""
 
 
-# tools and effects (tasks/tools.py, tasks/services.py, tasks/toolcheck.py)
+# tools and effects (tasks/tools.py, tasks/effect_calls.py, tasks/toolcheck.py)
 
 class ToolError(OnwardError):
     """The provider answered and refused. ``retryable`` says whether trying again can help

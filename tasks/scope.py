@@ -1,0 +1,150 @@
+"""What every call a step makes through ``ctx`` shares (docs/design.md section 5): the
+step's identity and lease, its ``command_id``s, the references its checkpoint binds, the
+run's launch and budgets, and the decisions its body must not swallow (``Control``,
+tasks/control.py). ``StepServices`` (tasks/services.py) is this scope with effect calls
+(tasks/effect_calls.py), evidence calls (tasks/evidence_calls.py), limits and retries
+(tasks/call_limits.py) and replay answers (tasks/replay_answers.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+from uuid import UUID
+
+import structlog
+
+from ledger.checkpoints import canonical_json, sha256_hex
+from ledger.effects import EffectStore
+from ledger.evidence import Evidence, EvidenceStore
+from ledger.exceptions import CancelRequested, IntegrityViolation, InvalidInput
+from ledger.limits import LimitStore, RetryStore
+from ledger.lineage import Launch, LineageStore
+from ledger.vocabulary import ParkReason, Priority, ToolClass
+from ledger.waits import WaitStore
+from tasks import credentials
+from tasks.clock import StepClock
+from tasks.control import CancelFor, Control, Suspend
+from tasks.exceptions import OutcomeError
+from tasks.limits import declared_limits
+from tasks.llm import LLMClient
+from tasks.retry import RetryPolicy, default_policy
+from tasks.tools import Tool
+
+T = TypeVar("T")
+log = structlog.get_logger("onward.services")
+
+
+def effect_id_for(run_id: UUID, effect_type: str, command_id: str) -> str:
+    """``sha256(run_id : effect type : command_id)``: the provider's idempotency key."""
+    return hashlib.sha256(f"{run_id}:{effect_type}:{command_id}".encode()).hexdigest()
+
+
+def request_hash_of(payload: Any) -> str:
+    try:
+        return sha256_hex(canonical_json(payload))
+    except InvalidInput as exc:
+        raise OutcomeError(f"effect payload is not plain JSON: {exc}") from exc
+
+
+def call_error(exc: BaseException) -> dict[str, Any]:
+    """An error as an attempt or a retry count records it: redacted, without NUL."""
+    message = credentials.redact(str(exc))[:2000].replace("\x00", "\\0")  # no NUL in PG
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": message}
+    status_code = getattr(exc, "status_code", None)
+    if status_code is not None:
+        error["status_code"] = status_code
+    return error
+
+
+class StepScope:
+    """One execution of one step: what its calls share."""
+
+    def __init__(self, *, effects: EffectStore, evidence: EvidenceStore, run_id: UUID,
+                 tenant_id: str, seq: int, step: str, epoch: int, worker: str,
+                 llm_client: LLMClient | None, control: dict[str, Any] | None = None,
+                 tokens_left: int | None = None, cost_left_usd: float | None = None,
+                 spent: dict[str, Any] | None = None, launch: Launch | None = None,
+                 clock: StepClock, max_effect_payload_bytes: int | None = None,
+                 max_json_depth: int | None = None, tool_timeout_s: float = 30.0,
+                 lease_margin_s: float = 5.0, model_timeout_s: float = 120.0,
+                 priority: Priority = Priority.NORMAL, limit_poll_s: float = 5.0) -> None:
+        self.effects = effects
+        self.evidence = evidence
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.seq = seq
+        self.step = step
+        self.epoch = epoch
+        self.worker = worker
+        self.llm_client = llm_client
+        self.control = Control()
+        self.checkpoint_control = control or {}
+        self.tokens_left = tokens_left
+        self.cost_left_usd = cost_left_usd
+        self.spent = spent or {}
+        self._ordinal = 0
+        self._last_command = ""
+        self._evidence_refs: list[dict[str, Any]] = []
+        self._effect_refs: list[dict[str, Any]] = []
+        self.usage_tokens = 0
+        self.usage_cost_usd = 0.0
+        self.launch = launch or Launch()
+        self.clock = clock
+        self.lineage = LineageStore(effects.conn)
+        self.waits = WaitStore(effects.conn)
+        self._source: UUID | None = None
+        self._source_known = False
+        self.max_effect_payload_bytes = max_effect_payload_bytes
+        self.max_json_depth = max_json_depth
+        self.tool_timeout_s = tool_timeout_s
+        # a model call's time limit: the client's own (``timeout_s``), else the default
+        self.model_timeout_s = float(getattr(llm_client, "timeout_s", None) or model_timeout_s)
+        self.lease_margin_s = lease_margin_s
+        self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
+        self.priority = Priority(priority)
+        self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
+        self.retries = RetryStore(effects.conn)
+        self.limits = LimitStore(effects.conn)
+        self.model_limits = declared_limits(llm_client)
+        model_retry = getattr(llm_client, "retry", None)
+        self.model_retry = (model_retry if isinstance(model_retry, RetryPolicy)
+                            else default_policy(ToolClass.READ))
+        self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
+
+    def command_id(self, key: str | None) -> str:
+        """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
+        if key is not None:
+            self._last_command = f"{self.step}@{self.seq}:{key}"
+        else:
+            self._ordinal += 1
+            self._last_command = f"{self.step}@{self.seq}#{self._ordinal}"
+        return self._last_command
+
+    def refs(self, spent: dict[str, Any]) -> dict[str, Any]:
+        """What the checkpoint this step commits binds under its MAC (docs/design.md section 9):
+        the evidence and effects the step used, and the budgets it started with."""
+        return {"evidence": self._evidence_refs, "effects": self._effect_refs, "budgets": spent}
+
+    def cancelled(self, exc: CancelRequested) -> Suspend:
+        """Record the operator's cancel on ``control`` (the body cannot swallow it)."""
+        self.control.cancel(CancelFor(str(exc)))
+        return Suspend()
+
+    def timeout(self, tool: Tool) -> float:
+        return tool.timeout_for(self.tool_timeout_s)
+
+    def _verified(self, read: Callable[[], T]) -> T:
+        """What ``read`` returns, unless it does not verify against its MAC: then the run is
+        parked (integrity) and nothing is answered with the edited record."""
+        try:
+            return read()
+        except IntegrityViolation as exc:
+            self.control.park(ParkReason.INTEGRITY, exc)
+            raise
+
+    def _find(self, run_id: UUID, command_id: str) -> Evidence | None:
+        """A recorded answer that verifies; one that does not parks the run (integrity):
+        an edited record is never answered with, and nothing is asked again in its place."""
+        return self._verified(lambda: self.evidence.find(run_id, command_id))
