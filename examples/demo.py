@@ -67,13 +67,20 @@ from harness.model_server import ModelServer
 from harness.processes import ROOT, Proc, Processes, wait_ready
 from harness.provider import ReferenceProvider
 from harness.waiting import wait_for
-from ledger import AttemptOutcome, Ledger, OnwardSettings, Run, RunStatus
-from ledger.effects import Effect
-from ledger.exceptions import ApprovalRefused
-from ledger.stats import BatchStats
-from ledger.vocabulary import ApprovalStatus, EffectStatus
-from ledger.waits import Approval
-from tasks.waiting import artifact_hash
+from ledger import (
+    Approval,
+    ApprovalRefused,
+    ApprovalStatus,
+    AttemptOutcome,
+    BatchStats,
+    Effect,
+    EffectStatus,
+    Ledger,
+    OnwardSettings,
+    Run,
+    RunStatus,
+)
+from tasks import artifact_hash
 
 WORKFLOW = "research_agent"
 SALES_WORKFLOW = "sales_offer_agent"

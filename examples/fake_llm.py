@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.llm import LLMResponse
+from tasks import LLMResponse
 
 
 class FakeModel:

@@ -28,12 +28,16 @@ from typing import Any
 import httpcore
 import httpx
 
-from ledger.vocabulary import ToolClass
-from tasks import credentials
-from tasks.exceptions import ToolError
-from tasks.limits import Limit
-from tasks.retry import RetryPolicy, parse_retry_after
-from tasks.tools import Tool, ToolResult
+from tasks import (
+    Limit,
+    RetryPolicy,
+    Tool,
+    ToolClass,
+    ToolError,
+    ToolResult,
+    credentials,
+    parse_retry_after,
+)
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)  # when no timeout is given (admin requests)
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tasks import StepContext, Workflow
-from tasks.llm import LLMResponse
+from tasks import LLMResponse, StepContext, Workflow
 from tasks.llm_openai import OpenAIChat
 
 SEARCH_TOOL = {"type": "function", "function": {

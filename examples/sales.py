@@ -11,8 +11,7 @@ from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
 from examples.provider_client import provider_tool
-from ledger.vocabulary import ToolClass
-from tasks import Sensitive, StepContext, Workflow
+from tasks import Sensitive, StepContext, ToolClass, Workflow
 
 MODEL = "sales-model"
 

@@ -34,6 +34,9 @@ from ledger import signed
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.exceptions import AnchorRefused, IntegrityViolation, InvalidInput
 
+__all__ = ["FORMAT", "Anchor", "Head", "decode", "encode", "merkle_root"]
+
+
 FORMAT = "onward-anchor/1"
 
 

@@ -19,6 +19,17 @@ from urllib.parse import unquote, urlparse
 
 from ledger.exceptions import AnchorUnavailable, InvalidInput
 
+__all__ = [
+    "NAME",
+    "AnchorStore",
+    "DirectoryStore",
+    "anchor_name",
+    "find_anchor",
+    "open_store",
+    "taken_at_of",
+]
+
+
 NAME = re.compile(r"^anchor-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-f]{16})\.jsonl\.gz$")
 """``anchor-<time taken, UTC>-<first 16 hex digits of the root>.jsonl.gz``."""
 

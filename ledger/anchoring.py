@@ -37,6 +37,20 @@ from ledger.vocabulary import AuditAction, AuditOutcome
 if TYPE_CHECKING:
     from ledger.api import Ledger
 
+__all__ = [
+    "BATCH",
+    "Anchorer",
+    "Anchors",
+    "Compared",
+    "Published",
+    "check_against",
+    "compare_txn",
+    "latest",
+    "publish",
+    "read_heads",
+]
+
+
 BATCH = 5000
 """Heads fetched (when taking) and compared (one statement) at a time."""
 

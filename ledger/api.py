@@ -75,6 +75,9 @@ from ledger.vocabulary import (
     RunStatus,
 )
 
+__all__ = ["REFUSALS", "Ledger"]
+
+
 T = TypeVar("T")
 
 

@@ -20,11 +20,10 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import PermissionDenied
 from ledger.schema import audit
+from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
-# Deprecated aliases (issue 12), for one landing window: import these from ledger.vocabulary.
-from ledger.vocabulary import AuditAction as AuditAction
-from ledger.vocabulary import AuditOutcome as AuditOutcome
-from ledger.vocabulary import Role as Role
+__all__ = ["REQUIRED_ROLE", "Actor", "AuditEntry", "AuditRecord", "list_audit_txn", "record_txn"]
+
 
 REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.CONTINUE: Role.OPERATOR,

@@ -33,6 +33,9 @@ from ledger.exceptions import IntegrityViolation
 from ledger.schema import audit, audit_heads
 from ledger.verify import Problem
 
+__all__ = ["SEAL_LOCK", "Sealed", "seal_txn", "verify_audit_txn"]
+
+
 SEAL_LOCK = 0x0A_0D_17_5E
 """The advisory lock one sealer holds while it extends the chains."""
 

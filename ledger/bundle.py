@@ -33,6 +33,25 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.schema import metadata
 
+__all__ = [
+    "BUNDLE_VERSION",
+    "DROPPABLE",
+    "DROPPED",
+    "FORMAT",
+    "KEPT",
+    "TABLES",
+    "Bundle",
+    "BundleWriter",
+    "DropPolicy",
+    "bundle_mac_body",
+    "decode_row",
+    "encode_row",
+    "iter_rows",
+    "open_for_write",
+    "read_bundle",
+]
+
+
 FORMAT = "onward-corpus"
 BUNDLE_VERSION = 1
 TABLES = ("runs", "artifacts", "checkpoints", "evidence", "effects", "effect_attempts",

@@ -25,6 +25,9 @@ from psycopg.rows import tuple_row
 from ledger import sql
 from ledger.exceptions import InvalidInput, UnknownWorkflow
 
+__all__ = ["ADVERTISED", "CACHE_S", "Catalog", "catalog_of", "check_start", "check_start_async"]
+
+
 ADVERTISED = sql.statement("advertised_workflows")
 CACHE_S = 5.0
 """How long a process trusts what it read (a name not found is always read again)."""

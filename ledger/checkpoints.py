@@ -25,6 +25,19 @@ from ledger.settings import OnwardSettings
 if TYPE_CHECKING:
     from ledger.crypto import Keyring
 
+__all__ = [
+    "ARTIFACT_KEY",
+    "ENVELOPE_VERSION",
+    "CheckpointBody",
+    "CheckpointKeys",
+    "artifact_ref",
+    "canonical_json",
+    "check_parent_link",
+    "sha256_hex",
+    "verify_checkpoint",
+]
+
+
 ENVELOPE_VERSION = 2
 """The envelope new checkpoints are written with. 2: the MAC'd body names the run's
 workflow. A checkpoint keeps the version it was written with and verifies as such, so
@@ -405,6 +418,3 @@ def check_parent_link(body: CheckpointBody, parent_found: str | bool | None) -> 
         raise IntegrityViolation(f"run {body.run_id}: the parent of checkpoint {body.seq} "
                                  f"(seq {body.seq - 1}) {state}")
 
-
-verify = verify_checkpoint
-"""Deprecated alias (issue 12), for one landing window: ``verify_checkpoint``."""

@@ -34,6 +34,9 @@ from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.settings import OnwardSettings
 from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
+__all__ = ["LISTEN_CYCLE_S", "AsyncLedger"]
+
+
 T = TypeVar("T")
 LISTEN_CYCLE_S = 0.1
 """How often the listener looks for new channels to LISTEN to between notifications."""

@@ -11,6 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+__all__ = ["TimeOrSpan", "at_or_ago"]
+
+
 TimeOrSpan = datetime | timedelta
 """An instant (aware), or a span back from the database's now."""
 

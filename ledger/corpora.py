@@ -26,6 +26,9 @@ from ledger.vocabulary import AuditAction, AuditOutcome
 if TYPE_CHECKING:
     from ledger.api import Ledger
 
+__all__ = ["Corpora", "Imported"]
+
+
 T = TypeVar("T")
 
 

@@ -26,6 +26,23 @@ from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
 from ledger.schema import corpora, corpus_runs, runs
 from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
+__all__ = [
+    "PINNABLE",
+    "CorpusSummary",
+    "Pinned",
+    "PinnedRun",
+    "Selection",
+    "check_name",
+    "get_corpus_txn",
+    "list_corpora_txn",
+    "pin_ids_txn",
+    "pin_txn",
+    "pinned_runs_txn",
+    "pinned_txn",
+    "remove_txn",
+]
+
+
 PINNABLE = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 """Runs that stopped for good: what a corpus pins."""
 

@@ -38,6 +38,8 @@ from ledger.schema import (
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome
 
+__all__ = ["Exported", "Loaded", "check_complete", "export_txn", "load_txn", "verify_loaded_txn"]
+
 
 @dataclass(frozen=True)
 class Exported:

@@ -17,6 +17,8 @@ from ledger.checkpoints import artifact_ref
 from ledger.schema import artifacts, effects, evidence, runs
 from ledger.states import checkpoint_rows_txn, state_of
 
+__all__ = ["Call", "Checkpoint", "History", "read_history_txn", "recorded_request_txn"]
+
 
 @dataclass(frozen=True)
 class Call:

@@ -26,6 +26,8 @@ from ledger.schema import artifacts, checkpoints, runs, step_attempts
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
+__all__ = ["ReplayCopy", "copy_replays_txn", "open_replays_txn"]
+
 
 @dataclass(frozen=True)
 class ReplayCopy:

@@ -20,6 +20,29 @@ from ledger import sql
 from ledger.exceptions import InvalidInput, LedgerUnavailable, SchemaMismatch, StatementRefused
 from ledger.settings import OnwardSettings
 
+__all__ = [
+    "HEAD_REVISION",
+    "SET_TENANT",
+    "TENANT_OPTION",
+    "Engine",
+    "RevisionWatch",
+    "connect_raw",
+    "create_engine",
+    "current_revision",
+    "database_url",
+    "engine_of_its_own",
+    "libpq_conninfo",
+    "normalize_url",
+    "require_current_schema",
+    "revision_changed",
+    "scoped_to_tenant",
+    "set_tenant",
+    "snapshot",
+    "stored_revision",
+    "wrap_driver_errors",
+]
+
+
 HEAD_REVISION = "0039"
 """The Alembic revision this code expects; bump with every migration."""
 

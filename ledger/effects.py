@@ -21,7 +21,6 @@ from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.crypto import MASK, Place, open_value, seal_value
 from ledger.exceptions import (
     CancelRequested,
-    EffectConflict,  # noqa: F401  deprecated alias (issue 12): import it from ledger.exceptions
     EffectFenced,
     IntegrityViolation,
     OnwardError,
@@ -30,6 +29,24 @@ from ledger.hot import HotConnection
 from ledger.schema import effect_attempts as effect_attempts_table
 from ledger.schema import effects as effects_table
 from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
+
+__all__ = [
+    "ANSWER_AFTER_LEASE",
+    "CALL_OVERRAN",
+    "NEVER_LANDED",
+    "OUTCOME_UNKNOWN",
+    "UNKNOWN_CALL",
+    "Effect",
+    "EffectAttempt",
+    "EffectStore",
+    "Intent",
+    "check_effect",
+    "list_attempts_txn",
+    "list_effects_txn",
+    "overran_call",
+    "unknown_call",
+]
+
 
 CALL_OVERRAN = "CallOverran"
 """The error type a call's worker marks a call with while it is in flight past its time limit."""
@@ -351,20 +368,6 @@ class EffectStore:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
         return [opened_effect(self.keys, Effect.from_row(r))
                 for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
-
-    # Deprecated aliases (issue 12), for one landing window: these reads are the waits
-    # store's (ledger/waits.py ``WaitStore``).
-    def approval(self, approval_id: str) -> dict[str, Any] | None:
-        from ledger.waits import WaitStore
-        return WaitStore(self.conn).approval(approval_id)
-
-    def approval_for_step(self, approval_id: str, run_id: UUID, seq: int) -> dict[str, Any] | None:
-        from ledger.waits import WaitStore
-        return WaitStore(self.conn).approval_for_step(approval_id, run_id, seq)
-
-    def signal_payload(self, run_id: UUID, name: str, seq: int) -> Any:
-        from ledger.waits import WaitStore
-        return WaitStore(self.conn).signal_payload(run_id, name, seq)
 
 
 @dataclass(frozen=True)

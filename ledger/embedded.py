@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+__all__ = ["DATABASE", "home_lock", "postgres_url", "stop_postgres"]
+
+
 DATABASE = "postgres"
 
 

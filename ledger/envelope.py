@@ -16,6 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.checkpoints import artifact_ref
 from ledger.vocabulary import OutcomeKind
 
+__all__ = [
+    "ArtifactRef",
+    "Budgets",
+    "CheckpointEnvelope",
+    "Compatibility",
+    "EffectRef",
+    "EvidenceRef",
+    "Identity",
+    "Inputs",
+    "MigratedFrom",
+    "Position",
+]
+
 
 class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -30,6 +30,9 @@ from ledger.exceptions import (
 )
 from ledger.hot import HotConnection
 
+__all__ = ["INLINE_LIMIT", "Evidence", "EvidenceRecord", "EvidenceStore", "checked_response"]
+
+
 INLINE_LIMIT = 8 * 1024
 """Responses larger than this (canonical JSON bytes) go to an artifact."""
 

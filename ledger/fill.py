@@ -11,6 +11,9 @@ from sqlalchemy.engine import Connection
 
 from ledger import sql
 
+__all__ = ["fill_approvals_txn", "fill_long_run_txn", "fill_runs_txn"]
+
+
 _RUNS = sql.text("fill_runs")
 _APPROVALS = sql.text("fill_approvals")
 _LONG_RUN = sql.text("fill_long_run")

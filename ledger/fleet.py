@@ -18,6 +18,9 @@ from psycopg.types.json import Jsonb
 from ledger import sql
 from ledger.hot import HotConnection
 
+__all__ = ["UNSERVED_SQL", "FleetStore", "Unserved", "WorkerAd", "WorkerRow"]
+
+
 _ADVERTISE_QUEUE = sql.statement("advertise_queue")
 _ADVERTISE_WORKER = sql.statement("advertise_worker")
 _RETIRE = sql.statement("retire_worker")

@@ -60,6 +60,21 @@ from ledger.vocabulary import (
 )
 from ledger.waits import check_decision, check_terms
 
+__all__ = [
+    "BudgetPolicy",
+    "ForkRequest",
+    "Launched",
+    "PatchChange",
+    "StateCheck",
+    "apply_patch",
+    "describe_patch",
+    "fork_txn",
+    "preview_txn",
+    "refuse_patch_at_approval",
+    "resolve_state_txn",
+]
+
+
 StateCheck = Callable[[str, "int | None", dict[str, Any]], None]
 """Validates a branch's patched state against the workflow's model (raise InvalidInput)."""
 

@@ -24,6 +24,17 @@ from ledger.hot import HotConnection
 from ledger.limits import LimitState, limit_states_txn
 from ledger.vocabulary import RunStatus
 
+__all__ = [
+    "QUOTA_PROBES",
+    "Health",
+    "QuotaUse",
+    "TotalKey",
+    "add_totals",
+    "health_txn",
+    "read_health",
+]
+
+
 # Counters' keys: (workflow, version, metric, label).
 TotalKey = tuple[str, int, str, str]
 

@@ -28,6 +28,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ledger.db import libpq_conninfo
 from ledger.exceptions import LedgerUnavailable, StatementRefused
 
+__all__ = ["CONNECT_TIMEOUT_S", "HotConnection", "positional"]
+
+
 CONNECT_TIMEOUT_S = 10.0
 """How long a statement waits for a connection (pool exhausted or database unreachable)."""
 

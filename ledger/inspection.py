@@ -20,6 +20,25 @@ from ledger.schema import checkpoints, effects, evidence, runs, step_attempts
 from ledger.states import checkpoint_row_txn
 from ledger.vocabulary import EffectStatus, RunStatus
 
+__all__ = [
+    "ATTENTION",
+    "CheckpointSummary",
+    "CheckpointView",
+    "ModelCall",
+    "RunFilter",
+    "TimelinePage",
+    "attention_counts_txn",
+    "checkpoint_summaries_txn",
+    "find_effect_txn",
+    "get_checkpoint_txn",
+    "id_range",
+    "list_effects_txn",
+    "list_runs_txn",
+    "model_calls_txn",
+    "resolve_run_txn",
+    "timeline_page_txn",
+]
+
 
 @dataclass(frozen=True)
 class RunFilter:

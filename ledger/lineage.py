@@ -22,6 +22,16 @@ from ledger.exceptions import IntegrityViolation
 from ledger.hot import HotConnection
 from ledger.vocabulary import ApprovalStatus, AttemptOutcome, FailReason, LaunchMode
 
+__all__ = [
+    "APPROVAL_AT",
+    "SIGNAL_AT",
+    "STEP_AFTER",
+    "Divergence",
+    "Launch",
+    "LineageStore",
+    "resume_after_wait",
+]
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -10,6 +10,9 @@ from sqlalchemy.engine import Engine
 
 from ledger.db import wrap_driver_errors
 
+__all__ = ["MIGRATIONS", "alembic_config", "downgrade", "upgrade"]
+
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 

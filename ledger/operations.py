@@ -47,6 +47,27 @@ from ledger.vocabulary import (
     RunStatus,
 )
 
+__all__ = [
+    "REPLAY_MODES",
+    "Cancelled",
+    "Continued",
+    "Finding",
+    "RepeatStarted",
+    "begin_repeat_txn",
+    "cancel_txn",
+    "continue_run_txn",
+    "decide_approval_txn",
+    "finish_repeat_txn",
+    "get_effect_txn",
+    "lock_run_txn",
+    "queue_step_txn",
+    "repeat_key",
+    "require_reason",
+    "resolve_effect_txn",
+    "resolve_plan",
+]
+
+
 REPLAY_MODES = (LaunchMode.EVIDENCE, LaunchMode.SIMULATION, LaunchMode.LIVE)
 
 # Failures that are decisions, not accidents: continuing would only repeat them.
@@ -590,6 +611,3 @@ def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: d
         raise InvalidInput("a completed effect needs the provider's reference of the object "
                            "you found (--provider-ref)")
 
-
-decide_txn = decide_approval_txn
-"""Deprecated alias (issue 12), for one landing window: ``decide_approval_txn``."""

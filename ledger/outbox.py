@@ -26,6 +26,9 @@ from ledger import sql
 from ledger.db import connect_raw
 from ledger.exceptions import LedgerUnavailable
 
+__all__ = ["CHANNEL", "OutboxMessage", "OutboxStore"]
+
+
 CHANNEL = "onward_outbox"
 
 _DUE = sql.statement("due_messages")

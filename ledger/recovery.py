@@ -16,6 +16,9 @@ from ledger.db import wrap_driver_errors
 from ledger.exceptions import OnwardError
 from ledger.waits import WaitSweep, sweep_waits_txn
 
+__all__ = ["RecoveryStore", "SweepReport"]
+
+
 _REQUEUE_EXPIRED = sql.text("requeue_expired")
 _PARK_EXHAUSTED = sql.text("park_exhausted")
 _RESEND_STALLED = sql.text("resend_stalled")

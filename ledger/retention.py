@@ -36,6 +36,23 @@ from ledger.schema import checkpoints, corpus_runs, runs
 from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, Role, RunStatus
 
+__all__ = [
+    "REAPER_ACTOR",
+    "TERMINAL",
+    "Applied",
+    "Candidate",
+    "Plan",
+    "Policy",
+    "apply",
+    "candidates_txn",
+    "compact_run_txn",
+    "compacted_problem",
+    "days_for",
+    "parse_policies",
+    "plan_txn",
+]
+
+
 TERMINAL = (RunStatus.COMPLETED.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value)
 REAPER_ACTOR = "onward-reaper"
 

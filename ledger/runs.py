@@ -30,6 +30,24 @@ from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
 from ledger.vocabulary import OutcomeKind, Priority, RunStatus
 
+__all__ = [
+    "EXISTING_RUN",
+    "START_RUN",
+    "Budgets",
+    "Run",
+    "StartRequest",
+    "TimelineEntry",
+    "driver_connection",
+    "existing_run",
+    "get_run",
+    "list_runs",
+    "start_params",
+    "start_run_txn",
+    "timeline",
+    "validate_input",
+    "validate_request",
+]
+
 
 @dataclass(frozen=True)
 class Run:

@@ -33,17 +33,50 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-# Deprecated aliases (issue 12), for one landing window: import these from ledger.vocabulary.
-from ledger.vocabulary import ApprovalStatus as ApprovalStatus
-from ledger.vocabulary import AttemptOutcome as AttemptOutcome
-from ledger.vocabulary import EffectAttemptKind as EffectAttemptKind
-from ledger.vocabulary import EffectStatus as EffectStatus
-from ledger.vocabulary import EvidenceKind as EvidenceKind
-from ledger.vocabulary import LaunchMode as LaunchMode
-from ledger.vocabulary import OutcomeKind as OutcomeKind
-from ledger.vocabulary import Priority, Role
-from ledger.vocabulary import RunStatus as RunStatus
-from ledger.vocabulary import ToolClass as ToolClass
+from ledger.vocabulary import (
+    ApprovalStatus,
+    AttemptOutcome,
+    EffectAttemptKind,
+    EffectStatus,
+    EvidenceKind,
+    LaunchMode,
+    OutcomeKind,
+    Priority,
+    Role,
+    RunStatus,
+    ToolClass,
+)
+
+__all__ = [
+    "NULLABLE_JSON",
+    "SCHEMA",
+    "TS",
+    "VERSION_TABLE",
+    "approvals",
+    "artifacts",
+    "audit",
+    "audit_heads",
+    "call_retries",
+    "checkpoints",
+    "corpora",
+    "corpus_runs",
+    "effect_attempts",
+    "effects",
+    "evidence",
+    "limit_grants",
+    "limit_waiters",
+    "limits",
+    "metadata",
+    "metric_totals",
+    "outbox",
+    "runs",
+    "signals",
+    "step_attempts",
+    "tokens",
+    "worker_queues",
+    "workers",
+]
+
 
 SCHEMA = "onward"
 VERSION_TABLE = "onward_alembic_version"

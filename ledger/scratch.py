@@ -21,6 +21,9 @@ from ledger.migrate import upgrade
 from ledger.schema import SCHEMA
 from ledger.settings import OnwardSettings
 
+__all__ = ["PREFIX", "scratch_database"]
+
+
 PREFIX = "onward_replay"
 
 

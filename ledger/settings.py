@@ -10,6 +10,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+__all__ = ["OnwardSettings"]
+
 
 def _os_user() -> str:
     try:

@@ -15,6 +15,29 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from uuid import UUID
 
+__all__ = [
+    "AUDIT_FIELDS",
+    "EVIDENCE_FIELDS",
+    "INTENT_FIELDS",
+    "anchor",
+    "approval_decision",
+    "approval_terms",
+    "audit_head",
+    "audit_link",
+    "audit_row",
+    "compacted",
+    "effect_attempt",
+    "effect_intent",
+    "effect_outcome",
+    "evidence",
+    "head",
+    "launch",
+    "micros",
+    "money",
+    "result",
+    "signal",
+]
+
 
 def head(run_id: UUID, seq: int, head_hash: str) -> dict[str, Any]:
     """The run's head: the checkpoint it is at. Written by every statement that moves the

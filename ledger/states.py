@@ -40,6 +40,21 @@ from ledger.checkpoints import artifact_ref, canonical_json, sha256_hex
 from ledger.exceptions import IntegrityViolation, OperationRefused
 from ledger.schema import artifacts, checkpoints
 
+__all__ = [
+    "SNAPSHOT_EVERY",
+    "Stored",
+    "apply",
+    "chain_states",
+    "checkpoint_row_txn",
+    "checkpoint_rows_txn",
+    "diff",
+    "needed_artifacts",
+    "reconstruct",
+    "state_of",
+    "store_as",
+]
+
+
 SNAPSHOT_EVERY = 16
 """Default of ``ONWARD_CHECKPOINT_SNAPSHOT_EVERY``."""
 

@@ -9,6 +9,9 @@ from sqlalchemy.engine import Connection
 
 from ledger import sql
 
+__all__ = ["BatchStats", "batch_stats"]
+
+
 _BATCH = sql.text("batch_stats")
 
 

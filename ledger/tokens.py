@@ -25,6 +25,21 @@ from ledger.exceptions import InvalidInput, Unauthenticated, UnknownToken
 from ledger.schema import tokens
 from ledger.vocabulary import Role
 
+__all__ = [
+    "MAX_TTL",
+    "PREFIX",
+    "Issued",
+    "Token",
+    "TokenRequest",
+    "authenticate_txn",
+    "digest",
+    "find_txn",
+    "issue_txn",
+    "list_txn",
+    "revoke_txn",
+]
+
+
 PREFIX = "onw_"
 """Every secret starts with this, so secret scanners and people recognise one."""
 

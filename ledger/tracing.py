@@ -23,6 +23,23 @@ from uuid import UUID
 
 from ledger.exceptions import TracingUnavailable
 
+__all__ = [
+    "available",
+    "current_context",
+    "describe_step",
+    "disable",
+    "enable",
+    "enabled",
+    "flush",
+    "name_run",
+    "name_step",
+    "requested",
+    "span",
+    "start_run_span",
+    "step_span",
+]
+
+
 _tracer: Any = None  # an opentelemetry Tracer once enabled
 _api: Any = None  # the opentelemetry.trace module once enabled
 _PROPAGATOR: Any = None

@@ -42,6 +42,16 @@ from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
 from ledger.waits import check_signal, check_terms
 
+__all__ = [
+    "Problem",
+    "chain_problems",
+    "head_disagreement",
+    "result_problem",
+    "run_ids_txn",
+    "verify_run_txn",
+    "verify_source_txn",
+]
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -31,6 +31,25 @@ from ledger.hot import HotConnection
 from ledger.schema import approvals, checkpoints, outbox, runs, signals
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason, RunStatus
 
+__all__ = [
+    "WAKE_ON_SIGNAL",
+    "Approval",
+    "WaitStore",
+    "WaitSweep",
+    "check_decision",
+    "check_signal",
+    "check_terms",
+    "close_unsent",
+    "get_approval_txn",
+    "list_approvals_txn",
+    "may_decide",
+    "park_unknown",
+    "record_decision_txn",
+    "signal_txn",
+    "sweep_waits_txn",
+    "unknown_effect",
+]
+
 
 @dataclass(frozen=True)
 class Approval:
@@ -416,6 +435,3 @@ def _deadline(conn: Connection, row: Any) -> None:
           spent={"attempts": row["attempts_total"], "tokens": row["used_tokens"],
                  "cost_usd": float(row["used_cost_usd"])})
 
-
-decide_txn = record_decision_txn
-"""Deprecated alias (issue 12), for one landing window: ``record_decision_txn``."""

@@ -35,6 +35,25 @@ from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.runs import Run
 from ledger.vocabulary import RunStatus
 
+__all__ = [
+    "CHANNEL_PREFIX",
+    "READ_RUN",
+    "READ_STEPS",
+    "UNWATCH",
+    "WATCH",
+    "BlockingWatcher",
+    "EventKind",
+    "RunEvent",
+    "RunOutcome",
+    "RunWatch",
+    "events_blocking",
+    "remaining",
+    "run_channel",
+    "stopped",
+    "wait_blocking",
+]
+
+
 CHANNEL_PREFIX = "onward_run_"
 
 READ_RUN = sql.statement("watched_run")

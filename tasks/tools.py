@@ -29,10 +29,7 @@ from typing import Any, Literal
 
 from ledger.vocabulary import EffectAttemptOutcome, ToolClass
 from tasks import aio, deadline
-from tasks.exceptions import (
-    ToolError,  # noqa: F401  deprecated alias (issue 12): import it from tasks.exceptions
-    WorkflowDefinitionError,
-)
+from tasks.exceptions import WorkflowDefinitionError
 from tasks.limits import Limit, declared_limits
 from tasks.retry import RetryPolicy, default_policy
 
