@@ -35,6 +35,9 @@ from typing import Any, TypeVar
 
 from tasks.deadline import StepDeadline
 
+__all__ = ["StepThread", "offload", "process_loop", "resolve", "run"]
+
+
 T = TypeVar("T")
 
 

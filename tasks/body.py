@@ -12,6 +12,8 @@ from tasks.deadline import StepDeadline
 from tasks.exceptions import LeaseLost, StepError, StepTimedOut
 from tasks.workflow import Step
 
+__all__ = ["run_step_body"]
+
 
 def run_step_body(step: Step, ctx: BaseContext, state: Any) -> Any:
     """What the body returns. Past the step's timeout it is interrupted where the pool

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+__all__ = ["StepClock"]
+
 
 @dataclass(frozen=True)
 class StepClock:

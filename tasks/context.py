@@ -17,6 +17,8 @@ from tasks.tools import Tool
 from tasks.waiting import aware
 from tasks.workflow import Step, Workflow
 
+__all__ = ["AsyncStepContext", "BaseContext", "StepContext"]
+
 
 @dataclass
 class BaseContext:

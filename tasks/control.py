@@ -14,6 +14,8 @@ from typing import Any
 from ledger.lineage import Divergence
 from ledger.vocabulary import FailReason, ParkReason
 
+__all__ = ["CancelFor", "Control", "DivergeFor", "FailFor", "ParkFor", "Suspend", "WaitFor"]
+
 
 class Suspend(BaseException):
     """Unwinds a step that must wait or be parked. Not an Exception, so ``except Exception``

@@ -27,6 +27,23 @@ from typing import Any
 
 from tasks.exceptions import CredentialUnavailable
 
+__all__ = [
+    "MASK",
+    "MIN_REDACTED",
+    "SCHEME",
+    "RedactingFilter",
+    "env_name",
+    "held_in",
+    "is_reference",
+    "lookup",
+    "redact",
+    "redact_event",
+    "redact_value",
+    "reference",
+    "resolve",
+]
+
+
 SCHEME = "secret://"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
 MASK = "***"

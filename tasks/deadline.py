@@ -35,6 +35,18 @@ from types import FrameType
 
 from tasks.exceptions import StepTimedOut
 
+__all__ = [
+    "StepDeadline",
+    "bound",
+    "can_interrupt",
+    "check",
+    "current",
+    "in_force",
+    "interruptible",
+    "interrupting",
+    "shielded",
+]
+
 
 @dataclass(frozen=True)
 class StepDeadline:

@@ -46,6 +46,16 @@ from tasks.services import StepServices
 from tasks.step_ledger import StepLedger
 from tasks.workflow import Registry, Step
 
+__all__ = [
+    "ExecutorConfig",
+    "ReportKind",
+    "StepMessage",
+    "StepReport",
+    "execute_step",
+    "retry_delay",
+]
+
+
 log = structlog.get_logger("onward.executor")
 
 

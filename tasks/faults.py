@@ -19,6 +19,9 @@ from pathlib import Path
 
 from tasks.exceptions import FaultSpecError, InjectedFault
 
+__all__ = ["POINTS", "Fault", "InjectedFault", "arm_from_env", "point"]
+
+
 POINTS = frozenset(
     {
         "after_claim",

@@ -23,6 +23,17 @@ from uuid import UUID
 
 from tasks import aio, deadline
 
+__all__ = [
+    "LLMClient",
+    "LLMResponse",
+    "StreamTo",
+    "TokenSink",
+    "call_model",
+    "parse_arguments",
+    "sdk_timeout",
+    "set_token_sink",
+]
+
 
 @dataclass(frozen=True)
 class LLMResponse:

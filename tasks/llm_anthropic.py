@@ -16,6 +16,8 @@ from tasks.llm import LLMResponse, sdk_timeout
 from tasks.llm_openai import Prices, price_of
 from tasks.retry import RetryPolicy
 
+__all__ = ["AnthropicMessages"]
+
 
 class AnthropicMessages:
     """An ``LLMClient`` over ``anthropic.Anthropic().messages``."""

@@ -25,6 +25,9 @@ from tasks.limits import Limit
 from tasks.llm import LLMResponse, parse_arguments, sdk_timeout
 from tasks.retry import RetryPolicy
 
+__all__ = ["AsyncOpenAIChat", "OpenAIChat", "Prices", "price_of"]
+
+
 Prices = dict[str, tuple[float, float]]
 """USD per million input and output tokens, by the model name the response reports (or a
 prefix of it); a model not listed costs 0."""

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from tasks.services import StepServices
     from tasks.tools import Tool
 
+__all__ = ["claimed", "effect", "model_call", "read"]
+
 
 def claimed(claim: Claim) -> None:
     """The step's lease is held: bind its attempt to log lines, describe its span."""

@@ -28,6 +28,16 @@ from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry
 
+__all__ = [
+    "RepeatOutcome",
+    "RepeatPlan",
+    "dedup_method",
+    "find_tool",
+    "plan_repeat",
+    "repeat_effect",
+    "state_check",
+]
+
 
 def find_tool(modules: list[str], name: str) -> Tool | None:
     """The Tool named ``name`` among the module attributes of the workflow modules."""

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+__all__ = ["AskApproval", "Fail", "Finish", "Goto", "Outcome", "Sleep", "WaitSignal"]
+
 
 @dataclass(frozen=True)
 class Goto:

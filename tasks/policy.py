@@ -17,6 +17,8 @@ from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
 from ledger.waits import WaitStore, check_terms
 from tasks.control import FailFor, ParkFor
 
+__all__ = ["Limits", "recheck"]
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -19,6 +19,9 @@ from ledger.effects import Effect, EffectStore
 from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 from tasks.tools import Tool, ToolResult, invoke
 
+__all__ = ["Resolver"]
+
+
 _STATUS = {
     EffectAttemptOutcome.COMPLETED: EffectStatus.COMPLETED,
     EffectAttemptOutcome.ACCEPTED: EffectStatus.ACCEPTED,

@@ -29,6 +29,8 @@ from ledger.vocabulary import OutcomeKind, ParkReason
 from tasks.sensitive import open_state
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
+__all__ = ["Migrated", "Refusal", "Restored", "restore"]
+
 
 @dataclass(frozen=True)
 class Migrated:

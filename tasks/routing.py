@@ -14,6 +14,8 @@ from typing import Any
 
 from tasks.workflow import Registry
 
+__all__ = ["ANY_VERSION", "route", "version_queue", "worker_queues", "workflow_queue"]
+
 
 def version_queue(base: str, workflow: str, version: int) -> str:
     return f"{base}.{workflow}.v{version}"

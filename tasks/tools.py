@@ -33,6 +33,8 @@ from tasks.exceptions import WorkflowDefinitionError
 from tasks.limits import Limit, declared_limits
 from tasks.retry import RetryPolicy, default_policy
 
+__all__ = ["Call", "Lookup", "Status", "Tool", "ToolResult", "invoke", "takes_timeout"]
+
 
 @dataclass(frozen=True)
 class ToolResult:

@@ -15,6 +15,8 @@ from tasks.exceptions import OutcomeError
 from tasks.outcomes import AskApproval, Sleep, WaitSignal
 from tasks.workflow import Step, Workflow
 
+__all__ = ["artifact_hash", "aware", "build_wait"]
+
 
 def artifact_hash(artifact: Any) -> str:
     """sha256 of the artifact's canonical JSON: what an approver's decision is bound to."""

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from tasks.outcomes import Outcome
     from tasks.tools import Tool
 
+__all__ = ["MigrationFn", "Registry", "Step", "StepFn", "Workflow"]
+
+
 S = TypeVar("S", bound=BaseModel)
 StepFn = (Callable[["StepContext", Any], "Outcome"]
           | Callable[["AsyncStepContext", Any], Awaitable["Outcome"]])

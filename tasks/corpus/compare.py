@@ -17,6 +17,19 @@ from ledger.corpus_history import Call, Checkpoint, History
 from ledger.vocabulary import OutcomeKind, RunStatus
 from tasks.corpus.diff import json_diff, request_diff, request_text, without
 
+__all__ = [
+    "Finding",
+    "Kind",
+    "RequestLookup",
+    "Verdict",
+    "compare",
+    "describe",
+    "diverged",
+    "stopped_early",
+    "went_on",
+]
+
+
 RequestLookup = Callable[[str, str], tuple[bool, Any]]
 """(kind, command_id) -> (kept, request) of the recorded run's call."""
 

@@ -11,6 +11,9 @@ from typing import Any
 
 import jsonpatch
 
+__all__ = ["MAX_VALUE", "json_diff", "request_diff", "request_text", "without"]
+
+
 MAX_VALUE = 160  # characters of a value shown on one diff line
 
 

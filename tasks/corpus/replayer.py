@@ -30,6 +30,9 @@ from tasks.corpus.compare import Finding, Kind, Verdict, compare
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step
 from tasks.workflow import Registry
 
+__all__ = ["ACTOR", "WORKER", "ReplayOptions", "Replayer", "RunOutcome", "verify_runs"]
+
+
 WORKER = "corpus-replay"
 ACTOR = "corpus-replay"
 

@@ -16,6 +16,24 @@ from tasks.corpus.compare import Kind
 from tasks.corpus.replayer import RunOutcome
 from tasks.corpus.runner import CorpusReplay
 
+__all__ = [
+    "IDENTICAL",
+    "SKIPPED",
+    "Group",
+    "Policy",
+    "Summary",
+    "dumps",
+    "groups",
+    "headline",
+    "label",
+    "summarize",
+    "to_json",
+    "to_junit",
+    "to_markdown",
+    "verdict_of",
+]
+
+
 IDENTICAL = "identical"
 SKIPPED = "skipped"
 

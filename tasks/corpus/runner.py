@@ -30,6 +30,9 @@ from ledger.scratch import scratch_database
 from tasks.corpus.replayer import ReplayOptions, RunOutcome, verify_runs
 from tasks.corpus.worker import init_worker, ledger_for, quiet, replay_chunk, replayer_for
 
+__all__ = ["CorpusReplay", "Progress", "default_jobs", "replay_bundle"]
+
+
 Progress = Callable[[int, int], None]
 """(runs done, runs in all): called as outcomes arrive."""
 

@@ -18,6 +18,9 @@ from ledger.db import engine_of_its_own
 from tasks import faults
 from tasks.corpus.replayer import Replayer, ReplayOptions
 
+__all__ = ["init_worker", "ledger_for", "quiet", "replay_chunk", "replayer_for"]
+
+
 _replayers: dict[str, Replayer] = {}
 
 
