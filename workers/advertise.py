@@ -18,6 +18,9 @@ from ledger.exceptions import LedgerUnavailable, SchemaMismatch
 from ledger.fleet import FleetStore, WorkerAd
 from ledger.settings import OnwardSettings
 
+__all__ = ["Advertiser", "steps_in_flight"]
+
+
 log = structlog.get_logger("onward.worker")
 
 

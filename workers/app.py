@@ -21,6 +21,9 @@ from workers.exceptions import StepNotCommitted
 from workers.logs import unbind_step
 from workers.runtime import STEP_TASK, WorkerRuntime
 
+__all__ = ["StepAMQP", "amqp_config", "celery_config", "create_app", "is_amqp", "start_advertising"]
+
+
 log = structlog.get_logger("onward.worker")
 
 

@@ -12,6 +12,16 @@ from ledger.embedded import home_lock
 from ledger.settings import OnwardSettings
 from ledger.vocabulary import Priority
 
+__all__ = [
+    "REDIS_DB",
+    "broker_url",
+    "ensure_redis",
+    "message_priority",
+    "redis_lists",
+    "stop_redis",
+]
+
+
 REDIS_DB = 0
 
 

@@ -24,6 +24,9 @@ from workers.events import display_kwargs, display_name, trace_headers
 from workers.revision import wait_for_ledger
 from workers.runtime import STEP_TASK
 
+__all__ = ["LIVE_QUEUES_REFRESH_S", "Dispatcher", "install_stop_signals", "run_dispatcher"]
+
+
 log = structlog.get_logger("onward.dispatcher")
 
 LIVE_QUEUES_REFRESH_S = 1.0

@@ -25,6 +25,16 @@ from celery import Celery
 
 from tasks.executor import ReportKind, StepReport
 
+__all__ = [
+    "FAILED_KINDS",
+    "START_UNKNOWN",
+    "EagerEvents",
+    "display_kwargs",
+    "display_name",
+    "trace_headers",
+]
+
+
 log = structlog.get_logger("onward.worker")
 
 # Reports Flower shows as a failed task: the step did not commit and will not without

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["GREEN_POOLS", "green_pool_requested", "patch_for_green_pool"]
+
+
 GREEN_POOLS = frozenset({"gevent"})
 
 

@@ -23,6 +23,8 @@ from structlog.typing import EventDict, WrappedLogger
 
 from tasks.credentials import RedactingFilter, redact_event
 
+__all__ = ["bind_step", "configure_logging", "json_logs", "unbind_step"]
+
 
 def json_logs() -> bool:
     """Whether ``ONWARD_LOG_JSON`` asks for one JSON object per line."""

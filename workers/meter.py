@@ -21,6 +21,9 @@ from ledger.hot import HotConnection
 from ledger.vocabulary import RunStatus
 from tasks.executor import ReportKind, StepReport
 
+__all__ = ["BUCKETS", "FLUSH_S", "StepMeter"]
+
+
 log = structlog.get_logger("onward.worker")
 
 FLUSH_S = 5.0

@@ -29,6 +29,9 @@ from ledger.health import Health, read_health
 from ledger.vocabulary import RunStatus, WaitKind
 from workers.meter import BUCKETS
 
+__all__ = ["WV", "LedgerCollector", "serve_metrics"]
+
+
 WV = ["workflow", "version"]
 
 # metric_totals rows exposed as counters: metric -> (name, help, label name or None)

@@ -25,6 +25,8 @@ from ledger.exceptions import InvalidInput
 if TYPE_CHECKING:
     from tasks.workflow import Registry
 
+__all__ = ["PoolKind", "PoolOptions", "check_pool_runs"]
+
 
 class PoolKind(StrEnum):
     PREFORK = "prefork"

@@ -19,6 +19,9 @@ from ledger.settings import OnwardSettings
 from workers.dispatcher import install_stop_signals
 from workers.revision import wait_for_ledger
 
+__all__ = ["Reaper", "run_reaper"]
+
+
 log = structlog.get_logger("onward.reaper")
 
 

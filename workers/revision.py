@@ -22,6 +22,9 @@ from ledger.db import (
 from ledger.exceptions import LedgerUnavailable
 from ledger.settings import OnwardSettings
 
+__all__ = ["MAX_BACKOFF_S", "schema_changed_under", "wait_for_ledger"]
+
+
 log = structlog.get_logger("onward.revision")
 
 MAX_BACKOFF_S = 30.0

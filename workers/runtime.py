@@ -50,6 +50,9 @@ from workers.logs import bind_step
 from workers.meter import StepMeter
 from workers.streams import RedisTokenSink
 
+__all__ = ["STEP_TASK", "WorkerRuntime"]
+
+
 STEP_TASK = "onward.step"
 
 log = structlog.get_logger("onward.worker")

@@ -23,6 +23,9 @@ import redis.asyncio as aredis
 from ledger.settings import OnwardSettings
 from workers.broker import broker_url
 
+__all__ = ["PREFIX", "RedisTokenSink", "token_channel", "tokens", "tokens_async"]
+
+
 PREFIX = "onward:tokens:"
 
 

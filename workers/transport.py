@@ -14,6 +14,8 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
+__all__ = ["Channel", "Transport"]
+
 
 class Channel(kombu_redis.Channel):  # type: ignore[misc]
     _cached_client: Any = None
