@@ -6,3 +6,5 @@ psycopg, redis or kombu are imported, so that happens here, before anything else
 from workers.greenpatch import patch_for_green_pool
 
 patch_for_green_pool()
+
+__all__: list[str] = []

@@ -1,3 +1,5 @@
 from console.cli import app
 
+__all__: list[str] = []
+
 app(prog_name="onward")

@@ -21,6 +21,14 @@ from ledger.audit import Actor
 from ledger.exceptions import Unauthenticated
 from ledger.vocabulary import Role
 
+__all__ = [
+    "cli_ledger",
+    "default_token_file",
+    "local_admin",
+    "owns_embedded_database",
+    "presented_token",
+]
+
 
 def default_token_file() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")

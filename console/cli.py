@@ -30,6 +30,29 @@ from ledger import Ledger, OnwardSettings
 from ledger.exceptions import InvalidInput, OnwardError, TracingUnavailable
 from ledger.vocabulary import AuditAction, Priority
 
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_REFUSED",
+    "JsonFlag",
+    "app",
+    "console_cmd",
+    "db_app",
+    "db_status",
+    "db_upgrade",
+    "dispatcher",
+    "embedded_app",
+    "embedded_down",
+    "embedded_up",
+    "err",
+    "main",
+    "metrics",
+    "out",
+    "reaper",
+    "start",
+    "worker",
+]
+
+
 app = typer.Typer(help="onward: durable execution for AI agent runs.", no_args_is_help=True)
 db_app = typer.Typer(help="Ledger database schema.", no_args_is_help=True)
 embedded_app = typer.Typer(help="The embedded PostgreSQL and Redis under ONWARD_HOME.",

@@ -19,6 +19,8 @@ from ledger.exceptions import AnchorRefused, InvalidInput
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
 
+__all__ = ["anchor", "compare_with_anchor"]
+
 
 def anchor(
     accept_rollback: Annotated[bool, typer.Option(

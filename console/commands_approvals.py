@@ -32,6 +32,18 @@ from ledger.exceptions import ApprovalRefused, InvalidInput, OnwardError
 from ledger.vocabulary import ApprovalStatus, AuditAction
 from ledger.waits import may_decide
 
+__all__ = [
+    "ApprovalArg",
+    "CommentOpt",
+    "HashOpt",
+    "approvals_app",
+    "approvals_approve",
+    "approvals_ls",
+    "approvals_reject",
+    "show_artifact",
+]
+
+
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
 
 ApprovalArg = Annotated[UUID, typer.Argument(help="The approval's id.")]

@@ -22,6 +22,9 @@ from console.common import (
 from console.safe import add_row, cell
 from ledger.vocabulary import AuditOutcome
 
+__all__ = ["audit_app", "audit_ls"]
+
+
 audit_app = typer.Typer(help="The audit log of operator commands.", no_args_is_help=True)
 
 

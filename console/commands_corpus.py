@@ -41,6 +41,18 @@ from ledger.corpus import Selection
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.vocabulary import AuditAction
 
+__all__ = [
+    "NameArg",
+    "corpus_add",
+    "corpus_app",
+    "corpus_export",
+    "corpus_import",
+    "corpus_ls",
+    "corpus_rm",
+    "corpus_show",
+]
+
+
 corpus_app = typer.Typer(
     help="Corpora: recorded runs pinned as a regression suite; replay them against new code.",
     no_args_is_help=True)

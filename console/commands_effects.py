@@ -32,6 +32,17 @@ from ledger.exceptions import InvalidInput
 from ledger.operations import Finding, resolve_plan
 from ledger.vocabulary import AuditAction, EffectAttemptOutcome, EffectStatus
 
+__all__ = [
+    "EffectArg",
+    "TypeOpt",
+    "effects_app",
+    "effects_ls",
+    "effects_repeat",
+    "effects_resolve",
+    "effects_show",
+]
+
+
 effects_app = typer.Typer(help="External effects: list, inspect, repeat and resolve (admin).",
                           no_args_is_help=True)
 

@@ -10,6 +10,8 @@ from console.common import JsonFlag, open_ledger, out, print_json, reported
 from console.safe import line, visible
 from ledger.limits import LimitState
 
+__all__ = ["limits"]
+
 
 def limits(as_json: JsonFlag = False) -> None:
     """List fleet-wide limits (concurrency, rate) with their use now and waiting runs."""

@@ -52,6 +52,9 @@ from tasks.corpus.report import (
 from tasks.corpus.runner import CorpusReplay, replay_bundle
 from tasks.workflow import Registry
 
+__all__ = ["KINDS", "corpus_replay"]
+
+
 KINDS = ", ".join(k.value for k in Kind)
 
 

@@ -13,6 +13,9 @@ from console.common import JsonFlag, ReasonOpt, open_ledger, out, reported
 from console.safe import line
 from ledger.vocabulary import AuditAction
 
+__all__ = ["apply", "hold", "plan", "retention_app"]
+
+
 retention_app = typer.Typer(
     help="Retention: compact old runs' states so their history still verifies.",
     no_args_is_help=True)

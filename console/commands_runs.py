@@ -37,6 +37,23 @@ from ledger.forks import BudgetPolicy, PatchChange
 from ledger.inspection import RunFilter
 from ledger.vocabulary import AuditAction, LaunchMode
 
+__all__ = [
+    "FromSeq",
+    "RunArg",
+    "diff_table",
+    "run_row",
+    "runs_app",
+    "runs_branch",
+    "runs_cancel",
+    "runs_continue",
+    "runs_ls",
+    "runs_replay",
+    "runs_show",
+    "runs_signal",
+    "runs_wait",
+]
+
+
 runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",
                        no_args_is_help=True)
 

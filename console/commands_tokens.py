@@ -24,6 +24,9 @@ from console.common import (
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import AuditAction, Role
 
+__all__ = ["parse_ttl", "tokens_app", "tokens_create", "tokens_ls", "tokens_revoke"]
+
+
 tokens_app = typer.Typer(help="Tokens: who may do what (admin): create, ls, revoke.",
                          no_args_is_help=True)
 

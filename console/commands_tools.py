@@ -17,6 +17,9 @@ from console.common import EXIT_FAILED, EXIT_REFUSED, JsonFlag, YesFlag, err, fa
 from console.safe import line
 from ledger.exceptions import InvalidInput, OnwardError
 
+__all__ = ["CHECK_HELP", "tools_app", "tools_check"]
+
+
 tools_app = typer.Typer(help="Tools: check a tool's declared promises against a TEST provider.",
                         no_args_is_help=True)
 

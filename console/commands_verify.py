@@ -15,6 +15,9 @@ from console.safe import console, line
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
 
+__all__ = ["out", "verify"]
+
+
 out = console()
 
 

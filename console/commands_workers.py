@@ -17,6 +17,8 @@ from console.safe import line, visible
 from ledger.db import database_url
 from ledger.fleet import FleetStore, Unserved, WorkerRow
 
+__all__ = ["workers"]
+
 
 def _workflows(row: WorkerRow) -> str:
     return ", ".join(f"{w['workflow']} v{w['version']}" for w in row.workflows)

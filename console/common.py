@@ -29,6 +29,30 @@ from ledger.api import REFUSALS
 from ledger.exceptions import OnwardError, Unauthenticated
 from ledger.vocabulary import AuditAction
 
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_REFUSED",
+    "JsonFlag",
+    "LimitOpt",
+    "OffsetOpt",
+    "ReasonOpt",
+    "YesFlag",
+    "confirm",
+    "err",
+    "fail",
+    "open_ledger",
+    "out",
+    "parse_since",
+    "plain",
+    "print_json",
+    "reported",
+    "resolve_run",
+    "say_error",
+    "short",
+    "when",
+]
+
+
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 

@@ -12,6 +12,8 @@ from console.common import out, plain, short
 from console.safe import add_row, json_text, line
 from ledger import Ledger
 
+__all__ = ["run_detail", "say", "show_run"]
+
 
 def run_detail(ledger: Ledger, run_id: UUID) -> dict[str, Any]:
     """Everything ``runs show`` prints, as plain data (also its --json output)."""

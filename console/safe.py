@@ -18,6 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+__all__ = ["add_row", "cell", "console", "json_text", "line", "visible"]
+
+
 # Unicode categories a terminal acts on or does not show: controls, format characters
 # (bidi overrides, zero-width), surrogates, unassigned, line and paragraph separators.
 _HIDDEN = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})

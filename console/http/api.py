@@ -28,6 +28,54 @@ from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.vocabulary import ApprovalStatus, AuditAction, EffectStatus, LaunchMode, Priority
 
+__all__ = [
+    "Authed",
+    "BranchBody",
+    "DecisionBody",
+    "Limit",
+    "PatchBody",
+    "Reason",
+    "ReasonBody",
+    "RepeatBody",
+    "ReplayBody",
+    "ResolveBody",
+    "SignalBody",
+    "StartBody",
+    "Strict",
+    "approve",
+    "authenticated",
+    "bearer",
+    "branch_run",
+    "cancel_run",
+    "continue_run",
+    "decode",
+    "encode",
+    "list_approvals",
+    "list_audit",
+    "list_effects",
+    "list_runs",
+    "page",
+    "preview_branch",
+    "reject",
+    "repeat_effect",
+    "replay_run",
+    "resolve_effect",
+    "router",
+    "run_counts",
+    "run_of",
+    "show_approval",
+    "show_effect",
+    "show_run",
+    "signal_run",
+    "start_run",
+    "state_diff",
+    "verify_run",
+    "wait_run",
+    "whoami",
+    "without_nul",
+]
+
+
 bearer = HTTPBearer(auto_error=False, description="A token from `onward tokens create`.")
 router = APIRouter(prefix="/api/v1")
 Limit = Annotated[int, Query(ge=1, le=500)]

@@ -13,6 +13,9 @@ from fastapi.staticfiles import StaticFiles
 from console.http import api, errors, pages
 from ledger import Ledger
 
+__all__ = ["SECURITY_HEADERS", "STATIC", "create_app"]
+
+
 STATIC = Path(__file__).resolve().parents[1] / "static"
 
 SECURITY_HEADERS = {

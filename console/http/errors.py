@@ -22,6 +22,9 @@ from ledger.exceptions import (
     UnknownToken,
 )
 
+__all__ = ["PROBLEM", "STATUS", "install", "problem", "status_of"]
+
+
 PROBLEM = "application/problem+json"
 
 STATUS: list[tuple[type[Exception], int, str]] = [

@@ -31,6 +31,39 @@ from ledger.inspection import RunFilter
 from ledger.operations import Finding, resolve_plan
 from ledger.vocabulary import ApprovalStatus, AuditAction, LaunchMode
 
+__all__ = [
+    "COOKIE",
+    "TEMPLATES",
+    "Text",
+    "approvals_page",
+    "audit_page",
+    "branch_preview",
+    "check_csrf",
+    "csrf_of",
+    "decide_page",
+    "diff_fragment",
+    "failed",
+    "login",
+    "login_page",
+    "logout",
+    "pretty",
+    "render",
+    "repeat_page",
+    "resolve_page",
+    "router",
+    "run_command",
+    "run_context",
+    "run_events",
+    "run_page",
+    "runs_page",
+    "signed_in",
+    "summary_fragment",
+    "timeline_fragment",
+    "verify_fragment",
+    "why_waiting",
+]
+
+
 COOKIE = "onward_token"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
 router = APIRouter(include_in_schema=False)

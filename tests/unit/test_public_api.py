@@ -16,7 +16,7 @@ import ledger
 import tasks
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("ledger",)
+PACKAGES = ("ledger", "tasks", "workers", "console")
 
 TASKS_API = [
     "AskApproval", "AsyncStepContext", "CallFailure", "CredentialUnavailable", "EffectFailed",
