@@ -157,8 +157,9 @@ def worker(
     from workers.logs import configure_logging, json_logs
     from workers.pools import PoolKind, PoolOptions, check_pool_runs
     from workers.revision import schema_changed_under, wait_for_ledger
+    from workers.settings import LogSettings
 
-    loglevel = loglevel or os.environ.get("ONWARD_LOG_LEVEL", "INFO")
+    loglevel = loglevel or LogSettings().log_level
     configure_logging(loglevel, capture_stdout=True)
     try:
         tracing.available()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 from typing import Any
 
+from examples.settings import ExampleSettings
 from tasks import LLMResponse
 
 
@@ -20,9 +19,9 @@ class FakeModel:
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
         prompt = " ".join(str(m.get("content", "")) for m in messages)
-        log = os.environ.get("ONWARD_FAKE_LLM_LOG")
+        log = ExampleSettings().fake_llm_log
         if log:
-            with Path(log).open("a") as handle:
+            with log.open("a") as handle:
                 handle.write(f"{model}\t{hashlib.sha256(prompt.encode()).hexdigest()[:12]}\n")
         if params.get("task") == "classify":
             text = "offer" if any(w in prompt.lower() for w in ("price", "offer", "quote")) \

@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import hmac
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -46,6 +45,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from examples.settings import ExampleSettings
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -252,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(length) or b"{}")
 
     def _authorized(self, parts: list[str]) -> bool:
-        token = os.environ.get("ONWARD_EXAMPLE_PROVIDER_TOKEN")
+        token = ExampleSettings().example_provider_token
         if not token or not parts or parts[0] != "v1":
             return True
         given = self.headers.get("Authorization", "")

@@ -28,6 +28,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from examples.settings import ExampleSettings
 from tasks import (
     Limit,
     RetryPolicy,
@@ -136,7 +137,7 @@ class _DeadlineTransport(httpx.HTTPTransport):
 
 
 def provider_url() -> str:
-    url = os.environ.get("ONWARD_EXAMPLE_PROVIDER_URL")
+    url = ExampleSettings().example_provider_url
     if not url:
         raise RuntimeError("ONWARD_EXAMPLE_PROVIDER_URL is not set: start examples.provider")
     return url.rstrip("/")

@@ -10,12 +10,12 @@ calls included, without calling the model twice."""
 from __future__ import annotations
 
 import hashlib
-import os
 from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from examples.settings import ExampleSettings
 from tasks import LLMResponse, StepContext, Workflow
 from tasks.llm_openai import OpenAIChat
 
@@ -40,8 +40,8 @@ class _Model:
 
     @cache  # noqa: B019 - one client per process, for the process's life
     def _client(self) -> OpenAIChat:
-        return OpenAIChat(base_url=os.environ.get("ONWARD_MODEL_URL", "http://127.0.0.1:8780/v1"),
-                          api_key=os.environ.get("ONWARD_MODEL_API_KEY", "onward-local"),
+        settings = ExampleSettings()
+        return OpenAIChat(base_url=settings.model_url, api_key=settings.model_api_key,
                           timeout_s=self.timeout_s, max_retries=2)
 
     def complete(self, **call: Any) -> LLMResponse:
@@ -51,7 +51,7 @@ class _Model:
         return self._client().stream(**call)
 
 
-MODEL = os.environ.get("ONWARD_MODEL_NAME", "gpt-4o-mini")
+MODEL = ExampleSettings().model_name
 research = Workflow("research_agent", version=1, state=ResearchState, max_attempts=3,
                     llm=_Model(), description="collect → extract → draft → validate → publish")
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["OnwardSettings"]
+__all__ = ["OnwardSettings", "TracingSettings"]
 
 
 def _os_user() -> str:
@@ -255,3 +255,17 @@ class OnwardSettings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return self.database_url is None and self.broker_url is None
+
+
+class TracingSettings(BaseSettings):
+    """Whether this process traces its runs (``ledger/tracing.py``), read once when a
+    process starts. A class of its own so that a tracing check reads only its variable."""
+
+    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore",
+                                      env_ignore_empty=True)
+
+    otel: bool = Field(
+        default=False,
+        description="Trace runs with OpenTelemetry (needs ``pip install 'onward[otel]'``); "
+        "the exporter is configured by the standard ``OTEL_*`` variables.",
+    )

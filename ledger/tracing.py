@@ -22,6 +22,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.exceptions import TracingUnavailable
+from ledger.settings import TracingSettings
 
 __all__ = [
     "available",
@@ -46,7 +47,8 @@ _PROPAGATOR: Any = None
 
 
 def requested() -> bool:
-    return os.environ.get("ONWARD_OTEL", "").lower() in ("1", "true", "yes")
+    """Whether ``ONWARD_OTEL`` asks this process to trace."""
+    return TracingSettings().otel
 
 
 def available() -> None:

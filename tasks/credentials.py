@@ -22,10 +22,10 @@ import logging
 import os
 import re
 import threading
-from pathlib import Path
 from typing import Any
 
 from tasks.exceptions import CredentialUnavailable
+from tasks.settings import CredentialSettings
 
 __all__ = [
     "MASK",
@@ -74,20 +74,20 @@ def resolve(ref: str) -> str:
     value = lookup(ref)
     if value is None:
         name = _name_of(ref)
-        where = os.environ.get("ONWARD_SECRETS_DIR")
+        where = CredentialSettings().secrets_dir
         raise CredentialUnavailable(
             f"credential {ref} is not configured: set {env_name(name)}"
-            + (f" or create {Path(where) / name}" if where else " or ONWARD_SECRETS_DIR"))
+            + (f" or create {where / name}" if where else " or ONWARD_SECRETS_DIR"))
     return value
 
 
 def lookup(ref: str) -> str | None:
     """``resolve``, or None when the credential is not configured (an optional one)."""
     name = _name_of(ref)
-    value = os.environ.get(env_name(name))
+    value = os.environ.get(env_name(name))  # a credential's value, not a setting
     if value is None:
-        directory = os.environ.get("ONWARD_SECRETS_DIR")
-        path = Path(directory) / name if directory else None
+        directory = CredentialSettings().secrets_dir
+        path = directory / name if directory else None
         if path is not None and path.is_file():
             value = path.read_text().rstrip("\r\n")
     if value is None:

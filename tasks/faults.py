@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.exceptions import FaultSpecError, InjectedFault
+from tasks.settings import FaultSettings
 
 __all__ = ["POINTS", "Fault", "InjectedFault", "arm_from_env", "point"]
 
@@ -74,15 +75,15 @@ def arm_from_env() -> None:
     """(Re)read ONWARD_FAULTS; called at import and by worker processes after fork."""
     global _marker_dir
     _armed.clear()
-    spec = os.environ.get("ONWARD_FAULTS", "").strip()
+    settings = FaultSettings()
+    spec = settings.faults.strip()
     if not spec:
         return
     for entry in spec.split(","):
         if entry.strip():
             fault = Fault.parse(entry)
             _armed.setdefault(fault.point, []).append(fault)
-    home = Path(os.environ.get("ONWARD_HOME", ".onward"))
-    _marker_dir = Path(os.environ.get("ONWARD_FAULTS_DIR", home / "faults")).resolve()
+    _marker_dir = settings.marker_dir
     _marker_dir.mkdir(parents=True, exist_ok=True)
 
 

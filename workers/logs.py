@@ -22,13 +22,14 @@ import structlog
 from structlog.typing import EventDict, WrappedLogger
 
 from tasks.credentials import RedactingFilter, redact_event
+from workers.settings import LogSettings
 
 __all__ = ["bind_step", "configure_logging", "json_logs", "unbind_step"]
 
 
 def json_logs() -> bool:
     """Whether ``ONWARD_LOG_JSON`` asks for one JSON object per line."""
-    return os.environ.get("ONWARD_LOG_JSON", "").lower() in ("1", "true", "yes")
+    return LogSettings().log_json
 
 
 def _add_pid(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
@@ -49,7 +50,7 @@ def _shared() -> list[Any]:
 def configure_logging(level: str | None = None, *, capture_stdout: bool = False) -> None:
     """Set up logging for this process. ``capture_stdout`` (workers) also turns what step
     code prints into log records, so in JSON mode no loose line reaches the output."""
-    level_name = (level or os.environ.get("ONWARD_LOG_LEVEL", "INFO")).upper()
+    level_name = (level or LogSettings().log_level).upper()
     numeric = logging.getLevelNamesMapping().get(level_name, logging.INFO)
     if not json_logs():
         _configure_console(numeric)
