@@ -27,7 +27,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, canonical_json, sha256_hex
 from ledger.db import wrap_driver_errors
@@ -93,23 +93,7 @@ def days_for(policies: list[Policy], tenant: str, workflow: str) -> float | None
     return max(matching, key=lambda p: p.specificity).days if matching else None
 
 
-_CANDIDATES = """
-SELECT r.id, r.tenant_id, r.workflow, r.legal_hold IS NOT NULL AS held,
-       EXISTS (SELECT 1 FROM onward.corpus_runs p WHERE p.run_id = r.id) AS pinned,
-       c.checkpoints, c.bytes
-  FROM onward.runs r
-  CROSS JOIN LATERAL (
-      SELECT count(*) AS checkpoints,
-             coalesce(sum(coalesce(pg_column_size(k.state), 0)
-                          + coalesce(pg_column_size(k.state_delta), 0)), 0) AS bytes
-        FROM onward.checkpoints k WHERE k.run_id = r.id AND k.compacted_mac IS NULL
-  ) c
- WHERE r.status IN :terminal AND r.finished_at < onward.now() - :days * interval '1 day'
-   AND (:tenant = '*' OR r.tenant_id = :tenant) AND (:workflow = '*' OR r.workflow = :workflow)
-   AND c.checkpoints > 0 AND (CAST(:after AS uuid) IS NULL OR r.id > CAST(:after AS uuid))
- ORDER BY r.id
- LIMIT :limit
-"""
+_CANDIDATES = sql.text("retention_candidates")
 
 
 @dataclass(frozen=True)
@@ -145,10 +129,9 @@ def candidates_txn(conn: Connection, policies: list[Policy], *, after: UUID | No
     held and pinned ones included (flagged)."""
     found: dict[UUID, Candidate] = {}
     for policy in policies:
-        rows = conn.execute(sa.text(_CANDIDATES).bindparams(
-            sa.bindparam("terminal", expanding=True)), {
-                "terminal": list(TERMINAL), "days": policy.days, "tenant": policy.tenant,
-                "workflow": policy.workflow, "after": after, "limit": limit}).mappings()
+        rows = conn.execute(_CANDIDATES, {
+            "terminal": list(TERMINAL), "days": policy.days, "tenant": policy.tenant,
+            "workflow": policy.workflow, "after": after, "limit": limit}).mappings()
         for row in rows:
             if days_for(policies, row["tenant_id"], row["workflow"]) != policy.days:
                 continue  # a more specific policy governs this run

@@ -3,6 +3,7 @@ once and included, and a malformed file refused at import rather than at first u
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -69,3 +70,29 @@ def test_catalogue__every_statement_is_used_and_every_use_exists() -> None:
             for m in re.finditer(r'sql\.(?:statement|text)\("(\w+)"\)', path.read_text())}
     assert sorted(set(sql.STATEMENTS) - used) == []
     assert sorted(used - set(sql.STATEMENTS)) == []
+
+
+_STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\s")
+
+
+def _sql_literals(source: str) -> list[int]:
+    """Lines of the string literals in ``source`` that are a SQL statement."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and _STATEMENT.match(node.value)]
+
+
+def test_catalogue__no_statement_is_written_outside_it() -> None:
+    """No ledger module (migrations aside) holds a statement as a string: each is in
+    ledger/sql/*.sql, where tests/integration/test_sql_catalogue.py checks it against the
+    schema (retention's candidates query was the last one outside it)."""
+    root = Path(sql.__file__).resolve().parents[1]
+    found = {str(path.relative_to(root)): lines for path in sorted(root.rglob("*.py"))
+             if "migrations" not in path.parts
+             and (lines := _sql_literals(path.read_text()))}
+    assert found == {}
+
+
+def test_the_check__sees_a_statement_in_a_string() -> None:
+    """The rule above can fail."""
+    assert _sql_literals('Q = """\nSELECT 1 FROM onward.runs\n"""\nDOC = "Select one"\n') == [1]
