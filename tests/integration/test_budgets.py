@@ -6,14 +6,15 @@ with a real worker SIGKILLed mid-step, is in tests/acceptance/test_budgets.py.""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 
+from harness.waiting import wait_for
 from ledger import Ledger, RunStatus
 from ledger.runs import Budgets, Run
 from ledger.steps import StepStore
@@ -161,11 +162,21 @@ def test_budget__inherited_budgets_of_a_replay_of_a_replay_keep_the_grandparents
 
 
 # -- model calls slower than the lease (review F21) ------------------------------------------
+def _first_lease_ran_out(ledger: Ledger, run_id: UUID, worker: str, ttl_s: float) -> bool:
+    """Whether, by the ledger's clock, the lease ``worker`` took when it claimed the run's
+    step (``ttl_s`` long) would have expired, had nothing extended it."""
+    with ledger.engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT onward.now() > started_at + :ttl * interval '1 second' "
+            "FROM onward.step_attempts WHERE run_id = :run_id AND worker = :worker"),
+            {"ttl": ttl_s, "run_id": run_id, "worker": worker}).scalar())
+
+
 def _race(ledger: Ledger, run_id: UUID, workers: int) -> dict[str, str]:
     """``workers`` workers (threads with their own connections, a 1 s lease) each try the
-    run's first step, one every 1.5 s: each comes once the previous one's lease would have
-    expired (what the reaper's re-queue does with the default 30 s lease and a 60-120 s
-    reasoning-model call). Returns each worker's report."""
+    run's first step, one after another: each comes once the previous one is done or the
+    lease it claimed would have expired (what the reaper's re-queue does with the default
+    30 s lease and a 60-120 s reasoning-model call). Returns each worker's report."""
     registry = Registry()
     registry.load_modules(MODULES)
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=1_000_000, retry_base_s=0.0,
@@ -179,9 +190,13 @@ def _race(ledger: Ledger, run_id: UUID, workers: int) -> dict[str, str]:
 
     threads = [threading.Thread(target=work, args=(f"w{i}", s)) for i, s in enumerate(stores)]
     try:
-        for thread in threads:
+        for i, thread in enumerate(threads):
             thread.start()
-            time.sleep(1.5)
+
+            def came_and_went(worker: str = f"w{i}", thread: threading.Thread = thread) -> bool:
+                return not thread.is_alive() or _first_lease_ran_out(ledger, run_id, worker, 1.0)
+
+            wait_for(came_and_went, timeout=30, what=f"w{i} to finish or outlive its first lease")
         for thread in threads:
             thread.join(timeout=60)
     finally:
