@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine, RowMapping
 
+from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
+from ledger.settings import OnwardSettings
 
-__all__ = ["MIGRATIONS", "alembic_config", "downgrade", "upgrade"]
+__all__ = ["MIGRATIONS", "alembic_config", "downgrade", "sign_existing", "upgrade"]
 
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -32,3 +36,20 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 def downgrade(engine: Engine, revision: str) -> None:
     with wrap_driver_errors("migrating the ledger"):
         command.downgrade(alembic_config(engine), revision)
+
+
+def sign_existing(conn: Connection, rows: sa.TextClause, table: str, column: str,
+                  mac: Callable[[CheckpointKeys, RowMapping], str], *, batch: int = 5000) -> None:
+    """For a migration that adds a MAC column: write ``mac(keys, row)`` into ``column`` of
+    each row of ``table`` that ``rows`` selects (with its ``id``), ``batch`` rows per
+    statement, as they stand, with the checkpoint key every onward process uses (read only
+    when there is a row to sign)."""
+    target = sa.table(table, sa.column("id"), sa.column(column), schema="onward")
+    update = (sa.update(target).where(target.c.id == sa.bindparam("row_id"))
+              .values({column: sa.bindparam("signed_mac")}))
+    result = conn.execute(rows).mappings()
+    keys = None
+    while found := result.fetchmany(batch):
+        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        conn.execute(update, [{"row_id": row["id"], "signed_mac": mac(keys, row)}
+                              for row in found])

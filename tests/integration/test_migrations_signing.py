@@ -170,3 +170,30 @@ def test_migration_0037__signs_existing_signals_with_their_id(old_engine: Engine
     check_signal(keys, good)
     with pytest.raises(IntegrityViolation):
         check_signal(keys, edited)
+
+
+def test_migrations_0034_0035__sign_existing_launches_and_signals(old_engine: Engine) -> None:
+    """Invariant: upgrading signs how each existing run was launched (0034), so claims and
+    verify accept it, and each existing signal as it was sent (0035, the body 0037 then
+    re-signs with the row id), every row in one pass of batches."""
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0033")
+    with old_engine.begin() as conn:
+        runs = [_insert_run(conn, keys, tampered=False) for _ in range(3)]
+    upgrade(old_engine, "0034")
+    with old_engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO onward.signals (run_id, name, payload) VALUES (:run, 'go', :payload)"),
+            [{"run": run_id, "payload": f'{{"n": {n}}}'} for n, run_id in enumerate(runs)])
+    upgrade(old_engine, "0035")
+    with old_engine.connect() as conn:
+        launched = conn.execute(sa.text("SELECT * FROM onward.runs")).mappings().all()
+        sent = conn.execute(sa.text("SELECT * FROM onward.signals")).mappings().all()
+    assert sorted(row["id"] for row in launched) == sorted(runs)
+    for row in launched:
+        keys.check(signed.launch(row["id"], row), row["launch_mac"], "launch")
+    assert len(sent) == 3
+    for row in sent:
+        signed_then = {"mac": "signal", "run_id": str(row["run_id"]), "name": row["name"],
+                       "payload": row["payload"]}  # 0035's body (0037 adds the row id)
+        keys.check(signed_then, row["mac"], "signal")

@@ -24,23 +24,15 @@ depends_on = None
 
 EXISTING = sa.text("SELECT id, tenant_id, mode, parent_run_id, parent_seq, allow_irreversible "
                    "FROM onward.runs ORDER BY id")
-BATCH = 5000
 
 
 def upgrade() -> None:
     op.add_column('runs', sa.Column('launch_mac', sa.Text(), nullable=True), schema='onward')
     from ledger import signed
-    from ledger.checkpoints import CheckpointKeys
-    from ledger.settings import OnwardSettings
+    from ledger.migrate import sign_existing
 
-    conn = op.get_bind()
-    result = conn.execute(EXISTING).mappings()
-    keys = None
-    while rows := result.fetchmany(BATCH):
-        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
-        conn.execute(sa.text("UPDATE onward.runs SET launch_mac = :mac WHERE id = :id"),
-                     [{"mac": keys.sign(signed.launch(row["id"], row)), "id": row["id"]}
-                      for row in rows])
+    sign_existing(op.get_bind(), EXISTING, "runs", "launch_mac",
+                  lambda keys, row: keys.sign(signed.launch(row["id"], row)))
 
 
 def downgrade() -> None:

@@ -24,7 +24,6 @@ branch_labels = None
 depends_on = None
 
 EXISTING = sa.text("SELECT id, run_id, name, payload FROM onward.signals ORDER BY id")
-BATCH = 5000
 
 
 def _signed(row: Any) -> dict[str, Any]:
@@ -35,16 +34,10 @@ def _signed(row: Any) -> dict[str, Any]:
 
 def upgrade() -> None:
     op.add_column('signals', sa.Column('mac', sa.Text(), nullable=True), schema='onward')
-    from ledger.checkpoints import CheckpointKeys
-    from ledger.settings import OnwardSettings
+    from ledger.migrate import sign_existing
 
-    conn = op.get_bind()
-    result = conn.execute(EXISTING).mappings()
-    keys = None
-    while rows := result.fetchmany(BATCH):
-        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
-        conn.execute(sa.text("UPDATE onward.signals SET mac = :mac WHERE id = :id"),
-                     [{"mac": keys.sign(_signed(row)), "id": row["id"]} for row in rows])
+    sign_existing(op.get_bind(), EXISTING, "signals", "mac",
+                  lambda keys, row: keys.sign(_signed(row)))
 
 
 def downgrade() -> None:
