@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings, RunStatus
 from ledger.bundle import DropPolicy, read_bundle
 from ledger.checkpoints import CheckpointKeys
@@ -21,26 +20,20 @@ from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.vocabulary import Role
-from tests.support.corpus import other_ledger, record_note, row_counts
-from tests.support.driver import Driver, driver
-
-MODULES = ["tests.workflows_ops"]
+from tests.support.corpus import empty_database, ops_driver, other_ledger, record_note, row_counts
+from tests.support.driver import Driver
 
 
 @pytest.fixture()
 def drv(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
-    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(tmp_path / "tool.log"))
-    monkeypatch.delenv("ONWARD_TEST_OPS_VARIANT", raising=False)
-    with driver(ledger.acting_as("olga", Role.OPERATOR), MODULES) as running:
+    with ops_driver(ledger, tmp_path / "tool.log", monkeypatch) as running:
         yield running
 
 
 @pytest.fixture()
 def second_url(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
-    name, url = create_database(server_urls["database"], "onward_import",
-                                template=template_database)
-    yield url
-    drop_database(server_urls["database"], name)
+    with empty_database(server_urls, template_database, "onward_import") as url:
+        yield url
 
 
 def exported(corpora: Corpora, name: str, drop: DropPolicy | None = None) -> bytes:

@@ -15,35 +15,28 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings, RunStatus
 from ledger.bundle import read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.schema import metadata
-from ledger.vocabulary import Role
-from tests.support.corpus import other_ledger, record_note
-from tests.support.driver import Driver, driver
+from tests.support.corpus import empty_database, ops_driver, other_ledger, record_note
+from tests.support.driver import Driver
 
-MODULES = ["tests.workflows_ops"]
 TABLES = ("runs", "checkpoints", "evidence", "effects", "effect_attempts", "approvals",
           "signals", "step_attempts", "audit")
 
 
 @pytest.fixture()
 def drv(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
-    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(tmp_path / "tool.log"))
-    monkeypatch.delenv("ONWARD_TEST_OPS_VARIANT", raising=False)
-    with driver(ledger.acting_as("olga", Role.OPERATOR), MODULES) as running:
+    with ops_driver(ledger, tmp_path / "tool.log", monkeypatch) as running:
         yield running
 
 
 @pytest.fixture()
 def second_url(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
-    name, url = create_database(server_urls["database"], "onward_nulls",
-                                template=template_database)
-    yield url
-    drop_database(server_urls["database"], name)
+    with empty_database(server_urls, template_database, "onward_nulls") as url:
+        yield url
 
 
 def _json_nulls(engine: sa.engine.Engine, run_ids: list[UUID]) -> dict[str, int]:

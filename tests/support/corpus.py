@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from uuid import UUID
 
+import pytest
 import sqlalchemy as sa
 
+from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings, RunStatus
 from ledger.vocabulary import Role
 from tasks.waiting import artifact_hash
-from tests.support.driver import Driver
+from tests.support.driver import Driver, driver
+
+OPS_MODULES = ["tests.workflows_ops"]
 
 TABLES = ("runs", "checkpoints", "evidence", "effects", "effect_attempts", "approvals",
           "signals", "step_attempts", "artifacts", "audit", "corpora", "corpus_runs", "outbox")
@@ -45,6 +50,28 @@ def table_digest(engine: sa.engine.Engine) -> dict[str, str]:
         return {t: conn.execute(sa.text(
             f"SELECT coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '') "
             f"FROM onward.{t} x")).scalar_one() for t in TABLES}
+
+
+@contextmanager
+def ops_driver(ledger: Ledger, calls_log: Path, monkeypatch: pytest.MonkeyPatch,
+               modules: list[str] = OPS_MODULES) -> Iterator[Driver]:
+    """The operator tools' workflows (``tests/workflows_ops.py``, their first variant)
+    driven in-process by olga, an operator; their tool calls are logged to ``calls_log``."""
+    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(calls_log))
+    monkeypatch.delenv("ONWARD_TEST_OPS_VARIANT", raising=False)
+    with driver(ledger.acting_as("olga", Role.OPERATOR), modules) as running:
+        yield running
+
+
+@contextmanager
+def empty_database(server_urls: dict[str, str], template_database: str,
+                   prefix: str) -> Iterator[str]:
+    """The URL of a database of its own, migrated and empty, dropped afterwards."""
+    name, url = create_database(server_urls["database"], prefix, template=template_database)
+    try:
+        yield url
+    finally:
+        drop_database(server_urls["database"], name)
 
 
 @contextmanager
