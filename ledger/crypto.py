@@ -41,6 +41,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from ledger import sql
 from ledger.checkpoints import SEALED_KEY, canonical_json, sealed_envelope
 from ledger.exceptions import EncryptionUnavailable, SealedValueUnreadable
 from ledger.settings import OnwardSettings
@@ -136,19 +137,12 @@ def _invalid_tag() -> type[Exception]:
     return InvalidTag
 
 
-_ACTIVE = sa.text("SELECT key_id, master_key_id, wrapped FROM onward.tenant_keys "
-                  "WHERE tenant_id = :tenant AND state = 'active'")
-_BY_ID = sa.text("SELECT tenant_id, key_id, state, master_key_id, wrapped "
-                 "FROM onward.tenant_keys WHERE key_id = :key_id")
-_ERASED = sa.text("SELECT count(*) FROM onward.tenant_keys "
-                  "WHERE tenant_id = :tenant AND state = 'destroyed'")
-_CREATE = sa.text("INSERT INTO onward.tenant_keys (tenant_id, key_id, state, master_key_id, "
-                  "wrapped) VALUES (:tenant, :key_id, 'active', :master, :wrapped) "
-                  "ON CONFLICT (tenant_id) WHERE state = 'active' DO NOTHING")
-_ERASE = sa.text("UPDATE onward.tenant_keys SET state = 'destroyed', wrapped = NULL, "
-                 "master_key_id = NULL, destroyed_at = onward.now() "
-                 "WHERE tenant_id = :tenant AND state <> 'destroyed'")
-_SET_TENANT = sa.text("SELECT set_config('onward.tenant', :tenant, true)")
+_ACTIVE = sql.text("tenant_key_active")
+_BY_ID = sql.text("tenant_key_by_id")
+_ERASED = sql.text("tenant_keys_destroyed")
+_CREATE = sql.text("tenant_key_create")
+_ERASE = sql.text("tenant_keys_destroy")
+_SET_TENANT = sql.text("set_tenant")
 
 
 class Keyring:
@@ -217,7 +211,7 @@ class Keyring:
 
     def _in_tenant(self, tenant: str, work: Callable[[sa.Connection], Any]) -> Any:
         with self.engine.begin() as conn:
-            conn.execute(_SET_TENANT, {"tenant": tenant})
+            conn.execute(_SET_TENANT, {"tenant": tenant, "local": True})
             return work(conn)
 
     def _wrap_aad(self, tenant: str, key_id: str) -> bytes:
