@@ -14,6 +14,9 @@ from console.common import JsonFlag, ReasonOpt, YesFlag, err, fail, open_ledger,
 from console.safe import line
 from ledger.vocabulary import AuditAction
 
+__all__ = ["erase_tenant", "keys_app", "new", "rotate"]
+
+
 keys_app = typer.Typer(help="Encryption keys: new master key, rotation, tenant erasure.",
                        no_args_is_help=True)
 
