@@ -34,6 +34,19 @@ from ledger.db import wrap_driver_errors
 from ledger.retention import REAPER_ACTOR, TERMINAL, Policy, days_for
 from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
+__all__ = [
+    "MONTHS_AHEAD",
+    "PARTITIONED",
+    "Expired",
+    "Partition",
+    "ensure",
+    "expire",
+    "partitions_txn",
+    "plan_txn",
+    "why_kept_txn",
+]
+
+
 PARTITIONED = {"step_attempts": "started_at"}
 """Each table partitioned by month, and its partition key."""
 MONTHS_AHEAD = 3

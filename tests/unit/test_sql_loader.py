@@ -77,6 +77,8 @@ NOT_YET_IN_CATALOGUE = {
     # `onward keys rotate` (issue 15, landed beside this check): its re-encryption composes
     # statements over tables named at run time; they are to become Core, the rest named.
     "rotation.py",
+    # Time partitions (issue 15 item 5, landed beside this check): the same, per partition.
+    "partitions.py",
 }
 
 
