@@ -12,6 +12,8 @@ from tasks.limits import Limit, LimitScope
 from tasks.retry import RetryPolicy, classify, retry_after_s
 from tasks.scope import StepScope, T, call_error, log
 
+__all__ = ["CallLimits"]
+
 
 class CallLimits(StepScope):
     """Limits and retries of one step's calls."""

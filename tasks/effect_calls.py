@@ -29,6 +29,8 @@ from tasks.replay_answers import ReplayAnswers
 from tasks.scope import call_error, effect_id_for, log
 from tasks.tools import Tool, ToolResult, invoke
 
+__all__ = ["EffectCalls", "overrun_guard", "poll_delay"]
+
 
 def poll_delay(polls: int) -> float:
     return min(30.0, 0.25 * 2.0 ** min(polls, 10))

@@ -27,6 +27,8 @@ from tasks.replay_answers import ReplayAnswers
 from tasks.scope import request_hash_of
 from tasks.tools import Tool, ToolResult, invoke
 
+__all__ = ["EvidenceCalls"]
+
 
 class EvidenceCalls(CallLimits, ReplayAnswers):
     """Model calls and reads of one step."""

@@ -22,6 +22,9 @@ from tasks.exceptions import EffectFailed
 from tasks.scope import StepScope, effect_id_for
 from tasks.tools import Tool
 
+__all__ = ["SHOWN_REQUEST_BYTES", "ReplayAnswers", "shown_request"]
+
+
 SHOWN_REQUEST_BYTES = 64 * 1024
 
 

@@ -32,6 +32,9 @@ from tasks.llm import LLMClient
 from tasks.retry import RetryPolicy, default_policy
 from tasks.tools import Tool
 
+__all__ = ["StepScope", "call_error", "effect_id_for", "request_hash_of"]
+
+
 T = TypeVar("T")
 log = structlog.get_logger("onward.services")
 
