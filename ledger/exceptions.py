@@ -27,6 +27,7 @@ __all__ = [
     "IntegrityViolation",
     "InvalidInput",
     "LedgerUnavailable",
+    "MalformedControl",
     "OnwardError",
     "OperationRefused",
     "PermissionDenied",
@@ -64,6 +65,10 @@ class UnknownRun(OnwardError):
 
 class InvalidInput(OnwardError):
     """Input to a ledger operation is malformed, too large or not JSON."""
+
+
+class MalformedControl(InvalidInput):
+    """A checkpoint's wait control is not a timer, approval or signal wait this code reads."""
 
 
 class StatementRefused(OnwardError):

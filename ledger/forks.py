@@ -58,6 +58,12 @@ from ledger.vocabulary import (
     OutcomeKind,
     RunStatus,
 )
+from ledger.wait_control import (
+    ApprovalControl,
+    SignalControl,
+    TimerControl,
+    parse_control,
+)
 from ledger.waits import check_decision, check_terms
 
 __all__ = [
@@ -270,13 +276,13 @@ def refuse_patch_at_approval(cp: Mapping[str, Any], run_id: UUID) -> None:
     the approver would authorise one thing while the branch acts on another. Refusing is
     simpler and safer than rebuilding the artifact (only the asking step knows how): the
     branch starts from the checkpoint before, whose next step asks again."""
-    control = cp["control"] or {}
-    if control.get("kind") != "approval":
+    control = parse_control(cp["control"], f"checkpoint {cp['seq']} of run {run_id}")
+    if not isinstance(control, ApprovalControl):
         return
     before = f"checkpoint {cp['seq'] - 1}" + (
         " of the run this one was copied from" if cp["outcome"] == OutcomeKind.FORK.value else "")
     raise OperationRefused(
-        f"checkpoint {cp['seq']} of run {run_id} waits for approval {control.get('action')!r} "
+        f"checkpoint {cp['seq']} of run {run_id} waits for approval {control.action!r} "
         f"of an artifact built from the state before your patch: the approver would approve "
         f"the old values while the branch acts on the new ones. To change the state, branch "
         f"from {before}, whose next step {cp['step']} asks for the approval again with the "
@@ -336,22 +342,21 @@ class _Start:
 def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mapping[str, Any],
            mode: LaunchMode, run_id: UUID) -> _Start:
     """Where the new run begins: the step after checkpoint k, or the wait k recorded."""
-    control = dict(cp["control"]) if cp["control"] else None
-    if not control or not control.get("kind"):
-        return _Start(RunStatus.RUNNING, cp["next_step"], control)
+    control = parse_control(cp["control"], f"checkpoint {cp['seq']} of run {parent['id']}")
+    if control is None:
+        return _Start(RunStatus.RUNNING, cp["next_step"], None)
     if mode is LaunchMode.EVIDENCE:
         return _evidence_start(conn, keys, parent, cp, control)
-    kind = control["kind"]
-    if kind == "timer":
-        return _Start(RunStatus.RUNNING, control["then"], control,
-                      due_at=datetime.fromisoformat(str(control["until"])))
-    if kind == "signal":
+    if isinstance(control, TimerControl):
+        return _Start(RunStatus.RUNNING, control.then, control.stored(),
+                      due_at=datetime.fromisoformat(control.until))
+    if isinstance(control, SignalControl):
         return _signal_start(conn, cp, control)
     asked = conn.execute(sa.select(approvals).where(
-        approvals.c.id == UUID(str(control["approval_id"])))).mappings().first()
+        approvals.c.id == UUID(control.approval_id))).mappings().first()
     if asked is None:
         raise OperationRefused(f"checkpoint {cp['seq']} waits for approval "
-                               f"{control['approval_id']}, which does not exist")
+                               f"{control.approval_id}, which does not exist")
     _check_asked_artifact(asked, control)
     check_terms(keys, asked)  # approvers and lifetime are copied: only as they were signed
     approval_id = uuid7()
@@ -362,8 +367,8 @@ def _start(conn: Connection, keys: CheckpointKeys, parent: RowMapping, cp: Mappi
               "artifact": asked["artifact"], "approvers": asked["approvers"],
               "created_at": now, "expires_at": now + lifetime,
               "status": ApprovalStatus.PENDING.value}
-    return _Start(RunStatus.WAITING, control["then"],
-                  {**control, "approval_id": str(approval_id)},
+    return _Start(RunStatus.WAITING, control.then,
+                  control.model_copy(update={"approval_id": str(approval_id)}).stored(),
                   waiting_on=f"approval:{approval_id}",
                   approval={"id": approval_id, "values": values,
                             "source": {k: asked[k] for k in ("id", "run_id", "seq")}})
@@ -384,65 +389,66 @@ def _artifact_for(keys: CheckpointKeys, approval: dict[str, Any],
                                         approval_field(asked["id"])))
 
 
-def _check_asked_artifact(asked: RowMapping, control: dict[str, Any]) -> None:
+def _check_asked_artifact(asked: RowMapping, control: ApprovalControl) -> None:
     """The new run asks its approver about the parent's artifact: it must be the one the
     MAC'd checkpoint names, or the approver would be shown something else."""
     shown = (asked["artifact_hash"] if is_sealed(asked["artifact"])  # bound where opened
              else sha256_hex(canonical_json(asked["artifact"])))
-    if not shown == asked["artifact_hash"] == control.get("artifact_hash"):
+    if not shown == asked["artifact_hash"] == control.artifact_hash:
         raise IntegrityViolation(
             f"approval {asked['id']}'s artifact (sha256 {shown[:12]}…, recorded as "
             f"{str(asked['artifact_hash'])[:12]}…) is not the artifact checkpoint "
-            f"{asked['seq']} asked about ({str(control.get('artifact_hash'))[:12]}…): it was "
+            f"{asked['seq']} asked about ({control.artifact_hash[:12]}…): it was "
             "edited outside onward, so it is not asked again")
 
 
-def _signal_start(conn: Connection, cp: Mapping[str, Any], control: dict[str, Any]) -> _Start:
+def _signal_start(conn: Connection, cp: Mapping[str, Any], control: SignalControl) -> _Start:
     """The new run gets the signal wait the parent was given, counted from now by the
     database's clock (as an approval's lifetime is): the reaper times it out like the
     parent's. The timeout is the one the step asked for (``timeout_s``); checkpoints
     written before it was recorded give it as their timeout time minus their commit time."""
     wait_until = None
-    if control.get("timeout_s") is not None:
-        timeout = timedelta(seconds=float(control["timeout_s"]))
-    elif control.get("timeout_at"):
-        timeout = datetime.fromisoformat(str(control["timeout_at"])) - cp["created_at"]
+    if control.timeout_s is not None:
+        timeout = timedelta(seconds=control.timeout_s)
+    elif control.timeout_at:
+        timeout = datetime.fromisoformat(control.timeout_at) - cp["created_at"]
     else:
         timeout = None
     if timeout is not None:
         wait_until = conn.execute(sa.select(sa.func.onward.now())).scalar_one() + timeout
-        control = {**control, "timeout_at": wait_until.isoformat()}
-    return _Start(RunStatus.WAITING, control["then"], control,
-                  waiting_on=f"signal:{control['name']}", wait_until=wait_until)
+        control = control.model_copy(update={"timeout_at": wait_until.isoformat()})
+    return _Start(RunStatus.WAITING, control.then, control.stored(),
+                  waiting_on=f"signal:{control.name}", wait_until=wait_until)
 
 
 def _evidence_start(conn: Connection, keys: CheckpointKeys, parent: RowMapping,
                     cp: Mapping[str, Any],
-                    control: dict[str, Any]) -> _Start:
+                    control: TimerControl | ApprovalControl | SignalControl) -> _Start:
     """An evidence replay from a wait follows the decision its source recorded, or stops."""
     chain = conn.exec_driver_sql(SOURCE_CHAIN, {"run_id": parent["id"]}).mappings()
     source = evidence_source([dict(row) for row in chain], keys)
     seq = cp["seq"]
     approval = signal = None
-    if source is not None and control.get("kind") == "approval":
+    if source is not None and isinstance(control, ApprovalControl):
         approval = conn.exec_driver_sql(APPROVAL_AT, {"run_id": source, "seq": seq}) \
             .mappings().first()
         if approval is not None:  # followed only as the decision was signed
             check_decision(keys, approval)
-    if source is not None and control.get("kind") == "signal":
+    if source is not None and isinstance(control, SignalControl):
         signal = conn.exec_driver_sql(SIGNAL_AT, {"run_id": source, "seq": seq,
-                                                  "name": control.get("name")}).first()
+                                                  "name": control.name}).first()
     timed_out = None
-    if source is not None and signal is None and control.get("on_timeout"):
+    if (source is not None and signal is None and isinstance(control, SignalControl)
+            and control.on_timeout):
         timed_out = conn.exec_driver_sql(STEP_AFTER, {"run_id": source, "seq": seq}).scalar()
     resumed = resume_after_wait(control, seq, dict(approval) if approval else None,
                                 signal is not None, timed_out)
     if isinstance(resumed, Divergence):
-        return _Start(RunStatus.DIVERGED, control.get("then"), control,
+        return _Start(RunStatus.DIVERGED, control.then, control.stored(),
                       last_error=resumed.report(parent["id"], source))
     if approval is not None:
-        control = {**control, "approval_id": str(approval["id"])}
-    return _Start(RunStatus.RUNNING, resumed, control)
+        control = control.model_copy(update={"approval_id": str(approval["id"])})
+    return _Start(RunStatus.RUNNING, resumed, control.stored())
 
 
 _SPENT_BEFORE = sql.text("spent_before")

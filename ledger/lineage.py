@@ -21,6 +21,7 @@ from ledger.effects import Effect
 from ledger.exceptions import IntegrityViolation
 from ledger.hot import HotConnection
 from ledger.vocabulary import ApprovalStatus, AttemptOutcome, FailReason, LaunchMode
+from ledger.wait_control import ApprovalControl, SignalControl, TimerControl
 
 __all__ = [
     "APPROVAL_AT",
@@ -98,41 +99,41 @@ class Divergence:
         }
 
 
-def resume_after_wait(control: dict[str, Any], seq: int, approval: dict[str, Any] | None,
-                      signal_seen: bool, source_next: str | None = None) -> str | Divergence:
+def resume_after_wait(control: TimerControl | ApprovalControl | SignalControl, seq: int,
+                      approval: dict[str, Any] | None, signal_seen: bool,
+                      source_next: str | None = None) -> str | Divergence:
     """The step an evidence replay takes after the wait recorded in ``control`` at ``seq``:
     the one its source took after the recorded decision, or a divergence. ``source_next``
     is the step the source ran after that wait (its checkpoint ``seq + 1``), which tells a
     signal wait that timed out into its ``on_timeout`` step from one still waiting."""
-    kind = control.get("kind")
-    then = str(control.get("then"))
-    if kind == "timer":
+    then = control.then
+    if isinstance(control, TimerControl):
         return then
-    if kind == "signal":
+    if isinstance(control, SignalControl):
         if signal_seen:
             return then
-        if control.get("on_timeout") and source_next == control["on_timeout"]:
-            return str(control["on_timeout"])  # the source's wait timed out
-        return Divergence("signal", "no_decision", then, seq, f"signal:{control.get('name')}",
-                          f"the parent received no signal {control.get('name')!r} at seq "
+        if control.on_timeout and source_next == control.on_timeout:
+            return control.on_timeout  # the source's wait timed out
+        return Divergence("signal", "no_decision", then, seq, f"signal:{control.name}",
+                          f"the parent received no signal {control.name!r} at seq "
                           f"{seq}; an evidence replay cannot go past this wait")
-    command_id = f"approval:{control.get('action')}"
+    command_id = f"approval:{control.action}"
     if approval is None:
         return Divergence("approval", "no_record", then, seq, command_id,
-                          f"the parent never asked for approval {control.get('action')!r} at "
+                          f"the parent never asked for approval {control.action!r} at "
                           f"seq {seq}")
-    if approval["artifact_hash"] != control.get("artifact_hash"):
+    if approval["artifact_hash"] != control.artifact_hash:
         return Divergence("approval", "artifact_differs", then, seq, command_id,
-                          f"approval {control.get('action')!r} at seq {seq} is for artifact "
-                          f"{str(control.get('artifact_hash'))[:12]}…, the parent's approver saw "
+                          f"approval {control.action!r} at seq {seq} is for artifact "
+                          f"{control.artifact_hash[:12]}…, the parent's approver saw "
                           f"{approval['artifact_hash'][:12]}…")
     status = ApprovalStatus(approval["status"])
     if status is ApprovalStatus.APPROVED:
         return then
-    if status is ApprovalStatus.REJECTED and control.get("on_reject"):
-        return str(control["on_reject"])
-    if status is ApprovalStatus.EXPIRED and control.get("on_expire"):
-        return str(control["on_expire"])
+    if status is ApprovalStatus.REJECTED and control.on_reject:
+        return control.on_reject
+    if status is ApprovalStatus.EXPIRED and control.on_expire:
+        return control.on_expire
     return Divergence("approval", "no_decision", then, seq, command_id,
                       f"the parent's approval {approval['id']} at seq {seq} is {status.value}: "
                       "there is no decision an evidence replay could follow")

@@ -44,6 +44,7 @@ from ledger.vocabulary import (
     Priority,
     RunStatus,
 )
+from ledger.wait_control import ApprovalControl, SignalControl, TimerControl
 
 
 class StaleReason(StrEnum):
@@ -266,7 +267,7 @@ class Wait:
     """A durable wait: for a person (approval), a signal, or a time (``due_at``)."""
 
     waiting_on: str
-    control: dict[str, Any]
+    control: TimerControl | ApprovalControl | SignalControl  # ledger/wait_control.py
     due_at: datetime | None = None  # a timer: the next step runs then, through the outbox
     wait_until: datetime | None = None  # a signal's timeout
     approval: ApprovalRequest | None = None
@@ -298,9 +299,9 @@ _POSITION = sql.statement("run_position")
 
 def _signal_waited_for(wait: Wait | None) -> str | None:
     """The signal a wait ends on, if it is a signal wait (its commit consumes an early one)."""
-    if wait is None or wait.control.get("kind") != "signal" or wait.due_at is not None:
+    if wait is None or not isinstance(wait.control, SignalControl) or wait.due_at is not None:
         return None
-    return str(wait.control["name"])
+    return wait.control.name
 
 
 def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -405,7 +406,7 @@ class StepStore:
             outcome=advance.outcome.value,
             state=state,
             workflow_version=advance.workflow_version,
-            control=wait.control if wait else None,
+            control=wait.control.stored() if wait else None,
             state_schema_version=advance.state_schema_version,
             refs=advance.refs,
             workflow=claim.workflow,
@@ -421,7 +422,7 @@ class StepStore:
                 "wait_until": wait.wait_until if wait else None,
                 "due_at": wait.due_at if wait else None,
                 "trace_context": tracing.current_context(),
-                "control": Jsonb(wait.control) if wait else None,
+                "control": Jsonb(wait.control.stored()) if wait else None,
                 "approval_id": approval.approval_id if approval else None,
                 "action": approval.action if approval else None,
                 "artifact_hash": approval.artifact_hash if approval else None,

@@ -26,7 +26,7 @@ from ledger.checkpoints import (
 from ledger.crypto import is_sealed
 from ledger.effects import Effect, check_effect, list_effects_txn
 from ledger.evidence import checked_response
-from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.exceptions import IntegrityViolation, InvalidInput, MalformedControl
 from ledger.retention import compacted_problem
 from ledger.schema import (
     approvals,
@@ -40,6 +40,7 @@ from ledger.schema import (
 )
 from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
+from ledger.wait_control import parse_control
 from ledger.waits import check_signal, check_terms
 
 __all__ = [
@@ -119,12 +120,14 @@ def head_disagreement(head: CheckpointBody, *, workflow: str, workflow_version: 
         return (f"the run names state schema version {state_schema_version}, its head "
                 f"checkpoint was signed for state schema version {head.state_schema_version} "
                 f"{edited}")
-    control = head.control or {}
-    if not control.get("kind") and step != head.next_step:
+    try:
+        control = parse_control(head.control, f"its head checkpoint {head.seq}")
+    except MalformedControl as exc:
+        return str(exc)
+    if control is None and step != head.next_step:
         return (f"the run is routed to step {step!r}, its head checkpoint names step "
                 f"{head.next_step!r} {edited}")
-    continuations = {control.get(k) for k in ("then", "on_reject", "on_expire", "on_timeout")}
-    if control.get("kind") and step not in continuations - {None}:
+    if control is not None and step not in control.continuations:
         return (f"the run is routed to step {step!r}, which its head checkpoint's wait does "
                 f"not name {edited}")
     return None

@@ -110,6 +110,7 @@ class ParkReason(StrEnum):
     EFFECT_UNPOLLABLE = "effect_unpollable"  # accepted, and the tool has no status call
     EVIDENCE_CONFLICT = "evidence_conflict"  # a recorded answer is for another request
     SIMULATION_ACCEPTED = "simulation_accepted"  # a sandbox accepted a job: nothing to poll
+    INVALID_CONTROL = "invalid_control"  # a checkpoint's wait control this code cannot read
     # a restore's refusals that give the message back instead of parking (never stored)
     UNKNOWN_WORKFLOW = "unknown_workflow"  # this worker has no such workflow
     NEWER_VERSION = "newer_version"  # the run is at a version newer than this worker's

@@ -7,7 +7,7 @@ resumes the run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,12 +24,14 @@ from ledger.exceptions import (
     ApprovalRefused,
     IntegrityViolation,
     InvalidInput,
+    MalformedControl,
     UnknownApproval,
     UnknownRun,
 )
 from ledger.hot import HotConnection
 from ledger.schema import approvals, checkpoints, outbox, runs, signals
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason, RunStatus
+from ledger.wait_control import ApprovalControl, parse_control
 
 __all__ = [
     "WAKE_ON_SIGNAL",
@@ -93,12 +95,18 @@ def _lock_run(conn: Connection, run_id: UUID) -> Any:
     return found
 
 
-def _control(conn: Connection, run_id: UUID, seq: int) -> dict[str, Any]:
+def _approval_control(conn: Connection, run_id: UUID, seq: int) -> ApprovalControl:
+    """The approval wait checkpoint ``seq`` records; MalformedControl for anything else."""
     value = conn.execute(
         sa.select(checkpoints.c.control)
         .where(checkpoints.c.run_id == run_id, checkpoints.c.seq == seq)
     ).scalar()
-    return dict(value or {})
+    where = f"checkpoint {seq} of run {run_id}"
+    control = parse_control(value, where)
+    if not isinstance(control, ApprovalControl):
+        raise MalformedControl(f"{where} does not record an approval wait "
+                               f"(kind {control.kind if control else None!r}): nothing decided")
+    return control
 
 
 def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
@@ -284,11 +292,11 @@ def record_decision_txn(conn: Connection, keys: CheckpointKeys, approval_id: UUI
         approvals.update().where(approvals.c.id == approval_id)
         .values(status=status.value, decided_by=actor, decided_at=now, comment=comment)
     )
-    control = _control(conn, approval.run_id, approval.seq)
+    control = _approval_control(conn, approval.run_id, approval.seq)
     if approve:
-        _resume(conn, approval.run_id, approval.seq, control["then"])
-    elif control.get("on_reject"):
-        _resume(conn, approval.run_id, approval.seq, control["on_reject"])
+        _resume(conn, approval.run_id, approval.seq, control.then)
+    elif control.on_reject:
+        _resume(conn, approval.run_id, approval.seq, control.on_reject)
     else:
         _fail(conn, approval.run_id, FailReason.APPROVAL_REJECTED,
               f"{actor} rejected {approval.action}" + (f": {comment}" if comment else ""),
@@ -394,13 +402,37 @@ class WaitSweep:
 
 
 def _continue_or_fail(conn: Connection, row: Any, continuation: str, reason: FailReason,
-                      message: str) -> None:
-    """A wait ended without its event: go to the step the workflow declared, or fail."""
-    step = (row["control"] or {}).get(continuation)
+                      message: Callable[[Any], str]) -> None:
+    """A wait ended without its event: go to the step the workflow declared, or fail (with
+    ``message(control)``). A control this code cannot read parks the run for review."""
+    try:
+        control = parse_control(row["control"], f"checkpoint {row['seq']} of run {row['run_id']}")
+    except MalformedControl as exc:
+        park_malformed(conn, row["run_id"], exc)
+        return
+    step = getattr(control, continuation, None)
     if step:
         _resume(conn, row["run_id"], row["seq"], step)
     else:
-        _fail(conn, row["run_id"], reason, message)
+        _fail(conn, row["run_id"], reason, message(control))
+
+
+def _expired_message(approval_id: Any) -> Callable[[Any], str]:
+    return lambda control: f"approval {approval_id} expired before anyone decided"
+
+
+def park_malformed(conn: Connection, run_id: UUID, exc: MalformedControl) -> None:
+    """A run whose wait control this code cannot read: a person decides, nothing is guessed."""
+    conn.execute(
+        runs.update().where(runs.c.id == run_id)
+        .values(status=RunStatus.NEEDS_REVIEW.value,
+                parked_reason=ParkReason.INVALID_CONTROL.value,
+                lease_owner=None, lease_expires_at=None, waiting_on=None, wait_until=None,
+                updated_at=sa.func.onward.now(),
+                last_error={"type": type(exc).__name__,
+                            "reason": ParkReason.INVALID_CONTROL.value, "message": str(exc)})
+    )
+    conn.execute(outbox.delete().where(outbox.c.run_id == run_id))
 
 
 def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
@@ -409,13 +441,12 @@ def sweep_waits_txn(conn: Connection, limit: int = 500) -> WaitSweep:
     expired = (conn.execute(_EXPIRE_APPROVALS, {"ids": due}).mappings().all() if due else [])
     for row in expired:
         _continue_or_fail(conn, row, "on_expire", FailReason.APPROVAL_EXPIRED,
-                          f"approval {row['id']} expired before anyone decided")
+                          _expired_message(row["id"]))
     timeouts = conn.execute(_SIGNAL_TIMEOUTS, {"limit": limit}).mappings().all()
     for row in timeouts:
-        control = row["control"] or {}
         _continue_or_fail(conn, row, "on_timeout", FailReason.SIGNAL_TIMEOUT,
-                          f"no signal {control.get('name')!r} arrived before "
-                          f"{control.get('timeout_at')}")
+                          lambda control: f"no signal {control.name!r} arrived before "
+                                          f"{control.timeout_at}")
     late = conn.execute(_DEADLINES, {"limit": limit}).mappings().all()
     for row in late:
         _deadline(conn, row)

@@ -15,8 +15,10 @@ from ledger.exceptions import (
     EvidenceFenced,
     IntegrityViolation,
     InvalidInput,
+    MalformedControl,
 )
 from ledger.vocabulary import EvidenceKind, FailReason, ParkReason, ToolClass
+from ledger.wait_control import ApprovalControl, parse_control
 from ledger.waits import check_signal
 from tasks import faults
 from tasks.call_limits import CallLimits
@@ -94,10 +96,13 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
             raise Suspend()
 
     def decision(self) -> Any:
-        approval_id = self.checkpoint_control.get("approval_id")
-        if self.checkpoint_control.get("kind") != "approval" or approval_id is None:
+        try:  # a control this code cannot read parked the run before its step started
+            control = parse_control(self.checkpoint_control)
+        except MalformedControl:
             return None
-        return self.waits.approval(approval_id)
+        if not isinstance(control, ApprovalControl):
+            return None
+        return self.waits.approval(control.approval_id)
 
     def signal_payload(self, name: str) -> Any:
         """The payload of the signal that ended this step's wait (its source's, in an

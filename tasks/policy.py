@@ -10,10 +10,11 @@ from typing import Any
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
-from ledger.exceptions import IntegrityViolation
+from ledger.exceptions import IntegrityViolation, MalformedControl
 from ledger.runs import Budgets
 from ledger.steps import Budget, BudgetDefaults, Claim
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
+from ledger.wait_control import ApprovalControl, parse_control
 from ledger.waits import WaitStore, check_terms
 from tasks.control import FailFor, ParkFor
 
@@ -90,17 +91,21 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
     ``on_reject`` only when rejected, ``on_expire`` only when
     expired. An approved or rejected decision must verify against the MAC written where it
     was taken: one set in the database (status 'approved') parks the run."""
-    control: dict[str, Any] = (claim.checkpoint.control if claim.checkpoint else None) or {}
-    if control.get("kind") is None:
+    try:
+        control = parse_control(claim.checkpoint.control if claim.checkpoint else None,
+                                f"checkpoint {claim.seq} of run {claim.run_id}")
+    except MalformedControl as exc:
+        return ParkFor(ParkReason.INVALID_CONTROL, type(exc).__name__, str(exc))
+    if control is None:
         return None
-    allowed = {control.get(k) for k in ("then", "on_reject", "on_expire", "on_timeout")} - {None}
+    allowed = control.continuations
     if claim.step not in allowed:
         return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
-    if control["kind"] != "approval":
+    if not isinstance(control, ApprovalControl):
         return None
-    approval = waits.approval_for_step(control["approval_id"], claim.run_id, claim.seq)
+    approval = waits.approval_for_step(control.approval_id, claim.run_id, claim.seq)
     if approval is not None:
         try:  # who might decide and until when count only as the asking step signed them
             check_terms(keys, approval)
@@ -117,30 +122,30 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
         except IntegrityViolation as exc:
             return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
     if (approval is not None and status == ApprovalStatus.APPROVED
-            and claim.step == control["then"]):
+            and claim.step == control.then):
         return _recheck_approved(claim, control, approval)
-    decided: dict[str, Any] = {ApprovalStatus.REJECTED: control.get("on_reject"),
-                               ApprovalStatus.EXPIRED: control.get("on_expire")}
+    decided: dict[str, Any] = {ApprovalStatus.REJECTED: control.on_reject,
+                               ApprovalStatus.EXPIRED: control.on_expire}
     if status in decided and claim.step == decided[status]:
         return None
-    if claim.step == control["then"]:
+    if claim.step == control.then:
         return FailFor(FailReason.APPROVAL_INVALID,
-                       f"step {claim.step} needs approval {control['approval_id']}, which is "
+                       f"step {claim.step} needs approval {control.approval_id}, which is "
                        f"{status}", {})
     return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                    f"run is routed to step {claim.step!r} after approval "
-                   f"{control['approval_id']}, which is {status}: that is not the step "
+                   f"{control.approval_id}, which is {status}: that is not the step "
                    f"checkpoint {claim.seq}'s wait names for it (the run's row was edited "
                    "outside onward)")
 
 
-def _recheck_approved(claim: Claim, control: dict[str, Any],
+def _recheck_approved(claim: Claim, control: ApprovalControl,
                       approval: dict[str, Any]) -> FailFor | ParkFor | None:
-    if approval["artifact_hash"] != control["artifact_hash"]:
+    if approval["artifact_hash"] != control.artifact_hash:
         return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"approval {approval['id']} is for artifact "
                        f"{approval['artifact_hash'][:12]}…, the checkpoint asked about "
-                       f"{control['artifact_hash'][:12]}…")
+                       f"{control.artifact_hash[:12]}…")
     if claim.launch.evidence:
         return None  # an evidence replay follows a decision taken in the past, as it was
     # An approval authorises the approved step that STARTS before it expires: a retry (or a

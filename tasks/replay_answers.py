@@ -15,7 +15,15 @@ from ledger.checkpoints import canonical_json
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.lineage import Divergence, resume_after_wait
 from ledger.steps import Advance, Wait
-from ledger.vocabulary import EffectStatus, EvidenceKind, FailReason, ParkReason, ToolClass
+from ledger.vocabulary import (
+    EffectStatus,
+    EvidenceKind,
+    FailReason,
+    ParkReason,
+    ToolClass,
+    WaitKind,
+)
+from ledger.wait_control import ApprovalControl, SignalControl
 from ledger.waits import check_decision
 from tasks.control import DivergeFor, FailFor, Suspend
 from tasks.exceptions import EffectFailed
@@ -131,18 +139,18 @@ class ReplayAnswers(StepScope):
         wait = advance.wait
         if not self.launch.evidence or wait is None:
             return advance
-        control = dict(wait.control)
+        control = wait.control
         seq = self.seq + 1
         try:
             source = self._evidence_source()
         except IntegrityViolation:  # an ancestor's launch was edited: parked
             return None
         approval = (self.lineage.approval_at(source, seq)
-                    if source is not None and control.get("kind") == "approval" else None)
-        signal = (self.lineage.signal_at(source, str(control.get("name")), seq)
-                  if source is not None and control.get("kind") == "signal" else None)
+                    if source is not None and isinstance(control, ApprovalControl) else None)
+        signal = (self.lineage.signal_at(source, control.name, seq)
+                  if source is not None and isinstance(control, SignalControl) else None)
         timed_out = (self.lineage.step_after(source, seq) if source is not None and signal is None
-                     and control.get("kind") == "signal" and control.get("on_timeout") else None)
+                     and isinstance(control, SignalControl) and control.on_timeout else None)
         if approval is not None:
             try:  # the source's decision is followed only as it was signed
                 check_decision(self.evidence.keys, approval)
@@ -155,8 +163,8 @@ class ReplayAnswers(StepScope):
             report = divergence.report(self.launch.parent_run_id, source)
             self.control.diverge(DivergeFor(divergence, report))
             return None
-        if approval is not None:
-            control["approval_id"] = str(approval["id"])  # ctx.decision reads the parent's
+        if approval is not None:  # ctx.decision reads the parent's
+            control = control.model_copy(update={"approval_id": str(approval["id"])})
         return replace(advance, next_step=resumed, wait=Wait(
-            waiting_on=f"replayed:{control.get('kind')}", control=control,
+            waiting_on=f"{WaitKind.REPLAYED.value}:{control.kind}", control=control,
             due_at=self.clock.now()))

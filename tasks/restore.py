@@ -22,10 +22,11 @@ from ledger.checkpoints import (
     check_parent_link,
     verify_checkpoint,
 )
-from ledger.exceptions import IntegrityViolation, SealedValueUnreadable
+from ledger.exceptions import IntegrityViolation, MalformedControl, SealedValueUnreadable
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
 from ledger.vocabulary import OutcomeKind, ParkReason
+from ledger.wait_control import parse_control
 from tasks.sensitive import open_state
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
@@ -88,6 +89,10 @@ def restore(keys: CheckpointKeys, registry: Registry,
                    "effects allowed)")
     except IntegrityViolation as exc:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
+    try:  # a wait control this code cannot read is not guessed at: a person looks
+        parse_control(checkpoint.control, f"checkpoint {claim.seq} of run {claim.run_id}")
+    except MalformedControl as exc:
+        return Refusal(ParkReason.INVALID_CONTROL, type(exc).__name__, str(exc))
     unsigned = _unsigned_difference(claim, checkpoint)
     if unsigned is not None:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", unsigned)

@@ -1,5 +1,5 @@
-"""Turning a wait outcome into the ledger's Wait: its control record (covered by the
-checkpoint MAC), and for approvals the bound artifact hash."""
+"""Turning a wait outcome into the ledger's Wait: its control (ledger/wait_control.py,
+covered by the checkpoint MAC), and for approvals the bound artifact hash."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from uuid6 import uuid7
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.exceptions import InvalidInput
 from ledger.steps import ApprovalRequest, Wait
+from ledger.wait_control import ApprovalControl, SignalControl, TimerControl
 from tasks.exceptions import OutcomeError
 from tasks.outcomes import AskApproval, Sleep, WaitSignal
 from tasks.workflow import Step, Workflow
@@ -46,7 +47,7 @@ def build_wait(outcome: AskApproval | WaitSignal | Sleep, workflow: Workflow[Any
     if isinstance(outcome, WaitSignal):
         return _signal_wait(outcome, step, now)
     until = aware(outcome.until, f"step {step.name}: sleep until")
-    control = {"kind": "timer", "until": until.isoformat(), "then": outcome.then}
+    control = TimerControl(kind="timer", until=until.isoformat(), then=outcome.then)
     return Wait(waiting_on=f"timer:{until.isoformat()}", control=control, due_at=until)
 
 
@@ -57,9 +58,9 @@ def _approval_wait(outcome: AskApproval, step: Step, now: datetime) -> Wait:
         raise OutcomeError(f"step {step.name}: approval expiry must be in the future")
     approval_id = uuid7()
     digest = artifact_hash(outcome.artifact)
-    control = {"kind": "approval", "approval_id": str(approval_id),
-               "action": outcome.action, "artifact_hash": digest, "then": outcome.then,
-               "on_reject": outcome.on_reject, "on_expire": outcome.on_expire}
+    control = ApprovalControl(kind="approval", approval_id=str(approval_id),
+                              action=outcome.action, artifact_hash=digest, then=outcome.then,
+                              on_reject=outcome.on_reject, on_expire=outcome.on_expire)
     return Wait(
         waiting_on=f"approval:{approval_id}", control=control,
         approval=ApprovalRequest(approval_id, outcome.action, outcome.artifact, digest,
@@ -71,9 +72,9 @@ def _signal_wait(outcome: WaitSignal, step: Step, now: datetime) -> Wait:
     if not outcome.name:
         raise OutcomeError(f"step {step.name}: a signal wait needs a name")
     timeout_at = now + outcome.timeout if outcome.timeout is not None else None
-    control: dict[str, Any] = {"kind": "signal", "name": outcome.name, "then": outcome.then,
-                               "on_timeout": outcome.on_timeout,
-                               "timeout_at": timeout_at.isoformat() if timeout_at else None}
-    if outcome.timeout is not None:  # a replay or branch waits as long, from its own start
-        control["timeout_s"] = outcome.timeout.total_seconds()
+    control = SignalControl(
+        kind="signal", name=outcome.name, then=outcome.then, on_timeout=outcome.on_timeout,
+        timeout_at=timeout_at.isoformat() if timeout_at else None,
+        # a replay or branch waits as long, from its own start
+        timeout_s=outcome.timeout.total_seconds() if outcome.timeout is not None else None)
     return Wait(waiting_on=f"signal:{outcome.name}", control=control, wait_until=timeout_at)

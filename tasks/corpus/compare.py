@@ -14,7 +14,9 @@ from enum import StrEnum
 from typing import Any
 
 from ledger.corpus_history import Call, Checkpoint, History
+from ledger.exceptions import MalformedControl
 from ledger.vocabulary import OutcomeKind, RunStatus
+from ledger.wait_control import parse_control
 from tasks.corpus.diff import json_diff, request_diff, request_text, without
 
 __all__ = [
@@ -162,7 +164,11 @@ def describe(checkpoint: Checkpoint) -> str:
     """Where a step went, in words: ``goto draft``, ``finish``, ``wait approval …``."""
     outcome = checkpoint.outcome
     if outcome == OutcomeKind.WAIT.value:
-        control = {k: v for k, v in (checkpoint.control or {}).items()
+        try:
+            wait = parse_control(checkpoint.control)
+        except MalformedControl:
+            return "wait (a control this code cannot read)"
+        control = {k: v for k, v in (wait.stored() if wait else {}).items()
                    if k in _CONTROL_KEYS and v is not None}
         kind = control.pop("kind", "?")
         then = control.pop("then", None)

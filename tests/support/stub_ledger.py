@@ -160,7 +160,7 @@ class StubLedger:
             run_id=run.run_id, seq=run.seq + 1, parent_hash=run.head_hash, step=advance.step,
             next_step=advance.next_step, outcome=advance.outcome.value, state=advance.state,
             workflow_version=advance.workflow_version,
-            control=advance.wait.control if advance.wait else None,
+            control=advance.wait.control.stored() if advance.wait else None,
             state_schema_version=advance.state_schema_version, refs=advance.refs,
             workflow=run.workflow)
         run.parent_hash, run.head, run.head_hash = run.head_hash, body, self.keys.mac(
