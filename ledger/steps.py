@@ -250,6 +250,16 @@ class Advance:
 
 
 @dataclass(frozen=True)
+class Successor:
+    """Who the commit leases the run's next step to, in the same statement (eager
+    continuation: docs/design.md section 4): the worker that goes on running it, and the
+    leases of its workflows' steps (``Registry.step_leases``, as ``claim`` takes them)."""
+
+    owner: str
+    leases: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ApprovalRequest:
     """The approval a waiting checkpoint is bound to (inserted in the same transaction)."""
 
@@ -393,8 +403,15 @@ class StepStore:
         return Stale(run_id, seq, reason, current_seq=row["seq"], status=row["status"],
                      workflow=row["workflow"], workflow_version=row["workflow_version"])
 
-    def commit(self, claim: Claim, advance: Advance) -> bool:
-        """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost."""
+    def commit(self, claim: Claim, advance: Advance, *,
+               successor: Successor | None = None) -> bool | Claim:
+        """Advance the run to ``seq + 1`` in one transaction; False means the lease was lost.
+
+        With ``successor``, a commit that leaves the run running with its next step due now
+        also claims that step for ``successor.owner`` in the same statement, and returns
+        that ``Claim`` (its checkpoint is the one just committed) instead of True; no outbox
+        row is written for it. A wait, a timer, an end or a ledger at another schema
+        revision commits as without it (True)."""
         wait = advance.wait
         stored, state, artifact = self._state_for_checkpoint(claim, advance.state)
         body = CheckpointBody(
@@ -422,6 +439,10 @@ class StepStore:
                 "wait_until": wait.wait_until if wait else None,
                 "due_at": wait.due_at if wait else None,
                 "trace_context": tracing.current_context(),
+                "chain_owner": successor.owner if successor else None,
+                "chain_ttl": self._lease_for(claim.workflow, advance.next_step,
+                                             successor.leases if successor else {}),
+                "revision": HEAD_REVISION,
                 "control": Jsonb(wait.control.stored()) if wait else None,
                 "approval_id": approval.approval_id if approval else None,
                 "action": approval.action if approval else None,
@@ -470,11 +491,59 @@ class StepStore:
             },
         )
         if row is not None and row["advanced"] == 1:
-            return True
+            if not row["chained"]:
+                return True
+            return self._successor_claim(claim, advance, row, body, digest, stored)
         if row is not None and row["cancelling"]:
             raise CancelRequested(f"run {claim.run_id} is being cancelled: step "
                                   f"{advance.step} at seq {claim.seq} is not committed")
         return self._lost(claim)
+
+    def _lease_for(self, workflow: str, step: str | None,
+                   leases: Mapping[str, Mapping[str, float]]) -> float:
+        """The lease a claim of ``step`` takes: the TTL, or the step's own when longer."""
+        return max(self._ttl, float(leases.get(workflow, {}).get(step or "", 0.0)))
+
+    def _successor_claim(self, claim: Claim, advance: Advance, row: dict[str, Any],
+                         body: CheckpointBody, digest: str, stored: states.Stored) -> Claim:
+        """The claim a chained commit took (see ``commit``): what the claim statement would
+        have read back, from the checkpoint this worker just wrote and the run's row."""
+        return Claim(
+            run_id=claim.run_id,
+            tenant_id=claim.tenant_id,
+            workflow=claim.workflow,
+            workflow_version=row["workflow_version"],
+            seq=claim.seq + 1,
+            step=advance.next_step,
+            epoch=row["lease_epoch"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            head_hash=digest,
+            checkpoint=body,
+            checkpoint_hash=digest,
+            checkpoint_key_id=self._keys.current,
+            budget=Budget(
+                attempts_total=row["attempts_total"],
+                attempts=row["budget_attempts"],
+                tokens=row["budget_tokens"],
+                cost_usd=row["budget_cost_usd"],
+                deadline_at=row["deadline_at"],
+                used_tokens=row["used_tokens"],
+                used_cost_usd=row["used_cost_usd"],
+                run_created_at=row["created_at"],
+            ),
+            claimed_at=row["claimed_at"],
+            launch=claim.launch,
+            state_schema_version=row["state_schema_version"],
+            handbacks=0,
+            parent_found_hash=claim.head_hash,
+            state=advance.state,  # the state itself (``body`` may hold its artifact's ref)
+            head_mac=row["head_mac"],
+            snapshot_seq=(stored.snapshot_seq if stored.snapshot_seq is not None
+                          else claim.seq + 1),
+            chain_bytes=stored.chain_bytes or 0,
+            priority=Priority(row["priority"]),
+        )
 
     def _approval_terms_mac(self, claim: Claim, advance: Advance,
                             approval: ApprovalRequest | None) -> str | None:
@@ -670,5 +739,6 @@ __all__ = [
     "Stale",
     "StaleReason",
     "StepStore",
+    "Successor",
     "error_record",
 ]

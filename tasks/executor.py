@@ -27,7 +27,7 @@ from ledger.exceptions import (
     InvalidInput,
     StatementRefused,
 )
-from ledger.steps import Advance, Claim, Ended, Stale, error_record
+from ledger.steps import Advance, Claim, Ended, Stale, Successor, error_record
 from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
 from tasks import credentials, faults, observe
@@ -96,6 +96,9 @@ class StepReport:
     next_step: str | None = None
     status: str | None = None  # the run's status after a commit (running, waiting, completed…)
     priority: str | None = None  # the run's priority: its next message's broker priority
+    # the next step, already claimed for this worker by the commit (``chain``): run it with
+    # ``execute_step(..., claimed=next_claim)``; no message is published for it
+    next_claim: Claim | None = None
 
 
 @dataclass(frozen=True)
@@ -133,16 +136,48 @@ def execute_step(
     effects: EffectStore | None = None,
     evidence: EvidenceStore | None = None,
     count_stale: bool = True,
+    chain: Callable[[], bool] | None = None,
+    claimed: Claim | None = None,
 ) -> StepReport:
     """Run the step after checkpoint ``message.seq`` of ``message.run_id`` at most to one commit.
 
     ``count_stale=False`` is for a claim no message asked for (eager continuation): if it
     finds the run elsewhere, that is not a stale delivery and is not counted as one.
+
+    ``chain`` (eager continuation), asked just before the commit: True lets the commit claim
+    the run's next step for this worker in the same statement (``StepStore.commit``); the
+    report then carries that claim as ``next_claim`` and nothing is published. ``claimed``
+    runs such a claim: the step is not claimed again.
     """
     effects = effects or EffectStore(store.conn, config.keys)
     evidence = evidence or EvidenceStore(store.conn, max_artifact_bytes=config.max_artifact_bytes,
                                          keys=config.keys,
                                          max_json_depth=config.max_json_depth)
+    taken = claimed or _claim(store, registry, config, message, worker, count_stale)
+    if isinstance(taken, StepReport):
+        return taken
+    claimed = taken
+    faults.point("after_claim", claimed.step)
+    observe.claimed(claimed)
+    successor = None
+    if chain is not None:
+        leases = registry.step_leases(config.tool_lease_margin_s)
+        successor = lambda: Successor(worker, leases) if chain() else None  # noqa: E731
+    attempt = _Attempt(store, registry, config, claimed, worker, effects, evidence,
+                       log.bind(run_id=str(claimed.run_id), seq=claimed.seq,
+                                attempt=claimed.attempt), successor)
+    report = replace(attempt.run(), priority=claimed.priority.value)
+    if report.workflow is None:
+        report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
+    if report.next_seq is not None and report.next_claim is None:
+        faults.point("after_commit_before_publish", claimed.step)
+        publish(report.run_id, report.next_seq, report.queue or config.queue)
+    return report
+
+
+def _claim(store: StepLedger, registry: Registry, config: ExecutorConfig,
+           message: StepMessage, worker: str, count_stale: bool) -> Claim | StepReport:
+    """The claim statement (docs/design.md section 4.1), or the stale report it comes to."""
     claimed = store.claim(message.run_id, message.seq, worker, count_stale=count_stale,
                           bind=registry.first_claim_versions(),
                           leases=registry.step_leases(config.tool_lease_margin_s))
@@ -152,18 +187,7 @@ def execute_step(
                  reason=claimed.reason.value, current_seq=claimed.current_seq)
         return StepReport(ReportKind.STALE, message.run_id, message.seq, detail=claimed.reason,
                           workflow=claimed.workflow, version=claimed.workflow_version)
-    faults.point("after_claim", claimed.step)
-    observe.claimed(claimed)
-    attempt = _Attempt(store, registry, config, claimed, worker, effects, evidence,
-                       log.bind(run_id=str(claimed.run_id), seq=claimed.seq,
-                                attempt=claimed.attempt))
-    report = replace(attempt.run(), priority=claimed.priority.value)
-    if report.workflow is None:
-        report = replace(report, workflow=claimed.workflow, version=claimed.workflow_version)
-    if report.next_seq is not None:
-        faults.point("after_commit_before_publish", claimed.step)
-        publish(report.run_id, report.next_seq, report.queue or config.queue)
-    return report
+    return claimed
 
 
 @dataclass(frozen=True)
@@ -205,6 +229,7 @@ class _Attempt:
     effects: EffectStore
     evidence: EvidenceStore
     log: Any
+    successor: Callable[[], Successor | None] | None = None  # see execute_step's ``chain``
 
     def run(self) -> StepReport:
         request = self.claim.cancel_requested
@@ -422,8 +447,9 @@ class _Attempt:
         """The one commit statement; then say whether a message for the next step goes out."""
         step = ready.step.name
         faults.point("before_checkpoint_commit", step)
+        successor = self.successor() if self.successor is not None else None
         try:
-            committed = self.store.commit(self.claim, advance)
+            committed = self.store.commit(self.claim, advance, successor=successor)
         except CancelRequested as exc:
             return ready.ending.cancel(str(exc))
         except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
@@ -435,7 +461,11 @@ class _Attempt:
         faults.point("after_checkpoint_commit", step)
         self.log.debug("step committed", step=step, next_step=advance.next_step,
                        ms=round((time.perf_counter() - ready.started) * 1000, 2))
-        return self._continue(ready, advance)
+        report = self._continue(ready, advance)
+        if isinstance(committed, Claim):  # the commit claimed the next step for this worker
+            faults.point("after_chained_commit", step)
+            report = replace(report, next_claim=committed)
+        return report
 
     def _continue(self, ready: _Ready, advance: Advance) -> StepReport:
         workflow, migrated = ready.restored.workflow, ready.restored.migrated

@@ -34,6 +34,7 @@ POINTS = frozenset(
         "before_checkpoint_commit",
         "after_checkpoint_commit",
         "after_commit_before_publish",
+        "after_chained_commit",
         "dispatcher_after_publish_before_mark",
     }
 )

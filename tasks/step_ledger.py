@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from ledger.hot import HotConnection
-from ledger.steps import Advance, Claim, Ended, Stale
+from ledger.steps import Advance, Claim, Ended, Stale, Successor
 from ledger.vocabulary import ParkReason
 
 __all__ = ["StepLedger"]
@@ -37,8 +37,10 @@ class StepLedger(Protocol):
         """Extend the lease; CancelRequested once an operator asked to cancel."""
         ...
 
-    def commit(self, claim: Claim, advance: Advance) -> bool:
-        """The one commit statement: checkpoint ``seq + 1``, outbox row, lease released."""
+    def commit(self, claim: Claim, advance: Advance, *,
+               successor: Successor | None = None) -> bool | Claim:
+        """The one commit statement: checkpoint ``seq + 1``, outbox row, lease released; with
+        ``successor``, the next step claimed for it instead of its outbox row (the Claim)."""
         ...
 
     def commit_refused(self, claim: Claim) -> None:

@@ -7,12 +7,14 @@ for one statement; a message is published through a producer borrowed from Celer
 producer pool for that one publish, so no connection or channel is shared by two threads.
 
 Eager continuation: after committing a step, the worker runs the run's next step itself
-(claimed and committed through the ledger like any other) instead of publishing it, while the
-delivered message is within ``eager_steps`` / ``eager_window_ms``; then it publishes as
-usual. The next step is always of a workflow version this worker has (the one it just ran,
-or migrated to), so its queue is one this worker consumes. The commit has already
-written the next outbox row, so a crash between two eager steps leaves exactly the state a
-crash between commit and publish leaves: the dispatcher sends the row after its grace.
+instead of publishing it, while the delivered message is within ``eager_steps`` /
+``eager_window_ms``; then it publishes as usual. Within those limits the commit claims the
+next step for this worker in the same statement (``StepStore.commit`` with a successor:
+one transaction per eager step, not a claim and a commit), so nothing is published for it
+and it starts from the checkpoint this worker just wrote. The next step is always of a
+workflow version this worker has (the one it just ran, or migrated to). A crash between
+such a commit and the end of the step it claimed leaves a lease that expires: the reaper
+restores the run, as it does a run whose holder died mid-step (docs/design.md section 4).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -33,7 +36,7 @@ from ledger import tracing
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url
 from ledger.settings import OnwardSettings
-from ledger.steps import StaleReason, StepStore
+from ledger.steps import Claim, StaleReason, StepStore, error_record
 from tasks import faults
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
 from tasks.llm import set_token_sink
@@ -184,16 +187,28 @@ class WorkerRuntime:
         deadline = time.monotonic() + self.settings.eager_window_ms / 1000
         eager_left = self.settings.eager_steps
         delivered: StepReport | None = None
+        claimed: Claim | None = None  # the next step, claimed by the previous commit
         queue = self.settings.queue  # set to the eager step's queue before it is used
+
+        def chain() -> bool:  # may the commit claim the next step (asked before committing)
+            return eager_left > 0 and time.monotonic() < deadline
+
         while True:
             bind_step(message.run_id, message.seq)
             with tracing.step_span(traceparent, message.run_id, message.seq):
                 report, follow = self._step(message, delivered, task_id, hostname, name,
-                                            queue, traceparent)
+                                            queue, traceparent, chain, claimed)
                 tracing.name_step(name or "onward.step", report.kind.value,
                                   report.kind in FAILED_KINDS, report.version)
                 traceparent = tracing.current_context() or traceparent
             delivered = delivered or report
+            claimed = report.next_claim
+            if claimed is not None:  # the commit leased the next step to this worker
+                name = display_name(report.workflow, report.next_step)
+                queue = report.queue or queue
+                eager_left -= 1
+                message = StepMessage(run_id=claimed.run_id, seq=claimed.seq)
+                continue
             if follow is None:
                 bind_step(delivered.run_id, delivered.seq)  # Celery's line about the message
                 return delivered
@@ -207,7 +222,8 @@ class WorkerRuntime:
             message = StepMessage(run_id=run_id, seq=seq)
 
     def _step(self, message: StepMessage, delivered: StepReport | None, task_id: str | None,
-              hostname: str, name: str | None, queue: str, traceparent: str | None
+              hostname: str, name: str | None, queue: str, traceparent: str | None,
+              chain: Callable[[], bool], claimed: Claim | None
               ) -> tuple[StepReport, tuple[UUID, int, str] | None]:
         """One step of ``handle``: the report, and the next message a commit asked for."""
         assert self._store is not None and self._config is not None
@@ -222,10 +238,13 @@ class WorkerRuntime:
         try:
             report = execute_step(self._store, self.registry, self._config, message,
                                   worker=self.worker_id, publish=lambda *next_step:
-                                  follow.append(next_step), count_stale=delivered is None)
+                                  follow.append(next_step), count_stale=delivered is None,
+                                  chain=chain, claimed=claimed)
         except Exception as exc:
             if eager is not None:
                 self._events.finished(hostname, *eager, None, exc)
+            if claimed is not None:
+                self._give_back(claimed, exc)
             if delivered is not None:
                 # An eager step failed outside its body (the ledger went away): send its
                 # message now rather than leave it to the dispatcher's grace period. If
@@ -239,6 +258,18 @@ class WorkerRuntime:
         if eager is not None:
             self._events.finished(hostname, *eager, report)
         return report, (follow[0] if follow else None)
+
+    def _give_back(self, claimed: Claim, exc: Exception) -> None:
+        """An eager step its previous commit claimed failed outside its body: give its lease
+        back (fenced by its epoch: a no-op if the attempt already ended), so the message
+        published for it next runs at once instead of waiting for the lease to expire. If
+        the ledger is gone, the lease expires and the reaper restores the run."""
+        assert self._store is not None
+        try:
+            self._store.release(claimed, error_record(type(exc).__name__, str(exc)))
+        except Exception as release_error:  # the ledger went away: the reaper has it
+            log.warning("could not give back an eager step's lease", run_id=str(claimed.run_id),
+                        seq=claimed.seq, error=str(release_error))
 
     def _schema_changed(self) -> None:
         """A claim was refused because the ledger is at another schema revision than this

@@ -109,18 +109,35 @@ RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
 -- runs is not in its snapshot; the reaper wakes the run then (ledger/waits.py). Model and
 -- read spend is not debited here: recording each answer debited it (ledger/evidence.py),
 -- so a step that never commits has spent it all the same.
-WITH early_signal AS (
+-- With chain_owner (eager continuation, workers/runtime.py), a commit that leaves the run
+-- running with its next step due now also claims that step for chain_owner, in this same
+-- statement: lease, epoch, attempt and the attempt row are what the claim statement would
+-- write, and no outbox row is written (the lease stands for it). So an eager step costs one
+-- transaction, not two. A worker that dies before running the step it claimed this way
+-- leaves an expiring lease, which the reaper restores like any lost holder's (section 7).
+WITH chain AS (
+    SELECT %(chain_owner)s::text IS NOT NULL AND %(status)s = 'running'
+           AND %(due_at)s::timestamptz IS NULL AND %(next_max_attempts)s > 0
+           -- no code runs a step on a ledger upgraded (or downgraded) under it
+           AND EXISTS (SELECT 1 FROM onward.onward_alembic_version v
+                        WHERE v.version_num = %(revision)s) AS go
+), early_signal AS (
     SELECT id FROM onward.signals
      WHERE %(signal)s::text IS NOT NULL AND run_id = %(run_id)s AND name = %(signal)s
        AND consumed_seq IS NULL
      ORDER BY id LIMIT 1
 ), advanced AS (
     UPDATE onward.runs
-       SET seq = seq + 1, step = %(next_step)s, attempt = 0,
+       SET seq = seq + 1, step = %(next_step)s,
            status = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN 'running'
                          ELSE %(status)s END,
            max_attempts = %(next_max_attempts)s, workflow_version = %(workflow_version)s,
-           lease_owner = NULL, lease_expires_at = NULL, head_hash = %(hash)s,
+           lease_owner = CASE WHEN chain.go THEN %(chain_owner)s END,
+           lease_expires_at = CASE WHEN chain.go
+                                   THEN onward.now() + %(chain_ttl)s * interval '1 second' END,
+           lease_epoch = lease_epoch + chain.go::int, attempt = chain.go::int,
+           attempts_total = attempts_total + chain.go::int,
+           head_hash = %(hash)s,
            head_mac = %(head_mac)s,
            result = %(result)s, result_mac = %(result_mac)s, last_error = NULL,
            waiting_on = CASE WHEN EXISTS (SELECT 1 FROM early_signal) THEN NULL
@@ -135,9 +152,13 @@ WITH early_signal AS (
            deadline_at = coalesce(deadline_at, %(default_deadline)s),
            finished_at = CASE WHEN %(status)s IN ('running', 'waiting') THEN NULL
                               ELSE onward.now() END
+      FROM chain
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
        AND cancel_requested IS NULL
- RETURNING id, tenant_id, status
+ RETURNING id, tenant_id, status, chain.go AS chained, lease_epoch, attempt, max_attempts,
+           attempts_total, budget_attempts, budget_tokens, budget_cost_usd, deadline_at,
+           used_tokens, used_cost_usd, created_at, workflow_version, state_schema_version,
+           head_mac, priority, onward.now() AS claimed_at
 ), signal_consumed AS (
     UPDATE onward.signals SET consumed_seq = %(seq)s + 1
      WHERE id IN (SELECT id FROM early_signal) AND consumed_seq IS NULL
@@ -161,7 +182,12 @@ WITH early_signal AS (
     INSERT INTO onward.outbox (run_id, seq, due_at, worker_publishes, trace_context)
     SELECT id, %(seq)s + 1, coalesce(%(due_at)s, onward.now()),
            %(due_at)s::timestamptz IS NULL AND %(status)s = 'running', %(trace_context)s
-      FROM advanced WHERE status = 'running'
+      FROM advanced WHERE status = 'running' AND NOT chained
+), recorded AS (
+    -- the attempt of the step the commit claimed (chain): as the claim statement records it
+    INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker)
+    SELECT id, lease_epoch, %(seq)s + 1, attempt, %(next_step)s, %(chain_owner)s
+      FROM advanced WHERE chained
 ), approval AS (
     INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, step, action,
                                   artifact_hash, artifact, approvers, expires_at, status,
@@ -175,7 +201,12 @@ WITH early_signal AS (
     DELETE FROM onward.outbox o USING advanced a WHERE o.run_id = a.id AND o.seq = %(seq)s
 ), {close_attempt(advanced)}
 SELECT (SELECT count(*) FROM advanced) AS advanced,
-       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling
+       (SELECT cancel_requested IS NOT NULL FROM onward.runs WHERE id = %(run_id)s) AS cancelling,
+       a.chained, a.lease_epoch, a.attempt, a.max_attempts, a.attempts_total, a.budget_attempts,
+       a.budget_tokens, a.budget_cost_usd, a.deadline_at, a.used_tokens, a.used_cost_usd,
+       a.created_at, a.workflow_version, a.state_schema_version, a.head_mac, a.priority,
+       a.claimed_at
+  FROM (SELECT 1) AS one LEFT JOIN advanced a ON true
 
 -- name: fail
 -- Record a step error: retry through a delayed outbox row, or fail the run and close the

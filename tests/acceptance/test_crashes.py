@@ -126,15 +126,17 @@ def test_crash__after_commit_before_publish_the_dispatcher_publishes(
     seq 1 and before publishing its message: the outbox row committed with the checkpoint
     is published by the dispatcher after its grace period, so the run completes with no
     reaper running, no restore, every attempt committed and one checkpoint per seq. (On
-    the threads pool the whole worker dies; a second worker is started after it.)"""
+    the threads pool the whole worker dies; a second worker is started after it.) Eager
+    continuation is off: with it on, the commit claims the next step instead of
+    publishing it (the next test)."""
     cluster.dispatcher()
-    worker = start_worker(cluster, pool,
-                          env={"ONWARD_FAULTS": "after_commit_before_publish:kill:once"})
+    fault = {"ONWARD_EAGER_STEPS": "0", "ONWARD_FAULTS": "after_commit_before_publish:kill:once"}
+    worker = start_worker(cluster, pool, env=fault)
     run_id = ledger.start_run("test_chain", {"steps": 3})
     if pool == "threads":
         wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die at the fault")
         assert worker.popen.returncode == -signal.SIGKILL
-        start_worker(cluster, pool, name="worker-b")
+        start_worker(cluster, pool, name="worker-b", env={"ONWARD_EAGER_STEPS": "0"})
 
     row = _completed(ledger, run_id)
 
@@ -146,6 +148,42 @@ def test_crash__after_commit_before_publish_the_dispatcher_publishes(
     assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1, 2: 1}
     assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2, 3]
     assert row["restore_count"] == 0
+    if pool == "prefork":
+        assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
+
+
+@POOLS
+def test_crash__after_a_commit_that_claimed_the_next_step_the_reaper_resumes_it(
+        ledger: Ledger, cluster: Cluster, settings_env: dict[str, str], pool: str) -> None:
+    """Eager continuation (the default): the commit of seq 0 also claims seq 1 for its
+    worker, in the same statement, and writes no outbox row for it. The worker dies
+    (SIGKILL, fault after_chained_commit) right after that commit, before running seq 1.
+    Nothing was published and nothing is in the outbox: the lease it took expires, the
+    reaper restores the run (once), and it completes with one checkpoint and one committed
+    attempt per seq; the claimed attempt of seq 1 ends worker_lost, and nothing else."""
+    cluster.dispatcher()
+    cluster.reaper()
+    fault = {"ONWARD_FAULTS": "after_chained_commit:kill:once"}
+    worker = start_worker(cluster, pool, env=fault)
+    run_id = ledger.start_run("test_chain", {"steps": 3})
+    if pool == "threads":
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die at the fault")
+        assert worker.popen.returncode == -signal.SIGKILL
+        start_worker(cluster, pool, name="worker-b")
+
+    row = _completed(ledger, run_id)
+
+    marker = Path(settings_env["ONWARD_FAULTS_DIR"]) / "after_chained_commit@*.kill.fired"
+    assert marker.exists(), "the fault never fired"
+    tried = reads.attempts(ledger.engine, run_id)
+    died = marker.read_text()
+    assert [(a["seq"], a["outcome"]) for a in tried if a["worker"].endswith(f":{died}")] == [
+        (0, "committed"), (1, "worker_lost")]  # seq 1 was claimed by seq 0's commit
+    assert [(a["seq"], a["outcome"]) for a in tried if a["outcome"] != "committed"] == [
+        (1, "worker_lost")]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1, 2: 1}
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2, 3]
+    assert row["restore_count"] == 1
     if pool == "prefork":
         assert "exited with 'signal 9 (SIGKILL)'" in worker.log()
 

@@ -27,11 +27,11 @@ def provider(tmp_path: Path) -> Iterator[Provider]:
 
 
 def start_fleet(cluster: Cluster, provider: Provider, faults: str = "",
-                dispatcher_faults: str = "") -> None:
+                dispatcher_faults: str = "", worker_env: dict[str, str] | None = None) -> None:
     env = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url}
     cluster.dispatcher(env={**env, "ONWARD_FAULTS": dispatcher_faults})
     cluster.reaper(env=env)
-    cluster.worker(concurrency=2, env={**env, "ONWARD_FAULTS": faults})
+    cluster.worker(concurrency=2, env={**env, "ONWARD_FAULTS": faults, **(worker_env or {})})
 
 
 def wait_terminal(ledger: Ledger, run_id: UUID, timeout: float = 60) -> RunStatus:
@@ -54,13 +54,18 @@ def offer_run(ledger: Ledger, customer: str = "c-1") -> UUID:
     "after_effect_recorded@create",
     "before_checkpoint_commit@create",
     "after_commit_before_publish@create",
+    "after_chained_commit@create",
 ])
 def test_effect__worker_killed_at_point_creates_one_object(
         point: str, ledger: Ledger, cluster: Cluster, provider: Provider,
         settings_env: dict[str, str]) -> None:
     """Invariant: whatever instant the worker dies at, the CRM holds exactly one offer and
-    the customer one email, both effects end `completed`, and the run finishes."""
-    start_fleet(cluster, provider, faults=f"{point}:kill:once")
+    the customer one email, both effects end `completed`, and the run finishes. (The worker
+    publishes a next step only when it does not run it itself: that point is reached with
+    eager continuation off; with it on, the commit claims the next step instead.)"""
+    publishes = point.startswith("after_commit_before_publish")
+    start_fleet(cluster, provider, faults=f"{point}:kill:once",
+                worker_env={"ONWARD_EAGER_STEPS": "0"} if publishes else None)
     run_id = offer_run(ledger)
     assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
     stats = provider.stats()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any
 from uuid import UUID
 
@@ -67,6 +68,30 @@ def test_eager__runs_the_next_steps_in_process_then_publishes_one_message(
     assert publisher.queued() == 1
 
 
+def test_eager__each_commit_claims_the_next_step_in_its_own_transaction(
+        ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
+    """An eager step costs one transaction, not two: the commit of seq k claims seq k + 1
+    for the same worker in the same statement, so the attempt of seq k + 1 starts at the
+    very database time (the transaction's) the attempt of seq k ended, and no claim
+    statement runs between them. The last commit within eager_steps=3 claims nothing and
+    writes the outbox row its message is published from."""
+    rt = runtime(eager_steps=3, eager_window_ms=60_000)
+    run_id = ledger.start_run("test_chain", {"steps": 10})
+
+    assert _deliver(rt, run_id, 0) == "committed"
+
+    tried = reads.attempts(ledger.engine, run_id)
+    assert [(a["seq"], a["attempt"], a["outcome"]) for a in tried] == [
+        (s, 1, "committed") for s in range(4)]
+    same_tx = [nxt["started_at"] == prev["ended_at"] for prev, nxt in pairwise(tried)]
+    assert same_tx == [True, True, True]
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["seq"], row["lease_owner"], row["attempt"], row["attempts_total"]) == (
+        4, None, 0, 4)
+    assert [r["seq"] for r in reads.outbox_rows(ledger.engine, run_id)] == [4]
+    assert publisher.queued() == 1
+
+
 def test_eager__zero_sends_every_step_through_the_broker(
         ledger: Ledger, runtime: Factory, publisher: Publisher) -> None:
     """eager_steps=0: one message executes one step and publishes the next."""
@@ -110,11 +135,13 @@ def test_eager__a_run_that_finishes_inside_the_budget_publishes_nothing(
 def test_eager__a_ledger_error_in_an_eager_step_publishes_its_message(
         ledger: Ledger, runtime: Factory, publisher: Publisher,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The delivered step commits; the eager step after it claims its lease and then fails
-    outside its body (fault ``after_claim@second:raise``, standing for the ledger going
-    away). The message for that step is published before the error propagates, so the run
-    does not wait for the dispatcher's grace period; the commit before it stands, and the
-    lease the failed attempt holds makes that message a counted no-op until it expires."""
+    """The delivered step commits and, in the same statement, claims the eager step after
+    it, which then fails outside its body (fault ``after_claim@second:raise``, standing for
+    the ledger going away). The worker gives that lease back and publishes the step's
+    message before the error propagates, so the run waits neither for the lease to expire
+    nor for the dispatcher's grace period: the commit before it stands, and the message
+    runs the step. (Before the lease was given back, the message was a counted no-op until
+    the lease expired.)"""
     monkeypatch.setenv("ONWARD_FAULTS", "after_claim@second:raise")
     rt = runtime(eager_steps=16, eager_window_ms=60_000)
     run_id = ledger.start_run("test_pair", {})
@@ -126,10 +153,14 @@ def test_eager__a_ledger_error_in_an_eager_step_publishes_its_message(
         faults.arm_from_env()
 
     row = reads.run_row(ledger.engine, run_id)
-    assert (row["seq"], row["status"]) == (1, "running")
-    assert row["lease_owner"] == rt.worker_id
+    assert (row["seq"], row["status"], row["lease_owner"]) == (1, "running", None)
     assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1}
+    assert [(a["seq"], a["outcome"]) for a in reads.attempts(ledger.engine, run_id)] == [
+        (0, "committed"), (1, "released")]
     assert publisher.queued() == 1
+
+    assert _deliver(rt, run_id, 1) == "committed"  # the published message runs the step
+    assert reads.run_row(ledger.engine, run_id)["status"] == "completed"
 
 
 def test_eager__threads_share_one_runtime_and_a_bounded_connection_pool(

@@ -30,7 +30,7 @@ from ledger import schema
 from ledger.checkpoints import CheckpointKeys
 from ledger.fleet import FleetStore
 from ledger.outbox import OutboxMessage, OutboxStore
-from ledger.steps import StepStore
+from ledger.steps import Claim, StepStore, error_record
 from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.routing import worker_queues
@@ -329,19 +329,28 @@ class Worker:
         message = StepMessage(run_id=first[0], seq=first[1])
         follow: list[tuple[UUID, int, str]] = []
         delivered = False
+        claimed: Claim | None = None  # the next step, claimed by the previous commit
         while True:
             follow.clear()
             self.run_id = message.run_id
             try:
                 report = execute_step(self.store, self.registry, self.config, message,
                                       worker=self.name, publish=lambda *m: follow.append(m),
-                                      count_stale=not delivered)
-            except Exception:
+                                      count_stale=not delivered, chain=(eager > 0).__bool__,
+                                      claimed=claimed)
+            except Exception as exc:
+                if claimed is not None:  # as WorkerRuntime._give_back: the lease goes back
+                    self.store.release(claimed, error_record(type(exc).__name__, str(exc)))
                 if delivered:
                     self.broker.publish(message.run_id, message.seq)
                 raise
             self._delivery.reports.append(report)
             delivered = True
+            claimed = report.next_claim
+            if claimed is not None:
+                eager -= 1
+                message = StepMessage(run_id=claimed.run_id, seq=claimed.seq)
+                continue
             if not follow:
                 return
             run_id, seq, _queue = follow[0]

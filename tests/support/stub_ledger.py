@@ -22,7 +22,7 @@ from ledger.checkpoints import CheckpointBody, CheckpointKeys
 from ledger.effects import Effect
 from ledger.exceptions import CancelRequested
 from ledger.lineage import Launch
-from ledger.steps import Advance, Budget, Claim, Ended, Stale, StaleReason
+from ledger.steps import Advance, Budget, Claim, Ended, Stale, StaleReason, Successor
 from ledger.vocabulary import OutcomeKind, ParkReason, RunStatus
 
 KEYS = CheckpointKeys(current="unit", keys={"unit": b"unit-test-checkpoint-key"})
@@ -122,6 +122,11 @@ class StubLedger:
                          workflow=run.workflow, workflow_version=run.workflow_version)
         if run.workflow_version is None and bind and run.workflow in bind:
             run.workflow_version, run.state_schema_version = bind[run.workflow]
+        return self._lease(run)
+
+    def _lease(self, run: StubRun) -> Claim:
+        """Take the lease of ``run`` at its seq (a claim, or a commit that claims the next)."""
+        run_id = run.run_id
         run.leased = True
         run.epoch += 1
         run.attempt += 1
@@ -149,7 +154,8 @@ class StubLedger:
             raise CancelRequested(f"run {claim.run_id} is being cancelled")
         return self._fenced("heartbeat", claim)
 
-    def commit(self, claim: Claim, advance: Advance) -> bool:
+    def commit(self, claim: Claim, advance: Advance, *,
+               successor: Successor | None = None) -> bool | Claim:
         if "commit" in self.cancel_on:
             self.statements.append("commit")
             raise CancelRequested(f"run {claim.run_id} is being cancelled")
@@ -169,6 +175,9 @@ class StubLedger:
         run.attempt, run.max_attempts, run.leased = 0, advance.next_max_attempts, False
         run.handbacks, run.result = 0, advance.result
         self.commits.append(advance)
+        due_now = advance.wait is None or advance.wait.due_at is None
+        if successor is not None and advance.status is RunStatus.RUNNING and due_now:
+            return self._lease(run)
         return True
 
     def commit_refused(self, claim: Claim) -> None:

@@ -196,7 +196,7 @@ def test_decision__a_commit_the_ledger_refuses_is_a_step_error() -> None:
     ledger's reason, not a crash."""
     table = given(lambda ctx, state: ctx.goto("second"))
 
-    def refuse(*args: Any) -> bool:
+    def refuse(*args: Any, **kwargs: Any) -> bool:
         table.ledger.statements.append("commit")
         raise StatementRefused("refused for the test")
 
