@@ -209,8 +209,8 @@ class OnwardSettings(BaseSettings):
     eager_steps: int = Field(
         default=16, ge=0,
         description="After committing a step, a worker runs up to this many of the run's next "
-        "steps itself (each still claimed and committed through the ledger) before handing the "
-        "run back to the broker; 0 sends every step through the broker.",
+        "steps itself (each claimed by the commit before it and committed through the ledger) "
+        "before handing the run back to the broker; 0 sends every step through the broker.",
     )
     eager_window_ms: float = Field(
         default=100.0, ge=0,
