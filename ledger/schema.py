@@ -172,7 +172,8 @@ runs = Table(
         unique=True,
         postgresql_where=text("idempotency_key IS NOT NULL"),
     ),
-    Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    # not the lease: an indexed lease makes every claim and commit a non-HOT update
+    Index("ix_runs_status", "status"),
     Index("ix_runs_wait_until", "wait_until", postgresql_where=text("wait_until IS NOT NULL")),
     Index("ix_runs_conversation", "conversation_id"),
     Index("ix_runs_workflow_status", "workflow", "status"),
@@ -181,6 +182,7 @@ runs = Table(
     Index("ix_runs_tenant_status_id", "tenant_id", "status", "id"),  # ... by status; counts
     Index("ix_runs_tenant_workflow_id", "tenant_id", "workflow", "id"),
     CheckConstraint(f"mode IS NULL OR {_in('mode', LaunchMode)}", name="mode"),
+    postgresql_with={"fillfactor": 90},  # room on each page for HOT updates (migration 0036)
 )
 
 checkpoints = Table(

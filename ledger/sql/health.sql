@@ -17,7 +17,7 @@ RETURNING 1
 SELECT workflow, version, metric, label, value FROM onward.metric_totals
 
 -- name: active_runs
--- Runs that are not terminal, through ix_runs_status_lease (status first). For parked runs
+-- Runs that are not terminal, through ix_runs_status. For parked runs
 -- the reason, for waiting runs what they wait for (approval, signal, effect, …).
 SELECT workflow, coalesce(workflow_version, 0) AS version, status,
        CASE status WHEN 'needs_review' THEN coalesce(parked_reason, 'unknown')
