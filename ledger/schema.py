@@ -182,7 +182,7 @@ runs = Table(
     Index("ix_runs_tenant_status_id", "tenant_id", "status", "id"),  # ... by status; counts
     Index("ix_runs_tenant_workflow_id", "tenant_id", "workflow", "id"),
     CheckConstraint(f"mode IS NULL OR {_in('mode', LaunchMode)}", name="mode"),
-    postgresql_with={"fillfactor": 90},  # room on each page for HOT updates (migration 0036)
+    postgresql_with={"fillfactor": 90},  # room on each page for HOT updates (migration 0037)
 )
 
 checkpoints = Table(
@@ -548,7 +548,7 @@ tenant_keys = Table(
           postgresql_where=text("state = 'active'")),
     Index("ix_tenant_keys_tenant_id", "tenant_id"),
 )
-"""Each tenant's data keys, wrapped by a master key (ledger/crypto.py; migration 0036)."""
+"""Each tenant's data keys, wrapped by a master key (ledger/crypto.py; migration 0037)."""
 
 worker_queues = Table(
     "worker_queues",
