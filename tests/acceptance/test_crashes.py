@@ -160,16 +160,19 @@ def test_crash__after_a_commit_that_claimed_the_next_step_the_reaper_resumes_it(
     (SIGKILL, fault after_chained_commit) right after that commit, before running seq 1.
     Nothing was published and nothing is in the outbox: the lease it took expires, the
     reaper restores the run (once), and it completes with one checkpoint and one committed
-    attempt per seq; the claimed attempt of seq 1 ends worker_lost, and nothing else."""
+    attempt per seq; the claimed attempt of seq 1 ends worker_lost, and nothing else. (A
+    wide eager window: on a busy machine the first step can outlast the default 100 ms,
+    and its commit then publishes instead of claiming.)"""
     cluster.dispatcher()
     cluster.reaper()
-    fault = {"ONWARD_FAULTS": "after_chained_commit:kill:once"}
+    fault = {"ONWARD_FAULTS": "after_chained_commit:kill:once",
+             "ONWARD_EAGER_WINDOW_MS": "600000"}
     worker = start_worker(cluster, pool, env=fault)
     run_id = ledger.start_run("test_chain", {"steps": 3})
     if pool == "threads":
         wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die at the fault")
         assert worker.popen.returncode == -signal.SIGKILL
-        start_worker(cluster, pool, name="worker-b")
+        start_worker(cluster, pool, name="worker-b", env={"ONWARD_EAGER_WINDOW_MS": "600000"})
 
     row = _completed(ledger, run_id)
 

@@ -62,10 +62,12 @@ def test_effect__worker_killed_at_point_creates_one_object(
     """Invariant: whatever instant the worker dies at, the CRM holds exactly one offer and
     the customer one email, both effects end `completed`, and the run finishes. (The worker
     publishes a next step only when it does not run it itself: that point is reached with
-    eager continuation off; with it on, the commit claims the next step instead.)"""
+    eager continuation off; with it on, and a window wide enough for a busy machine, the
+    commit claims the next step instead.)"""
     publishes = point.startswith("after_commit_before_publish")
     start_fleet(cluster, provider, faults=f"{point}:kill:once",
-                worker_env={"ONWARD_EAGER_STEPS": "0"} if publishes else None)
+                worker_env={"ONWARD_EAGER_STEPS": "0"} if publishes
+                else {"ONWARD_EAGER_WINDOW_MS": "600000"})
     run_id = offer_run(ledger)
     assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
     stats = provider.stats()
