@@ -16,6 +16,7 @@ WORKER_POINTS = [
     "after_effect_recorded",
     "before_checkpoint_commit",
     "after_commit_before_publish",
+    "after_chained_commit",
 ]
 DISPATCHER_POINT = "dispatcher_after_publish_before_mark"
 
