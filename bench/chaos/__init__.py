@@ -43,8 +43,8 @@ Chaos, at seeded random moments (``--seed``):
 * SIGKILL of a whole worker process tree (``--tree-kills``, 3 by default), restarted with
   named fault points armed, spread over the restarts (after_effect_pending,
   after_provider_response, after_effect_recorded, before_checkpoint_commit,
-  after_commit_before_publish, after_chained_commit, each ``kill:once``: the pool child dies there once and the
-  worker replaces it);
+  after_commit_before_publish, after_chained_commit, each ``kill:once``: the pool child
+  dies there once and the worker replaces it);
 * SIGKILL of a dispatcher, restarted (once with dispatcher_after_publish_before_mark armed);
 * FLUSHDB of the broker's Redis database, once;
 * PostgreSQL stopped mid-batch (``pg_ctl stop -m immediate``: a crash, recovered from the
