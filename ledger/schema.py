@@ -182,7 +182,7 @@ runs = Table(
     Index("ix_runs_tenant_status_id", "tenant_id", "status", "id"),  # ... by status; counts
     Index("ix_runs_tenant_workflow_id", "tenant_id", "workflow", "id"),
     CheckConstraint(f"mode IS NULL OR {_in('mode', LaunchMode)}", name="mode"),
-    postgresql_with={"fillfactor": 90},  # room on each page for HOT updates (migration 0039)
+    postgresql_with={"fillfactor": 90},  # room on each page for HOT updates (migration 0040)
 )
 
 checkpoints = Table(

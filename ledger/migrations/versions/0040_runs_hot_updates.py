@@ -1,7 +1,7 @@
 """runs updates on the hot path stay HOT: the lease is no longer indexed
 
-Revision ID: 0039
-Revises: 0038
+Revision ID: 0040
+Revises: 0039
 
 ``ix_runs_status_lease`` indexed ``(status, lease_expires_at)``. Every claim and every
 commit changes ``lease_expires_at``, so no update of a running run could be a heap-only
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = '0039'
-down_revision = '0038'
+revision = '0040'
+down_revision = '0039'
 branch_labels = None
 depends_on = None
 
