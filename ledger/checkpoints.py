@@ -38,11 +38,15 @@ __all__ = [
 ]
 
 
-ENVELOPE_VERSION = 2
+ENVELOPE_VERSION = 3
 """The envelope new checkpoints are written with. 2: the MAC'd body names the run's
-workflow. A checkpoint keeps the version it was written with and verifies as such, so
-version 1 checkpoints (no workflow in the body) still verify; the version is itself in the
-body, so a checkpoint cannot be passed off as an older version."""
+workflow. 3: a checkpoint stored as a delta signs its state's chain digest
+(``state_chain``: the digest of its chain's snapshot and every delta since, ledger/states.py)
+in place of the reconstructed state, so a restore checks the MAC without writing a large
+state out again as canonical JSON; a snapshot signs its state as before. A checkpoint keeps
+the version it was written with and verifies as such, so version 1 checkpoints (no
+workflow in the body) and version 2 deltas (the whole state signed) still verify; the
+version is itself in the body, so a checkpoint cannot be passed off as an older version."""
 ARTIFACT_KEY = "$artifact"
 """A state stored apart is ``{"$artifact": {"sha256": …, "size": …}}`` in its checkpoint."""
 
@@ -348,6 +352,9 @@ class CheckpointBody:
     refs: dict[str, Any] | None = None  # evidence and effects the step used, budgets at start
     workflow: str | None = None  # envelope 2 on
     envelope_version: int = ENVELOPE_VERSION
+    # envelope 3 on, a delta's chain digest (ledger/states.py chain_digest): what its MAC
+    # signs in place of ``state``, which still holds the reconstructed state for readers
+    state_chain: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> CheckpointBody:
@@ -357,7 +364,8 @@ class CheckpointBody:
                    state=row["state"], workflow_version=row["workflow_version"],
                    control=row["control"], state_schema_version=row["state_schema_version"],
                    refs=row["refs"], workflow=row["workflow"],
-                   envelope_version=row["envelope_version"])
+                   envelope_version=row["envelope_version"],
+                   state_chain=row.get("state_chain"))
 
     def as_dict(self) -> dict[str, Any]:
         if not 1 <= self.envelope_version <= ENVELOPE_VERSION:
@@ -381,6 +389,10 @@ class CheckpointBody:
         }
         if self.envelope_version >= 2:
             body["workflow"] = self.workflow
+        if self.envelope_version >= 3:  # a delta signs its chain digest, not the state
+            body["state_chain"] = self.state_chain
+            if self.state_chain is not None:
+                body["state"] = None
         return body
 
 

@@ -80,7 +80,7 @@ class HotConnection:
                     name="onward-hot", open=True)
             return self._pool
 
-    def _run(self, sql: str, params: dict[str, Any], many: bool) -> Any:
+    def _run(self, sql: str, params: dict[str, Any], many: bool, binary: bool = False) -> Any:
         query, names = positional(sql)
         try:
             values = [params[name] for name in names]
@@ -89,7 +89,7 @@ class HotConnection:
         pool = self._pool or self._open_pool()
         try:
             with pool.connection() as conn:
-                cursor = conn.execute(query, values, prepare=True)
+                cursor = conn.execute(query, values, prepare=True, binary=binary)
                 return cursor.fetchall() if many else cursor.fetchone()
         except psycopg.OperationalError as exc:
             # The pool drops the broken connection; the statement's outcome is unknown.
@@ -101,12 +101,15 @@ class HotConnection:
         except psycopg.Error as exc:  # the database refused it: nothing was written
             raise StatementRefused(f"the ledger database refused the statement: {exc}") from exc
 
-    def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        """Run one statement (its own transaction) and return its first row.
+    def one(self, sql: str, params: dict[str, Any], *,
+            binary: bool = False) -> dict[str, Any] | None:
+        """Run one statement (its own transaction) and return its first row (``binary``:
+        results in PostgreSQL's binary format, which a large ``bytea`` is sent in as is
+        rather than as hex text twice its size, encoded and decoded again).
 
         A lost connection raises LedgerUnavailable (the statement's outcome is unknown); a
         statement the database refused raises StatementRefused (it wrote nothing)."""
-        row: dict[str, Any] | None = self._run(sql, params, many=False)
+        row: dict[str, Any] | None = self._run(sql, params, many=False, binary=binary)
         return row
 
     def all(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ records where the state came from (``Migrated``, bound under the checkpoint's MA
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from ledger.checkpoints import (
     verify_checkpoint,
 )
 from ledger.exceptions import IntegrityViolation, MalformedControl, SealedValueUnreadable
+from ledger.states import copy_json
 from ledger.steps import Claim
 from ledger.verify import head_disagreement
 from ledger.vocabulary import OutcomeKind, ParkReason
@@ -110,18 +110,17 @@ def restore(keys: CheckpointKeys, registry: Registry,
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq}'s state artifact is missing "
                        "or does not match its sha256")
-    # the step gets a copy: the claim's state is what the next checkpoint's delta is made
-    # from, and a migration or a model field typed Any could otherwise change it in place
-    state_json = json.loads(json.dumps(claim.state))
     try:  # sealed fields (tasks/sensitive.py) open here, in the worker, or the run parks
-        state_json, foreign = open_state(keys.crypt, state_json, tenant=claim.tenant_id,
-                                         run_id=claim.run_id, seq=claim.seq,
-                                         parent_run_id=claim.launch.parent_run_id)
+        opened, foreign = open_state(keys.crypt, claim.state, tenant=claim.tenant_id,
+                                     run_id=claim.run_id, seq=claim.seq,
+                                     parent_run_id=claim.launch.parent_run_id)
     except SealedValueUnreadable as exc:
         return Refusal(ParkReason.INTEGRITY, "SealedValueUnreadable", str(exc))
-    opened = state_json if state_json is not claim.state else None
-    if opened is not None:
-        state_json = json.loads(json.dumps(opened))
+    # the step gets a copy: the claim's state (and ``opened``, which shares its containers;
+    # open_state changes neither) is what the next checkpoint is made from, and a migration
+    # or a model field typed Any could otherwise change it in place. A structural copy: a
+    # JSON round trip cost a large state's restore as much as the rest together
+    state_json = copy_json(opened)
     if path:
         try:
             for migrate in path:

@@ -166,3 +166,34 @@ def test_integrity__rewritten_head_is_refused(ledger: Ledger, harness: Harness) 
     row = reads.run_row(ledger.engine, run_id)
     assert (row["status"], row["parked_reason"]) == ("needs_review", "integrity")
     assert "recorded head" in row["last_error"]["message"]
+
+
+@pytest.mark.parametrize("edit", [
+    # the chain's snapshot (seq 0) given another n, under a head that is a delta
+    "UPDATE onward.checkpoints SET state = jsonb_set(state, '{n}', '100') "
+    "WHERE run_id = :run AND seq = 0",
+    # a delta in the middle of the chain edited so that the head's state is still the same
+    # (the head's own delta sets n again): the history under the head was rewritten
+    "UPDATE onward.checkpoints SET state_delta = '[{\"op\": \"replace\", \"path\": \"/n\", "
+    "\"value\": 7}]' WHERE run_id = :run AND seq = 1 AND state_delta IS NOT NULL",
+], ids=["snapshot", "mid_chain_delta"])
+def test_integrity__an_edit_under_a_delta_head_parks_the_run(
+        ledger: Ledger, harness: Harness, edit: str) -> None:
+    """The head (seq 2) is a delta whose MAC signs its chain digest (envelope 3): an edit
+    of the snapshot its chain starts from, or of a delta before it, that SQL makes without
+    the key parks the run integrity at the next delivery, as an edit of the head does; the
+    step never runs; verify reports it."""
+    run_id = ledger.start_run("integrity_probe", Tally().model_dump())
+    for seq in range(2):
+        assert harness.deliver(run_id, seq).kind is ReportKind.COMMITTED
+    kinds = reads.checkpoint_kinds(ledger.engine, run_id)
+    assert (kinds[0], kinds[1], kinds[2]) == ("snapshot", "delta", "delta")
+    assert reads.execute(ledger.engine, edit, run=run_id) == 1
+
+    assert harness.deliver(run_id, 2).kind is ReportKind.PARKED
+    assert calls == [(run_id, 0), (run_id, 1)]
+    row = reads.run_row(ledger.engine, run_id)
+    assert (row["status"], row["parked_reason"], row["seq"]) == ("needs_review", "integrity", 2)
+    assert "checkpoint 2 does not match its MAC" in row["last_error"]["message"]
+    assert reads.checkpoint_seqs(ledger.engine, run_id) == [0, 1, 2]
+    assert {p.kind for p in ledger.verify_run(run_id)} == {"mac"}

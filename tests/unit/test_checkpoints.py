@@ -233,6 +233,36 @@ def test_checkpoint_envelope__version_1_still_verifies_and_cannot_be_claimed() -
     with pytest.raises(IntegrityViolation, match="does not match its MAC"):
         verify_checkpoint(KEYS, dataclasses.replace(new, envelope_version=1), new_mac, "k1",
                head_hash=new_mac)
-    with pytest.raises(IntegrityViolation, match="envelope version 3"):
-        verify_checkpoint(KEYS, dataclasses.replace(new, envelope_version=3), new_mac, "k1",
+    with pytest.raises(IntegrityViolation, match="envelope version 4"):
+        verify_checkpoint(KEYS, dataclasses.replace(new, envelope_version=4), new_mac, "k1",
                head_hash=new_mac)
+
+
+def test_checkpoint_envelope__a_version_3_delta_signs_its_chain_digest() -> None:
+    """Envelope 3: a delta checkpoint (``state_chain`` set) signs its chain digest in place
+    of the reconstructed state, which it then need not write out again to be checked; a
+    snapshot signs its state as before. Another chain digest, a delta relabelled as a
+    snapshot or as envelope 2 (to sign a state instead) fails the MAC; an envelope 2 delta
+    (no chain digest) still signs its whole state and verifies so."""
+    state = {"notes": ["a", "b"]}
+    delta = CheckpointBody(UUID(int=5), 3, "ab" * 32, "s", "t", "goto", state, 1,
+                           workflow="w", state_chain="cd" * 32)
+    assert delta.as_dict()["state"] is None and delta.as_dict()["state_chain"] == "cd" * 32
+    mac = KEYS.mac(delta.as_dict())
+    verify_checkpoint(KEYS, dataclasses.replace(delta, state={"other": 1}), mac, "k1",
+                      head_hash=mac)  # the state is bound through the digest, not itself
+    for forged in (dataclasses.replace(delta, state_chain="ce" * 32),
+                   dataclasses.replace(delta, state_chain=None),
+                   dataclasses.replace(delta, envelope_version=2)):
+        with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+            verify_checkpoint(KEYS, forged, mac, "k1", head_hash=mac)
+    snapshot = dataclasses.replace(delta, state_chain=None)
+    assert snapshot.as_dict()["state"] == state and snapshot.as_dict()["state_chain"] is None
+    old = dataclasses.replace(delta, envelope_version=2, state_chain=None)
+    old_mac = KEYS.mac(old.as_dict())
+    assert old.as_dict()["state"] == state and "state_chain" not in old.as_dict()
+    verify_checkpoint(KEYS, dataclasses.replace(old, state_chain="cd" * 32), old_mac, "k1",
+                      head_hash=old_mac)  # envelope 2 ignores a digest a reader computed
+    with pytest.raises(IntegrityViolation, match="does not match its MAC"):
+        verify_checkpoint(KEYS, dataclasses.replace(old, state={"notes": ["a"]}), old_mac,
+                          "k1", head_hash=old_mac)

@@ -117,3 +117,51 @@ def test_chain_states__rebuilds_each_row_and_names_a_broken_chain() -> None:
     assert [r["state"] for r in out] == [s0, s1, s2]
     broken = states.chain_states([rows[0], rows[2]], {})
     assert broken[1]["state"] is None and "missing" in broken[1]["state_problem"]
+
+
+def test_chain_states__each_delta_gets_the_digest_of_its_chain() -> None:
+    """A delta row's ``state_chain`` (what an envelope 3 checkpoint signs) is the digest of
+    its snapshot's canonical JSON and the deltas since, in order: a snapshot edited, a delta
+    edited (even into one that rebuilds the same state at the end), or the deltas swapped
+    give another digest; the digest of a chain from an artifact snapshot is the same as
+    from the same state inline; ``rebuild`` (the claim's path) agrees with ``chain_states``."""
+    s0, s1, s2 = {"m": [], "n": 0}, {"m": [1], "n": 1}, {"m": [1, 2], "n": 2}
+    d1, d2 = states.diff(s0, s1), states.diff(s1, s2)
+    rows = [{"seq": 0, "state": s0, "state_delta": None},
+            {"seq": 1, "state": None, "state_delta": d1},
+            {"seq": 2, "state": None, "state_delta": d2}]
+    out = states.chain_states(rows, {})
+    first = states.chain_digest(states.sha256_hex(canonical_json(s0)), d1)
+    assert [r["state_chain"] for r in out] == [None, first, states.chain_digest(first, d2)]
+    assert states.rebuild(s0, [d1, d2]) == (s2, out[2]["state_chain"])
+    assert states.rebuild(s0, []) == (s0, None)
+    body = canonical_json(s0)
+    ref = {"$artifact": {"sha256": states.sha256_hex(body), "size": len(body)}}
+    assert states.rebuild(ref, [d1, d2], artifact_body=body) == (s2, out[2]["state_chain"])
+    snapshot_edited = states.chain_states(
+        [{**rows[0], "state": {"m": [], "n": 5}}, rows[1], rows[2]], {})
+    assert snapshot_edited[2]["state_chain"] != out[2]["state_chain"]
+    same_end = [{"op": "replace", "path": "/n", "value": 7}, *d1[:1]]  # n is set again by d2
+    delta_edited = states.chain_states([rows[0], {**rows[1], "state_delta": same_end}, rows[2]],
+                                       {})
+    assert delta_edited[2]["state"] == s2
+    assert delta_edited[2]["state_chain"] != out[2]["state_chain"]
+    swapped = states.rebuild(s0, [[{"op": "replace", "path": "/n", "value": 1}], d1])
+    assert swapped[1] != states.rebuild(s0, [d1, [{"op": "replace", "path": "/n", "value": 1}]])[1]
+
+
+def test_parse_json__reads_what_json_loads_reads() -> None:
+    """The artifact parser (pydantic's) gives what ``json.loads`` gives for canonical JSON
+    of every kind of value; ``copy_json`` copies every container and shares none."""
+    import json
+
+    value = {"s": "é\u2028\"\\/\t", "i": [0, -1, 2**53 - 1, 10**30], "f": [0.5, 1e-7, 1.5e300],
+             "b": [True, False, None], "nested": [{"a": [[]]}, {}], "emoji": "\U0001F600"}
+    body = json.dumps(value, sort_keys=True).encode()  # 10**30 is past what canonical takes
+    assert states.parse_json(body) == json.loads(body)
+    assert states.parse_json(canonical_json(value["nested"])) == value["nested"]
+    with pytest.raises(IntegrityViolation):
+        states.parse_json(b'{"a": NaN}')
+    copied = states.copy_json(value)
+    assert copied == value and copied is not value
+    assert copied["nested"][0]["a"] is not value["nested"][0]["a"]
