@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
-from ledger import signed, sql
+from ledger import compacted, signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.crypto import MASK, Place, open_value, seal_value
 from ledger.exceptions import (
@@ -147,9 +147,14 @@ _UNRESOLVED = sql.statement("unresolved_effects")
 
 def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
     """Raise IntegrityViolation unless the effect's intent, and its outcome once it is
-    completed or failed, match their MACs."""
+    completed or failed, match their MACs (a result retention compacted: its seal,
+    ledger/compacted.py)."""
     what = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
     keys.check(signed.effect_intent(vars(effect)), effect.intent_mac, f"{what}'s request")
+    if effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED) and \
+            compacted.is_sealed(keys, "effect_result", compacted.effect_identity(effect),
+                                effect.result):
+        return  # retention dropped the result, sealed when the outcome verified
     if effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED):
         keys.check(signed.effect_outcome(effect.effect_type, effect.effect_id,
                                          effect.status.value, effect.provider_ref,

@@ -18,7 +18,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ledger import signed, sql
+from ledger import compacted, signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, covered_json, sha256_hex
 from ledger.crypto import Place, open_value, seal_value
 from ledger.exceptions import (
@@ -27,6 +27,7 @@ from ledger.exceptions import (
     IntegrityViolation,
     InvalidInput,
     OnwardError,
+    OperationRefused,
 )
 from ledger.hot import HotConnection
 
@@ -99,11 +100,29 @@ _DEBIT_LATE = sql.statement("debit_late_answer")
 _DEBIT = sql.statement("debit_unrecorded_answer")
 
 
-def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any]) -> Any:
+def _signs(keys: CheckpointKeys, row: Mapping[Any, Any], digest: str, what: str) -> bool:
+    try:
+        keys.check(signed.evidence(row["run_id"], row, digest), row["mac"], what)
+    except IntegrityViolation:
+        return False
+    return True
+
+
+def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any], *,
+                     compacted_ok: bool = False) -> Any:
     """The response an evidence row records, once its MAC verifies: a body stored as an
     artifact must hash to the row's ``artifact_sha256``, and the row (call, request, the
-    response's sha256, cost) must match its MAC. Raises IntegrityViolation otherwise."""
+    response's sha256, cost) must match its MAC. Raises IntegrityViolation otherwise. A
+    response retention compacted (its digest kept, ledger/compacted.py) verifies on its MAC
+    as well; it is returned as its marker when ``compacted_ok`` (verify), else refused
+    (OperationRefused): nothing is answered with it."""
     what = f"evidence {row['command_id']} of run {row['run_id']}"
+    kept = compacted.digest_of(row["response"]) if row["artifact_sha256"] is None else None
+    if kept is not None and _signs(keys, row, kept, what):  # retention dropped the response
+        if compacted_ok:
+            return row["response"]
+        raise OperationRefused(f"{what}: its response was compacted by retention "
+                               "(docs/operating.md#retention): there is nothing to answer with")
     if row["artifact_sha256"] is None:
         response = row["response"]
         digest = sha256_hex(covered_json(response))

@@ -1,20 +1,29 @@
 """Retention that keeps history verifiable (issue 15 item 5; docs/operating.md#retention).
 
 A policy says how many days a terminal run (completed, failed, cancelled) keeps its
-checkpoint states after it finished, per tenant and workflow
-(``ONWARD_RETENTION_POLICIES``). Compaction drops a checkpoint's state (or delta) and keeps
-its hash (the MAC of the body it had), the sha256 of the state that body signed, and a seal
-(``signed.compacted``) over the three, written only after the whole run verified. Verify
-then accepts the checkpoint as compacted on its seal, still checks the chain of hashes, and
-reports an edit of the digest or the hash. Runs on legal hold (``runs.legal_hold``) or
-pinned in a corpus are never compacted.
+payloads after it finished, per tenant and workflow (``ONWARD_RETENTION_POLICIES``).
+Compaction, written only after the whole run verified, in one transaction per run:
 
-Compaction runs one run per transaction, so ``apply`` can stop anywhere and be run again
-(what is left is found by the next plan); each compacted run gets an audit row.
-Not done here (docs/operating.md#retention says so): evidence, effect payloads and approval
-artifacts are kept; artifacts a compacted snapshot referenced are kept
-(content-addressed, possibly shared). Attempts expire by month, a partition at a time
-(ledger/partitions.py).
+* checkpoints: the state (or delta) is dropped; the hash (the MAC of the body it had), the
+  sha256 of the state that body signed and a seal (``signed.compacted``) over the three
+  are kept. Verify accepts the checkpoint as compacted on its seal, still checks the
+  chain of hashes, and reports an edit of the digest or the hash;
+* evidence: the response (inline or the artifact reference) becomes its digest
+  (ledger/compacted.py), which the evidence MAC signs: verify still checks the MAC whole;
+* effects: the payload is dropped (bound by the request hash the intent MAC signs), the
+  recipient and the provider's error too; the result becomes its digest under a seal over
+  the outcome MAC (verify accepts the outcome on the seal);
+* approvals: the artifact is dropped (bound by the artifact hash the terms MAC signs), the
+  comment too (the decision's audit row keeps it, signed);
+* signals' payloads and the run's result: their digest under a seal; the run's last error,
+  effect attempts' errors: dropped; step attempts (the per-delivery log): deleted.
+
+Runs on legal hold (``runs.legal_hold``), pinned in a corpus, or with a child run (a
+replay or branch) still going are never compacted. Each compacted run gets an audit row;
+``apply`` can stop anywhere and be run again (what is left is found by the next plan).
+Step attempts also expire by month, a partition at a time (ledger/partitions.py).
+Not done here (docs/operating.md#retention says so): artifacts a compacted row referenced
+are kept (content-addressed, possibly shared with a commit in flight).
 """
 
 from __future__ import annotations
@@ -27,12 +36,24 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import signed, sql
+from ledger import compacted, signed, sql
 from ledger.audit import Actor, AuditRecord, record_txn
-from ledger.checkpoints import CheckpointBody, CheckpointKeys, canonical_json, sha256_hex
+from ledger.bundle import DROPPED
+from ledger.checkpoints import CheckpointBody, CheckpointKeys, covered_json, sha256_hex
 from ledger.db import wrap_driver_errors
+from ledger.effects import list_effects_txn
 from ledger.exceptions import IntegrityViolation, InvalidInput
-from ledger.schema import checkpoints, corpus_runs, runs
+from ledger.schema import (
+    approvals,
+    checkpoints,
+    corpus_runs,
+    effect_attempts,
+    effects,
+    evidence,
+    runs,
+    signals,
+    step_attempts,
+)
 from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, Role, RunStatus
 
@@ -113,7 +134,7 @@ class Plan:
 
     runs: int = 0
     checkpoints: int = 0
-    bytes: int = 0  # the states' stored sizes (after TOAST compression)
+    bytes: int = 0  # the states' and payloads' stored sizes (after TOAST compression)
     held: int = 0  # due, kept: legal hold
     pinned: int = 0  # due, kept: in a regression corpus
     run_ids: list[UUID] = field(default_factory=list)
@@ -169,9 +190,11 @@ def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int
                        .with_for_update()).one()
     pinned = conn.execute(sa.select(sa.func.count()).select_from(corpus_runs)
                           .where(corpus_runs.c.run_id == run_id)).scalar_one()
-    if run.legal_hold is not None or pinned or run.status not in TERMINAL:
-        raise InvalidInput(f"run {run_id} is on legal hold, in a corpus or not finished: "
-                           "retention keeps it")
+    going = conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+        runs.c.parent_run_id == run_id, runs.c.status.not_in(TERMINAL))).scalar_one()
+    if run.legal_hold is not None or pinned or run.status not in TERMINAL or going:
+        raise InvalidInput(f"run {run_id} is on legal hold, in a corpus, not finished or has "
+                           "a replay or branch still going: retention keeps it")
     problems = verify_run_txn(conn, keys, run_id)
     if problems:
         raise IntegrityViolation(f"run {run_id} does not verify ({problems[0]}): its states "
@@ -180,14 +203,62 @@ def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int
     for row in checkpoint_rows_txn(conn, run_id):
         if row["compacted_mac"] is not None:
             continue
-        digest = sha256_hex(canonical_json(CheckpointBody.from_row(row).state))
+        digest = sha256_hex(covered_json(CheckpointBody.from_row(row).state))
         conn.execute(checkpoints.update().where(
             checkpoints.c.run_id == run_id, checkpoints.c.seq == row["seq"]).values(
             state=None, state_delta=None, snapshot_seq=None, chain_bytes=None,
             state_sha256=digest,
             compacted_mac=keys.sign(signed.compacted(run_id, row["seq"], row["hash"], digest))))
         count += 1
+    _compact_payloads_txn(conn, keys, run_id)
     return count
+
+
+def _compact_payloads_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> None:
+    """Everything but the states (module docstring), once the run verified."""
+    for row in conn.execute(sa.select(evidence.c.command_id, evidence.c.response,
+                                      evidence.c.artifact_sha256)
+                            .where(evidence.c.run_id == run_id)).mappings():
+        if row["artifact_sha256"] is None and compacted.digest_of(row["response"]) is not None:
+            continue  # compacted already (a genuine marker-shaped response is kept as is)
+        digest = row["artifact_sha256"] or sha256_hex(covered_json(row["response"]))
+        conn.execute(evidence.update().where(evidence.c.run_id == run_id,
+                                             evidence.c.command_id == row["command_id"])
+                     .values(response=compacted.marker(digest), artifact_sha256=None))
+    for effect in list_effects_txn(conn, run_id):
+        values: dict[str, Any] = {"recipient": None, "error": None}
+        if effect.payload is not None:
+            values["payload"] = DROPPED
+        if effect.outcome_mac is not None and effect.result is not None and not \
+                compacted.is_sealed(keys, "effect_result", compacted.effect_identity(effect),
+                                    effect.result):
+            values["result"] = compacted.sealed(keys, "effect_result",
+                                                compacted.effect_identity(effect), effect.result)
+        conn.execute(effects.update().where(effects.c.effect_type == effect.effect_type,
+                                            effects.c.effect_id == effect.effect_id)
+                     .values(**values))
+        conn.execute(effect_attempts.update().where(
+            effect_attempts.c.effect_type == effect.effect_type,
+            effect_attempts.c.effect_id == effect.effect_id).values(error=None))
+    conn.execute(approvals.update().where(approvals.c.run_id == run_id)
+                 .values(artifact=DROPPED, comment=None))
+    for signal in conn.execute(sa.select(signals).where(signals.c.run_id == run_id)).mappings():
+        identity = compacted.signal_identity(signal)
+        if signal["mac"] is None or compacted.is_sealed(keys, "signal_payload", identity,
+                                                        signal["payload"]):
+            continue
+        conn.execute(signals.update().where(signals.c.id == signal["id"]).values(
+            payload=compacted.sealed(keys, "signal_payload", identity, signal["payload"])))
+    run = conn.execute(sa.select(runs.c.id, runs.c.seq, runs.c.result, runs.c.result_mac)
+                       .where(runs.c.id == run_id)).mappings().one()
+    values = {"last_error": None}
+    if run["result_mac"] is not None and run["result"] is not None and not \
+            compacted.is_sealed(keys, "run_result", compacted.result_identity(run),
+                                run["result"]):
+        values["result"] = compacted.sealed(keys, "run_result", compacted.result_identity(run),
+                                            run["result"])
+    conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
+    conn.execute(step_attempts.delete().where(step_attempts.c.run_id == run_id))
 
 
 def compacted_problem(keys: CheckpointKeys, row: Mapping[str, Any]) -> str | None:

@@ -205,3 +205,13 @@ def compacted(run_id: UUID, seq: int, checkpoint_hash: str, state_sha256: str) -
     an edit of the digest or the hash fails it."""
     return {"mac": "compacted", "run_id": str(run_id), "seq": seq, "hash": checkpoint_hash,
             "state_sha256": state_sha256}
+
+
+def compacted_value(kind: str, identity: Mapping[str, Any], value_sha256: str) -> dict[str, Any]:
+    """A value retention dropped whose own MAC covers the value itself (an effect's result,
+    a signal's payload, a run's result; ledger/compacted.py): what it was part of
+    (``identity``, which names that MAC) and the sha256 of the value, sealed when the run
+    still verified. Verify accepts the value as compacted on this seal."""
+    return {"mac": "compacted_value", "kind": kind,
+            **{key: _plain(value) for key, value in identity.items()},
+            "value_sha256": value_sha256}

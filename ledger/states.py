@@ -45,7 +45,7 @@ import pydantic_core
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger.checkpoints import artifact_ref, canonical_json, sha256_hex
+from ledger.checkpoints import artifact_ref, canonical_json, covered_json, sha256_hex
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.schema import artifacts, checkpoints
 
@@ -70,15 +70,17 @@ SNAPSHOT_EVERY = 16
 
 def snapshot_digest(state: Any) -> str:
     """The chain digest a snapshot's stored ``state`` starts: the sha256 of the state's
-    canonical JSON (an artifact reference's own sha256, which names those bytes)."""
+    canonical JSON as MACs cover it (``covered_json``: a sealed field as its digest), or an
+    artifact reference's own sha256, which names the stored bytes."""
     ref = artifact_ref(state)
-    return str(ref["sha256"]) if ref is not None else sha256_hex(canonical_json(state))
+    return str(ref["sha256"]) if ref is not None else sha256_hex(covered_json(state))
 
 
-def chain_digest(parent: str, delta: Any, *, delta_json: bytes | None = None) -> str:
+def chain_digest(parent: str, delta: Any) -> str:
     """The chain digest of a checkpoint stored as ``delta`` from a parent whose chain
-    digest is ``parent`` (``delta_json``: the delta's canonical JSON, when known)."""
-    body = delta_json if delta_json is not None else canonical_json(delta)
+    digest is ``parent``: over the delta's canonical JSON as MACs cover it (a sealed value
+    as its digest, so the chain stays the same when values are sealed again)."""
+    body = covered_json(delta)
     return hashlib.sha256(b"onward-delta\n" + parent.encode() + b"\n" + body).hexdigest()
 
 
@@ -216,7 +218,6 @@ class Stored:
     delta: list[dict[str, Any]] | None = None
     snapshot_seq: int | None = None
     chain_bytes: int | None = None  # the deltas' bytes since the snapshot, this one included
-    delta_json: bytes | None = None  # the delta's canonical JSON
 
     @property
     def is_delta(self) -> bool:
@@ -232,14 +233,13 @@ def store_as(parent: Mapping[str, Any] | None, new: dict[str, Any], state_bytes:
     if parent is None or snapshot_seq is None or snapshot_every <= 1:
         return Stored(new)
     delta = diff(parent, new)
-    delta_json = canonical_json(delta)
-    delta_bytes = len(delta_json)
+    delta_bytes = len(canonical_json(delta))
     chain = chain_bytes + delta_bytes
     if delta_bytes >= state_bytes:
         return Stored(new)
     if seq - snapshot_seq >= snapshot_every and 4 * chain >= 3 * state_bytes:
         return Stored(new)
-    return Stored(None, delta, snapshot_seq, chain, delta_json)
+    return Stored(None, delta, snapshot_seq, chain)
 
 
 def _resolved(state: Any, artifact_body: bytes | None) -> Any:

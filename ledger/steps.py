@@ -364,7 +364,7 @@ class StepStore:
             return None
         assert claim.checkpoint is not None
         parent = claim.checkpoint.state_chain or states.snapshot_digest(claim.checkpoint.state)
-        return states.chain_digest(parent, stored.delta, delta_json=stored.delta_json)
+        return states.chain_digest(parent, stored.delta)
 
     def _one(self, sql: str, params: dict[str, Any], *,
              binary: bool = False) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 
-from ledger import signed, sql
+from ledger import compacted, signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.crypto import approval_field, is_sealed
 from ledger.exceptions import (
@@ -378,7 +378,11 @@ def check_decision(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
 
 def check_signal(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
     """Raise IntegrityViolation unless the signal row is as it was sent (its id, run, name,
-    payload): an edited payload and a copied row both fail."""
+    payload): an edited payload and a copied row both fail; or its payload was compacted by
+    retention under a seal that verifies."""
+    if compacted.digest_of(row["payload"]) is not None and compacted.is_sealed(
+            keys, "signal_payload", compacted.signal_identity(row), row["payload"]):
+        return
     keys.check(signed.signal(row["id"], row["run_id"], row["name"], row["payload"]), row["mac"],
                f"signal {row['name']!r} to run {row['run_id']}")
 

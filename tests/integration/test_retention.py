@@ -1,15 +1,19 @@
 """Retention keeps history verifiable (issue 15 item 5, ledger/retention.py): compaction
 drops a terminal run's checkpoint states and keeps each checkpoint's hash, the sha256 of its
-state and a seal, so verify stays clean and still catches an edit of the digest; runs on
+state and a seal, and turns its other payloads (evidence, effects, the approval's artifact,
+the result) into digests, so verify stays clean and still catches an edit of a digest; runs on
 legal hold or in a corpus are kept; a run that does not verify is not compacted. Steps run
 in the test process against a real PostgreSQL."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.corpora import Corpora
@@ -17,6 +21,7 @@ from ledger.corpus import Selection
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.retention import compact_run_txn, parse_policies
 from tests.support import reads
+from tests.support.corpus import record_note
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows"]
@@ -126,3 +131,66 @@ def test_reaper__applies_the_policies_when_due(drv: Driver, admin: Ledger) -> No
     [row] = [a for a in admin.audit(run_id=run_id) if a.action == "retention"]
     assert row.actor == "onward-reaper"
     assert admin.verify_run(run_id) == []
+
+
+@pytest.fixture()
+def ops_drv(admin: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    monkeypatch.setenv("ONWARD_TEST_OPS_CALLS", str(tmp_path / "tool.log"))
+    monkeypatch.delenv("ONWARD_TEST_OPS_VARIANT", raising=False)
+    with driver(admin, ["tests.workflows_ops"]) as running:
+        yield running
+
+
+def _rows(admin: Ledger, sql: str, run_id: UUID) -> list[dict[str, Any]]:
+    with admin.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(sql), {"run": run_id}).mappings()]
+
+
+def test_retention__payloads_become_digests_and_the_run_still_verifies(
+        ops_drv: Driver, admin: Ledger) -> None:
+    """Invariant: compaction of a run with a model call, effects and an approval leaves of
+    each payload only what its MAC needs: evidence responses become their digest (the
+    evidence MAC signs it), effect payloads and the approval's artifact are dropped (their
+    request and artifact hashes stay signed), effect results and the run's result become a
+    digest under a seal, errors and step attempts go; verify stays clean, and an edit of
+    any digest that is left is reported where it is."""
+    run_id = record_note(ops_drv, "retained", approve=True)
+    evidence_before = _rows(admin, "SELECT response FROM onward.evidence WHERE run_id = :run",
+                            run_id)
+    assert evidence_before and all("$compacted" not in (r["response"] or {})
+                                   for r in evidence_before)
+    assert _rows(admin, "SELECT 1 FROM onward.step_attempts WHERE run_id = :run", run_id)
+    assert admin.retention_plan().runs == 1
+
+    assert admin.retention_apply().runs == 1
+
+    for row in _rows(admin, "SELECT response, artifact_sha256 FROM onward.evidence "
+                     "WHERE run_id = :run", run_id):
+        assert list(row["response"]) == ["$compacted"] and row["artifact_sha256"] is None
+    found = _rows(admin, "SELECT payload, result, recipient, status FROM onward.effects "
+                  "WHERE run_id = :run", run_id)
+    assert len(found) == 2 and {r["status"] for r in found} == {"completed"}
+    for row in found:
+        assert row["payload"] in (None, {"$dropped": True}) and row["recipient"] is None
+        assert set(row["result"]["$compacted"]) == {"sha256", "seal"}
+    [approval] = _rows(admin, "SELECT artifact, comment FROM onward.approvals "
+                       "WHERE run_id = :run", run_id)
+    assert approval == {"artifact": {"$dropped": True}, "comment": None}
+    [run] = _rows(admin, "SELECT result, last_error FROM onward.runs WHERE id = :run", run_id)
+    assert set(run["result"]["$compacted"]) == {"sha256", "seal"}
+    assert _rows(admin, "SELECT 1 FROM onward.step_attempts WHERE run_id = :run", run_id) == []
+    assert admin.verify_run(run_id) == []
+    assert admin.retention_plan().runs == 0
+
+    zeros = "'\"" + "0" * 64 + "\"'"
+    edits = {
+        "evidence": "UPDATE onward.evidence SET response = jsonb_set(response, "
+                    "'{$compacted,sha256}', " + zeros + ") WHERE run_id = :run",
+        "effect": "UPDATE onward.effects SET result = jsonb_set(result, "
+                  "'{$compacted,sha256}', " + zeros + ") WHERE run_id = :run",
+        "result": "UPDATE onward.runs SET result = jsonb_set(result, "
+                  "'{$compacted,sha256}', " + zeros + ") WHERE id = :run",
+    }
+    for kind, edit in edits.items():
+        assert reads.execute(admin.engine, edit, run=run_id) >= 1
+        assert kind in {p.kind for p in admin.verify_run(run_id)}, kind
