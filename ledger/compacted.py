@@ -69,8 +69,9 @@ def effect_identity(effect: Any) -> dict[str, Any]:
 
 
 def signal_identity(row: Mapping[Any, Any]) -> dict[str, Any]:
-    return {"run_id": str(row["run_id"]), "id": row["id"], "name": row["name"],
-            "signal_mac": row["mac"]}
+    """What a signal's compacted payload is sealed with: the signal and its MAC (which
+    names the run, the name and the payload)."""
+    return {"run_id": str(row["run_id"]), "name": row["name"], "signal_mac": row["mac"]}
 
 
 def result_identity(run: Mapping[Any, Any]) -> dict[str, Any]:

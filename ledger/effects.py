@@ -152,6 +152,7 @@ def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
     what = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
     keys.check(signed.effect_intent(vars(effect)), effect.intent_mac, f"{what}'s request")
     if effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED) and \
+            compacted.digest_of(effect.result) is not None and \
             compacted.is_sealed(keys, "effect_result", compacted.effect_identity(effect),
                                 effect.result):
         return  # retention dropped the result, sealed when the outcome verified

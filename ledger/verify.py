@@ -431,7 +431,8 @@ def result_problem(keys: CheckpointKeys, run: Any) -> str | None:
     the result was removed."""
     if run["result"] is None and run["result_mac"] is None:
         return None
-    if compacted.is_sealed(keys, "run_result", compacted.result_identity(run), run["result"]):
+    if compacted.digest_of(run["result"]) is not None and compacted.is_sealed(
+            keys, "run_result", compacted.result_identity(run), run["result"]):
         return None  # retention dropped it, sealed when it verified
     try:
         keys.check(signed.result(run["id"], run["seq"], run["result"]), run["result_mac"],
