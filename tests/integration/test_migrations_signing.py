@@ -29,7 +29,7 @@ def old_engine(empty_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator
 def _insert_run(conn: sa.Connection, keys: CheckpointKeys, *, tampered: bool) -> UUID:
     run_id = uuid4()
     body = CheckpointBody(run_id, 0, None, None, None, "start", {"n": 1}, None,
-                          workflow="wf")
+                          workflow="wf", envelope_version=2)  # as the row says
     digest = keys.mac(body.as_dict())
     conn.execute(sa.text(
         "INSERT INTO onward.runs (id, tenant_id, workflow, status, max_attempts, head_hash) "
