@@ -23,6 +23,17 @@ from ledger import signed
 from ledger.checkpoints import CheckpointKeys, covered_json, sha256_hex
 from ledger.exceptions import IntegrityViolation
 
+__all__ = [
+    "KEY",
+    "digest_of",
+    "effect_identity",
+    "is_sealed",
+    "marker",
+    "result_identity",
+    "sealed",
+    "signal_identity",
+]
+
 KEY = "$compacted"
 
 
