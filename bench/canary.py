@@ -28,8 +28,10 @@ What it does, on real processes (issue 15 items 2 and 3, docs/security.md):
 
 Prints one JSON line (``--json``): ``canary_plaintext_hits`` (places where either canary was
 found in plain text: a row, a Redis key, a log line), split into ``credential_hits`` and
-``field_hits`` with ``hits_by_place``, ``places_scanned``, ``cross_tenant_rows_seen`` and
-``unset_tenant_rows_seen``. Every process runs with encryption keys (issue 15 item 1,
+``field_hits`` with ``hits_by_place`` (where ``control`` counts a tenant's name, stored
+plain by design: that it is found shows each scan reads what it claims to),
+``places_scanned``, ``cross_tenant_rows_seen`` and ``unset_tenant_rows_seen``. Every
+process runs with encryption keys (issue 15 item 1,
 docs/security.md): the customer field is marked sensitive in the agent's state; where the
 field canary is still found in plain text (what is not sealed yet), the bench says where;
 nothing is hidden. Exits 1 when the
@@ -113,8 +115,10 @@ class Scan:
                 self.hits[place][name] += 1
 
     def total(self, name: str | None = None) -> int:
+        """Hits of canary ``name``; None: of every canary but the control (which is plain
+        by design: it shows the scan reads what it claims to)."""
         return sum(n for counts in self.hits.values() for key, n in counts.items()
-                   if name is None or key == name)
+                   if key == name or (name is None and key != "control"))
 
 
 def as_bytes(value: Any) -> bytes:
@@ -279,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                               workflows=[MODULE], encryption_keys=SecretStr(master))
     procs = Processes(env=env, log_dir=workdir / "onward")
     client = redis.Redis.from_url(broker)
-    scan = Scan({"credential": credential.encode(), "field": field.encode()})
+    # the control: a tenant's name, plain in every row of its runs by design; a scan that
+    # read nothing would find it nowhere
+    scan = Scan({"credential": credential.encode(), "field": field.encode(),
+                 "control": TENANTS[0].encode()})
     ok = False
     try:
         onward = ["-m", "console"]
@@ -310,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "canary_plaintext_hits": scan.total(),
             "credential_hits": scan.total("credential"),
             "field_hits": scan.total("field"),
+            "control_hits": scan.total("control"),
             "hits_by_place": {place: dict(counts) for place, counts in sorted(scan.hits.items())},
             "places_scanned": scan.places,
             "cross_tenant_rows_seen": cross,

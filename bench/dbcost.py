@@ -105,12 +105,12 @@ class Counted:
         self.counting = False
         run = store.conn._run
 
-        def counted(sql: str, params: dict[str, Any], many: bool) -> Any:
+        def counted(sql: str, params: dict[str, Any], many: bool, **options: Any) -> Any:
             if self.counting:
                 name = self.names.get(sql, "other: " + " ".join(sql.split())[:40])
                 self.calls[name] += 1
                 self.first.setdefault(name, (sql, dict(params)))
-            return run(sql, params, many)
+            return run(sql, params, many, **options)
 
         store.conn._run = counted  # type: ignore[method-assign]
 

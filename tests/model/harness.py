@@ -151,9 +151,9 @@ class CrashingConnection:
             crashes.after_statement = None
             raise Crash(f"killed after ledger statement {self._worker.statements}")
 
-    def one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    def one(self, sql: str, params: dict[str, Any], **options: Any) -> dict[str, Any] | None:
         self._before()
-        row = self._inner.one(sql, params)
+        row = self._inner.one(sql, params, **options)
         self._after()
         return row  # type: ignore[no-any-return]
 
