@@ -101,6 +101,9 @@ DEMO_ENV = {
     "ONWARD_WORKFLOWS": "examples.research",
     "ONWARD_EXAMPLE_STEP_MS": "150",
     "ONWARD_LEASE_TTL_S": "3",
+    # a model call's lease covers its time limit: a worker killed mid-call leaves its run
+    # to the reaper after that (60 s by default; the model server answers in 150 ms)
+    "ONWARD_RESEARCH_MODEL_TIMEOUT_S": "5",
     "ONWARD_REAPER_INTERVAL_S": "0.5",
     "ONWARD_OUTBOX_REPUBLISH_S": "10",
     "ONWARD_STALL_AFTER_S": "5",

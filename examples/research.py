@@ -36,7 +36,10 @@ class ResearchState(BaseModel):
 class _Model:
     """The ``openai`` adapter, built on first use from the environment."""
 
-    timeout_s = 60.0  # the SDK's time limit below, which the step's lease covers
+    @property
+    def timeout_s(self) -> float:
+        """The SDK's time limit below, which the step's lease covers."""
+        return ExampleSettings().research_model_timeout_s
 
     @cache  # noqa: B019 - one client per process, for the process's life
     def _client(self) -> OpenAIChat:

@@ -26,6 +26,12 @@ class ExampleSettings(BaseSettings):
                                description="The research example's API key for model_url.")
     model_name: str = Field(default="gpt-4o-mini",
                             description="The model the research example asks for.")
+    research_model_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="The research example's time limit for one model call, which the "
+        "step's lease covers: a worker killed during a call leaves its run to the reaper "
+        "once this has passed (the demo sets 5 s).",
+    )
     example_provider_url: str | None = Field(
         default=None,
         description="Where the sales example's tools reach the reference provider "
