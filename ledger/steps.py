@@ -93,6 +93,20 @@ class Budget:
     used_cost_usd: Decimal
     run_created_at: datetime
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Budget:
+        """The budget columns the claim and a chained commit read back from the run's row."""
+        return cls(
+            attempts_total=row["attempts_total"],
+            attempts=row["budget_attempts"],
+            tokens=row["budget_tokens"],
+            cost_usd=row["budget_cost_usd"],
+            deadline_at=row["deadline_at"],
+            used_tokens=row["used_tokens"],
+            used_cost_usd=row["used_cost_usd"],
+            run_created_at=row["created_at"],
+        )
+
     def spent(self) -> dict[str, Any]:
         return {"attempts": self.attempts_total, "tokens": self.used_tokens,
                 "cost_usd": float(self.used_cost_usd)}
@@ -170,16 +184,7 @@ class Claim:
             checkpoint=checkpoint,
             checkpoint_hash=row["cp_hash"],
             checkpoint_key_id=row["cp_key_id"],
-            budget=Budget(
-                attempts_total=row["attempts_total"],
-                attempts=row["budget_attempts"],
-                tokens=row["budget_tokens"],
-                cost_usd=row["budget_cost_usd"],
-                deadline_at=row["deadline_at"],
-                used_tokens=row["used_tokens"],
-                used_cost_usd=row["used_cost_usd"],
-                run_created_at=row["created_at"],
-            ),
+            budget=Budget.from_row(row),
             claimed_at=row["claimed_at"],
             launch=Launch.from_row(row),
             state_schema_version=row["state_schema_version"],
@@ -539,16 +544,7 @@ class StepStore:
             checkpoint=body,
             checkpoint_hash=digest,
             checkpoint_key_id=self._keys.current,
-            budget=Budget(
-                attempts_total=row["attempts_total"],
-                attempts=row["budget_attempts"],
-                tokens=row["budget_tokens"],
-                cost_usd=row["budget_cost_usd"],
-                deadline_at=row["deadline_at"],
-                used_tokens=row["used_tokens"],
-                used_cost_usd=row["used_cost_usd"],
-                run_created_at=row["created_at"],
-            ),
+            budget=Budget.from_row(row),
             claimed_at=row["claimed_at"],
             launch=claim.launch,
             state_schema_version=row["state_schema_version"],
