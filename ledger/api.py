@@ -495,6 +495,7 @@ class Ledger:
             if not (reason or "").strip():
                 raise InvalidInput("a legal hold and its release need --reason")
             self._own_run(conn, run_id)
+            retention.keep_shared_txn(conn)  # ordered against a partition drop
             conn.execute(runs_table.update().where(runs_table.c.id == run_id)
                          .values(legal_hold=None if release else reason))
             record_txn(conn, self.keys, self.actor, AuditRecord(

@@ -23,7 +23,8 @@ from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
-from ledger.schema import corpora, corpus_runs, runs
+from ledger.retention import keep_shared_txn
+from ledger.schema import checkpoints, corpora, corpus_runs, runs
 from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
 __all__ = [
@@ -141,18 +142,36 @@ def pin_ids_txn(conn: Connection, actor: Actor, name: str, run_ids: list[UUID],
                 selection: dict[str, Any], description: str | None = None) -> list[UUID]:
     """Create the corpus if needed and pin ``run_ids`` (already checked); returns the runs
     that were not pinned in it before."""
+    keep_shared_txn(conn)  # ordered against a partition drop (ledger/retention.py)
     _upsert_corpus(conn, actor, name, description)
     added = conn.execute(
         pg_insert(corpus_runs).values([
             {"tenant_id": actor.tenant_id, "corpus": name, "run_id": run_id,
              "pinned_by": actor.name, "selection": selection} for run_id in run_ids
         ]).on_conflict_do_nothing().returning(corpus_runs.c.run_id)).scalars().all()
+    _refuse_compacted(conn, run_ids)  # compacted while this pin waited for its row lock
     return [UUID(str(r)) for r in added]
+
+
+def _compacted(run_ids: Any) -> sa.Exists:
+    return sa.exists().where(checkpoints.c.run_id == run_ids,
+                             checkpoints.c.compacted_mac.is_not(None))
+
+
+def _refuse_compacted(conn: Connection, run_ids: list[UUID] | tuple[UUID, ...]) -> None:
+    """A run retention compacted keeps digests of its answers, not the answers: a corpus
+    replay could not answer from it, so it is not pinned."""
+    found = conn.execute(sa.select(runs.c.id).where(
+        runs.c.id.in_(run_ids), _compacted(runs.c.id))).scalars().first()
+    if found is not None:
+        raise OperationRefused(f"run {found} was compacted by retention: its recorded answers "
+                               "are digests now, so a corpus could not replay it")
 
 
 def _chosen_txn(conn: Connection, tenant_id: str, selection: Selection) -> list[UUID]:
     if selection.run_ids:
         _check_explicit(conn, tenant_id, selection.run_ids)
+        _refuse_compacted(conn, selection.run_ids)
     statuses = selection.statuses or PINNABLE
     refused = [s.value for s in statuses if s not in PINNABLE]
     if refused:
@@ -160,7 +179,8 @@ def _chosen_txn(conn: Connection, tenant_id: str, selection: Selection) -> list[
                            f"({', '.join(s.value for s in PINNABLE)})")
     query = (sa.select(runs.c.id).where(
         runs.c.tenant_id == tenant_id, runs.c.parent_run_id.is_(None),
-        runs.c.status.in_([s.value for s in statuses])).order_by(runs.c.id.desc()))
+        runs.c.status.in_([s.value for s in statuses]), ~_compacted(runs.c.id))
+        .order_by(runs.c.id.desc()))
     if selection.workflow is not None:
         query = query.where(runs.c.workflow == selection.workflow)
     if selection.version is not None:

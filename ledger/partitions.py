@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
-from ledger.retention import REAPER_ACTOR, TERMINAL, Policy, days_for
+from ledger.retention import REAPER_ACTOR, TERMINAL, Policy, days_for, keep_exclusive_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
 __all__ = [
@@ -174,7 +174,9 @@ def expire(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
            actor: Actor | None = None) -> Expired:
     """Drop every ended month's partition whose rows the policies all let go, each in its
     own transaction with its audit rows (one per tenant it held rows of), by ``actor`` (the
-    reaper by default). The check, the drop and the audit rows are one transaction."""
+    reaper by default). The check, the drop and the audit rows are one transaction, under
+    ``retention.KEEP_LOCK``: a legal hold or corpus pin is either seen by the check or
+    made after the drop committed."""
     done = Expired()
     if not policies:
         return done
@@ -188,6 +190,7 @@ def expire(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
         if part.hi is None:
             continue
         with wrap_driver_errors("expiring a partition"), engine.begin() as conn:
+            keep_exclusive_txn(conn)  # a hold or pin in progress commits first, or waits
             now = _now(conn)
             why = why_kept_txn(conn, policies, part, now)
             if why is not None:

@@ -58,6 +58,7 @@ from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, Role, RunStatus
 
 __all__ = [
+    "KEEP_LOCK",
     "REAPER_ACTOR",
     "TERMINAL",
     "Applied",
@@ -69,6 +70,8 @@ __all__ = [
     "compact_run_txn",
     "compacted_problem",
     "days_for",
+    "keep_exclusive_txn",
+    "keep_shared_txn",
     "parse_policies",
     "plan_txn",
 ]
@@ -76,6 +79,27 @@ __all__ = [
 
 TERMINAL = (RunStatus.COMPLETED.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value)
 REAPER_ACTOR = "onward-reaper"
+
+KEEP_LOCK = 0x0A_0D_4E_1D
+"""The advisory lock that orders a partition drop against a legal hold or a corpus pin: the
+drop holds it exclusively from its check to its commit, a hold or pin shares it. Without it
+a hold committed after the drop's check and before its commit was not seen, and the held
+run's attempts went with the month."""
+
+_KEEP_SHARED = sql.text("keep_lock_shared")
+_KEEP_EXCLUSIVE = sql.text("keep_lock")
+
+
+def keep_shared_txn(conn: Connection) -> None:
+    """Before a legal hold or a corpus pin writes: wait for a partition drop in progress
+    (it then reads the hold or pin, committed, if it comes after)."""
+    conn.execute(_KEEP_SHARED, {"k": KEEP_LOCK})
+
+
+def keep_exclusive_txn(conn: Connection) -> None:
+    """Before a partition drop checks its month: wait for the holds and pins in progress,
+    and keep new ones out until the drop commits."""
+    conn.execute(_KEEP_EXCLUSIVE, {"k": KEEP_LOCK})
 
 
 @dataclass(frozen=True)

@@ -40,3 +40,12 @@ SELECT r.id, r.tenant_id, r.workflow, r.legal_hold IS NOT NULL AS held,
    AND (CAST(%(after)s AS uuid) IS NULL OR r.id > CAST(%(after)s AS uuid))
  ORDER BY r.id
  LIMIT %(limit)s
+
+-- name: keep_lock_shared
+-- Taken by a legal hold and a corpus pin before they write: a partition drop, which holds
+-- this lock exclusively from its check to its commit, waits for them or they for it.
+SELECT pg_advisory_xact_lock_shared(%(k)s)
+
+-- name: keep_lock
+-- Taken by a partition drop before it checks whether the policies let go of a month.
+SELECT pg_advisory_xact_lock(%(k)s)

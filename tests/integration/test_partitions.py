@@ -10,7 +10,9 @@ the roles reach partitions only through the parent, whose row-level security app
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -19,9 +21,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from ledger import Ledger, RunStatus, partitions
+from ledger import Ledger, RunStatus, partitions, retention
+from ledger.corpora import Corpora
+from ledger.corpus import Selection, pinned_txn
 from ledger.migrate import downgrade, upgrade
 from ledger.retention import parse_policies
+from ledger.schema import runs
 from tests.support import clock
 from tests.support.driver import Driver, driver
 from workers.reaper import Reaper
@@ -222,3 +227,72 @@ def test_partitions__only_the_operator_role_expires_months(ledger: Ledger) -> No
     finally:
         app.dispose()
     assert done.dropped == [] and "onward_operator" in done.kept["*"]
+
+
+def _waiting_for_keep_lock(ledger: Ledger) -> bool:
+    with ledger.engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND objid = :k"), {"k": retention.KEEP_LOCK}).scalar_one())
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_partitions__a_hold_committed_during_the_drop_check_keeps_the_month(
+        ledger: Ledger, drv: Driver) -> None:
+    """The race between a partition drop and a legal hold: a hold whose transaction is in
+    progress when the drop starts (here: its row written, not committed) makes the drop
+    wait, and once the hold commits, the drop's check sees it and keeps the month. Without
+    the keep lock the drop's check read the run as not held, dropped the month, and the hold
+    then committed on a run whose attempts were gone."""
+    policies = parse_policies("*/*=1")
+    run_id = _run_at(ledger, drv, timedelta(days=-100))
+    assert partitions.ensure(ledger.engine)
+    month = f"step_attempts_{_month(timedelta(days=-100))}"
+    done: dict[str, partitions.Expired] = {}
+    with ledger.engine.connect() as holding:
+        with holding.begin():
+            retention.keep_shared_txn(holding)  # what Ledger.hold does before it writes
+            holding.execute(sa.text("UPDATE onward.runs SET legal_hold = 'litigation' "
+                                    "WHERE id = :r"), {"r": run_id})
+            dropper = threading.Thread(target=lambda: done.setdefault(
+                "expired", partitions.expire(ledger.engine, ledger.keys, policies)))
+            dropper.start()
+            _until(lambda: _waiting_for_keep_lock(ledger), "the drop to wait for the hold")
+        dropper.join(timeout=30)
+    assert not dropper.is_alive()
+    assert done["expired"].dropped == [] and "legal hold" in done["expired"].kept[month]
+    assert _homes(ledger, run_id) == {f"onward.{month}"}
+
+
+def test_partitions__a_hold_or_pin_waits_for_a_drop_in_progress(
+        ledger: Ledger, drv: Driver) -> None:
+    """Ledger.hold and a corpus pin take the keep lock shared: while a drop holds it (from
+    its check to its commit) they wait, so neither lands between the check and the drop."""
+    run_id = _run_at(ledger, drv, timedelta(0))
+    with ledger.engine.connect() as dropping:
+        with dropping.begin():
+            retention.keep_exclusive_txn(dropping)
+            holder = threading.Thread(target=ledger.hold, args=(run_id, "litigation"))
+            holder.start()
+            _until(lambda: _waiting_for_keep_lock(ledger), "the hold to wait for the drop")
+            assert holder.is_alive()
+        holder.join(timeout=30)
+    assert not holder.is_alive()
+    with ledger.engine.begin() as conn:
+        assert conn.execute(sa.select(runs.c.legal_hold).where(runs.c.id == run_id)
+                            ).scalar_one() == "litigation"
+        retention.keep_exclusive_txn(conn)
+        pinner = threading.Thread(target=lambda: Corpora(ledger).add(
+            "keep-race", Selection(run_ids=(run_id,))))
+        pinner.start()
+        _until(lambda: _waiting_for_keep_lock(ledger), "the pin to wait for the drop")
+    pinner.join(timeout=30)
+    assert not pinner.is_alive()
+    with ledger.engine.connect() as conn:
+        assert run_id in pinned_txn(conn, [run_id])

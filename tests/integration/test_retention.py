@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.corpora import Corpora
-from ledger.corpus import Selection
+from ledger.corpus import Selection, pin_ids_txn
 from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.retention import compact_run_txn, parse_policies
 from tests.support import reads
@@ -194,3 +194,20 @@ def test_retention__payloads_become_digests_and_the_run_still_verifies(
     for kind, edit in edits.items():
         assert reads.execute(admin.engine, edit, run=run_id) >= 1
         assert kind in {p.kind for p in admin.verify_run(run_id)}, kind
+
+
+def test_retention__a_compacted_run_is_not_pinned_in_a_corpus(
+        drv: Driver, admin: Ledger) -> None:
+    """A compacted run keeps digests of its answers, so a corpus could not replay it: named
+    by id it is refused by name, a selection leaves it out, and a pin that waited for the
+    compaction's row lock is refused once the compaction committed (nothing is pinned)."""
+    compacted, whole = finished(drv, admin), finished(drv, admin)
+    with admin.engine.begin() as conn:
+        assert compact_run_txn(conn, admin.keys, compacted) == 7
+    corpora = Corpora(admin)
+    with pytest.raises(OperationRefused, match=f"run {compacted} was compacted"):
+        corpora.add("golden", Selection(run_ids=(compacted,)))
+    assert corpora.add("golden", Selection()).run_ids == [whole]
+
+    with admin.engine.begin() as conn, pytest.raises(OperationRefused, match="compacted"):
+        pin_ids_txn(conn, admin.actor, "golden", [compacted], {})
