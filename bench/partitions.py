@@ -7,8 +7,9 @@ docs/scaling.md#when-to-partition-and-which-tables).
 
 A step touches ``step_attempts`` twice: its claim inserts the attempt (and closes the one a
 lost holder left open, by ``(run_id, lease_epoch - 1)``), its commit closes it by
-``(run_id, lease_epoch)``. Neither statement names ``started_at``, the partition key, so an
-UPDATE probes the primary-key index of every partition. This measures those statements
+``(run_id, lease_epoch)``. Here neither names ``started_at``, the partition key, so an
+UPDATE probes the primary-key index of every partition (as the commit did before it named
+the attempt's ``started_at``: docs/scaling.md). This measures those statements
 alone, in a database of its own on the server of ``ONWARD_DATABASE_URL`` (created and
 dropped here), on three tables with the columns and keys of ``step_attempts``:
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -203,11 +204,13 @@ class LineageStore:
         row = self.conn.one(STEP_AFTER, {"run_id": run_id, "seq": seq})
         return row["step"] if row else None
 
-    def diverge(self, run_id: UUID, epoch: int, step: str | None,
+    def diverge(self, run_id: UUID, epoch: int, claimed_at: datetime, step: str | None,
                 report: dict[str, Any]) -> bool:
-        """Stop the replay as ``diverged`` with its report, fenced by the lease; False means
-        the lease was lost (someone else decides the run's fate)."""
-        row = self.conn.one(_DIVERGE, {"run_id": run_id, "epoch": epoch, "step": step,
+        """Stop the replay as ``diverged`` with its report, fenced by the lease (``epoch``,
+        taken at ``claimed_at``: its attempt's partition key); False means the lease was
+        lost (someone else decides the run's fate)."""
+        row = self.conn.one(_DIVERGE, {"run_id": run_id, "epoch": epoch,
+                                       "claimed_at": claimed_at, "step": step,
                                        "report": Jsonb(report),
                                        "attempt_outcome": AttemptOutcome.FAILED,
                                        "error_type": "ReplayDiverged",

@@ -485,6 +485,7 @@ class StepStore:
                 "run_id": claim.run_id,
                 "seq": claim.seq,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "next_step": advance.next_step,
                 "status": advance.status.value,
                 "next_max_attempts": advance.next_max_attempts,
@@ -575,7 +576,8 @@ class StepStore:
         self._lost(claim)
 
     def _lost(self, claim: Claim) -> bool:
-        self._one(_LEASE_LOST, {"run_id": claim.run_id, "epoch": claim.epoch})
+        self._one(_LEASE_LOST, {"run_id": claim.run_id, "epoch": claim.epoch,
+                                "claimed_at": claim.claimed_at})
         return False
 
     def fail(self, claim: Claim, step: str, error: dict[str, Any], *,
@@ -598,6 +600,7 @@ class StepStore:
                 "run_id": claim.run_id,
                 "seq": claim.seq,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "step": step,
                 "error": Jsonb(error),
                 "retry": retry_in_s is not None,
@@ -619,7 +622,8 @@ class StepStore:
         """Honour the run's cancel request: end it ``cancelled`` with its never-sent effects
         closed, its outbox rows deleted and its pending approvals invalidated, in one
         statement; refused (``UNRESOLVED``) while an effect's outcome is unknown."""
-        row = self._one(_CANCEL, {"run_id": claim.run_id, "epoch": claim.epoch, "step": step,
+        row = self._one(_CANCEL, {"run_id": claim.run_id, "epoch": claim.epoch,
+                                  "claimed_at": claim.claimed_at, "step": step,
                                   "attempt_outcome": AttemptOutcome.CANCELLED,
                                   "error_type": None, "error_message": None})
         if row is not None and row["cancelled"] == 1:
@@ -637,6 +641,7 @@ class StepStore:
             {
                 "run_id": claim.run_id,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "step": step,
                 "reason": reason,
                 "error": Jsonb(error),
@@ -669,6 +674,7 @@ class StepStore:
             {
                 "run_id": claim.run_id,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "resend_in": resend_in_s,
                 "spend": spend_attempt,
                 "error": Jsonb(error),
@@ -690,6 +696,7 @@ class StepStore:
             {
                 "run_id": claim.run_id,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "delay": delay_s,
                 "park": park,
                 "error": Jsonb(error),
@@ -714,6 +721,7 @@ class StepStore:
                 "run_id": claim.run_id,
                 "seq": claim.seq,
                 "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at,
                 "step": step,
                 "delay": delay_s,
                 "waiting_on": waiting_on,
@@ -737,7 +745,8 @@ class StepStore:
     def diverge(self, claim: Claim, step: str, report: dict[str, Any]) -> bool:
         """Stop an evidence replay as ``diverged`` with its report (ledger/lineage.py),
         fenced by the lease; False means the lease was lost."""
-        return LineageStore(self.conn).diverge(claim.run_id, claim.epoch, step, report)
+        return LineageStore(self.conn).diverge(claim.run_id, claim.epoch, claim.claimed_at, step,
+                                               report)
 
     def position(self, run_id: UUID) -> dict[str, Any] | None:
         """The run's ``seq``, ``status`` and ``workflow_version`` (None: no such run)."""

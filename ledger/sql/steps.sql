@@ -4,12 +4,15 @@
 -- fragment: close_attempt
 -- The step's attempt row (written by its claim) ends in the statement that ends the lease,
 -- once the CTE {alias} changed the run: with the attempt's outcome, its step and its error
--- (NULL where there is none).
+-- (NULL where there is none). claimed_at is the claim's onward.now(), which its attempt row
+-- took as started_at, the partition key (migration 0038): naming it prunes the update to the
+-- attempt's month instead of probing every partition.
 attempt AS (
     UPDATE onward.step_attempts
        SET ended_at = onward.now(), outcome = %(attempt_outcome)s, step = %(step)s,
            error_type = %(error_type)s, error_message = %(error_message)s
-     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s AND EXISTS (SELECT 1 FROM {alias})
+     WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+       AND started_at = %(claimed_at)s::timestamptz AND EXISTS (SELECT 1 FROM {alias})
 )
 
 -- name: claim
@@ -368,6 +371,7 @@ SELECT count(*) AS deferred FROM deferred
 -- 'worker_lost' a takeover or the reaper assumed when the lease expired).
 UPDATE onward.step_attempts SET ended_at = coalesce(ended_at, onward.now()), outcome = 'lease_lost'
  WHERE run_id = %(run_id)s AND lease_epoch = %(epoch)s
+   AND started_at = %(claimed_at)s::timestamptz  -- the partition key (see close_attempt)
    AND (outcome IS NULL OR outcome = 'worker_lost')
 RETURNING run_id
 

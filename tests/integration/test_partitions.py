@@ -10,10 +10,13 @@ the roles reach partitions only through the parent, whose row-level security app
 
 from __future__ import annotations
 
+import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -21,13 +24,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from ledger import Ledger, RunStatus, partitions, retention
+from ledger import Ledger, OutcomeKind, RunStatus, partitions, retention
 from ledger.corpora import Corpora
 from ledger.corpus import Selection, pinned_txn
+from ledger.db import libpq_conninfo
+from ledger.hot import positional
 from ledger.migrate import downgrade, upgrade
 from ledger.retention import parse_policies
 from ledger.schema import runs
-from tests.support import clock
+from ledger.steps import Advance, Claim, StepStore, Successor
+from tests.support import clock, reads
 from tests.support.driver import Driver, driver
 from workers.reaper import Reaper
 
@@ -296,3 +302,52 @@ def test_partitions__a_hold_or_pin_waits_for_a_drop_in_progress(
     assert not pinner.is_alive()
     with ledger.engine.connect() as conn:
         assert run_id in pinned_txn(conn, [run_id])
+
+
+def _partitions_probed(url: str, query: str, params: dict[str, Any]) -> list[str]:
+    """The step_attempts partitions the plan of ``query``'s ``attempt`` CTE (the
+    close_attempt fragment, ledger/sql/steps.sql) updates, as EXPLAIN shows it with
+    ``params`` bound (nothing is executed)."""
+    text, names = positional(query)
+    with psycopg.connect(libpq_conninfo(url), cursor_factory=psycopg.RawCursor) as conn:
+        plan = [row[0] for row in conn.execute(b"EXPLAIN (COSTS OFF) " + text,
+                                               [params[name] for name in names])]
+    start = plan.index("  CTE attempt")
+    section = itertools.takewhile(lambda line: line.startswith("    "), plan[start + 1:])
+    return re.findall(r"Update on (step_attempts_\w+)", "\n".join(section))
+
+
+def test_partitions__a_step_ends_its_attempt_in_its_month_s_partition_only(
+        ledger: Ledger) -> None:
+    """The statements that end a lease close the lease's attempt naming its partition key
+    (``started_at``, which is the claim's ``claimed_at``): PostgreSQL prunes the update to
+    that month's partition instead of probing all five. And the attempt is closed: the
+    claim's ``claimed_at`` is exactly its attempt's ``started_at``, for a claim and for the
+    claim a chained commit takes."""
+    store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
+    seen: list[list[str]] = []
+    run_statement = store._one
+
+    def explained(query: str, params: dict[str, Any], *, binary: bool = False) -> Any:
+        if "attempt AS (" in query:
+            seen.append(_partitions_probed(ledger.url, query, params))
+        return run_statement(query, params, binary=binary)
+
+    store._one = explained  # type: ignore[method-assign]
+    try:
+        run_id = ledger.start_run("test_chain", {"steps": 3})
+        claim = store.claim(run_id, 0, "w")
+        assert isinstance(claim, Claim)
+        chained = store.commit(claim, Advance(
+            step="tick", outcome=OutcomeKind.GOTO, next_step="tick",
+            state={"steps": 3, "done": 1, "sleep_ms": 0}, workflow_version=1,
+            next_max_attempts=3), successor=Successor("w"))
+        assert isinstance(chained, Claim)
+        assert store.fail(chained, "tick", {"type": "Boom", "message": "x"}, retry_in_s=None)
+    finally:
+        store.close()
+    month = f"step_attempts_{_month(timedelta(0))}"
+    assert seen == [[month], [month]], seen
+    closed = reads.attempts(ledger.engine, run_id)
+    assert [(a["outcome"], a["ended_at"] is not None) for a in closed] == [
+        ("committed", True), ("failed", True)], closed
