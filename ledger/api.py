@@ -36,7 +36,7 @@ from ledger import tokens as token_ops
 from ledger.audit import Actor, AuditEntry, AuditRecord, list_audit_txn, record_txn
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
-from ledger.crypto import MASK, Keyring, approval_field, is_sealed, open_value
+from ledger.crypto import Keyring, approval_field, is_sealed, shown_value, signal_field
 from ledger.db import (
     create_engine,
     database_url,
@@ -52,7 +52,6 @@ from ledger.exceptions import (
     IntegrityViolation,
     InvalidInput,
     OperationRefused,
-    SealedValueUnreadable,
     UnknownApproval,
     UnknownRun,
     UnknownToken,
@@ -60,6 +59,7 @@ from ledger.exceptions import (
 from ledger.limits import LimitState, limit_states_txn
 from ledger.schema import approvals as approvals_table
 from ledger.schema import runs as runs_table
+from ledger.schema import signals as signals_table
 from ledger.settings import OnwardSettings
 from ledger.states import checkpoint_rows_txn
 from ledger.stats import BatchStats, batch_stats
@@ -239,7 +239,7 @@ class Ledger:
         seconds and ``UnknownRun`` for a run not in the actor's tenant. Holds one database
         connection while it waits."""
         return watch.wait_blocking(self.url, self.actor.tenant_id, run_id, timeout,
-                                   through_waits=through_waits)
+                                   through_waits=through_waits, shown=self._shown_run)
 
     def events(self, run_id: UUID, *, after_seq: int = 0,
                timeout: float | None = None) -> Iterator[watch.RunEvent]:
@@ -250,7 +250,8 @@ class Ledger:
         status the run passed through between two reads (resumed, then waiting again) may
         not be. Ends after a final status; raises ``WaitTimedOut`` after ``timeout``."""
         return watch.events_blocking(self.url, self.actor.tenant_id, run_id,
-                                     after_seq=after_seq, timeout=timeout)
+                                     after_seq=after_seq, timeout=timeout,
+                                     shown=self._shown_run)
 
     # -- reads -----------------------------------------------------------------------------
     def now(self) -> datetime:
@@ -263,7 +264,9 @@ class Ledger:
         """The run, if it exists in the actor's tenant."""
         with wrap_driver_errors("reading a run"), self.engine.connect() as conn:
             run = run_ops.get_run(conn, run_id)
-        return run if run is not None and run.tenant_id == self.actor.tenant_id else None
+        if run is None or run.tenant_id != self.actor.tenant_id:
+            return None
+        return self._shown_run(run)
 
     def resolve_run(self, text: str) -> UUID:
         """A run id from its full text or a unique prefix (6+ hex digits), in the actor's
@@ -302,7 +305,8 @@ class Ledger:
         """Runs of the actor's tenant matching ``where``, newest first."""
         where = inspection.RunFilter(**{**where.__dict__, "tenant_id": self.actor.tenant_id})
         with wrap_driver_errors("listing runs"), self.engine.connect() as conn:
-            return inspection.list_runs_txn(conn, where, limit=limit, offset=offset)
+            found = inspection.list_runs_txn(conn, where, limit=limit, offset=offset)
+        return [self._shown_run(run) for run in found]
 
     def run_counts(self) -> dict[str, int]:
         """How many runs of the actor's tenant are in each status that needs attention."""
@@ -728,6 +732,18 @@ class Ledger:
 
         return self._command(AuditAction.SIGNAL, body, run_id=run_id)
 
+    def signals(self, run_id: UUID) -> list[dict[str, Any]]:
+        """The signals sent to the run, oldest first: id, name, payload (a sealed one opened,
+        or masked for a viewer: ``may_see_sealed``), the seq whose wait it ended, when sent."""
+        with wrap_driver_errors("reading signals"), self.engine.connect() as conn:
+            self._own_run(conn, run_id)
+            found = conn.execute(sa.select(signals_table).where(
+                signals_table.c.run_id == run_id).order_by(signals_table.c.id)).mappings().all()
+        return [{"id": row["id"], "name": row["name"],
+                 "payload": self._shown(row["payload"], run_id, signal_field(row["id"])),
+                 "consumed_seq": row["consumed_seq"], "created_at": row["created_at"]}
+                for row in found]
+
     # -- tokens (admin) --------------------------------------------------------------------
     def create_token(self, request: token_ops.TokenRequest) -> token_ops.Issued:
         """A new token in the actor's own tenant; its secret is in the result only."""
@@ -820,15 +836,13 @@ class Ledger:
 
     def _shown(self, value: Any, run_id: UUID, field: str, *, seq: int | None = None,
                seq_at_most: int | None = None) -> Any:
-        if not is_sealed(value):
-            return value
-        if not self.may_see_sealed:
-            return MASK
-        try:
-            return open_value(self.keys.crypt, value, tenant=self.actor.tenant_id,
-                              run_id=run_id, field=field, seq=seq, seq_at_most=seq_at_most)
-        except SealedValueUnreadable:
-            return f"{MASK} (unreadable)"
+        return shown_value(self.keys.crypt, value, may_see=self.may_see_sealed,
+                           tenant=self.actor.tenant_id, run_id=run_id, field=field, seq=seq,
+                           seq_at_most=seq_at_most)
+
+    def _shown_run(self, run: run_ops.Run) -> run_ops.Run:
+        """The run with its sealed finish result opened (or masked: ``_shown``)."""
+        return run_ops.shown_run(self.keys.crypt, run, may_see=self.may_see_sealed)
 
     def _shown_state(self, state: Any, run_id: UUID, seq: int) -> Any:
         if not isinstance(state, dict):

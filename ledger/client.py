@@ -29,6 +29,7 @@ from ledger import runs as run_ops
 from ledger.api import REFUSALS
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
+from ledger.crypto import is_sealed
 from ledger.db import SET_TENANT, TENANT_OPTION, database_url, libpq_conninfo
 from ledger.exceptions import LedgerUnavailable, UnknownRun, WaitTimedOut
 from ledger.settings import OnwardSettings
@@ -182,7 +183,18 @@ class AsyncLedger:
         """The run, if it exists in the actor's tenant."""
         async with self.engine.connect() as conn:
             run = await conn.run_sync(lambda c: run_ops.get_run(c, run_id))
-        return run if run is not None and run.tenant_id == self.actor.tenant_id else None
+        if run is None or run.tenant_id != self.actor.tenant_id:
+            return None
+        return await self._shown_run(run)
+
+    async def _shown_run(self, run: run_ops.Run) -> run_ops.Run:
+        """The run with its sealed finish result opened (a viewer sees it masked), as
+        ``Ledger`` shows it; opening may read the tenant's data key: off the event loop."""
+        if not is_sealed(run.result):
+            return run
+        may_see = self.actor.role is not Role.VIEWER and self.keys.crypt is not None
+        return await asyncio.to_thread(run_ops.shown_run, self.keys.crypt, run,
+                                       may_see=may_see)
 
     async def _require(self, run_id: UUID) -> run_ops.Run:
         run = await self.get(run_id)
@@ -283,7 +295,7 @@ class AsyncLedger:
             "run_id": run_id, "tenant_id": self.actor.tenant_id})).fetchone()
         if row is None:
             raise UnknownRun(f"no run {run_id} in this tenant")
-        run = run_ops.Run.from_row(row)  # type: ignore[arg-type]
+        run = await self._shown_run(run_ops.Run.from_row(row))  # type: ignore[arg-type]
         steps: list[dict[str, Any]] = []
         if run.seq > progress.after_seq:
             steps = await (await conn.execute(watch.READ_STEPS, {

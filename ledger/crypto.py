@@ -46,8 +46,9 @@ from ledger.checkpoints import SEALED_KEY, canonical_json, sealed_envelope
 from ledger.exceptions import EncryptionUnavailable, SealedValueUnreadable
 from ledger.settings import OnwardSettings
 
-__all__ = ["ENVELOPE_VERSION", "MASK", "Keyring", "Place", "approval_field", "is_sealed",
-           "masked", "open_value", "parse_master_keys", "seal_value"]
+__all__ = ["ENVELOPE_VERSION", "ERROR_FIELD", "MASK", "RESULT_FIELD", "Keyring", "Place",
+           "approval_field", "is_sealed", "masked", "open_value", "parse_master_keys",
+           "seal_value", "shown_value", "signal_field"]
 
 ENVELOPE_VERSION = 1
 MASK = "***"
@@ -72,6 +73,19 @@ class Place:
 def approval_field(approval_id: Any) -> str:
     """The field a sealed approval artifact is bound to."""
     return f"approval:{approval_id}:artifact"
+
+
+RESULT_FIELD = "result"
+"""The field a sealed finish result (``runs.result``) is bound to, at the seq it ended at."""
+
+ERROR_FIELD = "error.message"
+"""The field a sealed step error's message (``runs.last_error``) is bound to, at the seq
+whose step failed (a workflow with sensitive fields: tasks/sensitive.py ``seal_error``)."""
+
+
+def signal_field(signal_id: int) -> str:
+    """The field a sealed signal payload is bound to (its row id: one signal, one field)."""
+    return f"signal:{int(signal_id)}:payload"
 
 
 def is_sealed(value: Any) -> bool:
@@ -445,3 +459,20 @@ def open_value(crypt: Keyring | None, value: Any, *, tenant: str, run_id: UUID |
             "(set ONWARD_ENCRYPTION_KEYS or ONWARD_ENCRYPTION_KEY_FILE as the workers have it)")
     return crypt.open(value, tenant=tenant, run_id=run_id, field=field, seq=seq,
                       seq_at_most=seq_at_most)
+
+
+def shown_value(crypt: Keyring | None, value: Any, *, may_see: bool, tenant: str,
+                run_id: UUID | str, field: str, seq: int | None = None,
+                seq_at_most: int | None = None) -> Any:
+    """What a reader is shown of a stored ``value``: a plain value as it is; a sealed one
+    opened for a reader who ``may_see`` it (in a process with the keys), else ``***``; one
+    that does not open (an erased tenant's, a moved one) as ``*** (unreadable)``."""
+    if sealed_envelope(value) is None:
+        return value
+    if not may_see or crypt is None:
+        return MASK
+    try:
+        return crypt.open(value, tenant=tenant, run_id=run_id, field=field, seq=seq,
+                          seq_at_most=seq_at_most)
+    except SealedValueUnreadable:
+        return f"{MASK} (unreadable)"

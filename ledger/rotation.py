@@ -44,6 +44,9 @@ TABLES = (
     _Table("approvals", ("id",), ("artifact",), "t.tenant_id", "t.run_id"),
     _Table("checkpoints", ("run_id", "seq"), ("state", "state_delta"),
            "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
+    _Table("runs", ("id",), ("result", "last_error"), "t.tenant_id", "t.id"),
+    _Table("signals", ("id",), ("payload",),
+           "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
 )
 """Where sealed values are stored. A state stored apart as an artifact is content-addressed
 (its sha256 is under the checkpoint's MAC), so it is not rewritten: see ``skipped``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -25,7 +25,7 @@ from ledger.checkpoints import (
     covered_json,
     sealed_envelope,
 )
-from ledger.crypto import Place
+from ledger.crypto import ERROR_FIELD, RESULT_FIELD, Keyring, Place, is_sealed, shown_value
 from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
 from ledger.vocabulary import OutcomeKind, Priority, RunStatus
@@ -41,6 +41,7 @@ __all__ = [
     "existing_run",
     "get_run",
     "list_runs",
+    "shown_run",
     "start_params",
     "start_run_txn",
     "timeline",
@@ -101,6 +102,23 @@ class Run:
         if "priority" in fields:
             fields["priority"] = Priority(fields["priority"])
         return cls(**fields)
+
+
+def shown_run(crypt: Keyring | None, run: Run, *, may_see: bool) -> Run:
+    """``run`` with its sealed finish result and error message opened for a reader who
+    ``may_see`` them, else masked (``ledger.crypto.shown_value``); plain ones as they are."""
+    error = run.last_error
+    sealed_error = isinstance(error, dict) and is_sealed(error.get("message"))
+    if not (is_sealed(run.result) or sealed_error):
+        return run
+    def shown(value: Any, field: str) -> Any:
+        return shown_value(crypt, value, may_see=may_see, tenant=run.tenant_id, run_id=run.id,
+                           field=field, seq=run.seq)
+
+    if sealed_error:
+        assert isinstance(error, dict)
+        error = {**error, "message": shown(error["message"], ERROR_FIELD)}
+    return replace(run, result=shown(run.result, RESULT_FIELD), last_error=error)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ledger.checkpoints import (
     canonical_json,
     sha256_hex,
 )
-from ledger.crypto import Place, approval_field, seal_value
+from ledger.crypto import MASK, RESULT_FIELD, Place, approval_field, is_sealed, seal_value
 from ledger.db import HEAD_REVISION
 from ledger.exceptions import CancelRequested, IntegrityViolation
 from ledger.hot import HotConnection
@@ -327,6 +327,13 @@ def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": error_type, "message": message[:4000].replace("\x00", "\\0"), **extra}
 
 
+def _message_text(error: dict[str, Any]) -> str | None:
+    """What a step attempt's ``error_message`` (text) keeps of ``error``: its message, or
+    ``***`` when it is sealed (the run's ``last_error`` keeps the sealed message)."""
+    message = error.get("message")
+    return MASK if is_sealed(message) else message
+
+
 class StepStore:
     """The ledger operations a worker runs for each step. Statements run on connections of
     a bounded pool of ``pool_size`` (one per process by default; a threads or gevent
@@ -453,6 +460,9 @@ class StepStore:
         digest = self._keys.mac(body.as_dict())
         approval = wait.approval if wait else None
         defaults = advance.defaults
+        # sealed when keys are configured; its MAC covers the sealed value's digest
+        result = seal_value(self._keys.crypt, advance.result, Place(
+            claim.tenant_id, claim.run_id, claim.seq + 1, RESULT_FIELD))
         row = self._one(
             _COMMIT,
             {
@@ -507,10 +517,9 @@ class StepStore:
                 "chain_bytes": stored.chain_bytes,
                 "artifact_sha": artifact[0] if artifact else None,
                 "artifact_body": artifact[1] if artifact else None,
-                "result": Jsonb(advance.result) if advance.result is not None else None,
-                "result_mac": (self._keys.sign(signed.result(claim.run_id, claim.seq + 1,
-                                                             advance.result))
-                               if advance.result is not None else None),
+                "result": Jsonb(result) if result is not None else None,
+                "result_mac": (self._keys.sign(signed.result(claim.run_id, claim.seq + 1, result))
+                               if result is not None else None),
             },
         )
         if row is not None and row["advanced"] == 1:
@@ -608,7 +617,7 @@ class StepStore:
                 "trace_context": tracing.current_context(),
                 "attempt_outcome": AttemptOutcome.FAILED,
                 "error_type": error.get("type"),
-                "error_message": error.get("message"),
+                "error_message": _message_text(error),
             },
         )
         if row is not None and row["failed"] == 1:
@@ -647,7 +656,7 @@ class StepStore:
                 "error": Jsonb(error),
                 "attempt_outcome": AttemptOutcome.PARKED,
                 "error_type": error.get("type"),
-                "error_message": error.get("message"),
+                "error_message": _message_text(error),
                 "audit_mac": self._park_audit_mac(claim, reason, error),
             },
         )
@@ -681,7 +690,7 @@ class StepStore:
                 "step": claim.step,  # the attempt keeps the step it was claimed for
                 "attempt_outcome": AttemptOutcome.RELEASED,
                 "error_type": error.get("type"),
-                "error_message": error.get("message"),
+                "error_message": _message_text(error),
             },
         )
         return (row is not None and row["released"] == 1) or self._lost(claim)
@@ -703,7 +712,7 @@ class StepStore:
                 "step": claim.step,  # the attempt keeps the step it was claimed for
                 "attempt_outcome": AttemptOutcome.PARKED if park else AttemptOutcome.RELEASED,
                 "error_type": error.get("type"),
-                "error_message": error.get("message"),
+                "error_message": _message_text(error),
                 "audit_mac": (self._park_audit_mac(claim, ParkReason.NO_WORKER_FOR_VERSION, error)
                               if park else None),
             },

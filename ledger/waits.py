@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
-from ledger.crypto import approval_field, is_sealed
+from ledger.crypto import Place, approval_field, is_sealed, open_value, seal_value, signal_field
 from ledger.exceptions import (
     ApprovalRefused,
     IntegrityViolation,
@@ -45,6 +45,7 @@ __all__ = [
     "get_approval_txn",
     "list_approvals_txn",
     "may_decide",
+    "opened_signal",
     "park_unknown",
     "record_decision_txn",
     "signal_txn",
@@ -313,6 +314,8 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     (ONWARD_MAX_SIGNAL_BYTES) is refused before anything is written. The signal is signed
     (its id, run, name, payload): the step that reads it checks that, so an edit of its
     payload in the database, or a copy of the row, parks the run instead of being read.
+    With encryption keys the payload is stored sealed (bound to the run's tenant, the run,
+    its seq when sent and the signal's id); the MAC covers its digest (``opened_signal``).
     """
     if not isinstance(name, str) or not name or "\x00" in name or len(name) > 200:
         raise InvalidInput(f"a signal needs a name: a string of 1 to 200 characters without "
@@ -328,9 +331,11 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     if RunStatus(run["status"]).terminal:
         raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")
     signal_id = conn.execute(sa.select(sa.func.nextval("onward.signals_id_seq"))).scalar_one()
+    stored = seal_value(keys.crypt, payload, Place(run["tenant_id"], run_id, run["seq"],
+                                                   signal_field(signal_id)))
     conn.execute(signals.insert().values(
-        id=signal_id, run_id=run_id, name=name, payload=payload,
-        mac=keys.sign(signed.signal(signal_id, run_id, name, payload))))
+        id=signal_id, run_id=run_id, name=name, payload=stored,
+        mac=keys.sign(signed.signal(signal_id, run_id, name, stored))))
     woke = conn.exec_driver_sql(WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]}).first()
     return woke is not None
 
@@ -385,6 +390,13 @@ def check_signal(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
         return
     keys.check(signed.signal(row["id"], row["run_id"], row["name"], row["payload"]), row["mac"],
                f"signal {row['name']!r} to run {row['run_id']}")
+
+
+def opened_signal(keys: CheckpointKeys, row: Mapping[Any, Any], tenant: str) -> Any:
+    """The payload of a signal row (of a run of ``tenant``) opened when it is sealed: what a
+    step reads with ``ctx.signal``, after ``check_signal``. Raises SealedValueUnreadable."""
+    return open_value(keys.crypt, row["payload"], tenant=tenant, run_id=row["run_id"],
+                      field=signal_field(row["id"]))
 
 
 # -- the reaper's part --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -207,14 +207,17 @@ def remaining(deadline: float | None) -> float | None:
 
 
 def wait_blocking(url: str, tenant_id: str, run_id: UUID, timeout: float | None, *,
-                  through_waits: bool) -> RunOutcome:
+                  through_waits: bool, shown: Callable[[Run], Run] | None = None
+                  ) -> RunOutcome:
+    """Block until the run stops; its outcome is of the run as ``shown`` makes it (its
+    sealed result opened or masked: ``ledger.runs.shown_run``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     watcher = BlockingWatcher(url, run_id, tenant_id)
     try:
         while True:
             run, _ = watcher.read()
             if stopped(run.status, through_waits=through_waits):
-                return RunOutcome.of(run)
+                return RunOutcome.of(shown(run) if shown is not None else run)
             left = remaining(deadline)
             if left is not None and left <= 0:
                 raise WaitTimedOut(run_id, timeout or 0.0, run.status, run.seq)
@@ -224,13 +227,15 @@ def wait_blocking(url: str, tenant_id: str, run_id: UUID, timeout: float | None,
 
 
 def events_blocking(url: str, tenant_id: str, run_id: UUID, *, after_seq: int,
-                    timeout: float | None) -> Iterator[RunEvent]:
+                    timeout: float | None, shown: Callable[[Run], Run] | None = None
+                    ) -> Iterator[RunEvent]:
     deadline = None if timeout is None else time.monotonic() + timeout
     watcher = BlockingWatcher(url, run_id, tenant_id)
     watch = RunWatch(run_id, after_seq=after_seq)
     try:
         while True:
             run, steps = watcher.read(watch)
+            run = shown(run) if shown is not None else run
             yield from watch.changes(run, steps)
             if run.status.terminal:
                 return

@@ -19,7 +19,7 @@ from ledger.exceptions import (
 )
 from ledger.vocabulary import EvidenceKind, FailReason, ParkReason, ToolClass
 from ledger.wait_control import ApprovalControl, parse_control
-from ledger.waits import check_signal
+from ledger.waits import check_signal, opened_signal
 from tasks import faults
 from tasks.call_limits import CallLimits
 from tasks.control import FailFor, Suspend
@@ -116,7 +116,7 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
             return None
         found = row
         self._verified(lambda: check_signal(self.evidence.keys, found))
-        return row["payload"]
+        return self._verified(lambda: opened_signal(self.evidence.keys, found, self.tenant_id))
 
     def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:

@@ -41,7 +41,7 @@ from tasks.policy import Limits, recheck
 from tasks.resolve import Resolver
 from tasks.restore import Refusal, Restored, restore
 from tasks.routing import version_queue
-from tasks.sensitive import seal_state, sensitive_fields
+from tasks.sensitive import seal_error, seal_state, sensitive_fields
 from tasks.services import StepServices
 from tasks.step_ledger import StepLedger
 from tasks.workflow import Registry, Step
@@ -365,11 +365,11 @@ class _Attempt:
         if decided is not None:
             return decided
         if error is not None:
-            return self._retry_or_fail(ready.ending, error)
+            return self._retry_or_fail(ready, error)
         try:
             advance = self._advance(ready, body.outcome)
         except OutcomeError as exc:
-            return self._retry_or_fail(ready.ending, exc)
+            return self._retry_or_fail(ready, exc)
         replayed = services.replay_wait(advance)  # evidence replays follow recorded decisions
         if replayed is None:  # diverged, or the recorded decision does not verify (parked)
             decided = self._decided(ready)
@@ -422,19 +422,24 @@ class _Attempt:
                           run_id=claim.run_id, seq=claim.seq + 1, parent_stored=claim.state,
                           parent_plain=restored.opened, foreign=restored.foreign)
 
-    def _retry_or_fail(self, ending: _Ending, exc: Exception) -> StepReport:
+    def _retry_or_fail(self, ready: _Ready, exc: Exception) -> StepReport:
         """A step error: retry the step later, or fail the run when the error says it is
-        final or the step's attempts are spent."""
-        claim = self.claim
+        final or the step's attempts are spent. Its message is recorded sealed when the
+        workflow has sensitive fields (tasks/sensitive.py ``seal_error``)."""
+        claim, ending = self.claim, ready.ending
         non_retryable = isinstance(exc, StepError) and exc.non_retryable
         exhausted = claim.attempt >= claim.max_attempts
         message = credentials.redact(str(exc))  # recorded: no resolved credential in it
-        error = error_record(type(exc).__name__, message, step=ending.step,
-                             attempt=claim.attempt, max_attempts=claim.max_attempts)
+        error = seal_error(self.config.keys.crypt, error_record(
+            type(exc).__name__, message, step=ending.step, attempt=claim.attempt,
+            max_attempts=claim.max_attempts), sensitive_fields(ready.restored.workflow.state),
+            tenant=claim.tenant_id, run_id=claim.run_id, seq=claim.seq)
         if non_retryable or exhausted:
             self.log.error("step failed; run fails", step=ending.step, error=message,
                            non_retryable=non_retryable)
-            return ending.fail(error, message)
+            # what a park for an unresolved effect records: not the message if it is sealed
+            shown = message if error["message"] is message else f"{type(exc).__name__}: ***"
+            return ending.fail(error, shown)
         retry_in = retry_delay(claim.attempt, self.config.retry_base_s, self.config.retry_max_s)
         if not self.store.fail(claim, ending.step or "", error, retry_in_s=retry_in):
             return self._report(ReportKind.LEASE_LOST)
@@ -454,7 +459,7 @@ class _Attempt:
             return ready.ending.cancel(str(exc))
         except (StatementRefused, InvalidInput) as exc:  # nothing written: a step failure
             failure = OutcomeError(f"the ledger refused to commit step {step}: {exc}")
-            return self._retry_or_fail(ready.ending, failure)
+            return self._retry_or_fail(ready, failure)
         if not committed:
             self.log.warning("lease lost before commit; result discarded", step=step)
             return self._report(ReportKind.LEASE_LOST)

@@ -23,11 +23,11 @@ from pydantic_core import CoreSchema
 
 from ledger.catalog import SENSITIVE_MARK
 from ledger.checkpoints import sealed_envelope
-from ledger.crypto import Keyring, Place, open_value
+from ledger.crypto import ERROR_FIELD, Keyring, Place, open_value
 from ledger.exceptions import SealedValueUnreadable
 
-__all__ = ["SCHEMA_MARK", "Sensitive", "open_state", "seal_state", "sensitive_fields",
-           "state_field"]
+__all__ = ["SCHEMA_MARK", "Sensitive", "open_state", "seal_error", "seal_state",
+           "sensitive_fields", "state_field"]
 
 SCHEMA_MARK = SENSITIVE_MARK
 """What a sensitive field's JSON Schema says (workers advertise their state schemas, and a
@@ -116,3 +116,16 @@ def open_state(crypt: Keyring | None, state: dict[str, Any], *, tenant: str, run
                                       field=state_field(name))
             foreign.add(name)
     return (state if opened is None else opened), frozenset(foreign)
+
+
+def seal_error(crypt: Keyring | None, error: dict[str, Any], fields: frozenset[str], *,
+               tenant: str, run_id: UUID, seq: int) -> dict[str, Any]:
+    """A step error (``ledger.steps.error_record``) with its message sealed for checkpoint
+    ``seq`` when keys are configured and the workflow has sensitive fields: a step's
+    exception text may quote them (``ValueError(f"bad address {state.address}")``, a
+    provider's "invalid email ada@…"). Its type, step and attempt stay plain: what an
+    operator triages by. Unchanged otherwise."""
+    if crypt is None or not fields or not isinstance(error.get("message"), str):
+        return error
+    return {**error, "message": crypt.seal(error["message"],
+                                           Place(tenant, run_id, seq, ERROR_FIELD))}

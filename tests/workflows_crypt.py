@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from examples.fake_llm import FakeModel
 from ledger.vocabulary import ToolClass
-from tasks import Sensitive, StepContext, Workflow
+from tasks import Sensitive, StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
 
 
@@ -72,3 +72,26 @@ def ask(ctx: StepContext, state: Order) -> Any:
 @review.step
 def done(ctx: StepContext, state: Order) -> Any:
     return ctx.finish(matched=True)
+
+
+signalled = Workflow("test_crypt_signal", version=1, state=Order)
+
+
+@signalled.step(start=True)
+def wait_address(ctx: StepContext, state: Order) -> Any:
+    return ctx.wait_for_signal("address", then=deliver)
+
+
+@signalled.step
+def deliver(ctx: StepContext, state: Order) -> Any:
+    """The result quotes the customer and the signal's payload: both sensitive."""
+    return ctx.finish(customer=state.customer, street=ctx.signal("address")["street"])
+
+
+refusing = Workflow("test_crypt_error", version=1, state=Order)
+
+
+@refusing.step(start=True)
+def refuse(ctx: StepContext, state: Order) -> Any:
+    """A step whose error quotes the sensitive customer (as a validation error would)."""
+    raise StepError(f"no account for {state.customer}", non_retryable=True)

@@ -404,3 +404,157 @@ def test_the_async_ledger_seals_a_run_input_too(drv: Driver) -> None:
     assert again == run_id
     assert places_holding(drv.ledger.url, customer) == []
     assert drv.drive(run_id).result == {"matched": True}
+
+
+def signalled_run(drv: Driver) -> tuple[Any, str, str]:
+    """A run of ``test_crypt_signal`` (its customer named sensitive at the start) that
+    waited for a signal carrying a street, and finished with a result quoting both."""
+    customer, street = f"CANARY{secrets.token_hex(6)}", f"STREET{secrets.token_hex(6)}"
+    run_id = drv.ledger.start_run("test_crypt_signal", {"customer": customer},
+                                  sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    drv.ledger.signal(run_id, "address", {"street": street})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED, run.last_error
+    return run_id, customer, street
+
+
+def test_a_result_and_a_signal_payload_are_sealed_at_rest_and_opened_for_the_app(
+        drv: Driver) -> None:
+    """Given a run whose signal payload and finish result hold sensitive values; expect both
+    sealed in their rows (neither value anywhere in plain text), the worker to have read the
+    signal opened, the application (``get_run``, ``wait``, ``events``, ``AsyncLedger``) to
+    get the result opened, a viewer to see both masked and an operator opened, and
+    ``verify`` clean with and without the keys."""
+    import asyncio
+
+    from ledger.client import AsyncLedger
+
+    run_id, customer, street = signalled_run(drv)
+    url = drv.ledger.url
+    assert places_holding(url, customer) == [] and places_holding(url, street) == []
+    [(payload,)] = rows(url, "SELECT payload FROM onward.signals WHERE run_id = %s", run_id)
+    [(result,)] = rows(url, "SELECT result FROM onward.runs WHERE id = %s", run_id)
+    assert sealed_envelope(payload) is not None and sealed_envelope(result) is not None
+    opened = {"customer": customer, "street": street}
+    assert drv.ledger.get_run(run_id).result == opened  # type: ignore[union-attr]
+    assert drv.ledger.wait(run_id, timeout=10).result == opened
+    finished = [e for e in drv.ledger.events(run_id, timeout=10) if e.status.terminal]
+    assert finished[-1].detail["result"] == opened
+    assert [r.result for r in drv.ledger.list_runs(limit=5) if r.id == run_id] == [opened]
+
+    async def read() -> tuple[Any, Any]:
+        async with AsyncLedger(drv.ledger.settings) as client:
+            got = await client.get(run_id)
+            return (got.result if got else None), (await client.wait(run_id, 10)).result
+
+    assert asyncio.run(read()) == (opened, opened)
+    viewer = drv.ledger.acting_as("vic", "viewer")
+    assert viewer.get_run(run_id).result == "***"  # type: ignore[union-attr]
+    assert viewer.wait(run_id, timeout=10).result == "***"
+    assert [s["payload"] for s in viewer.signals(run_id)] == ["***"]
+    operator = drv.ledger.acting_as("olga", "operator")
+    assert [s["payload"] for s in operator.signals(run_id)] == [{"street": street}]
+    assert drv.ledger.verify_run(run_id) == []
+    keyless = Ledger.from_env(OnwardSettings(encryption_keys=None))
+    assert keyless.verify_run(run_id) == []
+    assert keyless.get_run(run_id).result == "***"  # type: ignore[union-attr]
+
+
+def test_rotation_re_encrypts_a_result_and_a_signal_payload(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a finished run with a sealed result and signal payload; when `onward keys
+    rotate` runs with a new master key; expect both re-encrypted under the new data key,
+    opened with the old master key removed, and their MACs unchanged (``verify`` clean)."""
+    from typer.testing import CliRunner
+
+    from console.cli import app
+
+    run_id, customer, street = signalled_run(drv)
+    url = drv.ledger.url
+    query = ("SELECT r.result, r.result_mac, s.payload, s.mac FROM onward.runs r "
+             "JOIN onward.signals s ON s.run_id = r.id WHERE r.id = %s")
+    [before] = rows(url, query, run_id)
+    new_master = secrets.token_hex(32)
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m1={MASTER},m2={new_master}")
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEY_ID", "m2")
+    monkeypatch.setenv("ONWARD_AUTH", "off")
+    result = CliRunner().invoke(app, ["keys", "rotate", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["resealed"]["runs"] == 1 and report["resealed"]["signals"] == 1
+    [after] = rows(url, query, run_id)
+    for sealed in (0, 2):
+        assert after[sealed]["$sealed"]["k"] != before[sealed]["$sealed"]["k"]
+        assert after[sealed]["$sealed"]["d"] == before[sealed]["$sealed"]["d"]
+    assert (after[1], after[3]) == (before[1], before[3])  # the MACs are untouched
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m2={new_master}")  # m1 removed
+    only_new = Ledger.from_env(OnwardSettings())
+    assert only_new.verify_run(run_id) == []
+    assert only_new.get_run(run_id).result == {  # type: ignore[union-attr]
+        "customer": customer, "street": street}
+    assert [s["payload"] for s in only_new.signals(run_id)] == [{"street": street}]
+
+
+def test_erasing_a_tenant_makes_its_result_and_signals_unreadable_and_verify_passes(
+        drv: Driver) -> None:
+    """Given a finished run with a sealed result and signal payload; when the tenant's keys
+    are erased; expect neither to open any more (shown as unreadable, refused to a worker),
+    and every MAC and chain to verify, with and without the keys."""
+    from ledger.checkpoints import CheckpointKeys
+    from ledger.waits import opened_signal
+
+    run_id, _, _ = signalled_run(drv)
+    assert keyring_of(drv.ledger).erase_tenant("default") == 1
+    fresh = Ledger.from_env(OnwardSettings())
+    assert fresh.get_run(run_id).result == "*** (unreadable)"  # type: ignore[union-attr]
+    assert [s["payload"] for s in fresh.signals(run_id)] == ["*** (unreadable)"]
+    [row] = rows(drv.ledger.url, "SELECT id, run_id, payload FROM onward.signals "
+                                 "WHERE run_id = %s", run_id)
+    with pytest.raises(SealedValueUnreadable, match="erased"):
+        opened_signal(CheckpointKeys.from_settings(OnwardSettings()),
+                      {"id": row[0], "run_id": row[1], "payload": row[2]}, "default")
+    assert fresh.verify_run(run_id) == []
+    assert Ledger.from_env(OnwardSettings(encryption_keys=None)).verify_run(run_id) == []
+
+
+def test_a_step_error_quoting_a_sensitive_value_is_sealed(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a workflow with sensitive fields whose step fails with an error quoting the
+    customer; expect the run's last error to keep its type plain and its message sealed,
+    the attempt's message ``***``, the value in no table, the message opened for the app
+    and an operator, masked for a viewer, re-encrypted by a rotation, and unreadable once
+    the tenant's keys are erased (``verify`` clean throughout)."""
+    from typer.testing import CliRunner
+
+    from console.cli import app
+
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run_id = drv.ledger.start_run("test_crypt_error", {"customer": customer},
+                                  sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.FAILED
+    url = drv.ledger.url
+    assert places_holding(url, customer) == []
+    [(error,)] = rows(url, "SELECT last_error FROM onward.runs WHERE id = %s", run_id)
+    assert error["type"] == "StepError" and sealed_envelope(error["message"]) is not None
+    assert rows(url, "SELECT error_message FROM onward.step_attempts WHERE run_id = %s",
+                run_id) == [("***",)]
+    said = f"no account for {customer}"
+    assert drv.ledger.get_run(run_id).last_error["message"] == said  # type: ignore[union-attr,index]
+    assert drv.ledger.wait(run_id, timeout=10).error["message"] == said  # type: ignore[index]
+    viewer = drv.ledger.acting_as("vic", "viewer").get_run(run_id)
+    assert viewer.last_error["message"] == "***"  # type: ignore[union-attr,index]
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m1={MASTER},m2={secrets.token_hex(32)}")
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEY_ID", "m2")
+    monkeypatch.setenv("ONWARD_AUTH", "off")
+    rotated = CliRunner().invoke(app, ["keys", "rotate", "--json"])
+    assert rotated.exit_code == 0, rotated.output
+    assert json.loads(rotated.stdout)["resealed"]["runs"] == 1
+    [(after,)] = rows(url, "SELECT last_error FROM onward.runs WHERE id = %s", run_id)
+    assert after["message"]["$sealed"]["k"] != error["message"]["$sealed"]["k"]
+    fresh = Ledger.from_env(OnwardSettings())
+    assert fresh.get_run(run_id).last_error["message"] == said  # type: ignore[union-attr,index]
+    assert keyring_of(fresh).erase_tenant("default") >= 1
+    erased = Ledger.from_env(OnwardSettings()).get_run(run_id)
+    assert erased.last_error["message"] == "*** (unreadable)"  # type: ignore[union-attr,index]
+    assert drv.ledger.verify_run(run_id) == []
