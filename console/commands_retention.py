@@ -17,7 +17,7 @@ __all__ = ["apply", "hold", "plan", "retention_app"]
 
 
 retention_app = typer.Typer(
-    help="Retention: compact old runs' states so their history still verifies.",
+    help="Retention: compact old runs' payloads so their history still verifies.",
     no_args_is_help=True)
 
 
@@ -31,8 +31,10 @@ def plan(as_json: JsonFlag = False) -> None:
     if as_json:
         print(json.dumps({**found.as_dict(), "partitions": months}))
         return
+    kinds = ", ".join(f"{kind} of {count}" for kind, count in found.kinds.items() if count)
     out.print(line(f"{found.runs} run(s), {found.checkpoints} checkpoint(s), "
-                   f"{found.bytes:,} bytes of state would be compacted; kept although due: "
+                   f"{found.bytes:,} bytes of payloads would be compacted"
+                   + (f" ({kinds} run(s))" if kinds else "") + "; kept although due: "
                    f"{found.held} on legal hold, {found.pinned} in a corpus"), soft_wrap=True)
     for name, why in months.items():
         out.print(line(f"partition {name}: " + (f"kept ({why})" if why else "would be dropped")),

@@ -19,12 +19,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from ledger import compacted
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
 from ledger.retention import keep_shared_txn
-from ledger.schema import checkpoints, corpora, corpus_runs, runs
+from ledger.schema import checkpoints, corpora, corpus_runs, evidence, runs
 from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
 __all__ = [
@@ -153,9 +154,13 @@ def pin_ids_txn(conn: Connection, actor: Actor, name: str, run_ids: list[UUID],
     return [UUID(str(r)) for r in added]
 
 
-def _compacted(run_ids: Any) -> sa.Exists:
-    return sa.exists().where(checkpoints.c.run_id == run_ids,
-                             checkpoints.c.compacted_mac.is_not(None))
+def _compacted(run_id: Any) -> sa.ColumnElement[bool]:
+    """Whether retention compacted the run's states or its evidence (ledger/retention.py)."""
+    return sa.or_(
+        sa.exists().where(checkpoints.c.run_id == run_id,
+                          checkpoints.c.compacted_mac.is_not(None)),
+        sa.exists().where(evidence.c.run_id == run_id, evidence.c.artifact_sha256.is_(None),
+                          evidence.c.response.has_key(compacted.KEY)))
 
 
 def _refuse_compacted(conn: Connection, run_ids: list[UUID] | tuple[UUID, ...]) -> None:

@@ -31,7 +31,14 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import wrap_driver_errors
-from ledger.retention import REAPER_ACTOR, TERMINAL, Policy, days_for, keep_exclusive_txn
+from ledger.retention import (
+    REAPER_ACTOR,
+    TERMINAL,
+    Kind,
+    Policy,
+    days_for,
+    keep_exclusive_txn,
+)
 from ledger.vocabulary import AuditAction, AuditOutcome, Role
 
 __all__ = [
@@ -124,7 +131,7 @@ def why_kept_txn(conn: Connection, policies: list[Policy], part: Partition,
                           {"terminal": list(TERMINAL), "lo": part.lo, "hi": part.hi}).all()
     for g in groups:
         scope = f"{g.tenant_id}/{g.workflow}"
-        days = days_for(policies, g.tenant_id, g.workflow)
+        days = days_for(policies, g.tenant_id, g.workflow, Kind.ATTEMPTS)
         if days is None:
             return f"{scope}: no retention policy (kept forever)"
         if not g.all_terminal:

@@ -1,8 +1,12 @@
 """Retention that keeps history verifiable (issue 15 item 5; docs/operating.md#retention).
 
 A policy says how many days a terminal run (completed, failed, cancelled) keeps its
-payloads after it finished, per tenant and workflow (``ONWARD_RETENTION_POLICIES``).
-Compaction, written only after the whole run verified, in one transaction per run:
+payloads after it finished, per tenant and workflow and, optionally, per kind of payload
+(``ONWARD_RETENTION_POLICIES``, ``tenant/workflow[:kind]=days``; ``Kind``): its states
+(checkpoints, signals' payloads, its result and errors), its evidence (recorded answers), its
+artifacts (effects' payloads and results, approvals' artifacts) and its attempts (the
+per-delivery log). Compaction of the kinds that are due, written only after the whole run
+verified, in one transaction per run:
 
 * checkpoints: the state (or delta) is dropped; the hash (the MAC of the body it had), the
   sha256 of the state that body signed and a seal (``signed.compacted``) over the three
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -63,6 +68,8 @@ __all__ = [
     "TERMINAL",
     "Applied",
     "Candidate",
+    "Kind",
+    "Page",
     "Plan",
     "Policy",
     "apply",
@@ -102,39 +109,62 @@ def keep_exclusive_txn(conn: Connection) -> None:
     conn.execute(_KEEP_EXCLUSIVE, {"k": KEEP_LOCK})
 
 
+class Kind(StrEnum):
+    """What a policy may keep for a different number of days."""
+
+    STATES = "states"  # checkpoints' states, signals' payloads, the run's result and errors
+    EVIDENCE = "evidence"  # recorded answers (model calls, reads)
+    ARTIFACTS = "artifacts"  # effects' payloads, recipients, results; approvals' artifacts
+    ATTEMPTS = "attempts"  # the step attempts (one row per delivery; partitioned by month)
+
+
 @dataclass(frozen=True)
 class Policy:
     tenant: str  # "*": any
     workflow: str  # "*": any
     days: float
+    kind: str = "*"  # a Kind, or "*": every kind
 
     @property
-    def specificity(self) -> int:
-        return (self.tenant != "*") * 2 + (self.workflow != "*")
+    def specificity(self) -> tuple[bool, bool, bool]:
+        """Tenant over workflow over kind: ``acme/*=365`` keeps acme's attempts a year even
+        beside ``*/*:attempts=7``."""
+        return (self.tenant != "*", self.workflow != "*", self.kind != "*")
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """``tenant/workflow=days,...`` (``*`` for any); InvalidInput saying what is wrong."""
+    """``tenant/workflow[:kind]=days,...`` (``*`` for any tenant or workflow; no kind: every
+    kind); InvalidInput saying what is wrong."""
     policies = []
     for entry in filter(None, (e.strip() for e in text.split(","))):
         scope, sep, days = entry.partition("=")
-        tenant, slash, workflow = scope.strip().partition("/")
+        tenant, slash, rest = scope.strip().partition("/")
+        workflow, colon, kind = rest.strip().partition(":")
         try:
             value = float(days)
         except ValueError:
             value = -1.0
         if not sep or not slash or not tenant or not workflow or value < 0:
             raise InvalidInput(f"retention policy {entry!r} must look like "
-                               "'tenant/workflow=days' ('*' for any tenant or workflow)")
-        policies.append(Policy(tenant, workflow.strip(), value))
+                               "'tenant/workflow=days' or 'tenant/workflow:kind=days' ('*' "
+                               f"for any tenant or workflow; kinds: {_KIND_NAMES})")
+        if colon and kind.strip() not in {k.value for k in Kind}:
+            raise InvalidInput(f"retention policy {entry!r} names kind {kind.strip()!r}: the "
+                               f"kinds are {_KIND_NAMES}")
+        policies.append(Policy(tenant.strip(), workflow.strip(), value,
+                               kind.strip() if colon else "*"))
     return policies
 
 
-def days_for(policies: list[Policy], tenant: str, workflow: str) -> float | None:
-    """How many days a terminal run of ``tenant`` and ``workflow`` keeps its states: the
-    most specific policy naming it (tenant over workflow over neither); None: forever."""
+_KIND_NAMES = ", ".join(k.value for k in Kind)
+
+
+def days_for(policies: list[Policy], tenant: str, workflow: str,
+             kind: Kind = Kind.STATES) -> float | None:
+    """How many days a terminal run of ``tenant`` and ``workflow`` keeps ``kind``: the most
+    specific policy naming it (``Policy.specificity``); None: forever."""
     matching = [p for p in policies if p.tenant in ("*", tenant)
-                and p.workflow in ("*", workflow)]
+                and p.workflow in ("*", workflow) and p.kind in ("*", kind)]
     return max(matching, key=lambda p: p.specificity).days if matching else None
 
 
@@ -148,8 +178,17 @@ class Candidate:
     workflow: str
     held: bool
     pinned: bool
-    checkpoints: int
-    bytes: int
+    checkpoints: int  # uncompacted, when its states are due (else 0)
+    bytes: int  # the stored size of what is due
+    kinds: frozenset[Kind] = frozenset(Kind)  # what is due
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of candidates, and the run id the next page starts after (None: the end)."""
+
+    found: list[Candidate]
+    next_after: UUID | None
 
 
 @dataclass
@@ -158,39 +197,64 @@ class Plan:
 
     runs: int = 0
     checkpoints: int = 0
-    bytes: int = 0  # the states' and payloads' stored sizes (after TOAST compression)
+    bytes: int = 0  # the due payloads' stored sizes (after TOAST compression)
     held: int = 0  # due, kept: legal hold
     pinned: int = 0  # due, kept: in a regression corpus
+    kinds: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
     run_ids: list[UUID] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "checkpoints": self.checkpoints, "bytes": self.bytes,
-                "held": self.held, "pinned": self.pinned}
+                "held": self.held, "pinned": self.pinned, "kinds": self.kinds}
+
+
+_LEFT = {Kind.STATES: "checkpoints", Kind.EVIDENCE: "evidence_left",
+         Kind.ARTIFACTS: "artifacts_left", Kind.ATTEMPTS: "attempts"}
+_BYTES = {Kind.STATES: "states_bytes", Kind.EVIDENCE: "evidence_bytes",
+          Kind.ARTIFACTS: "artifacts_bytes", Kind.ATTEMPTS: None}
+
+
+def _candidate(policies: list[Policy], row: Mapping[str, Any]) -> Candidate | None:
+    """The run of ``row`` with the kinds it still has and its policies make due (None: no
+    kind is due)."""
+    kinds = frozenset(k for k in Kind if row[_LEFT[k]] and _past(policies, row, k))
+    if not kinds:
+        return None
+    size = sum(int(row[_BYTES[k]] or 0) for k in kinds if _BYTES[k])
+    return Candidate(row["id"], row["tenant_id"], row["workflow"], row["held"], row["pinned"],
+                     row["checkpoints"] if Kind.STATES in kinds else 0, size, kinds)
+
+
+def _past(policies: list[Policy], row: Mapping[str, Any], kind: Kind) -> bool:
+    days = days_for(policies, row["tenant_id"], row["workflow"], kind)
+    return days is not None and row["age_s"] >= days * 86400
 
 
 def candidates_txn(conn: Connection, policies: list[Policy], *, after: UUID | None = None,
-                   limit: int = 1000) -> list[Candidate]:
-    """Terminal runs past their policy's days with checkpoints not yet compacted, by id,
-    held and pinned ones included (flagged)."""
-    found: dict[UUID, Candidate] = {}
+                   limit: int = 1000) -> Page:
+    """Terminal runs after ``after`` with a kind of payload left that their policies make
+    due, by id, held and pinned ones included (flagged). Each policy's query reads at most
+    ``limit`` runs; the page ends where the first full one ended, so no run is skipped."""
+    rows: dict[UUID, Mapping[str, Any]] = {}
+    end: UUID | None = None
     for policy in policies:
-        rows = conn.execute(_CANDIDATES, {
+        found = conn.execute(_CANDIDATES, {
             "terminal": list(TERMINAL), "days": policy.days, "tenant": policy.tenant,
-            "workflow": policy.workflow, "after": after, "limit": limit}).mappings()
-        for row in rows:
-            if days_for(policies, row["tenant_id"], row["workflow"]) != policy.days:
-                continue  # a more specific policy governs this run
-            found[row["id"]] = Candidate(row["id"], row["tenant_id"], row["workflow"],
-                                         row["held"], row["pinned"], row["checkpoints"],
-                                         int(row["bytes"]))
-    return [found[k] for k in sorted(found)][:limit]
+            "workflow": policy.workflow, "after": after, "limit": limit}).mappings().all()
+        rows.update((row["id"], row) for row in found)
+        if len(found) == limit and (end is None or found[-1]["id"] < end):
+            end = found[-1]["id"]
+    due = (_candidate(policies, rows[run_id]) for run_id in sorted(rows)
+           if end is None or run_id <= end)
+    return Page([c for c in due if c is not None], end)
 
 
 def plan_txn(conn: Connection, policies: list[Policy]) -> Plan:
     """A dry run: what ``apply`` would compact now."""
     plan, after = Plan(), None
-    while batch := candidates_txn(conn, policies, after=after):
-        for found in batch:
+    while True:
+        page = candidates_txn(conn, policies, after=after)
+        for found in page.found:
             if found.held:
                 plan.held += 1
             elif found.pinned:
@@ -200,12 +264,16 @@ def plan_txn(conn: Connection, policies: list[Policy]) -> Plan:
                 plan.checkpoints += found.checkpoints
                 plan.bytes += found.bytes
                 plan.run_ids.append(found.run_id)
-        after = batch[-1].run_id
-    return plan
+                for kind in found.kinds:
+                    plan.kinds[kind.value] += 1
+        if page.next_after is None:
+            return plan
+        after = page.next_after
 
 
-def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int:
-    """Compact every checkpoint of ``run_id`` in the caller's transaction, after checking
+def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID,
+                    kinds: frozenset[Kind] = frozenset(Kind)) -> int:
+    """Compact ``kinds`` of ``run_id``'s payloads in the caller's transaction, after checking
     that its history verifies (IntegrityViolation if not: nothing is dropped from a history
     under suspicion); the number of checkpoints compacted. Refused for a held or pinned run."""
     from ledger.verify import verify_run_txn  # verify reads compacted rows through this module
@@ -223,6 +291,19 @@ def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int
     if problems:
         raise IntegrityViolation(f"run {run_id} does not verify ({problems[0]}): its states "
                                  "are kept for investigation (`onward verify`)")
+    count = _compact_states_txn(conn, keys, run_id) if Kind.STATES in kinds else 0
+    if Kind.EVIDENCE in kinds:
+        _compact_evidence_txn(conn, run_id)
+    if Kind.ARTIFACTS in kinds:
+        _compact_artifacts_txn(conn, keys, run_id)
+    if Kind.ATTEMPTS in kinds:
+        conn.execute(step_attempts.delete().where(step_attempts.c.run_id == run_id))
+    return count
+
+
+def _compact_states_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int:
+    """Checkpoints' states become their digest and seal; signals' payloads and the run's
+    result a sealed digest; the run's last error goes. The checkpoints compacted."""
     count = 0
     for row in checkpoint_rows_txn(conn, run_id):
         if row["compacted_mac"] is not None:
@@ -234,12 +315,27 @@ def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> int
             state_sha256=digest,
             compacted_mac=keys.sign(signed.compacted(run_id, row["seq"], row["hash"], digest))))
         count += 1
-    _compact_payloads_txn(conn, keys, run_id)
+    for signal in conn.execute(sa.select(signals).where(signals.c.run_id == run_id)).mappings():
+        identity = compacted.signal_identity(signal)
+        if signal["mac"] is None or compacted.is_sealed(keys, "signal_payload", identity,
+                                                        signal["payload"]):
+            continue
+        conn.execute(signals.update().where(signals.c.id == signal["id"]).values(
+            payload=compacted.sealed(keys, "signal_payload", identity, signal["payload"])))
+    run = conn.execute(sa.select(runs.c.id, runs.c.seq, runs.c.result, runs.c.result_mac)
+                       .where(runs.c.id == run_id)).mappings().one()
+    values = {"last_error": None}
+    if run["result_mac"] is not None and run["result"] is not None and not \
+            compacted.is_sealed(keys, "run_result", compacted.result_identity(run),
+                                run["result"]):
+        values["result"] = compacted.sealed(keys, "run_result", compacted.result_identity(run),
+                                            run["result"])
+    conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
     return count
 
 
-def _compact_payloads_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> None:
-    """Everything but the states (module docstring), once the run verified."""
+def _compact_evidence_txn(conn: Connection, run_id: UUID) -> None:
+    """Each recorded answer becomes its digest, which the evidence MAC signs."""
     for row in conn.execute(sa.select(evidence.c.command_id, evidence.c.response,
                                       evidence.c.artifact_sha256)
                             .where(evidence.c.run_id == run_id)).mappings():
@@ -249,6 +345,12 @@ def _compact_payloads_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) 
         conn.execute(evidence.update().where(evidence.c.run_id == run_id,
                                              evidence.c.command_id == row["command_id"])
                      .values(response=compacted.marker(digest), artifact_sha256=None))
+
+
+def _compact_artifacts_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> None:
+    """Effects' payloads, recipients and errors go (the intent MAC signs the request hash),
+    their results become a sealed digest; approvals' artifacts go (the terms MAC signs the
+    artifact hash), their comments too (the decision's audit row keeps it, signed)."""
     for effect in list_effects_txn(conn, run_id):
         values: dict[str, Any] = {"recipient": None, "error": None}
         if effect.payload is not None:
@@ -266,23 +368,6 @@ def _compact_payloads_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) 
             effect_attempts.c.effect_id == effect.effect_id).values(error=None))
     conn.execute(approvals.update().where(approvals.c.run_id == run_id)
                  .values(artifact=DROPPED, comment=None))
-    for signal in conn.execute(sa.select(signals).where(signals.c.run_id == run_id)).mappings():
-        identity = compacted.signal_identity(signal)
-        if signal["mac"] is None or compacted.is_sealed(keys, "signal_payload", identity,
-                                                        signal["payload"]):
-            continue
-        conn.execute(signals.update().where(signals.c.id == signal["id"]).values(
-            payload=compacted.sealed(keys, "signal_payload", identity, signal["payload"])))
-    run = conn.execute(sa.select(runs.c.id, runs.c.seq, runs.c.result, runs.c.result_mac)
-                       .where(runs.c.id == run_id)).mappings().one()
-    values = {"last_error": None}
-    if run["result_mac"] is not None and run["result"] is not None and not \
-            compacted.is_sealed(keys, "run_result", compacted.result_identity(run),
-                                run["result"]):
-        values["result"] = compacted.sealed(keys, "run_result", compacted.result_identity(run),
-                                            run["result"])
-    conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
-    conn.execute(step_attempts.delete().where(step_attempts.c.run_id == run_id))
 
 
 def compacted_problem(keys: CheckpointKeys, row: Mapping[str, Any]) -> str | None:
@@ -313,12 +398,12 @@ def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
     done, after = Applied(), None
     while max_runs is None or done.runs < max_runs:
         with wrap_driver_errors("planning retention"), engine.connect() as conn:
-            found = candidates_txn(conn, policies, after=after, limit=batch)
-        if not found:
-            return done
-        for candidate in _due(found):
+            page = candidates_txn(conn, policies, after=after, limit=batch)
+        for candidate in _due(page.found):
             _compact_one(engine, keys, candidate, actor, done)
-        after = found[-1].run_id
+        if page.next_after is None:
+            return done
+        after = page.next_after
     return done
 
 
@@ -331,12 +416,13 @@ def _compact_one(engine: Engine, keys: CheckpointKeys, candidate: Candidate,
     who = actor or Actor(REAPER_ACTOR, Role.ADMIN, candidate.tenant_id)
     try:
         with wrap_driver_errors("compacting a run"), engine.begin() as conn:
-            count = compact_run_txn(conn, keys, candidate.run_id)
+            count = compact_run_txn(conn, keys, candidate.run_id, candidate.kinds)
             record_txn(conn, keys, who, AuditRecord(
                 AuditAction.RETENTION, AuditOutcome.DONE, "retention policy",
                 run_id=candidate.run_id,
                 details={"checkpoints": count, "bytes": candidate.bytes,
-                         "workflow": candidate.workflow}))
+                         "workflow": candidate.workflow,
+                         "kinds": sorted(k.value for k in candidate.kinds)}))
     except (IntegrityViolation, InvalidInput) as exc:
         done.refused.append(str(exc))
         return

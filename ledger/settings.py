@@ -153,9 +153,11 @@ class OnwardSettings(BaseSettings):
     )
     retention_policies: str = Field(
         default="",
-        description="How long terminal runs keep their checkpoint states, per tenant and "
-        "workflow: 'tenant/workflow=days,...' ('*' for any; the most specific entry wins); "
-        "unset: kept forever. Runs on legal hold or in a corpus are kept.",
+        description="How long terminal runs keep their payloads, per tenant and workflow "
+        "and optionally per kind (states, evidence, artifacts, attempts): "
+        "'tenant/workflow[:kind]=days,...' ('*' for any; no kind: every kind; the most "
+        "specific entry wins); unset: kept forever. Runs on legal hold or in a corpus are "
+        "kept.",
     )
     retention_interval_s: float = Field(
         default=3600.0, gt=0,

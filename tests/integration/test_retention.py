@@ -119,6 +119,23 @@ def test_parse_policies__the_most_specific_entry_wins() -> None:
         parse_policies("acme=3")
 
 
+def test_parse_policies__a_kind_is_kept_by_its_own_entry_within_the_same_scope() -> None:
+    """``tenant/workflow:kind=days`` sets one kind; a more specific scope wins over a kind
+    (``acme/*=365`` keeps acme's attempts a year beside ``*/*:attempts=7``); an unknown kind
+    is refused naming the kinds."""
+    from ledger.retention import Kind, days_for
+
+    policies = parse_policies("*/*=30, */*:attempts=7, acme/*=365, */chat:evidence=90")
+    assert days_for(policies, "beta", "other", Kind.ATTEMPTS) == 7
+    assert days_for(policies, "beta", "other", Kind.STATES) == 30
+    assert days_for(policies, "acme", "other", Kind.ATTEMPTS) == 365
+    assert days_for(policies, "beta", "chat", Kind.EVIDENCE) == 90
+    assert days_for(policies, "beta", "chat", Kind.ARTIFACTS) == 30
+    assert days_for(parse_policies("*/*:evidence=1"), "beta", "x", Kind.STATES) is None
+    with pytest.raises(InvalidInput, match="states, evidence, artifacts, attempts"):
+        parse_policies("*/*:logs=3")
+
+
 def test_reaper__applies_the_policies_when_due(drv: Driver, admin: Ledger) -> None:
     """The reaper compacts a due run on its sweep, audited as the reaper in the run's
     tenant, and the run still verifies."""
@@ -211,3 +228,69 @@ def test_retention__a_compacted_run_is_not_pinned_in_a_corpus(
 
     with admin.engine.begin() as conn, pytest.raises(OperationRefused, match="compacted"):
         pin_ids_txn(conn, admin.actor, "golden", [compacted], {})
+
+
+def _kinds_left(admin: Ledger, run_id: UUID) -> dict[str, bool]:
+    """Which payloads of the run are still whole."""
+    return {
+        "states": "compacted" not in set(reads.checkpoint_kinds(admin.engine, run_id).values()),
+        "evidence": any("$compacted" not in (r["response"] or {}) for r in _rows(
+            admin, "SELECT response FROM onward.evidence WHERE run_id = :run", run_id)),
+        "artifacts": _rows(admin, "SELECT artifact FROM onward.approvals WHERE run_id = :run",
+                           run_id)[0]["artifact"] != {"$dropped": True},
+        "attempts": bool(_rows(admin, "SELECT 1 FROM onward.step_attempts WHERE run_id = :run",
+                               run_id)),
+    }
+
+
+def test_retention__each_kind_of_payload_is_kept_for_its_own_days(
+        ops_drv: Driver, admin: Ledger) -> None:
+    """A policy per kind: with attempts and states due and evidence and artifacts kept
+    forever, apply deletes the attempts and compacts the states only, the run verifies and a
+    second plan finds nothing; once evidence becomes due too, the next apply compacts the
+    evidence only (its audit row names the kind), the artifacts stay; the corpus then
+    refuses the run (its answers are digests)."""
+    run_id = record_note(ops_drv, "kinds", approve=True)
+    assert all(_kinds_left(admin, run_id).values())
+
+    first = _with_policies(admin, "*/*:attempts=0, */*:states=0")
+    plan = first.retention_plan()
+    assert (plan.runs, plan.kinds) == (1, {"states": 1, "evidence": 0, "artifacts": 0,
+                                           "attempts": 1})
+    assert first.retention_apply().runs == 1
+    assert _kinds_left(admin, run_id) == {"states": False, "evidence": True,
+                                          "artifacts": True, "attempts": False}
+    assert admin.verify_run(run_id) == [] and first.retention_plan().runs == 0
+
+    second = _with_policies(admin, "*/*:attempts=0, */*:states=0, */*:evidence=0")
+    assert second.retention_apply().runs == 1
+    assert _kinds_left(admin, run_id) == {"states": False, "evidence": False,
+                                          "artifacts": True, "attempts": False}
+    assert admin.verify_run(run_id) == []
+    kinds = [a.details.get("kinds") for a in admin.audit(run_id=run_id)
+             if a.action == "retention"]
+    assert kinds == [["attempts", "states"], ["evidence"]] or \
+        kinds == [["evidence"], ["attempts", "states"]]
+
+
+def test_retention__runs_kept_by_a_more_specific_policy_do_not_hide_later_due_ones(
+        drv: Driver, ops_drv: Driver, admin: Ledger) -> None:
+    """Paging: with one run per page, runs of a workflow a more specific policy keeps come
+    first (older ids) and a due run of another workflow after them; plan and apply still
+    reach it (before, a page with no due run ended the scan)."""
+    kept = [finished(drv, admin, steps=2) for _ in range(3)]
+    due = record_note(ops_drv, "late", approve=True)
+    paged = _with_policies(admin, "*/*=0, */test_notes_chain=365")
+    with paged.engine.connect() as conn:
+        from ledger.retention import plan_txn
+
+        assert plan_txn(conn, parse_policies("*/*=0, */test_notes_chain=365")).run_ids == [due]
+    assert paged.retention_apply(batch=1).runs == 1
+    assert not any(_kinds_left(admin, due).values())
+    assert all("compacted" not in set(reads.checkpoint_kinds(admin.engine, r).values())
+               for r in kept)
+
+
+def _with_policies(admin: Ledger, policies: str) -> Ledger:
+    return Ledger(admin.engine, admin.settings.model_copy(
+        update={"retention_policies": policies}))
