@@ -558,3 +558,32 @@ def test_a_step_error_quoting_a_sensitive_value_is_sealed(
     erased = Ledger.from_env(OnwardSettings()).get_run(run_id)
     assert erased.last_error["message"] == "*** (unreadable)"  # type: ignore[union-attr,index]
     assert drv.ledger.verify_run(run_id) == []
+
+
+def test_a_compacted_encrypted_run_verifies_and_rotation_and_erasure_pass_over_it(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a finished run with sealed state fields, answers, an effect, a signal and a
+    result; when retention compacts every kind of it; expect no plain value and no sealed
+    envelope of it left where a payload was (digests only), ``verify`` clean with and
+    without the keys, then after ``keys rotate`` and after the tenant's erasure as well."""
+    from ledger.retention import compact_run_txn
+
+    run_id, customer, street = signalled_run(drv)
+    with drv.ledger.engine.begin() as conn:
+        assert compact_run_txn(conn, drv.ledger.keys, run_id) > 0
+    url = drv.ledger.url
+    [(payload,)] = rows(url, "SELECT payload FROM onward.signals WHERE run_id = %s", run_id)
+    [(result,)] = rows(url, "SELECT result FROM onward.runs WHERE id = %s", run_id)
+    assert list(payload) == ["$compacted"] and list(result) == ["$compacted"]
+    assert places_holding(url, customer) == [] and places_holding(url, street) == []
+    assert drv.ledger.verify_run(run_id) == []
+    assert Ledger.from_env(OnwardSettings(encryption_keys=None)).verify_run(run_id) == []
+
+    new_master = secrets.token_hex(32)
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m1={MASTER},m2={new_master}")
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEY_ID", "m2")
+    rotated = Ledger.from_env(OnwardSettings())
+    rotated.rotate_keys()
+    assert rotated.verify_run(run_id) == []
+    assert rotated.erase_tenant_keys("erasure request") >= 1
+    assert Ledger.from_env(OnwardSettings()).verify_run(run_id) == []
