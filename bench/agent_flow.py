@@ -15,6 +15,7 @@ import threading
 from functools import cache
 from typing import Any
 
+from celery import signals
 from pydantic import BaseModel
 
 from examples.provider_client import provider_tool
@@ -53,6 +54,23 @@ def model_client() -> OpenAIChat:
     apiece, tens of ms of CPU each) when they start at once."""
     with _client_lock:
         return _model_client()
+
+
+def warm_model_client(**_signal: Any) -> None:
+    """Build the process's model client when its worker starts, as an application whose
+    workflow module builds its client at import does: importing ``openai`` and building its
+    SDK clients took 1.3 s of CPU here (load 10), which the first steps of every run waited
+    for under ``_client_lock`` when the first call built it (their overhead ~1.9 s, a fifth
+    of the steps with the defaults). Connected for both sides' workers (this module is their
+    workflow module and ``bench/plain_agents.py``'s): ``worker_process_init`` in a prefork
+    child, ``worker_ready`` in a threads or gevent worker's one process. Needs
+    ``ONWARD_MODEL_URL`` (bench/agents.py sets it for the workers); without it, nothing."""
+    if os.environ.get("ONWARD_MODEL_URL"):
+        model_client()
+
+
+signals.worker_process_init.connect(warm_model_client, weak=False)
+signals.worker_ready.connect(warm_model_client, weak=False)
 
 
 def messages_for(topic: str, n: int) -> list[dict[str, Any]]:

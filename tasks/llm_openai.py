@@ -64,6 +64,8 @@ class OpenAIChat:
                 raise ImportError("OpenAIChat needs the openai package: "
                                   "pip install 'onward[openai]'") from exc
             self._sdks = tuple(openai.OpenAI(**client_options) for _ in range(clients))
+            for sdk in self._sdks:  # the SDK imports its resources on first access: here,
+                sdk.chat.completions  # noqa: B018 - not in a step's first call (~30 ms)
         else:
             self._sdks = (client,)
         self.client = self._sdks[0]
