@@ -46,9 +46,9 @@ from ledger.checkpoints import SEALED_KEY, canonical_json, sealed_envelope
 from ledger.exceptions import EncryptionUnavailable, SealedValueUnreadable
 from ledger.settings import OnwardSettings
 
-__all__ = ["ENVELOPE_VERSION", "ERROR_FIELD", "LOCAL_KEY_FILE", "MASK", "RESULT_FIELD", "Keyring",
-           "Place", "approval_field", "is_sealed", "local_master_keys", "masked", "open_value",
-           "parse_master_keys", "seal_value", "shown_value", "signal_field"]
+__all__ = ["ENVELOPE_VERSION", "ERROR_FIELD", "MASK", "RESULT_FIELD", "Keyring", "Place",
+           "approval_field", "is_sealed", "masked", "open_value", "parse_master_keys",
+           "seal_value", "shown_value", "signal_field"]
 
 ENVELOPE_VERSION = 1
 MASK = "***"
@@ -193,8 +193,6 @@ class Keyring:
             except OSError as exc:
                 raise EncryptionUnavailable(
                     f"cannot read ONWARD_ENCRYPTION_KEY_FILE: {exc}") from exc
-        elif settings.embedded:  # the embedded default is encrypted at rest too
-            text = local_master_keys(settings.home_dir / LOCAL_KEY_FILE)
         else:
             return None
         masters = parse_master_keys(text)
@@ -439,28 +437,6 @@ class Keyring:
             items = [self.reseal(item, tenant=tenant, run_id=run_id) for item in value]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         return value
-
-
-LOCAL_KEY_FILE = "encryption.keys"
-"""The embedded default's master key file, under ``ONWARD_HOME`` (made on first use)."""
-
-
-def local_master_keys(path: Path) -> str:
-    """The text of the embedded default's master key file (``local=KEY``), made with a new
-    random key (mode 0600, atomically: exactly one process creates it) when missing. Like
-    the embedded checkpoint key, it protects a development ledger's dumps and backups, not
-    against whoever reads the home directory; set ONWARD_ENCRYPTION_KEYS in production."""
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.urandom(4).hex()}.tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(f"local={os.urandom(32).hex()}\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process made it first: use its key
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path.read_text()
 
 
 def seal_value(crypt: Keyring | None, value: Any, place: Place) -> Any:
