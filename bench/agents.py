@@ -34,7 +34,9 @@ than slots), worker_rss_mb (peak resident memory of the onward worker processes)
 cpu_ms_per_step (their CPU per committed step), overhead_p50_ms / overhead_p99_ms (a step's
 committed attempt, claim to commit by the database's clock, minus the time the model server
 held its request, which is deterministic; the provider write of one step in three counts as
-overhead),
+overhead), model_late_p50_ms / model_late_max_ms (how much longer than that latency the
+model server itself took to answer, from taking a request to sending the answer: its event
+loop's lag on a busy machine, which the overhead includes though it is not the worker's),
 model_429s, model_max_concurrency, model_limit_concurrency and throttled_fleet_cpu_s (quota
 phase: worker CPU seconds spent on attempts that did not commit (throttled re-checks: a
 claim, the step up to its call, a deferral; 429s), estimated as the phase's worker CPU
@@ -384,6 +386,8 @@ def _fields(args: argparse.Namespace, onward: Phase, celery: Phase | None,
         "overhead_p99_ms": round(percentile(onward.overheads_ms, 0.99), 2),
         "overhead_mean_ms": round(statistics.fmean(onward.overheads_ms), 2)
         if onward.overheads_ms else None,
+        "model_late_p50_ms": onward.model.get("late_p50_ms"),
+        "model_late_max_ms": onward.model.get("late_max_ms"),
         "celery_inflight_max": celery.model["max_inflight"] if celery else None,
         "celery_lost_chains": celery.failed_attempts if celery else None,
         "celery_worker_rss_mb": round(celery.rss_mb, 1) if celery else None,

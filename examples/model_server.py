@@ -17,7 +17,8 @@ API (OpenAI-compatible where it matters: the official ``openai`` client works un
   GET  /v1/models               the one model it serves, whatever name is asked
   GET  /admin/stats             requests, completed, rejected_429, inflight, max_inflight,
                                 inflight_avg (time-weighted over the busy time), streams,
-                                limits
+                                late_p50_ms / late_max_ms (how much longer than its latency
+                                the server took to answer: its own lag), limits
   POST /admin/config            {"latency_ms", "jitter", "max_concurrency", "rate_per_s"}
                                 (0 means no limit)
   POST /admin/reset             zero the counters
@@ -60,6 +61,9 @@ class Stats:
     busy_s: float = 0.0  # time with at least one request held
     inflight_area: float = 0.0  # integral of inflight over time
     _since: float = field(default_factory=time.monotonic, repr=False)
+    # per answered request: how much longer than its latency the server took to answer it
+    # (its event loop's lag, parsing, sending): part of what a client sees as the model
+    _late_ms: list[float] = field(default_factory=list, repr=False)
 
     def moved(self, delta: int) -> None:
         """Account for the time at the current in-flight level, then change it."""
@@ -74,6 +78,9 @@ class Stats:
     def report(self) -> dict[str, Any]:
         public = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         public["inflight_avg"] = round(self.inflight_area / self.busy_s, 2) if self.busy_s else 0
+        late = sorted(self._late_ms)
+        public["late_p50_ms"] = round(late[(len(late) - 1) // 2], 2) if late else None
+        public["late_max_ms"] = round(late[-1], 2) if late else None
         return public
 
 
@@ -122,6 +129,7 @@ class ModelServer:
         return None
 
     async def complete(self, body: bytes, send: Send, *, anthropic: bool = False) -> None:
+        began = time.monotonic()
         self.stats.requests += 1
         try:
             request = json.loads(body)
@@ -144,7 +152,8 @@ class ModelServer:
             else:
                 tools = request.get("tools")
             answer = answer_for(request.get("model", "model"), messages, tools)
-            await asyncio.sleep(self._hold_s(answer["id"]))
+            hold = self._hold_s(answer["id"])
+            await asyncio.sleep(hold)
             self.stats.streams += bool(request.get("stream"))
             if anthropic:
                 await _send_anthropic(send, to_anthropic(answer), bool(request.get("stream")))
@@ -153,6 +162,7 @@ class ModelServer:
             else:
                 await _json(send, 200, answer)
             self.stats.completed += 1
+            self.stats._late_ms.append(1000 * (time.monotonic() - began - hold))
             self.stats.tool_calls += bool(answer["choices"][0]["message"].get("tool_calls"))
         finally:
             self.stats.moved(-1)
