@@ -38,6 +38,7 @@ from ledger.schema import (
     runs,
     signals,
 )
+from ledger.signal_order import carried_marks
 from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
 from ledger.wait_control import parse_control
@@ -95,7 +96,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_check_used(conn, run, rows))
     problems.extend(_check_audit_rows(conn, keys, run_id))
     problems.extend(_check_approvals(conn, keys, run_id, rows))
-    problems.extend(_check_signals(conn, keys, run_id))
+    problems.extend(_check_signals(conn, keys, run_id, rows))
     problems.extend(_check_result(keys, run))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
@@ -408,15 +409,39 @@ def _approval_problem(keys: CheckpointKeys, approval: sa.RowMapping,
     return None
 
 
-def _check_signals(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iterator[Problem]:
-    """Each signal sent to the run is as it was sent (run, name, payload)."""
-    found = conn.execute(sa.select(signals).where(signals.c.run_id == run_id)
-                         .order_by(signals.c.id)).mappings()
-    for row in found:
+def _check_signals(conn: Connection, keys: CheckpointKeys, run_id: UUID,
+                   checkpoints: Sequence[Mapping[str, Any]]) -> Iterator[Problem]:
+    """Each signal sent to the run is as it was sent (run, name, payload), and each one its
+    checkpoints record as consumed (ledger/signal_order.py) is still consumed, before the
+    first checkpoint that records it: not made consumable again, nor consumed a second time."""
+    found = {row["id"]: row for row in conn.execute(
+        sa.select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)).mappings()}
+    for row in found.values():
         try:
             check_signal(keys, row)
         except IntegrityViolation as exc:
             yield Problem(run_id, row["consumed_seq"], "signal", str(exc))
+    for seq, name, signal_id in _marked_signals(run_id, checkpoints):
+        row = found.get(signal_id)
+        consumed = row["consumed_seq"] if row is not None else None
+        if row is None or row["name"] != name or consumed is None or consumed >= seq:
+            state = ("is missing" if row is None else "is not consumed" if consumed is None
+                     else f"is recorded consumed at seq {consumed}")
+            yield Problem(run_id, seq, "signal",
+                          f"checkpoint {seq} records signal {signal_id} ({name!r}) consumed "
+                          f"before it, but that signal {state} (edited outside onward)")
+
+
+def _marked_signals(run_id: UUID, checkpoints: Sequence[Mapping[str, Any]]
+                    ) -> Iterator[tuple[int, str, int]]:
+    """Each (seq, name, id) of a signal the run's checkpoints record as consumed, at the
+    first checkpoint that records it."""
+    seen: set[tuple[str, int]] = set()
+    for row in checkpoints:
+        for name, signal_id in carried_marks(row["refs"], run_id).items():
+            if (name, signal_id) not in seen:
+                seen.add((name, signal_id))
+                yield row["seq"], name, signal_id
 
 
 def _check_result(keys: CheckpointKeys, run: sa.RowMapping) -> Iterator[Problem]:

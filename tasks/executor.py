@@ -27,6 +27,7 @@ from ledger.exceptions import (
     InvalidInput,
     StatementRefused,
 )
+from ledger.signal_order import MARKS_KEY, marks_ref
 from ledger.steps import Advance, Claim, Ended, Stale, Successor, error_record
 from ledger.vocabulary import ParkReason, RunStatus
 from ledger.waits import WaitStore
@@ -37,7 +38,7 @@ from tasks.clock import StepClock
 from tasks.context import StepContext
 from tasks.control import CancelFor, DivergeFor, FailFor, ParkFor, Suspend, WaitFor
 from tasks.exceptions import EffectOutcomeUnknown, LeaseLost, OutcomeError, StepError
-from tasks.policy import Limits, recheck
+from tasks.policy import Limits, recheck, signal_marks
 from tasks.resolve import Resolver
 from tasks.restore import Refusal, Restored, restore
 from tasks.routing import version_queue
@@ -200,6 +201,7 @@ class _Ready:
     services: StepServices
     ending: _Ending
     started: float = field(default_factory=time.perf_counter)
+    signal_marks: dict[str, int] = field(default_factory=dict)  # ledger/signal_order.py
 
     @property
     def step(self) -> Step:
@@ -255,11 +257,16 @@ class _Attempt:
         if isinstance(restored, Refusal):
             return self._refuse(restored)
         limits = Limits.of(self.claim.budget, restored.workflow.budgets)
-        refused = recheck(self.claim, limits, WaitStore(self.effects.conn), self.config.keys)
+        waits = WaitStore(self.effects.conn)
+        refused = recheck(self.claim, limits, waits, self.config.keys)
+        marks = signal_marks(self.claim, waits) if refused is None else None
+        if isinstance(marks, ParkFor):
+            refused = marks
         if refused is not None:
             return self._ending(restored.step.name).refuse(refused)
         services = self._services(restored, limits)
-        return _Ready(restored, limits, services, self._ending(restored.step.name, services))
+        return _Ready(restored, limits, services, self._ending(restored.step.name, services),
+                      signal_marks=marks or {})
 
     def _refuse(self, refusal: Refusal) -> StepReport:
         claim = self.claim
@@ -412,6 +419,9 @@ class _Attempt:
         refs = ready.services.refs(self.claim.budget.spent())
         if migrated is not None:
             refs["migrated_from"] = migrated.as_ref()
+        consumed = marks_ref(self.claim.run_id, ready.signal_marks)
+        if consumed is not None:  # the signals the run consumed, carried (ledger/signal_order.py)
+            refs[MARKS_KEY] = consumed
         return replace(advance, refs=refs, state=self._sealed(ready.restored, advance.state))
 
     def _sealed(self, restored: Restored, state: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Time-bound policy, re-checked after the claim and before a step runs (docs/design.md
-section 7, step 6): budgets, the run's deadline, and the approval a resumed step acts on."""
+section 7, step 6): budgets, the run's deadline, the approval a resumed step acts on, and
+that the signal which resumed a step was not consumed by the run before."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from ledger import signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation, MalformedControl
 from ledger.runs import Budgets
+from ledger.signal_order import carried_marks, replayed
 from ledger.steps import Budget, BudgetDefaults, Claim
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
-from ledger.wait_control import ApprovalControl, parse_control
+from ledger.wait_control import ApprovalControl, SignalControl, parse_control
 from ledger.waits import WaitStore, check_terms
 from tasks.control import FailFor, ParkFor
 
-__all__ = ["Limits", "recheck"]
+__all__ = ["Limits", "recheck", "signal_marks"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +162,32 @@ def _recheck_approved(claim: Claim, control: ApprovalControl,
                        "nothing it would do was done: replay or branch the run from its "
                        "approval wait to ask again", {})
     return None
+
+
+def signal_marks(claim: Claim, waits: WaitStore) -> dict[str, int] | ParkFor:
+    """The last consumed signal id per name that the checkpoint this step commits carries
+    (ledger/signal_order.py): the head's, raised to the signal that resumed this step, if
+    one did. A step resumed by a signal the run had consumed before (its ``consumed_seq``
+    set back to NULL in the database, then taken by a later wait of the same name) parks
+    ``integrity``. One statement, only for a step resumed after a signal wait; an evidence
+    replay follows its source's signals (checked by their MACs) and has none of its own."""
+    head = claim.checkpoint
+    marks = carried_marks(head.refs if head else None, claim.run_id)
+    try:
+        control = parse_control(head.control if head else None)
+    except MalformedControl:
+        return marks  # recheck parked it already
+    if (not isinstance(control, SignalControl) or claim.step != control.then
+            or claim.launch.evidence):
+        return marks
+    row = waits.signal(claim.run_id, control.name, claim.seq)
+    if row is None:
+        return marks
+    if replayed(marks, control.name, row["id"]):
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
+                       f"run {claim.run_id} at seq {claim.seq} was resumed by signal "
+                       f"{control.name!r} (id {row['id']}), which the run consumed before "
+                       f"(its checkpoints record signal {marks[control.name]} of that name "
+                       "consumed): it was made consumable again outside onward, and is not "
+                       "acted on twice")
+    return {**marks, control.name: int(row["id"])}

@@ -12,6 +12,7 @@ import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.exceptions import IntegrityViolation
+from ledger.recovery import RecoveryStore
 from ledger.vocabulary import LaunchMode
 from tests.integration.test_console_http import drv  # noqa: F401 - fixture
 from tests.support import reads
@@ -113,3 +114,57 @@ def test_a_signal_sent_twice_is_read_twice(drv: Driver) -> None:  # noqa: F811
     run = drv.drive(run_id)
     assert run.status is RunStatus.COMPLETED and run.result == {"seen": [{"n": 1}, {"n": 2}]}
     assert drv.ledger.verify_run(run_id) == []
+
+
+def reset_consumed(ledger: Ledger, run_id: UUID) -> None:
+    assert reads.execute(ledger.engine, "UPDATE onward.signals SET consumed_seq = NULL "
+                         "WHERE run_id = :r AND consumed_seq IS NOT NULL", r=run_id) == 1
+
+
+def test_a_consumed_signal_made_consumable_again_parks_the_later_wait(drv: Driver) -> None:  # noqa: F811
+    """Invariant: a signal ends one wait, even if its consumption is undone in the database.
+    The run read "go" once and waits for "go" again; consumed_seq is set back to NULL; the
+    reaper wakes the waiting run with that signal (no new one sent): the resumed step parks
+    integrity before running, and verify names the signal as soon as it is reset. Failed
+    before: the run completed, having read one signal twice ({"seen": [{"n": 1}, {"n": 1}]})."""
+    run_id = drv.ledger.start_run("test_signal_twice", {})
+    drv.drive(run_id)
+    assert drv.ledger.signal(run_id, "go", {"n": 1}) is True
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    reset_consumed(drv.ledger, run_id)
+    assert any("is not consumed" in p for p in signal_problems(drv.ledger, run_id))
+    assert RecoveryStore(drv.ledger.engine).sweep(stall_after_s=60).waits.signals_delivered == 1
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
+    assert "consumed before" in reads.run_row(drv.ledger.engine, run_id)["last_error"]["message"]
+
+
+def test_a_reset_signal_is_not_taken_for_a_new_one(drv: Driver) -> None:  # noqa: F811
+    """Invariant: a new signal sent to a run whose earlier signal of the same name was made
+    consumable again wakes the run with the earlier one (the lowest id): the step parks
+    integrity instead of reading the old payload as the new decision. Failed before: the
+    run completed with {"seen": [{"n": 1}, {"n": 1}]}."""
+    run_id = drv.ledger.start_run("test_signal_twice", {})
+    drv.drive(run_id)
+    assert drv.ledger.signal(run_id, "go", {"n": 1}) is True
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    reset_consumed(drv.ledger, run_id)
+    assert drv.ledger.signal(run_id, "go", {"n": 2}) is True
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
+
+
+def test_a_branch_does_not_inherit_its_parents_signal_marks(drv: Driver) -> None:  # noqa: F811
+    """Invariant: the marks a checkpoint carries name its run: a replay from the second wait
+    (its checkpoint records the parent's signal) is resumed by its own signal and
+    completes."""
+    run_id = drv.ledger.start_run("test_signal_twice", {})
+    drv.drive(run_id)
+    drv.ledger.signal(run_id, "go", {"n": 1})
+    waiting = drv.drive(run_id)
+    assert waiting.status is RunStatus.WAITING
+    launched = drv.ledger.acting_as("olga", "operator").replay(
+        run_id, waiting.seq, LaunchMode.LIVE, "again")
+    assert drv.ledger.signal(launched.run_id, "go", {"n": 3}) is True
+    run = drv.drive(launched.run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {"seen": [{"n": 1}, {"n": 3}]}
