@@ -861,6 +861,9 @@ class Ledger:
                 effect.effect_type, effect.effect_id, "result"), seq=effect.seq))
 
     def _shown_approval(self, approval: waits.Approval) -> waits.Approval:
+        comment = waits.shown_comment(self.keys, approval)
+        if comment != approval.comment:
+            approval = dc_replace(approval, comment=comment)
         if not is_sealed(approval.artifact):
             return approval
         return dc_replace(approval, artifact=self._shown(

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PgUUID
 
+from ledger import signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.schema import metadata
@@ -65,7 +66,7 @@ DROPPABLE = {
     "effects.error": "the provider's error of failed effects",
     "effect_attempts.error": "errors of effect attempts",
     "approvals.artifact": "what approvers saw (the replay follows the decision and its hash)",
-    "approvals.comment": "approvers' comments",
+    "approvals.comment": "approvers' comments (their sha256 is kept: the decision signs it)",
     "step_attempts.error_message": "step error messages",
     "requests": "recorded model and read requests (request diffs become unavailable)",
 }
@@ -120,6 +121,8 @@ class DropPolicy:
 
 
 def _drop(value: Any, pointer: str, table: str, column: str) -> Any:
+    if (table, column) == ("approvals", "comment"):  # its digest, which the decision signs
+        return f"{signed.DROPPED_COMMENT}{signed.comment_digest(value)}"
     if not pointer:
         return DROPPED if _is_json(table, column) else None
     if not isinstance(value, dict | list):

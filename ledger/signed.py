@@ -9,6 +9,7 @@ never lives in the database: a row edited there cannot get a matching MAC.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -17,6 +18,7 @@ from uuid import UUID
 
 __all__ = [
     "AUDIT_FIELDS",
+    "DROPPED_COMMENT",
     "EVIDENCE_FIELDS",
     "INTENT_FIELDS",
     "anchor",
@@ -25,6 +27,7 @@ __all__ = [
     "audit_head",
     "audit_link",
     "audit_row",
+    "comment_digest",
     "compacted",
     "effect_attempt",
     "effect_intent",
@@ -125,16 +128,31 @@ def _plain(value: Any) -> Any:
 
 def approval_decision(fields: Mapping[Any, Any]) -> dict[str, Any]:
     """A person's decision on an approval: which approval (of which run and seq, for which
-    action and artifact hash), approved or rejected, by whom, when. Written where the
-    decision is taken; a resumed step acts on it only if it verifies. (The approver's
-    comment is kept, signed, in the decision's audit row; a bundle may leave it out of the
-    approval row.)"""
+    action and artifact hash), approved or rejected, by whom, when, and what they wrote
+    (the sha256 of the comment, ``comment_sha256``: a bundle may leave the comment out and
+    keep its digest, ``DROPPED_COMMENT``). Written where the decision is taken; a resumed
+    step acts on it only if it verifies, and a comment that does not is shown as such."""
     decided_at = fields["decided_at"]
     return {"mac": "approval_decision", "id": str(fields["id"]),
             "run_id": str(fields["run_id"]), "seq": fields["seq"], "action": fields["action"],
             "artifact_hash": fields["artifact_hash"], "status": str(fields["status"]),
             "decided_by": fields["decided_by"],
-            "decided_at_us": micros(decided_at) if decided_at is not None else None}
+            "decided_at_us": micros(decided_at) if decided_at is not None else None,
+            "comment_sha256": comment_digest(fields["comment"])}
+
+
+DROPPED_COMMENT = "$dropped sha256:"
+"""What a bundle that leaves an approver's comment out keeps in its place: this prefix and
+the comment's sha256, which the decision's MAC covers."""
+
+
+def comment_digest(comment: str | None) -> str | None:
+    """The sha256 of an approver's comment as a decision's MAC covers it (None: none)."""
+    if comment is None:
+        return None
+    if comment.startswith(DROPPED_COMMENT):
+        return comment[len(DROPPED_COMMENT):]
+    return hashlib.sha256(comment.encode()).hexdigest()
 
 
 def approval_terms(fields: Mapping[Any, Any]) -> dict[str, Any]:

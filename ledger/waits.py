@@ -8,7 +8,7 @@ resumes the run.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -34,6 +34,7 @@ from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason, RunStatus
 from ledger.wait_control import ApprovalControl, parse_control
 
 __all__ = [
+    "UNVERIFIED_COMMENT",
     "WAKE_ON_SIGNAL",
     "Approval",
     "WaitStore",
@@ -48,6 +49,7 @@ __all__ = [
     "opened_signal",
     "park_unknown",
     "record_decision_txn",
+    "shown_comment",
     "signal_txn",
     "sweep_waits_txn",
     "unknown_effect",
@@ -72,14 +74,20 @@ class Approval:
     comment: str | None
     created_at: datetime
     tenant_id: str | None = None  # binds a sealed artifact (ledger/crypto.py)
+    # signs the decision and its comment (ledger/signed.py approval_decision); not shown
+    decision_mac: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: Any) -> Approval:
-        fields = {name: row.get(name) if name == "tenant_id" else row[name]
+        fields = {name: row.get(name) if name in _OPTIONAL else row[name]
                   for name in cls.__dataclass_fields__}
         fields["status"] = ApprovalStatus(row["status"])
         return cls(**fields)
 
+
+_OPTIONAL = ("tenant_id", "decision_mac")
+UNVERIFIED_COMMENT = "[not verified: this decision does not match its MAC, edited outside onward]"
+"""What a comment shown to people starts with when its decision does not verify."""
 
 WAKE_ON_SIGNAL = sql.statement("wake_on_signal")
 _QUEUE_STEP = sql.statement("queue_step")
@@ -379,6 +387,21 @@ def check_decision(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:
         keys.check(signed.approval_decision(row), row["decision_mac"],
                    f"the decision on approval {row['id']} ({row['status']} by "
                    f"{row['decided_by']})")
+
+
+def shown_comment(keys: CheckpointKeys, approval: Approval) -> str | None:
+    """The approval's comment as people are shown it: marked ``UNVERIFIED_COMMENT`` when
+    the decision it belongs to (approved or rejected) does not verify, so a comment edited
+    in the database is never shown as the approver's."""
+    if approval.comment is None or approval.status not in (ApprovalStatus.APPROVED,
+                                                           ApprovalStatus.REJECTED):
+        return approval.comment
+    try:
+        keys.check(signed.approval_decision(vars(approval)), approval.decision_mac,
+                   f"the decision on approval {approval.id}")
+    except IntegrityViolation:
+        return f"{UNVERIFIED_COMMENT} {approval.comment}"
+    return approval.comment
 
 
 def check_signal(keys: CheckpointKeys, row: Mapping[Any, Any]) -> None:

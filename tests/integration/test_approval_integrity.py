@@ -21,6 +21,7 @@ from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.exceptions import IntegrityViolation
 from ledger.inspection import RunFilter
 from ledger.vocabulary import LaunchMode
+from ledger.waits import UNVERIFIED_COMMENT
 from tests.integration.test_console_http import auth, client, drv, token  # noqa: F401
 from tests.support import reads
 from tests.support.driver import Driver
@@ -178,3 +179,36 @@ def test_a_replayed_approval_is_signed_and_decidable(drv: Driver) -> None:  # no
     drv.ledger.acting_as("alice", "approver").approve(
         asked.id, artifact_hash=asked.artifact_hash, comment="ok")
     assert drv.drive(launched.run_id).status is RunStatus.COMPLETED
+
+
+def test_a_comment_edited_in_the_database_is_not_shown_as_the_approvers(
+        drv: Driver) -> None:  # noqa: F811
+    """Invariant: the approver's comment is signed with the decision: edited in
+    onward.approvals, it is shown marked as not verified (get_approval and the approvals
+    list), verify names the approval, and the step the decision resumes parks integrity
+    instead of running on it. Failed before: the edited comment was shown as alice's,
+    verify found nothing and the run completed."""
+    run_id, approval = waiting_review(drv)
+    drv.ledger.acting_as("alice", "approver").approve(
+        approval["id"], artifact_hash=approval["artifact_hash"], comment="ok, 10 seats")
+    assert drv.ledger.get_approval(approval["id"]).comment == "ok, 10 seats"
+    sql(drv.ledger, "UPDATE onward.approvals SET comment = 'ok, 10000 seats' WHERE id = :i",
+        i=approval["id"])
+    shown = drv.ledger.get_approval(approval["id"]).comment
+    assert shown == f"{UNVERIFIED_COMMENT} ok, 10000 seats"
+    [listed] = drv.ledger.approvals(run_id=run_id, status=None)
+    assert listed.comment == shown
+    assert any("decision" in p for p in approval_problems(drv.ledger, run_id))
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+
+
+def test_a_bundle_without_comments_keeps_their_digest() -> None:
+    """Invariant: a bundle that leaves approvers' comments out keeps each one's sha256 in
+    its place, which the decision's MAC covers, so the decision still verifies."""
+    from ledger import signed
+    from ledger.bundle import DropPolicy
+
+    row = DropPolicy(("approvals.comment",)).apply("approvals", {"comment": "ok, 10 seats"})
+    assert row["comment"].startswith(signed.DROPPED_COMMENT)
+    assert signed.comment_digest(row["comment"]) == signed.comment_digest("ok, 10 seats")

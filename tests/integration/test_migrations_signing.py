@@ -197,3 +197,38 @@ def test_migrations_0034_0035__sign_existing_launches_and_signals(old_engine: En
         signed_then = {"mac": "signal", "run_id": str(row["run_id"]), "name": row["name"],
                        "payload": row["payload"]}  # 0035's body (0037 adds the row id)
         keys.check(signed_then, row["mac"], "signal")
+
+
+def test_migration_0041__signs_existing_decisions_with_their_comment(old_engine: Engine) -> None:
+    """Invariant: upgrading signs each decision whose 0022 MAC verifies again with its
+    comment, so it is acted on and shown after the upgrade; one whose decision was edited
+    (decided_by) keeps its failing MAC."""
+    from ledger.signed import micros
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0040")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        for who, signed_by in (("alice", "alice"), ("mallory", "alice")):
+            approval_id = uuid4()
+            decided_at = conn.execute(sa.text("SELECT now()")).scalar_one()
+            old = {"mac": "approval_decision", "id": str(approval_id), "run_id": str(run_id),
+                   "seq": 0, "action": "send", "artifact_hash": "h", "status": "approved",
+                   "decided_by": signed_by, "decided_at_us": micros(decided_at)}
+            conn.execute(sa.text(
+                "INSERT INTO onward.approvals (id, run_id, tenant_id, seq, workflow_version, "
+                "step, action, artifact_hash, artifact, approvers, expires_at, status, "
+                "decided_by, decided_at, comment, decision_mac) VALUES (:id, :run, 'default', "
+                "0, 1, 's', 'send', 'h', '{}', '[]', now() + interval '1 day', 'approved', "
+                ":who, :at, 'fine', :mac)"),
+                {"id": approval_id, "run": run_id, "who": who, "at": decided_at,
+                 "mac": keys.sign(old)})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT * FROM onward.approvals")).mappings().all()
+    good = next(r for r in rows if r["decided_by"] == "alice")
+    edited = next(r for r in rows if r["decided_by"] == "mallory")
+    keys.check(signed.approval_decision(good), good["decision_mac"], "decision")
+    from ledger.exceptions import IntegrityViolation
+    with pytest.raises(IntegrityViolation):
+        keys.check(signed.approval_decision(edited), edited["decision_mac"], "decision")

@@ -12,6 +12,7 @@ it with the same ``ONWARD_CHECKPOINT_KEY``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -34,14 +35,24 @@ def upgrade() -> None:
 
 
 def _sign_existing(conn: sa.Connection, decided: Sequence[sa.RowMapping]) -> None:
-    from ledger import signed
     from ledger.checkpoints import CheckpointKeys
     from ledger.settings import OnwardSettings
 
     keys = CheckpointKeys.from_settings(OnwardSettings())
     conn.execute(sa.text("UPDATE onward.approvals SET decision_mac = :mac WHERE id = :id"),
-                 [{"mac": keys.sign(signed.approval_decision(row)), "id": row["id"]}
-                  for row in decided])
+                 [{"mac": keys.sign(_decision(row)), "id": row["id"]} for row in decided])
+
+
+def _decision(row: sa.RowMapping) -> dict[str, Any]:
+    """The body this revision signed (0041 adds the comment's digest), kept here as it
+    stands so that a later change of ledger/signed.py does not change what it did."""
+    from ledger.signed import micros
+
+    decided_at = row["decided_at"]
+    return {"mac": "approval_decision", "id": str(row["id"]), "run_id": str(row["run_id"]),
+            "seq": row["seq"], "action": row["action"], "artifact_hash": row["artifact_hash"],
+            "status": str(row["status"]), "decided_by": row["decided_by"],
+            "decided_at_us": micros(decided_at) if decided_at is not None else None}
 
 
 def downgrade() -> None:
