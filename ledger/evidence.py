@@ -169,6 +169,7 @@ class EvidenceStore:
         if row is not None and row["command_id"] is not None:
             return self._evidence(row)
         if row is not None and row["refused_reason"] is not None:
+            self._check_refusal(run_id, command_id, row)
             return Refusal(command_id=command_id, kind=row["refused_kind"],
                            source=row["refused_source"], reason=row["refused_reason"],
                            answer_sha256=row["refused_sha256"],
@@ -180,6 +181,17 @@ class EvidenceStore:
             raise CancelRequested(f"run {run_id} is being cancelled: {command_id} is not called")
         raise EvidenceFenced(f"run {run_id}: the lease of epoch {epoch} is no longer live; "
                              f"{command_id} is not called")
+
+    def _check_refusal(self, run_id: UUID, command_id: str, row: dict[str, Any]) -> None:
+        """Raise IntegrityViolation unless the standing refusal ``find_or_cover`` returned
+        (its ``refused_*`` columns) is as the debit that recorded it signed it: an edited or
+        inserted refusal would fail the step without the call ever being refused."""
+        fields = {name: row[f"refused_{name}"] for name in signed.REFUSED_FIELDS
+                  if name not in ("command_id", "answer_sha256", "answer_bytes")}
+        fields.update(command_id=command_id, answer_sha256=row["refused_sha256"],
+                      answer_bytes=row["refused_bytes"], cost_usd=row["refused_cost_usd"])
+        self.keys.check(signed.refused_answer(run_id, fields), row["refused_mac"],
+                        f"the refusal of the answer to {command_id} (run {run_id})")
 
     def _evidence(self, row: dict[str, Any]) -> Evidence:
         response = open_value(self.keys.crypt, checked_response(self.keys, row),
@@ -272,14 +284,16 @@ class EvidenceStore:
         bytes) and ``reason``. A retried attempt finds it (``find_or_cover``) and does not
         call again. False when the lease is no longer held (nothing written)."""
         digest, size = fingerprint(record.response)
+        refused = {"seq": record.seq, "command_id": record.command_id, "kind": record.kind,
+                   "source": _storable(record.source), "request_hash": record.request_hash,
+                   "answer_sha256": digest, "answer_bytes": size,
+                   "reason": _storable(reason)[:2000], "input_tokens": record.input_tokens,
+                   "output_tokens": record.output_tokens, "lease_epoch": record.lease_epoch,
+                   "cost_usd": signed.money(record.cost_usd)}
         row = self.conn.one(_DEBIT, {
-            "run_id": record.run_id, "seq": record.seq, "epoch": record.lease_epoch,
+            **refused, "run_id": record.run_id, "epoch": record.lease_epoch,
             "tokens": record.input_tokens + record.output_tokens,
-            "cost_usd": signed.money(record.cost_usd), "command_id": record.command_id,
-            "kind": record.kind, "source": _storable(record.source),
-            "request_hash": record.request_hash, "answer_sha256": digest,
-            "answer_bytes": size, "reason": _storable(reason)[:2000],
-            "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
+            "mac": self.keys.sign(signed.refused_answer(record.run_id, refused)),
         })
         return row is not None
 

@@ -446,6 +446,7 @@ refused_answers = Table(
     Column("lease_epoch", BigInteger, nullable=False),
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("cleared_at", TS, nullable=True),
+    Column("mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py refused_answer (0042)
     Index("ix_refused_answers_standing", "run_id", "command_id", unique=True,
           postgresql_where=text("cleared_at IS NULL")),
 )

@@ -21,6 +21,7 @@ __all__ = [
     "DROPPED_COMMENT",
     "EVIDENCE_FIELDS",
     "INTENT_FIELDS",
+    "REFUSED_FIELDS",
     "anchor",
     "approval_decision",
     "approval_terms",
@@ -37,6 +38,7 @@ __all__ = [
     "launch",
     "micros",
     "money",
+    "refused_answer",
     "result",
     "signal",
 ]
@@ -90,6 +92,21 @@ def evidence(run_id: UUID, fields: Mapping[Any, Any], response_sha256: str) -> d
     return {"mac": "evidence", "run_id": str(run_id),
             **{name: fields[name] for name in EVIDENCE_FIELDS},
             "cost_usd": f"{money(fields['cost_usd']):f}", "response_sha256": response_sha256}
+
+
+REFUSED_FIELDS = ("seq", "command_id", "kind", "source", "request_hash", "answer_sha256",
+                  "answer_bytes", "reason", "input_tokens", "output_tokens", "lease_epoch")
+
+
+def refused_answer(run_id: UUID, fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """A model answer or read the ledger refused to record (``refused_answers``): which run,
+    seq and call (command id, kind, source, request hash), the answer's sha256 and size, why,
+    what it cost and under which lease. Written by the statement that debits it; checked by
+    the retried step that finds it (it fails the step without calling again only if it
+    verifies) and by ``verify``. ``fields`` is the row or the values being inserted."""
+    return {"mac": "refused_answer", "run_id": str(run_id),
+            **{name: fields[name] for name in REFUSED_FIELDS},
+            "cost_usd": f"{money(fields['cost_usd']):f}"}
 
 
 def result(run_id: UUID, seq: int, value: Any) -> dict[str, Any]:

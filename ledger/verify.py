@@ -35,6 +35,7 @@ from ledger.schema import (
     effect_attempts,
     effects,
     evidence,
+    refused_answers,
     runs,
     signals,
 )
@@ -97,6 +98,7 @@ def verify_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> list
     problems.extend(_check_audit_rows(conn, keys, run_id))
     problems.extend(_check_approvals(conn, keys, run_id, rows))
     problems.extend(_check_signals(conn, keys, run_id, rows))
+    problems.extend(_check_refusals(conn, keys, run_id))
     problems.extend(_check_result(keys, run))
     problems.extend(_check_state_artifacts(conn, run_id, rows))
     return problems
@@ -430,6 +432,18 @@ def _check_signals(conn: Connection, keys: CheckpointKeys, run_id: UUID,
             yield Problem(run_id, seq, "signal",
                           f"checkpoint {seq} records signal {signal_id} ({name!r}) consumed "
                           f"before it, but that signal {state} (edited outside onward)")
+
+
+def _check_refusals(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iterator[Problem]:
+    """Each answer the ledger refused to record is as the debit that recorded it signed it."""
+    found = conn.execute(sa.select(refused_answers).where(refused_answers.c.run_id == run_id)
+                         .order_by(refused_answers.c.id)).mappings()
+    for row in found:
+        try:
+            keys.check(signed.refused_answer(run_id, row), row["mac"],
+                       f"the refusal of the answer to {row['command_id']}")
+        except IntegrityViolation as exc:
+            yield Problem(run_id, row["seq"], "refusal", str(exc))
 
 
 def _marked_signals(run_id: UUID, checkpoints: Sequence[Mapping[str, Any]]

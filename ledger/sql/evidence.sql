@@ -24,7 +24,8 @@ WITH found AS (
     {evidence_of_command}
 ), refused AS (
     SELECT x.kind, x.source, x.reason, x.answer_sha256, x.answer_bytes,
-           x.input_tokens + x.output_tokens AS tokens, x.cost_usd
+           x.input_tokens + x.output_tokens AS tokens, x.cost_usd, x.seq, x.request_hash,
+           x.input_tokens, x.output_tokens, x.lease_epoch, x.mac
       FROM onward.refused_answers x
      WHERE x.run_id = %(run_id)s AND x.command_id = %(command_id)s AND x.cleared_at IS NULL
 ), cover AS (
@@ -40,7 +41,10 @@ SELECT r.cancel_requested IS NOT NULL AS cancelling,
        (SELECT lease_expires_at FROM cover) AS covered_until,
        x.kind AS refused_kind, x.source AS refused_source, x.reason AS refused_reason, x.answer_sha256 AS refused_sha256,
        x.answer_bytes AS refused_bytes, x.tokens AS refused_tokens,
-       x.cost_usd AS refused_cost_usd, f.*
+       x.cost_usd AS refused_cost_usd, x.seq AS refused_seq,
+       x.request_hash AS refused_request_hash, x.input_tokens AS refused_input_tokens,
+       x.output_tokens AS refused_output_tokens, x.lease_epoch AS refused_lease_epoch,
+       x.mac AS refused_mac, f.*
   FROM onward.runs r LEFT JOIN found f ON true LEFT JOIN refused x ON true
  WHERE r.id = %(run_id)s
 
@@ -99,6 +103,8 @@ RETURNING id
 -- the live lease, one statement debits it and records the refusal (the call, the answer's
 -- sha256 and size, why; never its bytes), so a worker killed before the run is failed
 -- leaves what its successor needs to fail the step again without calling (and paying) again.
+-- The refusal is signed (mac, ledger/signed.py refused_answer): the successor acts on it only
+-- if it verifies.
 WITH debited AS (
     UPDATE onward.runs
        SET used_tokens = used_tokens + %(tokens)s,
@@ -108,10 +114,10 @@ WITH debited AS (
 ), refused AS (
     INSERT INTO onward.refused_answers (run_id, seq, command_id, kind, source, request_hash,
                                         answer_sha256, answer_bytes, reason, input_tokens,
-                                        output_tokens, cost_usd, lease_epoch)
+                                        output_tokens, cost_usd, lease_epoch, mac)
     SELECT id, %(seq)s, %(command_id)s, %(kind)s, %(source)s, %(request_hash)s,
            %(answer_sha256)s, %(answer_bytes)s, %(reason)s, %(input_tokens)s,
-           %(output_tokens)s, %(cost_usd)s::numeric, %(epoch)s
+           %(output_tokens)s, %(cost_usd)s::numeric, %(epoch)s, %(mac)s
       FROM debited
     ON CONFLICT (run_id, command_id) WHERE cleared_at IS NULL DO NOTHING
     RETURNING id

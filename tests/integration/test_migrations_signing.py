@@ -232,3 +232,21 @@ def test_migration_0041__signs_existing_decisions_with_their_comment(old_engine:
     from ledger.exceptions import IntegrityViolation
     with pytest.raises(IntegrityViolation):
         keys.check(signed.approval_decision(edited), edited["decision_mac"], "decision")
+
+
+def test_migration_0042__signs_existing_refusals(old_engine: Engine) -> None:
+    """Invariant: upgrading signs each existing refused answer as it stands, so a retried
+    step still finds it (and does not call again) after the upgrade."""
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0041")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        conn.execute(sa.text(
+            "INSERT INTO onward.refused_answers (run_id, seq, command_id, kind, source, "
+            "request_hash, answer_sha256, answer_bytes, reason, input_tokens, output_tokens, "
+            "cost_usd, lease_epoch) VALUES (:run, 0, 'ask@0#1', 'llm', 'm', 'rh', 'ah', 12, "
+            "'NUL at $.text', 50, 10, 0.6, 1)"), {"run": run_id})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT * FROM onward.refused_answers")).mappings().one()
+    keys.check(signed.refused_answer(run_id, row), row["mac"], "refusal")
