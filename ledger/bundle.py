@@ -122,7 +122,7 @@ class DropPolicy:
 
 def _drop(value: Any, pointer: str, table: str, column: str) -> Any:
     if (table, column) == ("approvals", "comment"):  # its digest, which the decision signs
-        return f"{signed.DROPPED_COMMENT}{signed.comment_digest(value)}"
+        return signed.dropped_comment(value)
     if not pointer:
         return DROPPED if _is_json(table, column) else None
     if not isinstance(value, dict | list):

@@ -18,7 +18,8 @@ verified, in one transaction per run:
   recipient and the provider's error too; the result becomes its digest under a seal over
   the outcome MAC (verify accepts the outcome on the seal);
 * approvals: the artifact is dropped (bound by the artifact hash the terms MAC signs), the
-  comment too (the decision's audit row keeps it, signed);
+  comment becomes its digest (``$dropped sha256:…``, which the decision MAC signs; the
+  decision's audit row keeps the text, signed);
 * signals' payloads and the run's result: their digest under a seal; the run's last error,
   effect attempts' errors: dropped; step attempts (the per-delivery log): deleted.
 
@@ -350,7 +351,8 @@ def _compact_evidence_txn(conn: Connection, run_id: UUID) -> None:
 def _compact_artifacts_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> None:
     """Effects' payloads, recipients and errors go (the intent MAC signs the request hash),
     their results become a sealed digest; approvals' artifacts go (the terms MAC signs the
-    artifact hash), their comments too (the decision's audit row keeps it, signed)."""
+    artifact hash), their comments become their digest (the decision MAC signs it; the
+    decision's audit row keeps the text, signed)."""
     for effect in list_effects_txn(conn, run_id):
         values: dict[str, Any] = {"recipient": None, "error": None}
         if effect.payload is not None:
@@ -366,8 +368,10 @@ def _compact_artifacts_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID)
         conn.execute(effect_attempts.update().where(
             effect_attempts.c.effect_type == effect.effect_type,
             effect_attempts.c.effect_id == effect.effect_id).values(error=None))
-    conn.execute(approvals.update().where(approvals.c.run_id == run_id)
-                 .values(artifact=DROPPED, comment=None))
+    for approval in conn.execute(sa.select(approvals.c.id, approvals.c.comment)
+                                 .where(approvals.c.run_id == run_id)).mappings().all():
+        conn.execute(approvals.update().where(approvals.c.id == approval["id"]).values(
+            artifact=DROPPED, comment=signed.dropped_comment(approval["comment"])))
 
 
 def compacted_problem(keys: CheckpointKeys, row: Mapping[str, Any]) -> str | None:

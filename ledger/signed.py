@@ -30,6 +30,7 @@ __all__ = [
     "audit_row",
     "comment_digest",
     "compacted",
+    "dropped_comment",
     "effect_attempt",
     "effect_intent",
     "effect_outcome",
@@ -161,6 +162,14 @@ def approval_decision(fields: Mapping[Any, Any]) -> dict[str, Any]:
 DROPPED_COMMENT = "$dropped sha256:"
 """What a bundle that leaves an approver's comment out keeps in its place: this prefix and
 the comment's sha256, which the decision's MAC covers."""
+
+
+def dropped_comment(comment: str | None) -> str | None:
+    """What a comment becomes where it is left out (a bundle, retention): ``DROPPED_COMMENT``
+    and its sha256, so the decision that signed it still verifies."""
+    if comment is None or comment.startswith(DROPPED_COMMENT):
+        return comment
+    return f"{DROPPED_COMMENT}{comment_digest(comment)}"
 
 
 def comment_digest(comment: str | None) -> str | None:

@@ -204,11 +204,13 @@ def test_a_comment_edited_in_the_database_is_not_shown_as_the_approvers(
 
 
 def test_a_bundle_without_comments_keeps_their_digest() -> None:
-    """Invariant: a bundle that leaves approvers' comments out keeps each one's sha256 in
-    its place, which the decision's MAC covers, so the decision still verifies."""
+    """Invariant: a bundle that leaves approvers' comments out (and retention, which drops
+    them the same way) keeps each one's sha256 in its place, which the decision's MAC
+    covers, so the decision still verifies."""
     from ledger import signed
     from ledger.bundle import DropPolicy
 
     row = DropPolicy(("approvals.comment",)).apply("approvals", {"comment": "ok, 10 seats"})
     assert row["comment"].startswith(signed.DROPPED_COMMENT)
     assert signed.comment_digest(row["comment"]) == signed.comment_digest("ok, 10 seats")
+    assert signed.dropped_comment(row["comment"]) == row["comment"]  # retention: same form
