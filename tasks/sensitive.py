@@ -23,7 +23,7 @@ from pydantic_core import CoreSchema
 
 from ledger.catalog import SENSITIVE_MARK
 from ledger.checkpoints import sealed_envelope
-from ledger.crypto import ERROR_FIELD, Keyring, Place, open_value
+from ledger.crypto import ERROR_FIELD, MASK, Keyring, Place, open_value
 from ledger.exceptions import SealedValueUnreadable
 
 __all__ = ["SCHEMA_MARK", "Sensitive", "open_state", "seal_error", "seal_state",
@@ -124,8 +124,12 @@ def seal_error(crypt: Keyring | None, error: dict[str, Any], fields: frozenset[s
     ``seq`` when keys are configured and the workflow has sensitive fields: a step's
     exception text may quote them (``ValueError(f"bad address {state.address}")``, a
     provider's "invalid email ada@…"). Its type, step and attempt stay plain: what an
-    operator triages by. Unchanged otherwise."""
+    operator triages by. Unchanged otherwise. A tenant whose keys were erased (nothing more
+    can be sealed for it) gets ``***``: the failure is still recorded, its text is not."""
     if crypt is None or not fields or not isinstance(error.get("message"), str):
         return error
-    return {**error, "message": crypt.seal(error["message"],
-                                           Place(tenant, run_id, seq, ERROR_FIELD))}
+    try:
+        sealed = crypt.seal(error["message"], Place(tenant, run_id, seq, ERROR_FIELD))
+    except SealedValueUnreadable:
+        return {**error, "message": MASK}
+    return {**error, "message": sealed}

@@ -558,6 +558,12 @@ def test_a_step_error_quoting_a_sensitive_value_is_sealed(
     erased = Ledger.from_env(OnwardSettings()).get_run(run_id)
     assert erased.last_error["message"] == "*** (unreadable)"  # type: ignore[union-attr,index]
     assert drv.ledger.verify_run(run_id) == []
+    from tasks.sensitive import seal_error
+
+    # nothing more can be sealed for the erased tenant: a new step error keeps no text
+    assert seal_error(keyring_of(fresh), {"type": "StepError", "message": said},
+                      frozenset({"customer"}), tenant="default", run_id=run_id, seq=0
+                      ) == {"type": "StepError", "message": "***"}
 
 
 def test_a_compacted_encrypted_run_verifies_and_rotation_and_erasure_pass_over_it(
