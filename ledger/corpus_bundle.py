@@ -242,11 +242,29 @@ _TABLES = {"runs": runs, "artifacts": artifacts, "checkpoints": checkpoints,
 def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
     if not rows:
         return 0
-    if table == "signals":  # ids are the target's own sequence
-        rows = [{k: v for k, v in row.items() if k != "id"} for row in rows]
+    if table == "signals":
+        return _insert_signals(conn, rows)
     target = _TABLES[table]
     if table == "artifacts":  # content-addressed: one the ledger holds is the same bytes
         conn.execute(pg_insert(target).on_conflict_do_nothing(), rows)
     else:
         conn.execute(target.insert(), rows)
+    return len(rows)
+
+
+def _insert_signals(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """Signals keep their ids (a signal's MAC covers its id, and checkpoints name the ones
+    they consumed by id): the id sequence first moves past the bundle's largest (migration
+    0043), so a signal sent meanwhile takes another id; an id this ledger already gave to
+    another signal refuses the load (nothing is renumbered)."""
+    conn.execute(sa.select(sa.func.onward.signal_ids_past(max(row["id"] for row in rows))))
+    added = set(conn.execute(pg_insert(signals).on_conflict_do_nothing()
+                             .returning(signals.c.id), rows).scalars())
+    taken = sorted(row["id"] for row in rows if row["id"] not in added)
+    if taken:
+        raise OperationRefused(
+            f"signal id(s) {', '.join(map(str, taken[:5]))} of the bundle are already used in "
+            "this ledger by other signals; a signal's MAC covers its id, so it cannot be "
+            "renumbered: import into a ledger that does not hold them (a fresh one, as the "
+            "scratch ledger of a corpus replay is). Nothing was imported")
     return len(rows)

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-HEAD_REVISION = "0042"
+HEAD_REVISION = "0043"
 """The Alembic revision this code expects; bump with every migration."""
 
 

@@ -20,7 +20,15 @@ from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.vocabulary import Role
-from tests.support.corpus import empty_database, ops_driver, other_ledger, record_note, row_counts
+from tests.support.corpus import (
+    OPS_MODULES,
+    empty_database,
+    ops_driver,
+    other_ledger,
+    record_flow,
+    record_note,
+    row_counts,
+)
 from tests.support.driver import Driver
 
 
@@ -272,3 +280,59 @@ def test_corpus__viewers_read_but_cannot_pin_export_or_import(drv: Driver) -> No
         viewer.snapshot("r")
     refused = [(a.actor, a.action) for a in drv.ledger.audit(outcome="refused")]
     assert ("vic", "corpus_add") in refused and ("vic", "corpus_export") in refused
+
+
+@pytest.fixture()
+def flow_drv(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    monkeypatch.delenv("ONWARD_TEST_CORPUS_VARIANT", raising=False)
+    with ops_driver(ledger, tmp_path / "tool.log", monkeypatch,
+                    ["tests.workflows_corpus", *OPS_MODULES]) as running:
+        yield running
+
+
+def test_corpus_import__signals_keep_their_ids_in_a_ledger_whose_ids_are_ahead(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """A signal's MAC covers its id and checkpoints name consumed signals by id, so an
+    imported signal keeps its id: into a ledger whose signal ids are far ahead (or behind)
+    the run verifies, and the next signal sent there takes an id above the imported ones.
+    Before, the signal was renumbered by the target's sequence and the import was refused as
+    'edited outside onward' whenever the ids differed (a fresh scratch ledger hid it)."""
+    run_id = record_flow(flow_drv, "seat")
+    corpora = Corpora(flow_drv.ledger)
+    corpora.add("flows", Selection(run_ids=(run_id,)))
+    bundle = read_bundle(exported(corpora, "flows"), flow_drv.ledger.keys)
+    [signal_id] = [row["id"] for row in bundle.rows["signals"]]
+    with other_ledger(second_url, settings) as target:
+        with target.engine.begin() as conn:
+            conn.execute(sa.select(sa.func.setval("onward.signals_id_seq", 1000)))
+        Corpora(target).import_bundle(bundle)
+        assert target.verify_run(run_id) == []
+        with target.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT id FROM onward.signals")).scalars().all() == \
+                [signal_id]
+            assert conn.execute(sa.select(sa.func.nextval("onward.signals_id_seq"))
+                                ).scalar_one() > max(signal_id, 1000)
+
+
+def test_corpus_import__refuses_a_bundle_whose_signal_ids_are_taken_and_writes_nothing(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """A signal id the target ledger already gave to another signal cannot be reused, and a
+    signal cannot be renumbered (its MAC covers its id): the import is refused, naming the
+    ids, and nothing of the bundle is written."""
+    first, second = record_flow(flow_drv, "seat"), record_flow(flow_drv, "desk")
+    corpora = Corpora(flow_drv.ledger)
+    corpora.add("one", Selection(run_ids=(first,)))
+    corpora.add("two", Selection(run_ids=(second,)))
+    one = read_bundle(exported(corpora, "one"), flow_drv.ledger.keys)
+    two = read_bundle(exported(corpora, "two"), flow_drv.ledger.keys)
+    [taken] = [row["id"] for row in two.rows["signals"]]
+    with other_ledger(second_url, settings) as target:
+        Corpora(target).import_bundle(one)
+        with target.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE onward.signals SET id = :taken"), {"taken": taken})
+        before = row_counts(target.engine)
+        with pytest.raises(OperationRefused, match=f"signal id\\(s\\) {taken} of the bundle"):
+            Corpora(target).import_bundle(two)
+        after = row_counts(target.engine)
+        assert after.pop("audit") == before.pop("audit") + 1  # the refusal, audited
+        assert after == before
