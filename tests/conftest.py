@@ -25,6 +25,7 @@ from harness.databases import create_database, drop_database
 from ledger import Ledger, OnwardSettings
 from ledger.db import database_url
 from tests.support.cluster import ROOT, Cluster
+from tests.support.dropper import Dropper
 from tests.support.messages import Publisher, remove_amqp_queues
 from workers.broker import broker_url
 
@@ -54,6 +55,15 @@ def server_urls() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def dropper(server_urls: dict[str, str]) -> Iterator[Dropper]:
+    """Drops the tests' databases in the background (a drop waits for a checkpoint: seconds
+    on a busy machine); the session ends once every drop is done."""
+    dropping = Dropper(server_urls["database"])
+    yield dropping
+    dropping.close()
+
+
+@pytest.fixture(scope="session")
 def template_database(server_urls: dict[str, str]) -> Iterator[str]:
     """A database migrated once per session; every test's database is a copy of it."""
     name, _url = create_database(server_urls["database"], "onward_tpl")
@@ -62,22 +72,25 @@ def template_database(server_urls: dict[str, str]) -> Iterator[str]:
 
 
 @pytest.fixture()
-def database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
+def database(server_urls: dict[str, str], template_database: str,
+             dropper: Dropper) -> Iterator[str]:
     """A fresh, migrated database of this test's own (cloned from the template), dropped
-    afterwards: tests share no ledger state, so they can run in parallel."""
+    afterwards (in the background): tests share no ledger state, so they can run in
+    parallel."""
     name, url = create_database(server_urls["database"], "onward_test",
                                 template=template_database)
     yield url
-    drop_database(server_urls["database"], name)
+    dropper.drop(name)
 
 
 @pytest.fixture(scope="module")
-def module_database(server_urls: dict[str, str], template_database: str) -> Iterator[str]:
+def module_database(server_urls: dict[str, str], template_database: str,
+                    dropper: Dropper) -> Iterator[str]:
     """One database for the tests of a module that share processes (``shared_cluster``)."""
     name, url = create_database(server_urls["database"], "onward_mod",
                                 template=template_database)
     yield url
-    drop_database(server_urls["database"], name)
+    dropper.drop(name)
 
 
 def make_settings_env(database: str, server_urls: dict[str, str],
@@ -236,8 +249,8 @@ def publisher(settings: OnwardSettings) -> Iterator[Publisher]:
 
 
 @pytest.fixture()
-def empty_database(server_urls: dict[str, str]) -> Iterator[str]:
+def empty_database(server_urls: dict[str, str], dropper: Dropper) -> Iterator[str]:
     """A new database with no onward schema at all, dropped after the test."""
     name, url = create_database(server_urls["database"], "onward_empty", migrate=False)
     yield url
-    drop_database(server_urls["database"], name)
+    dropper.drop(name)
