@@ -23,6 +23,7 @@ from ledger.steps import StepStore
 from ledger.vocabulary import Role
 from tasks.executor import ExecutorConfig, StepMessage, execute_step
 from tasks.workflow import Registry
+from tests.support.cluster import wait_for
 from tests.support.driver import driver
 from tests.workflows_outcomes import OUTSIDE
 
@@ -108,10 +109,12 @@ def test_reference_client__timeout_is_a_total_deadline(dribbling: Dribbling) -> 
     assert provider_client.find_by_key("payments", "k" * 64, timeout=1.0) is None
 
 
-def _two_workers(ledger: Ledger, run_id: UUID, *, second_after_s: float) -> dict[str, str]:
-    """Worker a executes the run's first step; worker b tries it ``second_after_s`` later,
-    once a's lease (1 s, extended over the call's 1 s limit and a 0.5 s margin) has
-    expired. Returns each worker's report."""
+def _two_workers(ledger: Ledger, run_id: UUID) -> dict[str, str]:
+    """Worker a executes the run's first step; worker b tries it once a's lease (1 s,
+    extended over the call's 1 s limit and a 0.5 s margin when a begins its call) has
+    expired or been given back, read from the ledger by the ledger's clock (a fixed pause
+    would be too long on a quiet machine and too short on a busy one). Returns each
+    worker's report."""
     registry = Registry()
     registry.load_modules(MODULES)
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=1_000_000, retry_base_s=0.0,
@@ -126,13 +129,29 @@ def _two_workers(ledger: Ledger, run_id: UUID, *, second_after_s: float) -> dict
     first = threading.Thread(target=work, args=("a", stores[0]))
     try:
         first.start()
-        time.sleep(second_after_s)
+        _wait_for_the_lease_to_lapse(ledger, run_id)
         work("b", stores[1])
         first.join(timeout=30)
     finally:
         for store in stores:
             store.close()
     return reports
+
+
+def _wait_for_the_lease_to_lapse(ledger: Ledger, run_id: UUID) -> None:
+    """Until the first holder has begun its call (which extends its lease over the call's
+    time limit, and nothing extends it further), then until that lease has ended by the
+    ledger's clock, or the holder gave the step back."""
+    def call_begun() -> bool:
+        return any(ledger.effect_attempts(effect) for effect in ledger.effects(run_id))
+
+    def lease_lapsed() -> bool:
+        run = ledger.get_run(run_id)
+        assert run is not None
+        return run.lease_expires_at is None or run.lease_expires_at <= ledger.now()
+
+    wait_for(call_begun, timeout=30, what="the first holder's call", interval=0.01)
+    wait_for(lease_lapsed, timeout=30, what="the first holder's lease to end", interval=0.01)
 
 
 def test_call_overrunning_its_time_limit__the_next_holder_does_not_send_again(
@@ -147,7 +166,7 @@ def test_call_overrunning_its_time_limit__the_next_holder_does_not_send_again(
     OUTSIDE.reset()
     ops = ledger.acting_as("olga", Role.OPERATOR)
     run_id = ledger.start_run("test_outcome_send", {"tool": "overrun"})
-    reports = _two_workers(ledger, run_id, second_after_s=2.5)
+    reports = _two_workers(ledger, run_id)
     assert OUTSIDE.count() == 1, reports
     assert reports == {"a": "lease_lost", "b": "parked"}
     run = ops.get_run(run_id)
@@ -173,7 +192,7 @@ def test_reference_client_on_a_slow_provider__one_object(
     at its 1 s limit (the provider, which commits at the end, keeps nothing), the step is
     retried and sends once more with the same key. One object at the provider."""
     run_id = ledger.start_run("test_outcome_slow_http", {})
-    reports = _two_workers(ledger, run_id, second_after_s=3.0)
+    reports = _two_workers(ledger, run_id)
     run = ledger.get_run(run_id)
     assert len(dribbling.committed) == 1, (reports, dribbling.committed)
     assert run.status is RunStatus.COMPLETED, (reports, run.last_error)
