@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,19 +43,41 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class _Server(uvicorn.Server):
+    """A uvicorn server that says when it has started (or given up), so a test blocks on
+    an event instead of polling ``started``."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.settled = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets=sockets)
+        finally:
+            self.settled.set()
+
+    def serve_in_thread(self) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.run()
+            finally:
+                self.settled.set()  # it exited before (or without) starting
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+
 @pytest.fixture()
 def console_url(settings: Any) -> Iterator[str]:
     """A real console server (uvicorn on loopback, in a thread) on the test's database."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Ledger.from_env(settings)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the console server did not start within 20 s")
-        time.sleep(0.05)
+    server = _Server(uvicorn.Config(create_app(Ledger.from_env(settings)),
+                                    host="127.0.0.1", port=port, log_level="warning"))
+    thread = server.serve_in_thread()
+    if not server.settled.wait(timeout=20) or not server.started:
+        raise RuntimeError("the console server did not start within 20 s")
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
