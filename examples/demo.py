@@ -104,6 +104,9 @@ DEMO_ENV = {
     # a model call's lease covers its time limit: a worker killed mid-call leaves its run
     # to the reaper after that (60 s by default; the model server answers in 150 ms)
     "ONWARD_RESEARCH_MODEL_TIMEOUT_S": "5",
+    # likewise a CRM call's lease covers the tool's time limit (30 s by default): the sales
+    # worker the fault kills after the CRM's answer leaves its run to the reaper after that
+    "ONWARD_TOOL_TIMEOUT_S": "5",
     "ONWARD_REAPER_INTERVAL_S": "0.5",
     "ONWARD_OUTBOX_REPUBLISH_S": "10",
     "ONWARD_STALL_AFTER_S": "5",
