@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import settings as hypothesis_settings
 
-from harness.databases import create_database, drop_database
+from harness.databases import create_database
 from ledger import Ledger, OnwardSettings
 from ledger.db import database_url
 from tests.support.cluster import ROOT, Cluster
@@ -64,11 +64,11 @@ def dropper(server_urls: dict[str, str]) -> Iterator[Dropper]:
 
 
 @pytest.fixture(scope="session")
-def template_database(server_urls: dict[str, str]) -> Iterator[str]:
+def template_database(server_urls: dict[str, str], dropper: Dropper) -> Iterator[str]:
     """A database migrated once per session; every test's database is a copy of it."""
     name, _url = create_database(server_urls["database"], "onward_tpl")
     yield name
-    drop_database(server_urls["database"], name)
+    dropper.drop(name)  # with the last tests' databases: their drops share checkpoints
 
 
 @pytest.fixture()
@@ -111,6 +111,9 @@ def make_settings_env(database: str, server_urls: dict[str, str],
         "ONWARD_DISPATCHER_POLL_S": "0.5",
         "ONWARD_RETRY_BASE_S": "0.1",
         "ONWARD_RETRY_MAX_S": "1",
+        # a provider call's lease covers this (and ONWARD_TOOL_LEASE_MARGIN_S, 5 s): a worker
+        # killed mid-call leaves its run for that long; loopback calls take milliseconds
+        "ONWARD_TOOL_TIMEOUT_S": "10",
         "ONWARD_FAULTS_DIR": str(faults_dir),
         "ONWARD_EXAMPLE_STEP_MS": "5",
         # Most tests start runs with no worker running (the in-process driver) or of

@@ -20,7 +20,7 @@ __all__ = ["Dropper"]
 class Dropper:
     """Drops databases of one server in the background; ``close`` waits for them all."""
 
-    def __init__(self, admin_url: str, threads: int = 4) -> None:
+    def __init__(self, admin_url: str, threads: int = 16) -> None:
         self.admin_url = admin_url
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dropdb")
         self._drops: list[Future[None]] = []
