@@ -99,27 +99,13 @@ def corpus_replay(
     no broker, no workers, nothing sent, nothing written to the ledger. Model calls and reads
     are answered from the recorded evidence, effects from the effect log, approvals and
     signals from what was decided. Prints where each run diverged."""
-    if output not in ("table", "markdown", "junit", "json"):
-        fail(f"--format {output!r}: table, markdown, junit or json", EXIT_REFUSED)
-    if versions not in ("recorded", "latest"):
-        fail(f"--versions {versions!r}: recorded or latest", EXIT_REFUSED)
-    if open_branches and not reason:
-        fail("--open-branches writes to the ledger: give --reason (kept in the audit log)",
-             EXIT_REFUSED)
-    try:
-        policy = Policy.parse(allow or [], max_divergent)
-    except ValueError as exc:
-        fail(str(exc), EXIT_REFUSED)
-    modules = tuple(m.strip() for part in code for m in part.split(",") if m.strip())
-    _check_code(modules)
+    _check_options(output, versions, open_branches, reason)
+    policy = _policy(allow, max_divergent)
+    modules = _modules(code)
     ledger = open_ledger(AuditAction.REPLAY if open_branches else None)
     bundle, label = _bundle(ledger, source)
     options = ReplayOptions(modules, versions, tuple(ignore_field or ()), label)
-    for left_out in bundle.header.get("skipped") or []:
-        err.print(line(f"note: pinned run {left_out.get('run_id')} is left out: it is "
-                       f"{left_out.get('status')} (continued after it was pinned)"))
-    err.print(line(f"replaying {len(bundle.run_ids)} run(s) of {label} against "
-                   f"{', '.join(modules)} …"))
+    _announce(bundle, label, modules)
     keep = (lambda o: _openable(o, policy)) if open_branches else None
     with reported():
         replay = replay_bundle(ledger.settings, bundle, options, jobs=jobs,
@@ -131,6 +117,44 @@ def corpus_replay(
         _open(ledger, replay, reason or "", modules)
     if not summary.passed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _check_options(output: str, versions: str, open_branches: bool,
+                   reason: str | None) -> None:
+    """Refuse (exit 2) an output format or versions choice that does not exist, and
+    --open-branches without the --reason its audit row keeps."""
+    if output not in ("table", "markdown", "junit", "json"):
+        fail(f"--format {output!r}: table, markdown, junit or json", EXIT_REFUSED)
+    if versions not in ("recorded", "latest"):
+        fail(f"--versions {versions!r}: recorded or latest", EXIT_REFUSED)
+    if open_branches and not reason:
+        fail("--open-branches writes to the ledger: give --reason (kept in the audit log)",
+             EXIT_REFUSED)
+
+
+def _policy(allow: list[str] | None, max_divergent: str) -> Policy:
+    """What the replay tolerates (--allow, --max-divergent); refused (exit 2) if unreadable."""
+    try:
+        return Policy.parse(allow or [], max_divergent)
+    except ValueError as exc:
+        fail(str(exc), EXIT_REFUSED)
+
+
+def _modules(code: list[str]) -> tuple[str, ...]:
+    """The candidate code's modules (--code, repeatable or comma-separated), loaded once
+    here so that an import error is refused (exit 2) before anything is replayed."""
+    modules = tuple(m.strip() for part in code for m in part.split(",") if m.strip())
+    _check_code(modules)
+    return modules
+
+
+def _announce(bundle: Bundle, label: str, modules: tuple[str, ...]) -> None:
+    """Say on stderr which pinned runs the bundle leaves out, and what is replayed."""
+    for left_out in bundle.header.get("skipped") or []:
+        err.print(line(f"note: pinned run {left_out.get('run_id')} is left out: it is "
+                       f"{left_out.get('status')} (continued after it was pinned)"))
+    err.print(line(f"replaying {len(bundle.run_ids)} run(s) of {label} against "
+                   f"{', '.join(modules)} …"))
 
 
 def _check_code(modules: tuple[str, ...]) -> None:

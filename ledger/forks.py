@@ -168,6 +168,35 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
              check_state: StateCheck | None = None) -> Launched:
     """Create the replay or branch run, its fork checkpoint, its first message (or wait),
     and the audit row, in the caller's transaction."""
+    action, reason = _check_request(actor, request)
+    source = _source_txn(conn, keys, actor, request, max_state_bytes, check_state)
+    run_id = uuid7()
+    start = _start(conn, keys, source.parent, source.cp, request.mode, run_id)
+    body = CheckpointBody(
+        run_id=run_id, seq=source.cp["seq"], parent_hash=None, step=source.cp["step"],
+        next_step=source.cp["next_step"], outcome=OutcomeKind.FORK.value, state=source.state,
+        workflow_version=source.cp["workflow_version"], control=start.control,
+        state_schema_version=source.cp["state_schema_version"], workflow=source.workflow)
+    digest = keys.mac(body.as_dict())
+    _insert_run_txn(conn, keys, request, source, start, body.run_id, digest, reason,
+                    default_max_attempts)
+    _insert_checkpoint_txn(conn, keys, body, digest)
+    if start.approval is not None:
+        _ask_again_txn(conn, keys, start.approval, run_id, source)
+    if start.status is RunStatus.RUNNING:
+        queue_step_txn(conn, run_id, source.cp["seq"], start.due_at)
+    record_txn(conn, keys, actor, AuditRecord(
+        action, AuditOutcome.DONE, reason, run_id=source.parent["id"], new_run_id=run_id,
+        before_seq=source.parent["seq"], after_seq=source.cp["seq"],
+        details=_audit_details(conn, request, source, start)))
+    return Launched(run_id, source.parent["id"], source.cp["seq"], request.mode, start.status,
+                    start.step, start.last_error)
+
+
+def _check_request(actor: Actor, request: ForkRequest) -> tuple[AuditAction, str]:
+    """The audited action the request is (replay or branch), which the actor must be
+    allowed, and its reason; a request whose mode and options do not go together is
+    refused."""
     branch = request.mode is LaunchMode.BRANCH
     action = AuditAction.BRANCH if branch else AuditAction.REPLAY
     actor.require(action)
@@ -177,26 +206,46 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
                            f"{request.mode.value} replay sends nothing real")
     if not branch and request.mode not in REPLAY_MODES:
         raise InvalidInput(f"replay mode must be one of {[m.value for m in REPLAY_MODES]}")
+    return action, reason
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What the new run copies: the parent, its checkpoint k (verified), the workflow that
+    checkpoint signs, and the state the copy starts from (a branch's, patched)."""
+
+    parent: RowMapping
+    cp: dict[str, Any]
+    workflow: str
+    state: dict[str, Any]
+
+
+def _source_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: ForkRequest,
+                max_state_bytes: int, check_state: StateCheck | None) -> _Source:
+    """The parent's checkpoint ``request.from_seq``, verified, and the state the new run
+    starts from: a replay copies it as stored (a state stored apart as its reference), a
+    branch resolves it and applies its patch, which ``check_state`` validates."""
     parent = _parent(conn, actor, request.parent_run_id)
     cp = _checkpoint(conn, parent, request.from_seq)
     verify_source_txn(conn, keys, parent, cp["seq"])
     workflow = _signed_workflow(parent, cp)
-    state = dict(state_of(cp))  # a replay copies a state stored apart as its reference
-    if branch:
+    state = dict(state_of(cp))
+    if request.mode is LaunchMode.BRANCH:
         refuse_patch_at_approval(cp, parent["id"])
         state = apply_patch(resolve_state_txn(conn, state), request.patch, max_state_bytes)
         if check_state is not None:
             check_state(workflow, cp["workflow_version"], state)
-    run_id = uuid7()
-    start = _start(conn, keys, parent, cp, request.mode, run_id)
-    body = CheckpointBody(
-        run_id=run_id, seq=cp["seq"], parent_hash=None, step=cp["step"],
-        next_step=cp["next_step"], outcome=OutcomeKind.FORK.value, state=state,
-        workflow_version=cp["workflow_version"], control=start.control,
-        state_schema_version=cp["state_schema_version"], workflow=workflow)
-    digest = keys.mac(body.as_dict())
+    return _Source(parent, cp, workflow, state)
+
+
+def _insert_run_txn(conn: Connection, keys: CheckpointKeys, request: ForkRequest,
+                    source: _Source, start: _Start, run_id: UUID, digest: str, reason: str,
+                    default_max_attempts: int) -> None:
+    """The new run's row: where it starts, its head (the fork checkpoint) and its MAC, its
+    launch (mode, parent, irreversible effects allowed) and its MAC, and its budgets."""
+    parent, cp = source.parent, source.cp
     conn.execute(runs.insert().values(
-        id=run_id, tenant_id=parent["tenant_id"], workflow=workflow,
+        id=run_id, tenant_id=parent["tenant_id"], workflow=source.workflow,
         workflow_version=cp["workflow_version"], conversation_id=parent["conversation_id"],
         status=start.status.value, seq=cp["seq"], step=start.step,
         max_attempts=default_max_attempts, head_hash=digest,
@@ -210,39 +259,48 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
             "tenant_id": parent["tenant_id"], "mode": request.mode.value,
             "parent_run_id": parent["id"], "parent_seq": cp["seq"],
             "allow_irreversible": request.allow_irreversible})),
-        branch_patch=request.patch if branch else None,
+        branch_patch=request.patch if request.mode is LaunchMode.BRANCH else None,
         **_budgets(conn, parent, cp["seq"], request.budgets),
     ))
+
+
+def _insert_checkpoint_txn(conn: Connection, keys: CheckpointKeys, body: CheckpointBody,
+                           digest: str) -> None:
+    """The fork checkpoint: ``body`` (no parent hash, outcome ``fork``) under ``digest``."""
     conn.execute(checkpoints.insert().values(
-        run_id=run_id, seq=cp["seq"], parent_hash=None, hash=digest, key_id=keys.current,
-        envelope_version=ENVELOPE_VERSION, step=cp["step"], next_step=cp["next_step"],
-        outcome=OutcomeKind.FORK.value, state=state, workflow_version=cp["workflow_version"],
-        lease_epoch=0, control=start.control, state_schema_version=cp["state_schema_version"],
-        workflow=workflow))
-    if start.approval is not None:
-        asked = {"id": start.approval["id"], "run_id": run_id,
-                 "tenant_id": parent["tenant_id"], "seq": cp["seq"], **start.approval["values"]}
-        asked["artifact"] = _artifact_for(keys, start.approval, asked)
-        conn.execute(approvals.insert().values(
-            **asked, terms_mac=keys.sign(signed.approval_terms(asked))))
-    if start.status is RunStatus.RUNNING:
-        queue_step_txn(conn, run_id, cp["seq"], start.due_at)
-    launched = Launched(run_id, parent["id"], cp["seq"], request.mode, start.status, start.step,
-                        start.last_error)
+        run_id=body.run_id, seq=body.seq, parent_hash=None, hash=digest, key_id=keys.current,
+        envelope_version=ENVELOPE_VERSION, step=body.step, next_step=body.next_step,
+        outcome=body.outcome, state=body.state, workflow_version=body.workflow_version,
+        lease_epoch=0, control=body.control, state_schema_version=body.state_schema_version,
+        workflow=body.workflow))
+
+
+def _ask_again_txn(conn: Connection, keys: CheckpointKeys, approval: dict[str, Any],
+                   run_id: UUID, source: _Source) -> None:
+    """The approval the new run waits for: the parent's, asked again of the new run (its
+    artifact sealed for it), with its terms' MAC."""
+    asked = {"id": approval["id"], "run_id": run_id, "tenant_id": source.parent["tenant_id"],
+             "seq": source.cp["seq"], **approval["values"]}
+    asked["artifact"] = _artifact_for(keys, approval, asked)
+    conn.execute(approvals.insert().values(
+        **asked, terms_mac=keys.sign(signed.approval_terms(asked))))
+
+
+def _audit_details(conn: Connection, request: ForkRequest, source: _Source,
+                   start: _Start) -> dict[str, Any]:
+    """What the audit row says of the new run: how it was launched and where it starts, a
+    branch's patch and the diff it made, an evidence replay's divergence."""
     details: dict[str, Any] = {
         "mode": request.mode.value, "budgets": request.budgets.value,
         "allow_irreversible": request.allow_irreversible, "status": start.status.value,
-        "step": start.step, "workflow": workflow}
-    if branch and request.patch is not None:
+        "step": start.step, "workflow": source.workflow}
+    if request.mode is LaunchMode.BRANCH and request.patch is not None:
         details["patch"] = request.patch
         details["diff"] = [c.__dict__ for c in describe_patch(
-            resolve_state_txn(conn, dict(state_of(cp))), request.patch)]
+            resolve_state_txn(conn, dict(state_of(source.cp))), request.patch)]
     if start.last_error is not None:
         details["divergence"] = start.last_error
-    record_txn(conn, keys, actor, AuditRecord(
-        action, AuditOutcome.DONE, reason, run_id=parent["id"], new_run_id=run_id,
-        before_seq=parent["seq"], after_seq=cp["seq"], details=details))
-    return launched
+    return details
 
 
 def _signed_workflow(parent: RowMapping, cp: Mapping[str, Any]) -> str:

@@ -321,6 +321,40 @@ def _signal_waited_for(wait: Wait | None) -> str | None:
     return wait.control.name
 
 
+def _wait_params(wait: Wait | None) -> dict[str, Any]:
+    """What the run waits on after the commit, and the control its checkpoint records."""
+    if wait is None:
+        return {"waiting_on": None, "signal": None, "wait_until": None, "due_at": None,
+                "control": None}
+    return {"waiting_on": wait.waiting_on, "signal": _signal_waited_for(wait),
+            "wait_until": wait.wait_until, "due_at": wait.due_at,
+            "control": Jsonb(wait.control.stored())}
+
+
+_APPROVAL_PARAMS = ("approval_id", "action", "artifact_hash", "artifact", "approvers",
+                    "expires_at", "approval_created_at", "terms_mac")
+
+
+def _stored_state_params(stored: states.Stored,
+                         artifact: tuple[str, bytes] | None) -> dict[str, Any]:
+    """How the checkpoint stores its state: in full or as a delta, with the snapshot its
+    chain starts from, and a large state's artifact (sha256 and body)."""
+    return {
+        "state": Jsonb(stored.state) if stored.state is not None else None,
+        "state_delta": Jsonb(stored.delta) if stored.delta is not None else None,
+        "snapshot_seq": stored.snapshot_seq,
+        "chain_bytes": stored.chain_bytes,
+        "artifact_sha": artifact[0] if artifact else None,
+        "artifact_body": artifact[1] if artifact else None,
+    }
+
+
+def _default_budget_params(defaults: BudgetDefaults) -> dict[str, Any]:
+    """The workflow's budgets, which the commit writes where the run has none yet."""
+    return {"default_attempts": defaults.attempts, "default_tokens": defaults.tokens,
+            "default_cost": defaults.cost_usd, "default_deadline": defaults.deadline_at}
+
+
 def error_record(error_type: str, message: str, **extra: Any) -> dict[str, Any]:
     """An error as the ledger keeps it (a NUL character, which PostgreSQL cannot store,
     is written as ``\\0``)."""
@@ -440,9 +474,27 @@ class StepStore:
         that ``Claim`` (its checkpoint is the one just committed) instead of True; no outbox
         row is written for it. A wait, a timer, an end or a ledger at another schema
         revision commits as without it (True)."""
-        wait = advance.wait
         stored, state, artifact = self._state_for_checkpoint(claim, advance.state)
-        body = CheckpointBody(
+        body = self._next_checkpoint(claim, advance, state, stored)
+        digest = self._keys.mac(body.as_dict())
+        row = self._one(_COMMIT, {
+            **self._lease_params(claim, AttemptOutcome.COMMITTED),
+            **self._checkpoint_params(claim, advance, digest),
+            **_stored_state_params(stored, artifact),
+            **self._result_params(claim, advance),
+            **_wait_params(advance.wait),
+            **self._approval_params(claim, advance),
+            **self._successor_params(claim, advance, successor),
+            **_default_budget_params(advance.defaults),
+        })
+        return self._committed(claim, advance, row, body, digest, stored)
+
+    def _next_checkpoint(self, claim: Claim, advance: Advance, state: dict[str, Any],
+                         stored: states.Stored) -> CheckpointBody:
+        """The checkpoint the commit writes at ``seq + 1`` (what its MAC signs): ``state``
+        as it is stored (an artifact's reference for a large one)."""
+        wait = advance.wait
+        return CheckpointBody(
             run_id=claim.run_id,
             seq=claim.seq + 1,
             parent_hash=claim.head_hash,
@@ -457,71 +509,82 @@ class StepStore:
             workflow=claim.workflow,
             state_chain=self._chain_digest(claim, stored),
         )
-        digest = self._keys.mac(body.as_dict())
-        approval = wait.approval if wait else None
-        defaults = advance.defaults
-        # sealed when keys are configured; its MAC covers the sealed value's digest
+
+    @staticmethod
+    def _lease_params(claim: Claim, outcome: AttemptOutcome) -> dict[str, Any]:
+        """The lease the statement is fenced by, and how it closes the lease's attempt
+        (``claimed_at``: the attempt's partition key; no error)."""
+        return {"run_id": claim.run_id, "seq": claim.seq, "epoch": claim.epoch,
+                "claimed_at": claim.claimed_at, "attempt_outcome": outcome,
+                "error_type": None, "error_message": None}
+
+    def _checkpoint_params(self, claim: Claim, advance: Advance,
+                           digest: str) -> dict[str, Any]:
+        """Where the run goes next and the checkpoint's signed fields, with its hash and
+        the run's new head MAC."""
+        return {
+            "next_step": advance.next_step,
+            "status": advance.status.value,
+            "next_max_attempts": advance.next_max_attempts,
+            "workflow_version": advance.workflow_version,
+            "state_schema_version": advance.state_schema_version,
+            "refs": Jsonb(advance.refs) if advance.refs is not None else None,
+            "hash": digest,
+            "head_mac": self._keys.sign(signed.head(claim.run_id, claim.seq + 1, digest)),
+            "parent_hash": claim.head_hash,
+            "key_id": self._keys.current,
+            "envelope_version": ENVELOPE_VERSION,
+            "workflow": claim.workflow,
+            "step": advance.step,
+            "outcome": advance.outcome.value,
+        }
+
+    def _result_params(self, claim: Claim, advance: Advance) -> dict[str, Any]:
+        """The run's result (a step that finishes it), sealed when keys are configured, and
+        its MAC (which covers the sealed value's digest)."""
         result = seal_value(self._keys.crypt, advance.result, Place(
             claim.tenant_id, claim.run_id, claim.seq + 1, RESULT_FIELD))
-        row = self._one(
-            _COMMIT,
-            {
-                "waiting_on": wait.waiting_on if wait else None,
-                "signal": _signal_waited_for(wait),
-                "wait_until": wait.wait_until if wait else None,
-                "due_at": wait.due_at if wait else None,
-                "trace_context": tracing.current_context(),
-                "chain_owner": successor.owner if successor else None,
-                "chain_ttl": self._lease_for(claim.workflow, advance.next_step,
-                                             successor.leases if successor else {}),
-                "revision": HEAD_REVISION,
-                "control": Jsonb(wait.control.stored()) if wait else None,
-                "approval_id": approval.approval_id if approval else None,
-                "action": approval.action if approval else None,
-                "artifact_hash": approval.artifact_hash if approval else None,
-                "artifact": Jsonb(seal_value(self._keys.crypt, approval.artifact, Place(
-                    claim.tenant_id, claim.run_id, claim.seq + 1,
-                    approval_field(approval.approval_id)))) if approval else None,
-                "approvers": Jsonb(approval.approvers) if approval else None,
-                "expires_at": approval.expires_at if approval else None,
-                "approval_created_at": approval.created_at if approval else None,
-                "terms_mac": self._approval_terms_mac(claim, advance, approval),
-                "state_schema_version": advance.state_schema_version,
-                "refs": Jsonb(advance.refs) if advance.refs is not None else None,
-                "default_attempts": defaults.attempts,
-                "default_tokens": defaults.tokens,
-                "default_cost": defaults.cost_usd,
-                "default_deadline": defaults.deadline_at,
-                "run_id": claim.run_id,
-                "seq": claim.seq,
-                "epoch": claim.epoch,
-                "claimed_at": claim.claimed_at,
-                "next_step": advance.next_step,
-                "status": advance.status.value,
-                "next_max_attempts": advance.next_max_attempts,
-                "workflow_version": advance.workflow_version,
-                "hash": digest,
-                "head_mac": self._keys.sign(signed.head(claim.run_id, claim.seq + 1, digest)),
-                "parent_hash": claim.head_hash,
-                "key_id": self._keys.current,
-                "envelope_version": ENVELOPE_VERSION,
-                "workflow": claim.workflow,
-                "step": advance.step,
-                "outcome": advance.outcome.value,
-                "attempt_outcome": AttemptOutcome.COMMITTED,
-                "error_type": None,
-                "error_message": None,
-                "state": Jsonb(stored.state) if stored.state is not None else None,
-                "state_delta": Jsonb(stored.delta) if stored.delta is not None else None,
-                "snapshot_seq": stored.snapshot_seq,
-                "chain_bytes": stored.chain_bytes,
-                "artifact_sha": artifact[0] if artifact else None,
-                "artifact_body": artifact[1] if artifact else None,
-                "result": Jsonb(result) if result is not None else None,
-                "result_mac": (self._keys.sign(signed.result(claim.run_id, claim.seq + 1, result))
-                               if result is not None else None),
-            },
-        )
+        if result is None:
+            return {"result": None, "result_mac": None}
+        return {"result": Jsonb(result),
+                "result_mac": self._keys.sign(signed.result(claim.run_id, claim.seq + 1,
+                                                            result))}
+
+    def _approval_params(self, claim: Claim, advance: Advance) -> dict[str, Any]:
+        """The approval a waiting checkpoint asks (its artifact sealed for the new seq), and
+        the MAC of its terms; all None without one."""
+        approval = advance.wait.approval if advance.wait else None
+        if approval is None:
+            return dict.fromkeys(_APPROVAL_PARAMS)
+        return {
+            "approval_id": approval.approval_id,
+            "action": approval.action,
+            "artifact_hash": approval.artifact_hash,
+            "artifact": Jsonb(seal_value(self._keys.crypt, approval.artifact, Place(
+                claim.tenant_id, claim.run_id, claim.seq + 1,
+                approval_field(approval.approval_id)))),
+            "approvers": Jsonb(approval.approvers),
+            "expires_at": approval.expires_at,
+            "approval_created_at": approval.created_at,
+            "terms_mac": self._approval_terms_mac(claim, advance, approval),
+        }
+
+    def _successor_params(self, claim: Claim, advance: Advance,
+                          successor: Successor | None) -> dict[str, Any]:
+        """Who the next step is chained to (eager continuation) and its lease, the schema
+        revision a chained claim requires, and the trace the next outbox row carries."""
+        return {
+            "chain_owner": successor.owner if successor else None,
+            "chain_ttl": self._lease_for(claim.workflow, advance.next_step,
+                                         successor.leases if successor else {}),
+            "revision": HEAD_REVISION,
+            "trace_context": tracing.current_context(),
+        }
+
+    def _committed(self, claim: Claim, advance: Advance, row: dict[str, Any] | None,
+                   body: CheckpointBody, digest: str, stored: states.Stored) -> bool | Claim:
+        """What the commit statement's row says: advanced (and the successor's claim when
+        it chained), refused because the run is being cancelled, or the lease lost."""
         if row is not None and row["advanced"] == 1:
             if not row["chained"]:
                 return True

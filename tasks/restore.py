@@ -68,8 +68,36 @@ class Refusal:
 
 def restore(keys: CheckpointKeys, registry: Registry,
             claim: Claim) -> Restored | Refusal:
-    checkpoint = claim.checkpoint
-    if checkpoint is None or claim.checkpoint_hash is None or claim.checkpoint_key_id is None:
+    """The workflow, step and state the claimed run continues with, or why not: its head
+    verified, code chosen that may continue it, its step resolved, its state opened,
+    migrated where the code's schema is newer, and validated."""
+    refused = _verify(keys, claim)
+    if refused is not None:
+        return refused
+    code = _choose_code(registry, claim)
+    if isinstance(code, Refusal):
+        return code
+    workflow, path = code
+    step = _resolve_step(workflow, claim)
+    if isinstance(step, Refusal):
+        return step
+    opened = _open(keys, claim)
+    if isinstance(opened, Refusal):
+        return opened
+    fields, foreign = opened
+    state = _migrated_state(workflow, path, fields, claim)
+    if isinstance(state, Refusal):
+        return state
+    migrated = Migrated(claim.workflow_version or 0, _run_schema(claim)) if path else None
+    return Restored(workflow, step, state, migrated, fields, foreign)
+
+
+def _verify(keys: CheckpointKeys, claim: Claim) -> Refusal | None:
+    """Why the claimed head may not be continued, if it may not: a missing checkpoint, a
+    state that does not rebuild, a MAC that does not verify (checkpoint, head, launch), a
+    wait control this code cannot read, or a run row that differs from what its head signs."""
+    checkpoint, digest, key_id = claim.checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id
+    if checkpoint is None or digest is None or key_id is None:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq} is missing")
     if claim.state_problem is not None:  # a delta chain that does not rebuild, a lost artifact
@@ -79,14 +107,7 @@ def restore(keys: CheckpointKeys, registry: Registry,
             return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", claim.state_problem)
     try:
-        verify_checkpoint(keys, checkpoint, claim.checkpoint_hash, claim.checkpoint_key_id,
-                          claim.head_hash, parent_found=claim.parent_found_hash)
-        keys.check(signed.head(claim.run_id, claim.seq, claim.head_hash), claim.head_mac,
-                   f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
-                   f"{claim.head_hash[:12]}…)")
-        keys.check(claim.launch.signed_body(claim.run_id, claim.tenant_id), claim.launch.mac,
-                   f"run {claim.run_id}: how it was launched (mode, parent, irreversible "
-                   "effects allowed)")
+        _verify_macs(keys, claim, checkpoint, digest, key_id)
     except IntegrityViolation as exc:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
     try:  # a wait control this code cannot read is not guessed at: a person looks
@@ -96,47 +117,72 @@ def restore(keys: CheckpointKeys, registry: Registry,
     unsigned = _unsigned_difference(claim, checkpoint)
     if unsigned is not None:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation", unsigned)
-    code = _choose_code(registry, claim)
-    if isinstance(code, Refusal):
-        return code
-    workflow, path = code
+    return None
+
+
+def _verify_macs(keys: CheckpointKeys, claim: Claim, checkpoint: CheckpointBody, digest: str,
+                 key_id: str) -> None:
+    """The head checkpoint (stored hash ``digest``, signed with ``key_id``), the run's head
+    and how it was launched, each against its MAC (raises IntegrityViolation)."""
+    verify_checkpoint(keys, checkpoint, digest, key_id, claim.head_hash,
+                      parent_found=claim.parent_found_hash)
+    keys.check(signed.head(claim.run_id, claim.seq, claim.head_hash), claim.head_mac,
+               f"run {claim.run_id}: its head (seq {claim.seq}, checkpoint "
+               f"{claim.head_hash[:12]}…)")
+    keys.check(claim.launch.signed_body(claim.run_id, claim.tenant_id), claim.launch.mac,
+               f"run {claim.run_id}: how it was launched (mode, parent, irreversible "
+               "effects allowed)")
+
+
+def _resolve_step(workflow: Workflow[Any], claim: Claim) -> Step | Refusal:
     step = workflow.resolve(claim.step)
     if step is None:
         return Refusal(ParkReason.UNKNOWN_STEP, "UnknownStep",
                        f"checkpoint {claim.seq} names step {claim.step!r}, which "
                        f"{workflow.name} v{workflow.version} does not define (was it removed? "
                        "keep a step until no stored run needs it)")
+    return step
+
+
+def _open(keys: CheckpointKeys,
+          claim: Claim) -> tuple[dict[str, Any], frozenset[str]] | Refusal:
+    """The claimed state with its sealed fields (tasks/sensitive.py) opened, here in the
+    worker, and the fields sealed for the run this one was copied from; or the run parks."""
     if claim.state is None:
         return Refusal(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id}: checkpoint {claim.seq}'s state artifact is missing "
                        "or does not match its sha256")
-    try:  # sealed fields (tasks/sensitive.py) open here, in the worker, or the run parks
-        opened, foreign = open_state(keys.crypt, claim.state, tenant=claim.tenant_id,
-                                     run_id=claim.run_id, seq=claim.seq,
-                                     parent_run_id=claim.launch.parent_run_id)
+    try:
+        return open_state(keys.crypt, claim.state, tenant=claim.tenant_id,
+                          run_id=claim.run_id, seq=claim.seq,
+                          parent_run_id=claim.launch.parent_run_id)
     except SealedValueUnreadable as exc:
         return Refusal(ParkReason.INTEGRITY, "SealedValueUnreadable", str(exc))
+
+
+def _migrated_state(workflow: Workflow[Any], path: list[MigrationFn], opened: dict[str, Any],
+                    claim: Claim) -> BaseModel | Refusal:
+    """The step's state: a copy of ``opened``, migrated along ``path``, validated as the
+    workflow's state model."""
     # the step gets a copy: the claim's state (and ``opened``, which shares its containers;
     # open_state changes neither) is what the next checkpoint is made from, and a migration
     # or a model field typed Any could otherwise change it in place. A structural copy: a
     # JSON round trip cost a large state's restore as much as the rest together
     state_json = copy_json(opened)
-    if path:
-        try:
-            for migrate in path:
-                state_json = migrate(dict(state_json))
-        except Exception as exc:
-            return Refusal(ParkReason.INCOMPATIBLE_VERSION, "MigrationFailed",
-                           f"migrating {workflow.name} state to schema "
-                           f"{workflow.state_schema_version} failed: {exc}")
     try:
-        state = workflow.state.model_validate(state_json)
+        for migrate in path:
+            state_json = migrate(dict(state_json))
+    except Exception as exc:
+        return Refusal(ParkReason.INCOMPATIBLE_VERSION, "MigrationFailed",
+                       f"migrating {workflow.name} state to schema "
+                       f"{workflow.state_schema_version} failed: {exc}")
+    try:
+        state: BaseModel = workflow.state.model_validate(state_json)
     except ValidationError as exc:
         return Refusal(ParkReason.INVALID_STATE, "InvalidState",
                        f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
                        f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
-    migrated = Migrated(claim.workflow_version or 0, _run_schema(claim)) if path else None
-    return Restored(workflow, step, state, migrated, opened, foreign)
+    return state
 
 
 def _unsigned_difference(claim: Claim, head: CheckpointBody) -> str | None:

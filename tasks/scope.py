@@ -81,40 +81,62 @@ class StepScope:
         self.step = step
         self.epoch = epoch
         self.worker = worker
-        self.llm_client = llm_client
-        self.control = Control()
-        self.checkpoint_control = control or {}
+        self.launch = launch or Launch()
+        self.clock = clock
+        self.priority = Priority(priority)
+        self.max_effect_payload_bytes = max_effect_payload_bytes
+        self.max_json_depth = max_json_depth
+        self.tool_timeout_s = tool_timeout_s
+        self.lease_margin_s = lease_margin_s
+        self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
+        self._open_stores(effects)
+        self._start_budgets(tokens_left, cost_left_usd, spent)
+        self._start_records(control)
+        self._configure_model(llm_client, model_timeout_s)
+
+    def _open_stores(self, effects: EffectStore) -> None:
+        """The ledger stores the step's calls use besides effects and evidence, on the
+        effect store's connection."""
+        self.lineage = LineageStore(effects.conn)
+        self.waits = WaitStore(effects.conn)
+        self.retries = RetryStore(effects.conn)
+        self.limits = LimitStore(effects.conn)
+
+    def _start_budgets(self, tokens_left: int | None, cost_left_usd: float | None,
+                       spent: dict[str, Any] | None) -> None:
+        """What the run may still spend, what it had spent when the step was claimed, and
+        the step's own usage (none yet)."""
         self.tokens_left = tokens_left
         self.cost_left_usd = cost_left_usd
         self.spent = spent or {}
+        self.usage_tokens = 0
+        self.usage_cost_usd = 0.0
+
+    def _start_records(self, control: dict[str, Any] | None) -> None:
+        """What the step's calls record as they go (empty): its decisions, its command
+        ordinal, the evidence and effects its checkpoint binds, the tools it used and the
+        outcomes it left unknown; ``control`` is the wait control of the checkpoint it
+        resumes from."""
+        self.control = Control()
+        self.checkpoint_control = control or {}
         self._ordinal = 0
         self._last_command = ""
         self._evidence_refs: list[dict[str, Any]] = []
         self._effect_refs: list[dict[str, Any]] = []
-        self.usage_tokens = 0
-        self.usage_cost_usd = 0.0
-        self.launch = launch or Launch()
-        self.clock = clock
-        self.lineage = LineageStore(effects.conn)
-        self.waits = WaitStore(effects.conn)
         self._source: UUID | None = None
         self._source_known = False
-        self.max_effect_payload_bytes = max_effect_payload_bytes
-        self.max_json_depth = max_json_depth
-        self.tool_timeout_s = tool_timeout_s
+        self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
+        self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
+
+    def _configure_model(self, llm_client: LLMClient | None, model_timeout_s: float) -> None:
+        """The model client, its call time limit, its declared limits and its retry policy."""
+        self.llm_client = llm_client
         # a model call's time limit: the client's own (``timeout_s``), else the default
         self.model_timeout_s = float(getattr(llm_client, "timeout_s", None) or model_timeout_s)
-        self.lease_margin_s = lease_margin_s
-        self.tools_used: dict[str, Tool] = {}  # by name: what resolves effects if the run ends
-        self.priority = Priority(priority)
-        self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
-        self.retries = RetryStore(effects.conn)
-        self.limits = LimitStore(effects.conn)
         self.model_limits = declared_limits(llm_client)
         model_retry = getattr(llm_client, "retry", None)
         self.model_retry = (model_retry if isinstance(model_retry, RetryPolicy)
                             else default_policy(ToolClass.READ))
-        self.unknown: dict[str, str] = {}  # effect id -> tool: outcomes this step left unknown
 
     def command_id(self, key: str | None) -> str:
         """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
