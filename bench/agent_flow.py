@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import signals
 from pydantic import BaseModel
@@ -31,13 +32,8 @@ MODEL = "bench-model"
 write = provider_tool("bench.write", "bench_writes", ToolClass.IRREVERSIBLE)
 
 
-_client_lock = threading.Lock()
-
-
-@cache
-def _model_client() -> OpenAIChat:
-    return OpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
-                      max_retries=0, timeout_s=120.0, clients=model_clients())
+MODEL_TIMEOUT_S = 120.0  # the SDK's time limit, which the step's lease covers
+T = TypeVar("T")
 
 
 def model_clients() -> int:
@@ -46,25 +42,47 @@ def model_clients() -> int:
     return max(1, int(os.environ.get("BENCH_MODEL_CLIENTS", "1")))
 
 
+def model_client_options() -> dict[str, Any]:
+    """How a client of either side, sync or async, reaches the model server. The SDK's own
+    retries are off: a 429 is retried by onward's policy for model calls, deferring the
+    step (tasks/retry.py)."""
+    return {"base_url": os.environ["ONWARD_MODEL_URL"], "api_key": "bench",
+            "max_retries": 0, "timeout_s": MODEL_TIMEOUT_S, "clients": model_clients()}
+
+
+def built_once(build: Callable[[], T]) -> Callable[[], T]:
+    """``build()``, called once per process and then shared, built under a lock:
+    ``functools.cache`` alone lets the first steps of a ``-c 500`` pool each build a client
+    (an SSL context and connection pool apiece, tens of ms of CPU each) when they start at
+    once."""
+    lock = threading.Lock()
+    once = cache(build)
+
+    def built() -> T:
+        with lock:
+            return once()
+
+    return built
+
+
+_model_client = built_once(lambda: OpenAIChat(**model_client_options()))
+
+
 def model_client() -> OpenAIChat:
-    """One client per process (threads and greenlets share it; it is thread-safe). The
-    SDK's own retries are off: a 429 is retried by onward's policy for model calls,
-    deferring the step (tasks/retry.py). Built under a lock: ``functools.cache`` alone lets
-    the first steps of a ``-c 500`` pool each build one (an SSL context and connection pool
-    apiece, tens of ms of CPU each) when they start at once."""
-    with _client_lock:
-        return _model_client()
+    """One client per process (threads and greenlets share it; it is thread-safe)."""
+    return _model_client()
 
 
 def warm_model_client(**_signal: Any) -> None:
     """Build the process's model client when its worker starts, as an application whose
     workflow module builds its client at import does: importing ``openai`` and building its
     SDK clients took 1.3 s of CPU here (load 10), which the first steps of every run waited
-    for under ``_client_lock`` when the first call built it (their overhead ~1.9 s, a fifth
-    of the steps with the defaults). Connected for both sides' workers (this module is their
-    workflow module and ``bench/plain_agents.py``'s): ``worker_process_init`` in a prefork
-    child, ``worker_ready`` in a threads or gevent worker's one process. Needs
-    ``ONWARD_MODEL_URL`` (bench/agents.py sets it for the workers); without it, nothing."""
+    for under the client's lock (``built_once``) when the first call built it (their
+    overhead ~1.9 s, a fifth of the steps with the defaults). Connected for both sides'
+    workers (this module is their workflow module and ``bench/plain_agents.py``'s):
+    ``worker_process_init`` in a prefork child, ``worker_ready`` in a threads or gevent
+    worker's one process. Needs ``ONWARD_MODEL_URL`` (bench/agents.py sets it for the
+    workers); without it, nothing."""
     if os.environ.get("ONWARD_MODEL_URL"):
         model_client()
 
@@ -84,7 +102,7 @@ def writes_at(n: int) -> bool:
 
 
 class _Model:
-    timeout_s = 120.0  # the SDK's time limit (model_client), which the step's lease covers
+    timeout_s = MODEL_TIMEOUT_S
 
     def complete(self, **call: Any) -> LLMResponse:
         return model_client().complete(**call)

@@ -12,16 +12,15 @@ the same awaited calls, through ``async_model_client`` and ``plain_write``.
 
 from __future__ import annotations
 
-import os
-import threading
-from functools import cache
 from typing import Any
 
 from bench.agent_flow import (
     MODEL,
+    MODEL_TIMEOUT_S,
     AgentState,
+    built_once,
     messages_for,
-    model_clients,
+    model_client_options,
     quota_limits,
     writes_at,
 )
@@ -38,24 +37,17 @@ write = async_provider_tool("bench.write_async", "bench_writes", ToolClass.IRREV
 plain_write = async_provider_tool("bench.plain_write_async", "plain_writes",
                                   ToolClass.IRREVERSIBLE)  # the plain Celery side's
 
-_client_lock = threading.Lock()
-
-
-@cache
-def _async_model_client() -> AsyncOpenAIChat:
-    return AsyncOpenAIChat(base_url=os.environ["ONWARD_MODEL_URL"], api_key="bench",
-                           max_retries=0, timeout_s=120.0, clients=model_clients())
+_async_model_client = built_once(lambda: AsyncOpenAIChat(**model_client_options()))
 
 
 def async_model_client() -> AsyncOpenAIChat:
     """One per process (it builds one ``openai.AsyncOpenAI`` per event loop, on first use
     there); the SDK's retries off, as in bench/agent_flow.py."""
-    with _client_lock:
-        return _async_model_client()
+    return _async_model_client()
 
 
 class _AsyncModel:
-    timeout_s = 120.0
+    timeout_s = MODEL_TIMEOUT_S
 
     async def complete(self, **call: Any) -> LLMResponse:
         return await async_model_client().complete(**call)

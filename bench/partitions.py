@@ -50,9 +50,8 @@ if ROOT not in sys.path:
 
 import psycopg  # noqa: E402
 
-from harness.databases import create_database, drop_database  # noqa: E402
-from ledger import OnwardSettings  # noqa: E402
-from ledger.db import database_url, libpq_conninfo  # noqa: E402
+from bench._common import measured_in_scratch_database  # noqa: E402
+from ledger.db import libpq_conninfo  # noqa: E402
 
 COLUMNS = """(run_id uuid NOT NULL, lease_epoch bigint NOT NULL, seq integer NOT NULL,
     attempt integer NOT NULL, step text, worker text NOT NULL,
@@ -181,14 +180,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows-per-month", type=int, default=20000)
     args = parser.parse_args()
-    admin_url = database_url(OnwardSettings())
-    name, url = create_database(admin_url, "onward_partitions")
-    try:
-        result = measure(url, args)
-    finally:
-        drop_database(admin_url, name)
-    load1, _, _ = os.getloadavg()
-    print(json.dumps({**result, "load_1min": round(load1, 2), "cpus": os.cpu_count()}))
+    result = measured_in_scratch_database("onward_partitions", lambda url: measure(url, args))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import psycopg  # noqa: E402
 import structlog  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from harness.databases import create_database, drop_database  # noqa: E402
+from bench._common import measured_in_scratch_database  # noqa: E402
 from ledger import Ledger, OnwardSettings  # noqa: E402
 from ledger.checkpoints import canonical_json  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
@@ -190,14 +190,8 @@ def main() -> None:
     structlog.configure(  # the executor's debug lines would go to stdout, the JSON's place
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    admin_url = database_url(OnwardSettings())
-    name, url = create_database(admin_url, "onward_storage")
-    try:
-        result = measure(url, args)
-    finally:
-        drop_database(admin_url, name)
-    load1, _, _ = os.getloadavg()
-    print(json.dumps({**result, "load_1min": round(load1, 2), "cpus": os.cpu_count()}))
+    result = measured_in_scratch_database("onward_storage", lambda url: measure(url, args))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

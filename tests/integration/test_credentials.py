@@ -10,14 +10,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from ledger import Ledger, RunStatus
-from ledger.db import libpq_conninfo
-from ledger.schema import metadata
 from tasks import credentials
 from tests.support.driver import Driver, driver
+from tests.support.reads import places_holding
 
 VALUE = "crm-token-7Qx2-canary"
 
@@ -30,19 +28,6 @@ def drv(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
         yield running
 
 
-def _places_holding(url: str, text: str) -> list[str]:
-    """Every onward table row (each value as stored: JSON, text, bytes) holding ``text``."""
-    found = []
-    with psycopg.connect(libpq_conninfo(url)) as conn:
-        for table in metadata.sorted_tables:
-            for row in conn.execute(f"SELECT * FROM onward.{table.name}"):
-                blob = b"".join(bytes(v) if isinstance(v, bytes | memoryview)
-                                else json.dumps(v, default=str).encode() for v in row)
-                if text.encode() in blob:
-                    found.append(table.name)
-    return found
-
-
 def _run(drv: Driver, state: dict[str, Any]) -> Any:
     run_id = drv.ledger.start_run("test_credentials", state)
     return drv.drive(run_id)
@@ -52,7 +37,7 @@ def test_a_credential_read_by_reference_is_recorded_nowhere(drv: Driver) -> None
     run = _run(drv, {})
     assert run.status is RunStatus.COMPLETED
     assert credentials.held_in(VALUE.encode())  # the tool did read it, in this process
-    assert _places_holding(drv.ledger.url, VALUE) == []
+    assert places_holding(drv.ledger.url, VALUE) == []
 
 
 @pytest.mark.parametrize("misuse", ["payload", "state"])
@@ -63,7 +48,7 @@ def test_a_step_that_copies_a_credential_is_refused_before_recording_it(
     run = _run(drv, {"misuse": misuse})
     assert run.status is RunStatus.FAILED
     assert "credential" in json.dumps(run.last_error)
-    assert _places_holding(drv.ledger.url, VALUE) == []
+    assert places_holding(drv.ledger.url, VALUE) == []
     if misuse == "payload":
         assert drv.ledger.effects(run.id) == []
 
@@ -74,4 +59,4 @@ def test_a_tool_error_quoting_the_credential_is_recorded_masked(
     run = _run(drv, {})
     assert run.status is RunStatus.FAILED
     assert "the token ***" in json.dumps(run.last_error)
-    assert _places_holding(drv.ledger.url, VALUE) == []
+    assert places_holding(drv.ledger.url, VALUE) == []

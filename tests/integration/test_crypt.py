@@ -23,9 +23,9 @@ from ledger.checkpoints import sealed_envelope
 from ledger.crypto import Keyring, Place
 from ledger.db import libpq_conninfo
 from ledger.exceptions import SealedValueUnreadable
-from ledger.schema import metadata
 from ledger.settings import OnwardSettings
 from tests.support.driver import Driver, driver
+from tests.support.reads import places_holding
 
 pytest.importorskip("cryptography")
 
@@ -45,20 +45,6 @@ def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> 
 def drv(ledger: Ledger) -> Iterator[Driver]:
     with driver(ledger, ["tests.workflows_crypt"]) as running:
         yield running
-
-
-def places_holding(url: str, text: str) -> list[str]:
-    """Every onward table whose rows (each value as stored) hold ``text``."""
-    found = []
-    with psycopg.connect(libpq_conninfo(url)) as conn:
-        for table in metadata.sorted_tables:
-            for row in conn.execute(f"SELECT * FROM onward.{table.name}"):
-                blob = b"".join(bytes(v) if isinstance(v, bytes | memoryview)
-                                else json.dumps(v, default=str).encode() for v in row)
-                if text.encode() in blob:
-                    found.append(table.name)
-                    break
-    return found
 
 
 def rows(url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:

@@ -6,12 +6,17 @@ the tables directly with plain SQL.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+from ledger.db import libpq_conninfo
+from ledger.schema import metadata
 
 
 @dataclass(frozen=True)
@@ -143,3 +148,18 @@ def checkpoint_kinds(engine: Engine, run_id: UUID) -> dict[int, str]:
             "WHEN state IS NOT NULL THEN 'snapshot' ELSE 'compacted' END AS kind "
             "FROM onward.checkpoints WHERE run_id = :run ORDER BY seq"), {"run": run_id}).all()
     return {seq: kind for seq, kind in rows}
+
+
+def places_holding(url: str, text: str) -> list[str]:
+    """Every onward table with a row holding ``text`` in a value as stored (JSON, text,
+    bytes), once each: where a secret or a plain personal value could be read."""
+    found = []
+    with psycopg.connect(libpq_conninfo(url)) as conn:
+        for table in metadata.sorted_tables:
+            for row in conn.execute(f"SELECT * FROM onward.{table.name}"):
+                blob = b"".join(bytes(v) if isinstance(v, bytes | memoryview)
+                                else json.dumps(v, default=str).encode() for v in row)
+                if text.encode() in blob:
+                    found.append(table.name)
+                    break
+    return found

@@ -1,0 +1,29 @@
+"""What the benches that measure in a database of their own share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from harness.databases import create_database, drop_database
+from ledger import OnwardSettings
+from ledger.db import database_url
+
+__all__ = ["measured_in_scratch_database"]
+
+
+def measured_in_scratch_database(prefix: str,
+                                 measure: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """``measure(url)`` run in a database of its own on the server of
+    ``ONWARD_DATABASE_URL`` (``<prefix>_<random>``, migrated, dropped afterwards), with the
+    machine's 1-minute load average and CPU count after it, which say how busy the figures
+    were measured."""
+    admin_url = database_url(OnwardSettings())
+    name, url = create_database(admin_url, prefix)
+    try:
+        result = measure(url)
+    finally:
+        drop_database(admin_url, name)
+    load1, _, _ = os.getloadavg()
+    return {**result, "load_1min": round(load1, 2), "cpus": os.cpu_count()}
