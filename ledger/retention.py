@@ -211,22 +211,22 @@ class Plan:
 
 _LEFT = {Kind.STATES: "checkpoints", Kind.EVIDENCE: "evidence_left",
          Kind.ARTIFACTS: "artifacts_left", Kind.ATTEMPTS: "attempts"}
-_BYTES = {Kind.STATES: "states_bytes", Kind.EVIDENCE: "evidence_bytes",
+_BYTES: dict[Kind, str | None] = {Kind.STATES: "states_bytes", Kind.EVIDENCE: "evidence_bytes",
           Kind.ARTIFACTS: "artifacts_bytes", Kind.ATTEMPTS: None}
 
 
-def _candidate(policies: list[Policy], row: Mapping[str, Any]) -> Candidate | None:
+def _candidate(policies: list[Policy], row: sa.RowMapping) -> Candidate | None:
     """The run of ``row`` with the kinds it still has and its policies make due (None: no
     kind is due)."""
     kinds = frozenset(k for k in Kind if row[_LEFT[k]] and _past(policies, row, k))
     if not kinds:
         return None
-    size = sum(int(row[_BYTES[k]] or 0) for k in kinds if _BYTES[k])
+    size = sum(int(row[column] or 0) for k in kinds if (column := _BYTES[k]) is not None)
     return Candidate(row["id"], row["tenant_id"], row["workflow"], row["held"], row["pinned"],
                      row["checkpoints"] if Kind.STATES in kinds else 0, size, kinds)
 
 
-def _past(policies: list[Policy], row: Mapping[str, Any], kind: Kind) -> bool:
+def _past(policies: list[Policy], row: sa.RowMapping, kind: Kind) -> bool:
     days = days_for(policies, row["tenant_id"], row["workflow"], kind)
     return days is not None and row["age_s"] >= days * 86400
 
@@ -236,13 +236,14 @@ def candidates_txn(conn: Connection, policies: list[Policy], *, after: UUID | No
     """Terminal runs after ``after`` with a kind of payload left that their policies make
     due, by id, held and pinned ones included (flagged). Each policy's query reads at most
     ``limit`` runs; the page ends where the first full one ended, so no run is skipped."""
-    rows: dict[UUID, Mapping[str, Any]] = {}
+    rows: dict[UUID, sa.RowMapping] = {}
     end: UUID | None = None
     for policy in policies:
         found = conn.execute(_CANDIDATES, {
             "terminal": list(TERMINAL), "days": policy.days, "tenant": policy.tenant,
             "workflow": policy.workflow, "after": after, "limit": limit}).mappings().all()
-        rows.update((row["id"], row) for row in found)
+        for row in found:
+            rows[row["id"]] = row
         if len(found) == limit and (end is None or found[-1]["id"] < end):
             end = found[-1]["id"]
     due = (_candidate(policies, rows[run_id]) for run_id in sorted(rows)
@@ -325,7 +326,7 @@ def _compact_states_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) ->
             payload=compacted.sealed(keys, "signal_payload", identity, signal["payload"])))
     run = conn.execute(sa.select(runs.c.id, runs.c.seq, runs.c.result, runs.c.result_mac)
                        .where(runs.c.id == run_id)).mappings().one()
-    values = {"last_error": None}
+    values: dict[str, Any] = {"last_error": None}
     if run["result_mac"] is not None and run["result"] is not None and not \
             compacted.is_sealed(keys, "run_result", compacted.result_identity(run),
                                 run["result"]):

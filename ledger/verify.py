@@ -424,10 +424,10 @@ def _check_signals(conn: Connection, keys: CheckpointKeys, run_id: UUID,
         except IntegrityViolation as exc:
             yield Problem(run_id, row["consumed_seq"], "signal", str(exc))
     for seq, name, signal_id in _marked_signals(run_id, checkpoints):
-        row = found.get(signal_id)
-        consumed = row["consumed_seq"] if row is not None else None
-        if row is None or row["name"] != name or consumed is None or consumed >= seq:
-            state = ("is missing" if row is None else "is not consumed" if consumed is None
+        marked = found.get(signal_id)
+        consumed = marked["consumed_seq"] if marked is not None else None
+        if marked is None or marked["name"] != name or consumed is None or consumed >= seq:
+            state = ("is missing" if marked is None else "is not consumed" if consumed is None
                      else f"is recorded consumed at seq {consumed}")
             yield Problem(run_id, seq, "signal",
                           f"checkpoint {seq} records signal {signal_id} ({name!r}) consumed "

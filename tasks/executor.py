@@ -261,7 +261,7 @@ class _Attempt:
         refused = recheck(self.claim, limits, waits, self.config.keys)
         marks = signal_marks(self.claim, waits) if refused is None else None
         if isinstance(marks, ParkFor):
-            refused = marks
+            refused, marks = marks, None
         if refused is not None:
             return self._ending(restored.step.name).refuse(refused)
         services = self._services(restored, limits)
