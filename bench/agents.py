@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.settings import WorkerSettings
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
@@ -76,7 +78,7 @@ from harness.model_server import ModelServer
 from harness.processes import Proc, Processes
 from harness.processes import wait_answers_ping as wait_ready
 from harness.provider import ReferenceProvider
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.db import database_url
 from tasks.workflow import Registry
 from workers.app import create_app
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(docs/steps.md, \"Async steps\"): use --pool threads or prefork")
     began = time.monotonic()
     load = os.getloadavg()
-    settings = OnwardSettings()
+    settings = WorkerSettings()
     admin_url, broker = database_url(settings), broker_url(settings)
     db_name, db_url = create_database(admin_url, "onward_agents")
     work = Path(tempfile.mkdtemp(prefix="onward-agents-"))
@@ -315,7 +317,7 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
                      BENCH_QUOTA_CONCURRENCY=str(args.quota_concurrency),
                      BENCH_QUOTA_RATE=str(args.quota_rate),
                      BENCH_MODEL_CLIENTS=str(model_clients(args)))
-    settings = OnwardSettings(**{k.removeprefix("ONWARD_").lower(): v for k, v in
+    settings = WorkerSettings(**{k.removeprefix("ONWARD_").lower(): v for k, v in
                                  procs.env.items() if k in ("ONWARD_DATABASE_URL",
                                                             "ONWARD_BROKER_URL", "ONWARD_QUEUE",
                                                             "ONWARD_CHECKPOINT_KEY")})

@@ -69,13 +69,14 @@ from harness.databases import create_database, drop_database, redact  # noqa: E4
 from harness.processes import Proc, Processes  # noqa: E402
 from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
 from harness.provider import ReferenceProvider  # noqa: E402
-from ledger import Ledger, OnwardSettings, RunStatus  # noqa: E402
+from ledger import Ledger, RunStatus  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
 from ledger.vocabulary import Role  # noqa: E402
 from tasks.credentials import env_name  # noqa: E402
 from tasks.workflow import Registry  # noqa: E402
 from workers.app import create_app  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 WORKFLOW, MODULE = "sales_offer_agent", "examples.sales"
 TENANTS = ("canary_a", "canary_b")
@@ -214,7 +215,7 @@ def tenancy(url: str) -> tuple[int, int]:
     return cross, unset
 
 
-def run_batch(settings: OnwardSettings, app_url: str, runs: int, field: str,
+def run_batch(settings: WorkerSettings, app_url: str, runs: int, field: str,
               procs: Processes, start_worker: Any, timeout: float) -> list[UUID]:
     engine = sa.create_engine(app_url, pool_size=2)
     base = Ledger(engine, settings)
@@ -259,7 +260,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    base = OnwardSettings()
+    base = WorkerSettings()
     admin_url, broker = database_url(base), broker_url(base)
     token = secrets.token_hex(4)
     field, credential = f"CANARYFIELD{secrets.token_hex(8)}", f"CANARYCRED{secrets.token_hex(8)}"
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
            "ONWARD_ENCRYPTION_KEYS": master,
            "ONWARD_EXAMPLE_PROVIDER_URL": provider.url, "ONWARD_LOG_JSON": "1",
            env_name(CREDENTIAL_NAME): credential}
-    settings = OnwardSettings(database_url=as_role(db_url, APP), broker_url=broker,
+    settings = WorkerSettings(database_url=as_role(db_url, APP), broker_url=broker,
                               home=base.home_dir, queue=queue, checkpoint_key=key,
                               workflows=[MODULE], encryption_keys=SecretStr(master))
     procs = Processes(env=env, log_dir=workdir / "onward")

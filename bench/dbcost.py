@@ -63,7 +63,7 @@ import structlog  # noqa: E402
 from psycopg.rows import dict_row  # noqa: E402
 
 from harness.databases import create_database, drop_database  # noqa: E402
-from ledger import Ledger, OnwardSettings  # noqa: E402
+from ledger import Ledger  # noqa: E402
 from ledger import effects as effect_sql  # noqa: E402
 from ledger import evidence as evidence_sql  # noqa: E402
 from ledger import steps as step_sql  # noqa: E402
@@ -71,6 +71,7 @@ from ledger.db import libpq_conninfo  # noqa: E402
 from ledger.steps import StepStore  # noqa: E402
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step  # noqa: E402
 from tasks.workflow import Registry  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 SHAPES = {"plain": "dbcost_plain", "model": "dbcost_model", "effect": "dbcost_effect"}
 
@@ -200,7 +201,7 @@ def drive(store: StepStore, registry: Registry, cfg: ExecutorConfig, seqs: dict[
 def measure_shape(url: str, server: tuple[int, Path] | None, shape: str,
                   args: argparse.Namespace, registry: Registry) -> dict[str, Any]:
     postmaster = server[0] if server else None
-    settings = OnwardSettings(database_url=url, broker_url="redis://unused",
+    settings = WorkerSettings(database_url=url, broker_url="redis://unused",
                               start_unadvertised=True)
     ledger = Ledger.from_env(settings)
     # random text, as incompressible as hex is: a state of repeated characters would be

@@ -37,8 +37,8 @@ from celery import Celery
 
 from bench.agent_flow import MODEL, messages_for, model_client, writes_at
 from examples.provider_client import create
-from ledger.settings import OnwardSettings
 from workers.app import celery_config
+from workers.settings import WorkerSettings
 
 TASK = "bench.plain_agent_step"
 ASYNC = os.environ.get("BENCH_ASYNC") == "1"
@@ -82,7 +82,7 @@ def done_key(queue: str) -> str:
 
 def make_app(broker: str, queue: str) -> Celery:
     app = Celery("bench_plain_agents", set_as_current=False)
-    config = celery_config(OnwardSettings(broker_url=broker, queue=queue))
+    config = celery_config(WorkerSettings(broker_url=broker, queue=queue))
     config.pop("broker_transport", None)  # stock kombu Redis transport, ack emulation on
     config.pop("broker_transport_options", None)
     app.conf.update(config)

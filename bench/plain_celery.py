@@ -32,8 +32,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from ledger.settings import OnwardSettings
 from workers.app import celery_config
+from workers.settings import WorkerSettings
 
 TASK = "bench.plain_step"
 VARIANT_FLAGS = ("default", "tuned", "noevents")
@@ -57,7 +57,7 @@ def variant_flags(variant: str) -> set[str]:
 def plain_config(broker: str, queue: str, variant: str) -> dict[str, Any]:
     """onward's Celery settings, with the transport of the chosen plain variant."""
     flags = variant_flags(variant)
-    config = celery_config(OnwardSettings(broker_url=broker, queue=queue))
+    config = celery_config(WorkerSettings(broker_url=broker, queue=queue))
     config.pop("broker_transport", None)
     config.pop("broker_transport_options", None)
     # on RabbitMQ, plain Celery as a team gets it: classic queues, no publisher confirms

@@ -87,11 +87,12 @@ from harness.databases import create_database, drop_database, redact  # noqa: E4
 from harness.errors import HarnessError as BenchFailed  # noqa: E402
 from harness.processes import Proc, Processes  # noqa: E402
 from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
-from ledger import Ledger, OnwardSettings  # noqa: E402
+from ledger import Ledger  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
 from tasks.routing import worker_queues  # noqa: E402
 from tasks.workflow import Registry  # noqa: E402
 from workers.broker import broker_url  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 WORKFLOW = "test_chain"  # tests/workflows.py: `tick` runs `steps` times, then finishes
 WORKFLOW_MODULE = "tests.workflows"
@@ -390,7 +391,7 @@ def start_onward(name: str, launcher: str, extra_env: dict[str, str], *, admin_u
         "ONWARD_CHECKPOINT_KEY": key,
         **extra_env,
     }
-    settings = OnwardSettings(database_url=db_url, broker_url=broker, home=home, queue=queue,
+    settings = WorkerSettings(database_url=db_url, broker_url=broker, home=home, queue=queue,
                               checkpoint_key=key, workflows=[WORKFLOW_MODULE])
     ledger = Ledger(sa.create_engine(database_url(settings), pool_size=2), settings)
     stack = OnwardStack(name, db_name, db_url, queue, ledger, env, [])
@@ -738,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # clean up (processes, databases) on SIGTERM
     started = time.monotonic()
-    base = OnwardSettings()
+    base = WorkerSettings()
     admin_url = database_url(base)
     records = broker_url(base)  # a Redis: where plain Celery's tasks record start times
     if not records.startswith(("redis://", "rediss://")):

@@ -49,13 +49,14 @@ import structlog  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from bench._common import measured_in_scratch_database  # noqa: E402
-from ledger import Ledger, OnwardSettings  # noqa: E402
+from ledger import Ledger  # noqa: E402
 from ledger.checkpoints import canonical_json  # noqa: E402
 from ledger.db import database_url, libpq_conninfo  # noqa: E402
 from ledger.steps import Claim, StepStore  # noqa: E402
 from tasks import Registry, StepContext, Workflow  # noqa: E402
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step  # noqa: E402
 from tasks.restore import Restored, restore  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 
 class Message(BaseModel):
@@ -129,7 +130,7 @@ def restore_p50_ms(url: str, store: StepStore, registry: Registry, ledger: Ledge
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    settings = OnwardSettings(database_url=url, broker_url="redis://unused",
+    settings = WorkerSettings(database_url=url, broker_url="redis://unused",
                               start_unadvertised=True, max_state_bytes=64 * 1024 * 1024,
                               checkpoint_snapshot_every=args.snapshot_every)
     ledger = Ledger.from_env(settings)

@@ -85,13 +85,14 @@ from harness.databases import create_database, drop_database, redact  # noqa: E4
 from harness.errors import HarnessError as BenchFailed  # noqa: E402
 from harness.processes import Proc, Processes  # noqa: E402
 from harness.processes import wait_answers_ping as wait_ready  # noqa: E402
-from ledger import Ledger, OnwardSettings  # noqa: E402
+from ledger import Ledger  # noqa: E402
 from ledger.db import database_url  # noqa: E402
 from ledger.stats import BatchStats  # noqa: E402
 from ledger.vocabulary import ApprovalStatus  # noqa: E402
 from tasks.routing import version_queue, workflow_queue  # noqa: E402
 from tasks.waiting import artifact_hash  # noqa: E402
 from workers.broker import broker_url, redis_lists  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 WORKFLOW_MODULE = "bench.waiting_agent"
 STALL_S = 90.0  # no progress for this long: the bench gives up
@@ -404,7 +405,7 @@ _client: Ledger | None = None
 
 def _init_client(settings: dict[str, Any]) -> None:
     global _client
-    config = OnwardSettings(**settings)
+    config = WorkerSettings(**settings)
     _client = Ledger(sa.create_engine(database_url(config), pool_size=1), config)
 
 
@@ -520,7 +521,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    base = OnwardSettings()
+    base = WorkerSettings()
     admin_url = database_url(base)
     broker = broker_url(base)
     host = socket.gethostname()
@@ -538,9 +539,8 @@ def main(argv: list[str] | None = None) -> int:
            "ONWARD_OUTBOX_REPUBLISH_S": str(args.republish_s)}
     config: dict[str, Any] = {"database_url": db_url, "broker_url": broker, "home": base.home_dir,
                               "queue": queue, "checkpoint_key": key,
-                              "workflows": [WORKFLOW_MODULE], "actor": "bench",
-                              "role": "operator"}
-    settings = OnwardSettings(**config)
+                              "workflows": [WORKFLOW_MODULE], "actor": "bench"}
+    settings = WorkerSettings(**config)
     engine = sa.create_engine(database_url(settings), pool_size=2)
     ledger = Ledger(engine, settings)
     log_dir = Path(tempfile.mkdtemp(prefix="onward-bench-waiting-"))

@@ -16,6 +16,7 @@ import os
 import stat
 from pathlib import Path
 
+from console.settings import ConsoleSettings
 from ledger import Ledger, OnwardSettings
 from ledger.audit import Actor
 from ledger.exceptions import Unauthenticated
@@ -35,7 +36,7 @@ def default_token_file() -> Path:
     return Path(base) / "onward" / "token"
 
 
-def presented_token(settings: OnwardSettings) -> str | None:
+def presented_token(settings: ConsoleSettings) -> str | None:
     """The token the CLI was given, if any; refuses a token file others can read."""
     if settings.token is not None:
         return settings.token.get_secret_value().strip()
@@ -60,12 +61,12 @@ def local_admin(settings: OnwardSettings) -> Actor:
     return Actor(settings.actor, Role.ADMIN, settings.tenant_id)
 
 
-def cli_ledger(settings: OnwardSettings | None = None,
+def cli_ledger(settings: ConsoleSettings | None = None,
                warn: object = None) -> Ledger:
     """The ledger acting as whoever runs this CLI (see the module docstring).
 
     ``warn`` receives the notice printed when auth is off (a callable taking a str)."""
-    settings = settings or OnwardSettings()
+    settings = settings or ConsoleSettings()
     ledger = Ledger.from_env(settings)
     token = presented_token(settings)
     if token:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import sys
 from datetime import timedelta
 from typing import Annotated, NoReturn
@@ -23,11 +21,19 @@ from console.commands_retention import retention_app
 from console.commands_runs import runs_app
 from console.commands_tokens import tokens_app
 from console.commands_tools import tools_app
+from console.commands_worker import worker
 from console.commands_workers import workers as workers_cmd
-from console.common import open_ledger, reported, say_error
+from console.common import (
+    announce,
+    open_ledger,
+    reported,
+    say_error,
+    warn_unknown_variables,
+    worker_settings,
+)
 from console.safe import console, line
 from ledger import Ledger, OnwardSettings
-from ledger.exceptions import InvalidInput, OnwardError, TracingUnavailable
+from ledger.exceptions import InvalidInput, OnwardError
 from ledger.vocabulary import AuditAction, Priority
 
 __all__ = [
@@ -97,10 +103,11 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a 
 
 
 def _settings() -> OnwardSettings:
+    """The ledger's settings (what ``db`` and ``embedded down`` need)."""
     return OnwardSettings()
 
 
-def _fail(message: str, code: int = EXIT_FAILED) -> None:
+def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     say_error("error:", message)
     raise typer.Exit(code)
 
@@ -132,86 +139,7 @@ def db_status(as_json: JsonFlag = False) -> None:
 
 
 # -- processes ----------------------------------------------------------------------------
-@app.command()
-def worker(
-    concurrency: Annotated[int, typer.Option("-c", "--concurrency",
-                                             help="Processes (prefork) or threads/greenlets.")] = 2,
-    pool: Annotated[str, typer.Option("-P", "--pool", help="prefork | threads | gevent | solo "
-                                      "(docs/operating.md: choosing a worker pool).")] = "prefork",
-    autoscale: Annotated[str | None, typer.Option(help="MAX,MIN processes (prefork).")] = None,
-    max_tasks_per_child: Annotated[int | None, typer.Option(
-        help="Replace a pool process after this many messages (prefork).")] = None,
-    max_memory_per_child: Annotated[int | None, typer.Option(
-        help="Replace a pool process above this resident memory, in KiB (prefork).")] = None,
-    prefetch_multiplier: Annotated[int | None, typer.Option(
-        help="Messages reserved per concurrency slot (default 1).")] = None,
-    workflows: Annotated[str, typer.Option(help="Comma-separated modules to import.")] = "",
-    name: Annotated[str, typer.Option(help="Celery node name.")] = "",
-    loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
-) -> None:
-    """Run a Celery worker that executes steps (prefork, threads or gevent pool)."""
-    from ledger import tracing
-    from ledger.db import create_engine
-    from tasks.routing import worker_queues
-    from workers.app import create_app, start_advertising
-    from workers.logs import configure_logging, json_logs
-    from workers.pools import PoolKind, PoolOptions, check_pool_runs
-    from workers.revision import schema_changed_under, wait_for_ledger
-    from workers.settings import LogSettings
-
-    loglevel = loglevel or LogSettings().log_level
-    configure_logging(loglevel, capture_stdout=True)
-    try:
-        tracing.available()
-        options = PoolOptions(PoolKind(pool) if pool in set(PoolKind) else _bad_pool(pool),
-                              concurrency, autoscale, max_tasks_per_child,
-                              max_memory_per_child, prefetch_multiplier)
-    except (InvalidInput, TracingUnavailable) as exc:
-        _fail(str(exc), EXIT_REFUSED)
-    settings = _settings()
-    if workflows:
-        settings = settings.model_copy(update={"workflows": workflows.split(",")})
-    engine = create_engine(settings)
-    try:
-        wait_for_ledger(engine, "worker")
-    except OnwardError as exc:
-        _fail(str(exc), EXIT_REFUSED)
-    engine.dispose()  # no pooled connection may be inherited by the forked pool children
-    celery_app = create_app(settings, concurrency=options.steps_per_process)
-    runtime = celery_app.onward_runtime  # type: ignore[attr-defined]
-    try:
-        check_pool_runs(options.pool, runtime.registry)
-    except InvalidInput as exc:
-        _fail(str(exc), EXIT_REFUSED)
-    queues = [settings.queue, *(q for q, _, _ in worker_queues(settings.queue, runtime.registry))]
-    node = name or f"onward-{os.getpid()}@{socket.gethostname()}"
-    node = node.replace("%h", socket.gethostname())
-    advertiser = start_advertising(settings, runtime.registry, node=node,
-                                   pool=options.pool.value, concurrency=concurrency,
-                                   queues=queues)
-    quiet = []
-    if json_logs():  # Celery's banner is not a log line: say the same in one JSON object
-        quiet = ["--quiet"]
-        _announce("worker starting", node=node, pool=options.pool.value,
-                  concurrency=concurrency, queues=queues,
-                  workflows=[f"{w.name} v{w.version}" for w in runtime.registry.all()])
-    try:
-        celery_app.worker_main([
-            *quiet, "worker", *options.celery_args(), "-Q", ",".join(queues), "-E",
-            "--without-gossip", "--without-mingle", "-n", node, f"--loglevel={loglevel}",
-        ])
-    finally:
-        advertiser.retire()
-    changed = advertiser.schema_changed or schema_changed_under(settings)
-    if changed:  # an upgrade stopped it: exit 2, for the supervisor to restart it on new code
-        _fail(changed, EXIT_REFUSED)
-
-
-def _bad_pool(pool: str) -> NoReturn:
-    from workers.pools import PoolKind
-
-    raise InvalidInput(f"unknown pool {pool!r}; choose one of "
-                       f"{', '.join(kind.value for kind in PoolKind)}")
+app.command()(worker)  # console/commands_worker.py
 
 
 @app.command()
@@ -223,8 +151,9 @@ def dispatcher(
     from workers.logs import configure_logging
 
     configure_logging(loglevel)
+    warn_unknown_variables()
     try:
-        run_dispatcher(_settings())
+        run_dispatcher(worker_settings())
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
 
@@ -238,8 +167,9 @@ def reaper(
     from workers.reaper import run_reaper
 
     configure_logging(loglevel)
+    warn_unknown_variables()
     try:
-        run_reaper(_settings())
+        run_reaper(worker_settings())
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
 
@@ -251,7 +181,7 @@ def embedded_up() -> None:
     from ledger.db import database_url
     from workers.broker import broker_url
 
-    settings = _settings()
+    settings = worker_settings()
     out.print(line("database: ", database_url(settings)), soft_wrap=True)
     out.print(line("broker:   ", broker_url(settings)), soft_wrap=True)
 
@@ -280,16 +210,17 @@ def metrics(
     from workers.metrics import serve_metrics
 
     configure_logging()
-    engine = create_engine(_settings(), pool_size=1)
+    warn_unknown_variables()
+    settings = worker_settings()
+    engine = create_engine(settings, pool_size=1)
     try:
         require_current_schema(engine)
     except OnwardError as exc:
         _fail(str(exc), EXIT_REFUSED)
-    settings = _settings()
     stop = serve_metrics(engine, port, host, worker_ttl_s=settings.worker_queue_ttl_s,
                          outbox_grace_s=settings.outbox_grace_s)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    _announce(f"serving http://{host}:{port}/metrics", port=port)
+    announce(f"serving http://{host}:{port}/metrics", port=port)
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
 
@@ -321,18 +252,6 @@ def start(
     print(run_id)
 
 
-def _announce(message: str, **fields: object) -> None:
-    """A line for the operator: a log line in JSON mode, plain text otherwise."""
-    from workers.logs import json_logs
-
-    if json_logs():
-        import structlog
-
-        structlog.get_logger("onward.cli").info(message, **fields)
-    else:
-        print(message, flush=True)
-
-
 def main() -> None:  # pragma: no cover - console script entry
     sys.exit(app())
 
@@ -355,6 +274,7 @@ def console_cmd(
     from workers.logs import configure_logging, json_logs
 
     configure_logging()
+    warn_unknown_variables()
     settings = _settings()
     ledger = Ledger.from_env(settings)
     with reported():
@@ -368,10 +288,10 @@ def console_cmd(
                 note="onward console login link"))
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     if issued is not None:
-        _announce(f"open {base}/login?token={issued.secret}", url=f"{base}/login")
+        announce(f"open {base}/login?token={issued.secret}", url=f"{base}/login")
     else:
-        _announce(f"open {base}/login and sign in with a token (onward tokens create)",
-                  url=f"{base}/login")
+        announce(f"open {base}/login and sign in with a token (onward tokens create)",
+                 url=f"{base}/login")
     # uvicorn's own handlers print plain text: in JSON mode its loggers use onward's
     extra = {"log_config": None} if json_logs() else {}
     try:

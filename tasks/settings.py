@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["CredentialSettings", "FaultSettings"]
 
-_CONFIG = SettingsConfigDict(env_prefix="ONWARD_", extra="ignore", env_ignore_empty=True)
+_CONFIG = SettingsConfigDict(env_prefix="ONWARD_", extra="forbid", env_ignore_empty=True)
 
 
 class FaultSettings(BaseSettings):

@@ -22,12 +22,13 @@ import sqlalchemy as sa
 from hypothesis import settings as hypothesis_settings
 
 from harness.databases import create_database
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.db import database_url
 from tests.support.cluster import ROOT, Cluster
 from tests.support.dropper import Dropper
 from tests.support.messages import Publisher, remove_amqp_queues
 from workers.broker import broker_url
+from workers.settings import WorkerSettings
 
 # pytest-xdist workers inherit COLUMNS=80/LINES=24; rich would fix every console's width
 # at import from them, so the CLI would render differently under -n than serially.
@@ -42,9 +43,9 @@ hypothesis_settings.register_profile("onward", deadline=None, max_examples=60)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "onward"))
 
 
-def _admin_settings() -> OnwardSettings:
+def _admin_settings() -> WorkerSettings:
     home = Path(os.environ.get("ONWARD_HOME", ROOT / ".onward"))
-    return OnwardSettings(home=home)
+    return WorkerSettings(home=home)
 
 
 @pytest.fixture(scope="session")
@@ -129,14 +130,14 @@ def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> 
 
 
 @pytest.fixture()
-def settings(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OnwardSettings:
+def settings(settings_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> WorkerSettings:
     for key, value in settings_env.items():
         monkeypatch.setenv(key, value)
-    return OnwardSettings()
+    return WorkerSettings()
 
 
 @pytest.fixture()
-def ledger(settings: OnwardSettings) -> Ledger:
+def ledger(settings: WorkerSettings) -> Ledger:
     return Ledger.from_env(settings)
 
 
@@ -244,7 +245,7 @@ def shared_cluster(module_cluster: Cluster, request: pytest.FixtureRequest) -> I
 
 
 @pytest.fixture()
-def publisher(settings: OnwardSettings) -> Iterator[Publisher]:
+def publisher(settings: WorkerSettings) -> Iterator[Publisher]:
     """Publishes step messages (and hostile ones) to the test's queue."""
     sender = Publisher(settings)
     yield sender

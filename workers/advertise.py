@@ -16,7 +16,7 @@ import structlog
 from ledger.db import RevisionWatch, database_url
 from ledger.exceptions import LedgerUnavailable, SchemaMismatch
 from ledger.fleet import FleetStore, WorkerAd
-from ledger.settings import OnwardSettings
+from workers.settings import WorkerSettings
 
 __all__ = ["Advertiser", "steps_in_flight"]
 
@@ -32,7 +32,7 @@ def steps_in_flight() -> int:
 
 
 class Advertiser(threading.Thread):
-    def __init__(self, settings: OnwardSettings, queues: list[tuple[str, str, int, str | None]],
+    def __init__(self, settings: WorkerSettings, queues: list[tuple[str, str, int, str | None]],
                  *, node: str = "", pool: str = "prefork", concurrency: int = 0,
                  all_queues: list[str] | None = None,
                  schemas: dict[tuple[str, int], dict[str, Any]] | None = None) -> None:

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from ledger import tracing
 from ledger.exceptions import LedgerUnavailable
-from ledger.settings import OnwardSettings
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.advertise import Advertiser
@@ -20,6 +19,7 @@ from workers.events import FAILED_KINDS
 from workers.exceptions import StepNotCommitted
 from workers.logs import unbind_step
 from workers.runtime import STEP_TASK, WorkerRuntime
+from workers.settings import WorkerSettings
 
 __all__ = ["StepAMQP", "amqp_config", "celery_config", "create_app", "is_amqp", "start_advertising"]
 
@@ -27,7 +27,7 @@ __all__ = ["StepAMQP", "amqp_config", "celery_config", "create_app", "is_amqp", 
 log = structlog.get_logger("onward.worker")
 
 
-def celery_config(settings: OnwardSettings) -> dict[str, Any]:
+def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """The Celery settings the step protocol relies on (docs/design.md section 4)."""
     url = broker_url(settings)
     config: dict[str, Any] = {
@@ -92,13 +92,13 @@ class StepAMQP(AMQP):  # type: ignore[misc]
         return message
 
 
-def create_app(settings: OnwardSettings | None = None, registry: Registry | None = None, *,
+def create_app(settings: WorkerSettings | None = None, registry: Registry | None = None, *,
                concurrency: int = 1) -> Celery:
     """Build the Celery app with ``onward.step`` registered on it (no global current app).
 
     ``concurrency`` is how many steps one process runs at once (a threads or gevent pool's
     ``-c``; 1 for a prefork child): the size of its ledger connection pool."""
-    settings = settings or OnwardSettings()
+    settings = settings or WorkerSettings()
     if registry is None:
         registry = Registry()
         registry.load_modules(settings.workflows)
@@ -143,7 +143,7 @@ def create_app(settings: OnwardSettings | None = None, registry: Registry | None
     return app
 
 
-def start_advertising(settings: OnwardSettings, registry: Registry, *, node: str = "",
+def start_advertising(settings: WorkerSettings, registry: Registry, *, node: str = "",
                       pool: str = "prefork", concurrency: int = 0,
                       queues: list[str] | None = None) -> Advertiser:
     """Called by ``onward worker`` once its queues are known (main process only)."""

@@ -16,13 +16,13 @@ from celery import Celery
 from ledger.db import RevisionWatch, create_engine, database_url
 from ledger.exceptions import LedgerUnavailable
 from ledger.outbox import OutboxMessage, OutboxStore
-from ledger.settings import OnwardSettings
 from tasks import faults
 from tasks.routing import route, workflow_queue
 from workers.broker import broker_url, message_priority
 from workers.events import display_kwargs, display_name, trace_headers
 from workers.revision import wait_for_ledger
 from workers.runtime import STEP_TASK
+from workers.settings import WorkerSettings
 
 __all__ = ["LIVE_QUEUES_REFRESH_S", "Dispatcher", "install_stop_signals", "run_dispatcher"]
 
@@ -33,7 +33,7 @@ LIVE_QUEUES_REFRESH_S = 1.0
 
 
 class Dispatcher:
-    def __init__(self, app: Celery, settings: OnwardSettings) -> None:
+    def __init__(self, app: Celery, settings: WorkerSettings) -> None:
         self.app = app
         self.settings = settings
         self.store = OutboxStore(
@@ -131,7 +131,7 @@ def install_stop_signals(stopping: threading.Event) -> None:
     signal.signal(signal.SIGINT, stop)
 
 
-def run_dispatcher(settings: OnwardSettings) -> None:
+def run_dispatcher(settings: WorkerSettings) -> None:
     from workers.app import create_app
 
     wait_for_ledger(create_engine(settings), "dispatcher")

@@ -15,9 +15,9 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.db import RevisionWatch, create_engine, database_url
 from ledger.exceptions import LedgerUnavailable, OnwardError, RollbackFound
 from ledger.recovery import RecoveryStore, SweepReport
-from ledger.settings import OnwardSettings
 from workers.dispatcher import install_stop_signals
 from workers.revision import wait_for_ledger
+from workers.settings import WorkerSettings
 
 __all__ = ["Reaper", "run_reaper"]
 
@@ -26,7 +26,7 @@ log = structlog.get_logger("onward.reaper")
 
 
 class Reaper:
-    def __init__(self, settings: OnwardSettings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         engine = create_engine(settings, pool_size=1)
         keys = CheckpointKeys.from_settings(settings)
@@ -127,7 +127,7 @@ class Reaper:
         log.info("reaper stopped")
 
 
-def run_reaper(settings: OnwardSettings) -> None:
+def run_reaper(settings: WorkerSettings) -> None:
     wait_for_ledger(create_engine(settings), "reaper")
     reaper = Reaper(settings)
     install_stop_signals(reaper.stopping)

@@ -35,7 +35,6 @@ from celery import Celery
 from ledger import tracing
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import database_url
-from ledger.settings import OnwardSettings
 from ledger.steps import Claim, StaleReason, StepStore, error_record
 from tasks import faults
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
@@ -51,6 +50,7 @@ from workers.events import (
 )
 from workers.logs import bind_step
 from workers.meter import StepMeter
+from workers.settings import WorkerSettings
 from workers.streams import RedisTokenSink
 
 __all__ = ["STEP_TASK", "WorkerRuntime"]
@@ -66,7 +66,7 @@ class WorkerRuntime:
     """Everything one worker process needs to execute steps."""
 
     app: Celery
-    settings: OnwardSettings
+    settings: WorkerSettings
     registry: Registry
     concurrency: int = 1  # steps this process runs at once (threads/gevent: -c N)
     main_pid: int = field(default_factory=os.getpid)  # the worker's main process (built there)

@@ -20,9 +20,10 @@ from harness.databases import create_database, drop_database
 from harness.postgres import PrivatePostgres
 from harness.processes import Processes
 from harness.provider import ReferenceProvider
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.db import database_url
 from workers.broker import broker_url
+from workers.settings import WorkerSettings
 
 CHECKPOINT_KEY = "chaos-bench-checkpoint-key"
 OWNER_KEY = "onward-chaos-bench:owner"  # marks the Redis DB as taken while the bench runs
@@ -62,7 +63,7 @@ class Servers:
     def __init__(self, cfg: Config, workdir: Path) -> None:
         self.cfg = cfg
         self.workdir = workdir
-        self.admin_settings = OnwardSettings()
+        self.admin_settings = WorkerSettings()
         self.queue = f"chaos.{secrets.token_hex(6)}"
 
     def start(self) -> None:
@@ -78,7 +79,7 @@ class Servers:
         if self.cfg.blind_runs:
             self.provider.arm(BLIND_COLLECTION, drop_response=self.cfg.blind_runs)
         log(f"provider at {self.provider.url} (key_ttl_s={self.cfg.key_ttl_s})")
-        self.ledger = Ledger.from_env(OnwardSettings(
+        self.ledger = Ledger.from_env(WorkerSettings(
             database_url=self.db_url, broker_url=self.broker,
             home=self.admin_settings.home_dir, queue=self.queue, checkpoint_key=CHECKPOINT_KEY))
 

@@ -123,7 +123,10 @@ def _mapped(payloads: list[str], jobs: int) -> Iterator[Iterator[str]]:
 
 
 def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
-    return settings.model_dump(mode="json", exclude={"token", "token_file", "database_url"})
+    """The ledger's settings a replay process needs (not the CLI's token, nor a worker's:
+    ``settings`` may be either's, which extend ``OnwardSettings``)."""
+    return settings.model_dump(mode="json",
+                               include=set(OnwardSettings.model_fields) - {"database_url"})
 
 
 def _refuse_unverified(broken: dict[str, list[str]]) -> None:

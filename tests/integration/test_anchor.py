@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from harness.databases import create_database, drop_database
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.anchor import decode, encode
 from ledger.anchor_store import DirectoryStore, open_store
 from ledger.anchoring import Anchors, check_against, publish
@@ -27,6 +27,7 @@ from ledger.exceptions import AnchorRefused, InvalidInput, RollbackFound
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver
 from workers.reaper import Reaper
+from workers.settings import WorkerSettings
 
 MODULES = ["tests.workflows_anchor"]
 
@@ -43,8 +44,8 @@ def anchors(tmp_path: Path, settings_env: dict[str, str],
 
 
 @pytest.fixture()
-def drv(settings: OnwardSettings, anchors: Path) -> Iterator[Driver]:
-    with driver(Ledger.from_env(OnwardSettings()), MODULES) as running:
+def drv(settings: WorkerSettings, anchors: Path) -> Iterator[Driver]:
+    with driver(Ledger.from_env(WorkerSettings()), MODULES) as running:
         yield running
 
 
@@ -116,7 +117,7 @@ def test_verify_anchor__reports_exactly_the_runs_an_older_copy_moved_back(
     assert "compared 6 run(s)" in output and "0 problem(s)" in output
 
     monkeypatch.setenv("ONWARD_DATABASE_URL", old_copy)  # restore the backup
-    with driver(Ledger.from_env(OnwardSettings()), MODULES) as restored:
+    with driver(Ledger.from_env(WorkerSettings()), MODULES) as restored:
         assert steps(restored, start["B"], 2) == 4  # the copy runs on: same seq, new notes
         output = onward("verify", "--anchor", "--json", code=3)
         assert problems_by_run(output) == {str(start["A"]): "rolled_back",
@@ -148,7 +149,7 @@ def test_anchor__a_rollback_is_accepted_only_with_a_reason_and_stays_visible(
     assert "0 problem(s)" in onward("verify", "--anchor")  # the latest: the accepted state
     output = onward("verify", "--anchor", first["where"], "--json", code=3)
     assert problems_by_run(output) == {str(run_id): "rolled_back"}
-    audit = Ledger.from_env(OnwardSettings()).audit(action="anchor")
+    audit = Ledger.from_env(WorkerSettings()).audit(action="anchor")
     assert [(a.outcome, a.reason) for a in audit] == [
         ("done", "restored after losing the disk"), ("refused", None)]
 
@@ -202,7 +203,7 @@ def test_anchor__heads_that_do_not_verify_are_left_out_and_named(
     assert [h.run_id for h in anchor.heads] == [good]
 
 
-def test_reaper__writes_anchors_every_interval(settings: OnwardSettings, anchors: Path,
+def test_reaper__writes_anchors_every_interval(settings: WorkerSettings, anchors: Path,
                                                drv: Driver) -> None:
     """Invariant: with an anchor location, the reaper's sweeps write an anchor once per
     ONWARD_ANCHOR_INTERVAL_S (by the database's clock, counted from the latest anchor in the

@@ -212,12 +212,12 @@ def test_cli__local_admin_on_the_embedded_default(drv: Driver, tmp_path: Path,
     import os
 
     from console import auth
-    from ledger import OnwardSettings
+    from console.settings import ConsoleSettings
 
     monkeypatch.setattr(auth.Ledger, "from_env", lambda settings=None: drv.ledger)
     home = tmp_path / "home"
     (home / "pg").mkdir(parents=True)
-    mine = OnwardSettings(database_url=None, broker_url=None, home=home, actor="me")
+    mine = ConsoleSettings(database_url=None, broker_url=None, home=home, actor="me")
     actor = auth.cli_ledger(mine).actor
     assert (actor.name, actor.role, actor.token_id) == ("me", Role.ADMIN, None)
     os.chown(home / "pg", 65534, 65534)  # the tests run as root on CI and here

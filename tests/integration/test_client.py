@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from ledger import Ledger, OnwardSettings, watch
+from ledger import Ledger, watch
 from ledger.client import AsyncLedger
 from ledger.db import database_url, libpq_conninfo
 from ledger.exceptions import InvalidInput, UnknownWorkflow, WaitTimedOut
@@ -29,6 +29,7 @@ from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from tests.support import reads
 from tests.support.driver import Driver, driver
+from workers.settings import WorkerSettings
 
 MODULES = ["tests.workflows", "tests.workflows_waits"]
 
@@ -146,7 +147,7 @@ def test_client__only_watched_runs_notify_their_progress(ledger: Ledger,
 
 
 def test_client__async_client_starts_waits_streams_signals_and_cancels(
-        settings: OnwardSettings, ledger: Ledger, steps: Driver) -> None:
+        settings: WorkerSettings, ledger: Ledger, steps: Driver) -> None:
     """One AsyncLedger (one LISTEN connection) serves several waits at once: three runs
     started through it complete and each wait returns its own result; events() streams a
     signal run to 'waiting', signal() wakes it, and cancel() ends another run, whose
@@ -198,7 +199,7 @@ def ledger_run_of(ledger: Ledger, workflow: str) -> UUID:
     return run.id
 
 
-def _advertise(settings: OnwardSettings) -> None:
+def _advertise(settings: WorkerSettings) -> None:
     """What a worker importing MODULES advertises when it starts (workers/app.py)."""
     registry = Registry()
     registry.load_modules(MODULES)
@@ -209,14 +210,14 @@ def _advertise(settings: OnwardSettings) -> None:
 
 
 @pytest.fixture()
-def checked(settings: OnwardSettings) -> Ledger:
+def checked(settings: WorkerSettings) -> Ledger:
     """A ledger that checks starts against what workers advertise (the default outside
     the test suite, which turns it off for tests that start runs with no worker)."""
     return Ledger.from_env(settings.model_copy(update={"start_unadvertised": False}))
 
 
 def test_client__start_refuses_unknown_workflows_and_bad_input(checked: Ledger,
-                                                               settings: OnwardSettings) -> None:
+                                                               settings: WorkerSettings) -> None:
     """Before any worker advertised, every name is unknown; after one advertised
     tests.workflows, a typo is refused listing the known workflows, an input the state
     model rejects is refused naming the field, and nothing was written for either.

@@ -14,19 +14,20 @@ from uuid import UUID
 
 import pytest
 
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from tasks import faults
 from tasks.workflow import Registry
 from tests.support import reads
 from tests.support.messages import Publisher
 from workers.app import create_app
 from workers.runtime import WorkerRuntime
+from workers.settings import WorkerSettings
 
 Factory = Callable[..., WorkerRuntime]
 
 
 @pytest.fixture()
-def runtime(settings: OnwardSettings) -> Iterator[Factory]:
+def runtime(settings: WorkerSettings) -> Iterator[Factory]:
     """A worker runtime with the test's settings, overridden per test (eager_steps, ...)."""
     made: list[WorkerRuntime] = []
 

@@ -11,11 +11,12 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.steps import StepStore
 from tasks import ExecutorConfig, Registry, StepContext, StepMessage, Workflow, execute_step
 from tasks.executor import ReportKind
 from tests.support import reads
+from workers.settings import WorkerSettings
 
 
 class Tally(BaseModel):
@@ -38,7 +39,7 @@ def count(ctx: StepContext, state: Tally) -> Any:
 class Harness:
     """One in-process executor: what a worker child does for one message."""
 
-    def __init__(self, ledger: Ledger, settings: OnwardSettings) -> None:
+    def __init__(self, ledger: Ledger, settings: WorkerSettings) -> None:
         self.store = StepStore(ledger.url, ledger.keys, lease_ttl_s=settings.lease_ttl_s)
         self.registry = Registry()
         self.registry.register(probe)
@@ -53,7 +54,7 @@ class Harness:
 
 
 @pytest.fixture()
-def harness(ledger: Ledger, settings: OnwardSettings) -> Iterator[Harness]:
+def harness(ledger: Ledger, settings: WorkerSettings) -> Iterator[Harness]:
     calls.clear()
     running = Harness(ledger, settings)
     yield running

@@ -15,13 +15,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from ledger import Ledger, OnwardSettings
+from ledger import Ledger
 from ledger.outbox import OutboxMessage, OutboxStore
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.steps import Claim, StepStore, error_record
 from ledger.vocabulary import ParkReason
 from tests.support import clock, reads
+from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 AN_HOUR = timedelta(hours=1)
@@ -86,7 +87,7 @@ def test_outbox__a_deadline_that_fails_a_run_in_retry_backoff_takes_its_retry_ro
     assert reads.outbox_rows(ledger.engine, claim.run_id) == []
 
 
-def _sweep(ledger: Ledger, settings: OnwardSettings,
+def _sweep(ledger: Ledger, settings: WorkerSettings,
            offset: timedelta = timedelta(0)) -> list[OutboxMessage]:
     outbox = OutboxStore(ledger.url, grace_s=settings.outbox_grace_s,
                          republish_s=settings.outbox_republish_s,
@@ -120,7 +121,7 @@ def test_outbox__dispatcher_deletes_rows_of_stopped_runs_and_never_publishes_the
         ledger: Ledger, status: str) -> None:
     """Invariant: the dispatcher publishes only rows of running runs. A row left behind by a
     run that is no longer running is deleted by the next sweep, unpublished."""
-    settings = OnwardSettings(database_url=ledger.url, outbox_republish_s=1)
+    settings = WorkerSettings(database_url=ledger.url, outbox_republish_s=1)
     run_id = _leftover_row(ledger, status)
     sent = _sweep(ledger, settings, offset=timedelta(seconds=5))
     assert [m.run_id for m in sent if m.run_id == run_id] == []
@@ -139,7 +140,7 @@ def test_outbox__a_lost_message_is_resent_within_the_documented_bound(ledger: Le
     ONWARD_OUTBOX_REPUBLISH_MAX_S after its last publish, however often it was published
     before; and not before ONWARD_OUTBOX_REPUBLISH_S (no flood). With the defaults that is
     within 120 s (today the backoff reaches 30 s x 64 = 32 minutes)."""
-    settings = OnwardSettings(database_url=ledger.url)
+    settings = WorkerSettings(database_url=ledger.url)
     bound = settings.outbox_republish_max_s
     often = _published_long_ago(ledger, count=12)
     once = _published_long_ago(ledger, count=1)
@@ -153,7 +154,7 @@ def test_outbox__docs_state_every_setting_with_its_default() -> None:
     """Code and docs agree: docs/configuration.md lists every ONWARD_ setting with the
     default the code has, and docs/guarantees.md names the republish bound it promises."""
     table = (ROOT / "docs" / "configuration.md").read_text()
-    for name, field in OnwardSettings.model_fields.items():
+    for name, field in WorkerSettings.model_fields.items():
         row = re.search(rf"^\| `ONWARD_{name.upper()}` \| ([^|]*) \|", table, re.MULTILINE)
         assert row is not None, f"ONWARD_{name.upper()} is not in docs/configuration.md"
         if isinstance(field.default, (int, float)) and not isinstance(field.default, bool):

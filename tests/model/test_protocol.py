@@ -61,7 +61,6 @@ from ledger import Ledger
 from ledger.api import REFUSALS
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
-from ledger.settings import OnwardSettings
 from ledger.vocabulary import ApprovalStatus, LaunchMode
 from tasks import faults
 from tasks.executor import ExecutorConfig
@@ -88,6 +87,7 @@ from tests.model.world import (
     current_runner,
     install,
 )
+from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.model
 
@@ -562,7 +562,7 @@ def _profile() -> hsettings:
 
 
 def test_protocol__invariants_hold_under_random_interleavings(
-        settings: OnwardSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+        settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every invariant of docs/design.md section 13 (tests/model/invariants.py) holds after every
     rule of every interleaving hypothesis explores, against the real ledger and executor."""
     global ENV

@@ -17,6 +17,7 @@ from ledger.runs import Run
 from ledger.steps import StepStore
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.workflow import Registry
+from workers.settings import WorkerSettings
 
 
 @dataclass
@@ -54,7 +55,8 @@ def driver(ledger: Ledger, modules: list[str], *, worker_url: str | None = None,
     registry.load_modules(modules)
     store = StepStore(worker_url or ledger.url, ledger.keys, lease_ttl_s=30,
                       state_inline_bytes=state_inline_bytes,
-                      snapshot_every=snapshot_every or ledger.settings.checkpoint_snapshot_every)
+                      snapshot_every=snapshot_every
+                      or WorkerSettings.of(ledger.settings).checkpoint_snapshot_every)
     settings = ledger.settings
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                             retry_base_s=0.0, retry_max_s=0.0,

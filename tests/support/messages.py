@@ -13,19 +13,19 @@ from uuid import UUID
 import redis
 
 from harness.brokers import amqp_depths, delete_amqp_queues
-from ledger import OnwardSettings
 from ledger.vocabulary import Priority
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.app import create_app
 from workers.broker import broker_url, message_priority
 from workers.runtime import STEP_TASK
+from workers.settings import WorkerSettings
 
 
 class Publisher:
     """Sends messages to the test's queue through a real broker connection."""
 
-    def __init__(self, settings: OnwardSettings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.queue = settings.queue
         self.app = create_app(settings, registry=Registry())
@@ -64,7 +64,7 @@ class Publisher:
         self.app.close()
 
 
-def test_queues(settings: OnwardSettings) -> list[str]:
+def test_queues(settings: WorkerSettings) -> list[str]:
     """The queues a test's workers consume: the base queue and one per workflow (version)
     of the test workflows."""
     registry = Registry()
@@ -77,7 +77,7 @@ def remove_amqp_queues(env: dict[str, str]) -> None:
     durable and would pile up on the machine's broker. Nothing to do on Redis."""
     if not env.get("ONWARD_BROKER_URL", "").startswith(("amqp://", "amqps://", "pyamqp://")):
         return
-    settings = OnwardSettings(**{"broker_url": env["ONWARD_BROKER_URL"],
+    settings = WorkerSettings(**{"broker_url": env["ONWARD_BROKER_URL"],
                                  "queue": env["ONWARD_QUEUE"],
                                  "workflows": env.get("ONWARD_WORKFLOWS", "")})
     app = create_app(settings, registry=Registry())

@@ -32,3 +32,28 @@ def test_the_check__sees_a_driver_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from psycopg.types.json import Jsonb\n    return Jsonb\n")
     assert _imports_a_driver(module) == ["psycopg.types.json"]
+
+
+LOWER = {"ledger": ("tasks", "workers", "console"), "tasks": ("workers", "console")}
+
+
+def _imports_above(path: Path, above: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in _imported_modules(path)
+                  if any(m == p or m.startswith(f"{p}.") for p in above))
+
+
+def test_dependencies__flow_one_way() -> None:
+    """console, workers -> tasks -> ledger (docs/design.md, "Packages"): the ledger imports
+    none of the others (not ``workers.settings`` either: a worker's settings are not the
+    ledger's business), and tasks neither workers nor console."""
+    offenders = {str(path.relative_to(ROOT)): found for package, above in LOWER.items()
+                 for path in sorted((ROOT / package).rglob("*.py"))
+                 if (found := _imports_above(path, above))}
+    assert offenders == {}
+
+
+def test_the_direction_check__sees_an_upward_import(tmp_path: Path) -> None:
+    """The rule above can fail: a lazy import of a worker's settings is found."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from workers.settings import WorkerSettings\n")
+    assert _imports_above(module, LOWER["ledger"]) == ["workers.settings"]

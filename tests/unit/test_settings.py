@@ -1,6 +1,8 @@
 """Settings live in settings classes (docs/configuration.md): no module outside a
 ``settings.py`` reads an ``ONWARD_`` variable from ``os.environ``, and the configuration
-page lists every field of every settings class, with the default the code has."""
+page lists every field of every settings class, with the default the code has. Each class
+refuses a field it does not have when given one by name, yet reads the environment beside
+the others' variables (they share the prefix); a variable no class reads is reported."""
 
 from __future__ import annotations
 
@@ -8,19 +10,20 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
+from structlog.testing import capture_logs
 
+from console.common import warn_unknown_variables
+from console.settings import ONWARD_SETTINGS, ConsoleSettings, unknown_variables
 from examples.settings import ExampleSettings
-from ledger.settings import OnwardSettings, TracingSettings
-from tasks.settings import CredentialSettings, FaultSettings
-from workers.settings import LogSettings
+from ledger.settings import OnwardSettings
+from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ledger", "tasks", "workers", "console", "examples")
-SETTINGS: tuple[type[BaseSettings], ...] = (
-    OnwardSettings, TracingSettings, CredentialSettings, FaultSettings, LogSettings,
-    ExampleSettings,
-)
+SETTINGS: tuple[type[BaseSettings], ...] = (*ONWARD_SETTINGS, ExampleSettings)
 
 
 def _environ_reads(source: str) -> list[str]:
@@ -74,3 +77,70 @@ def test_configuration_doc__lists_every_setting_with_its_default() -> None:
             shown = str(default).lower() if isinstance(default, bool) else default
             if isinstance(shown, (int, float, str)) and shown != "":
                 assert row.group(1).strip() == f"`{shown}`", variable
+
+
+def test_each_class__refuses_a_field_it_does_not_have() -> None:
+    """A worker's or the CLI's field given to the ledger's class (code written before they
+    moved) is refused, not silently dropped; the class that has it takes it."""
+    for settings, field in ((OnwardSettings, "queue"), (OnwardSettings, "token"),
+                            (ConsoleSettings, "lease_ttl_s"), (WorkerSettings, "auth")):
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            settings(**{field: "1"})
+    assert WorkerSettings(queue="q").queue == "q"
+
+
+def test_each_class__reads_its_own_variables_beside_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classes share the prefix: one ignores the others' variables, and the variables
+    (names and defaults) are those of before the split."""
+    for variable, value in {"ONWARD_QUEUE": "q", "ONWARD_TOKEN": "onw_x", "ONWARD_AUTH": "off",
+                            "ONWARD_TENANT_ID": "acme", "ONWARD_LEASE_TTL_S": "3"}.items():
+        monkeypatch.setenv(variable, value)
+    assert OnwardSettings().tenant_id == "acme"
+    worker = WorkerSettings()
+    assert (worker.tenant_id, worker.queue, worker.lease_ttl_s) == ("acme", "q", 3.0)
+    cli = ConsoleSettings()
+    assert (cli.tenant_id, cli.auth, cli.token is not None) == ("acme", False, True)
+    assert WorkerSettings.of(OnwardSettings(tenant_id="t")).queue == "q"
+
+
+def test_a_variable__has_one_default_in_every_class_that_reads_it() -> None:
+    """The subclasses inherit the ledger's fields rather than declare them again; a class
+    that does read another's variable itself (``FaultSettings.home``, so a fault check reads
+    only its own) gives it the same default."""
+    seen: dict[str, tuple[str, object]] = {}
+    for settings in SETTINGS:
+        for name in settings.__annotations__:
+            if name not in settings.model_fields:
+                continue
+            default = settings.model_fields[name].get_default(call_default_factory=True)
+            owner, first = seen.setdefault(name, (settings.__name__, default))
+            assert first == default, f"{name}: {owner} and {settings.__name__} differ"
+    assert "queue" not in OnwardSettings.model_fields  # a worker's: moved, not copied
+
+
+def test_unknown_variables__name_the_typo_and_the_nearest_setting() -> None:
+    """A variable no settings class reads is reported with the nearest known name; known
+    variables, tools' credentials and other variables are not."""
+    notes = unknown_variables({"ONWARD_QUEUEE": "q", "onward_lease_ttl": "3",
+                               "ONWARD_QUEUE": "q", "ONWARD_AUTH": "off", "ONWARD_LOG_JSON": "1",
+                               "ONWARD_SECRET_CRM": "x", "HOME": "/root"})
+    assert notes == [
+        "ONWARD_QUEUEE is set but no onward setting has that name; did you mean ONWARD_QUEUE?",
+        "onward_lease_ttl is set but no onward setting has that name; did you mean "
+        "ONWARD_LEASE_TTL_S?",
+    ]
+
+
+def test_a_process_start__logs_a_warning_naming_the_typo(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``onward worker``, ``dispatcher``, ``reaper``, ``metrics`` and ``console`` call
+    when they start: one warning per unknown variable, none for known ones."""
+    monkeypatch.setenv("ONWARD_REAPER_INTERVAL", "0.5")
+    monkeypatch.setenv("ONWARD_REAPER_INTERVAL_S", "0.5")
+    with capture_logs() as logs:
+        warn_unknown_variables()
+    assert [(entry["log_level"], entry["event"]) for entry in logs
+            if "REAPER" in entry["event"]] == [
+        ("warning", "ONWARD_REAPER_INTERVAL is set but no onward setting has that name; "
+                    "did you mean ONWARD_REAPER_INTERVAL_S?")]
