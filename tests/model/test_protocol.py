@@ -27,6 +27,7 @@ Sizing: the ``model-ci`` profile (default) runs in tens of seconds; ``make soak`
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -40,6 +41,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -57,10 +59,12 @@ from hypothesis.stateful import (
 )
 
 import tasks.executor
-from ledger import Ledger
+from ledger import Ledger, signed
 from ledger.api import REFUSALS
+from ledger.checkpoints import CheckpointBody
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
+from ledger.states import checkpoint_rows_txn
 from ledger.vocabulary import ApprovalStatus, LaunchMode
 from tasks import faults
 from tasks.executor import ExecutorConfig
@@ -116,6 +120,11 @@ FAULT_POINTS = sorted(faults.POINTS - {"dispatcher_after_publish_before_mark"})
 # where a delivery's worker dies: mostly nowhere, else at a named fault point or right after
 # the n-th ledger statement of the delivery (a SIGKILL between any two statements)
 PLAN = st.lists(st.sampled_from(flows.OPS), min_size=1, max_size=4)
+# a wait control a newer onward might write, which this code cannot read
+UNREADABLE = {
+    "unknown_kind": lambda control: {**control, "kind": "webhook"},
+    "no_then": lambda control: {k: v for k, v in control.items() if k != "then"},
+}
 CRASH = st.one_of(st.none(), st.none(), st.none(), st.sampled_from(FAULT_POINTS),
                   st.integers(1, 8))
 
@@ -428,6 +437,48 @@ class ProtocolMachine(RuleBasedStateMachine):
                 and len(self.world.provider.objects) > real_before:
             self.world.note("repeat", f"effect {effect.effect_id[:16]}… of a {plan.run_mode} "
                             "run was repeated at the real provider")
+
+    @precondition(lambda self: self.refs > 0)
+    @rule(pick=st.integers(0, 15), how=st.sampled_from(sorted(UNREADABLE)),
+          signal_now=st.booleans())
+    def newer_control(self, pick: int, how: str, signal_now: bool) -> None:
+        """A newer onward wrote the head of a run that waits, or whose wait just ended (an
+        approval's, a signal's or a timer's; no worker holds it): its wait control is one
+        this code cannot read (an unknown kind, or no ``then``), signed as a commit signs
+        it (the checkpoint's MAC, the run's head hash and head MAC). The run must park
+        ``invalid_control`` whatever ends the wait, never run its step on a guess
+        (``unreadable_control_parks``). ``signal_now``: the signal a signal wait waits
+        for is sent at once, so a worker's claim meets the control (not only the
+        reaper's timeout)."""
+        waiting = sorted(self.env.checker.execute(  # a timer's run is running, unleased
+            "SELECT r.id, r.seq FROM onward.runs r JOIN onward.checkpoints c "
+            "ON c.run_id = r.id AND c.seq = r.seq WHERE r.status IN ('waiting', 'running') "
+            "AND r.lease_owner IS NULL AND c.outcome = 'wait'").fetchall(),
+            key=lambda row: self._rank(row[0]))
+        if not waiting:
+            return
+        run_id, seq = waiting[pick % len(waiting)]
+        with self.ledger.engine.begin() as conn:
+            conn.execute(sa.text("SELECT 1 FROM onward.runs WHERE id = :r FOR UPDATE"),
+                         {"r": run_id})
+            row = checkpoint_rows_txn(conn, run_id, upto=seq)[-1]  # with its chain digest
+            row["control"] = UNREADABLE[how](dict(row["control"] or {}))
+            digest = self.ledger.keys.mac(CheckpointBody.from_row(row).as_dict())
+            conn.execute(sa.text(
+                "UPDATE onward.checkpoints SET control = CAST(:c AS jsonb), hash = :h "
+                "WHERE run_id = :r AND seq = :s"),
+                {"c": json.dumps(row["control"]), "h": digest, "r": run_id, "s": seq})
+            conn.execute(sa.text(
+                "UPDATE onward.runs SET head_hash = :h, head_mac = :m WHERE id = :r"),
+                {"h": digest, "m": self.ledger.keys.sign(signed.head(run_id, seq, digest)),
+                 "r": run_id})
+        self.book.unreadable[run_id] = seq
+        self.env.stats["unreadable_controls"] += 1
+        waiting_on = self.ledger.get_run(run_id).waiting_on or ""
+        if signal_now and waiting_on.startswith("signal:"):
+            with contextlib.suppress(*REFUSALS):
+                self.ledger.signal(run_id, waiting_on.removeprefix("signal:"), {"n": 9})
+                self.env.stats["unreadable_signalled"] += 1
 
     @rule(run=runs)
     def cancel(self, run: UUID) -> None:
