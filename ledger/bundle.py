@@ -4,7 +4,8 @@
 A bundle is JSON Lines, gzip-compressed when its name ends in ``.gz``: a header line, one
 line per row (``{"t": table, "r": row}``) of the runs, their artifacts, checkpoints,
 evidence, effects and effect attempts, decided approvals, consumed signals and step
-attempts, exactly as stored (MACs included), and a trailer with the sha256 of every byte
+attempts, exactly as stored (MACs included; sealed values sealed), the tenant's wrapped
+data keys that open them, and a trailer with the sha256 of every byte
 before it and a keyed MAC of that digest. Reading one checks the digest and the MAC before
 a row is used; loading it then verifies every run with ``ledger/verify.py``.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "DROPPED",
     "FORMAT",
     "KEPT",
+    "RUN_TABLES",
     "TABLES",
     "Bundle",
     "BundleWriter",
@@ -56,8 +58,14 @@ __all__ = [
 FORMAT = "onward-corpus"
 BUNDLE_VERSION = 1
 TABLES = ("runs", "artifacts", "checkpoints", "evidence", "effects", "effect_attempts",
-          "approvals", "signals", "step_attempts")
-"""What a bundle holds, in the order rows are written and loaded (foreign keys first)."""
+          "approvals", "signals", "step_attempts", "tenant_keys")
+"""What a bundle holds, in the order rows are written and loaded (foreign keys first).
+``tenant_keys`` are the tenant's data keys as stored, wrapped by a master key (useless
+without it): what opens the bundle's sealed values. A bundle written before they were
+carried has none, and reads as before."""
+
+RUN_TABLES = TABLES[2:-1]
+"""The tables whose every row belongs to a run of the bundle (``run_id``, or an effect's)."""
 
 DROPPABLE = {
     "runs.last_error": "the run's last error (its message may quote data)",

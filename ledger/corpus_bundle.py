@@ -18,7 +18,15 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from ledger.audit import Actor, AuditRecord, record_txn
-from ledger.bundle import BUNDLE_VERSION, FORMAT, TABLES, Bundle, BundleWriter, DropPolicy
+from ledger.bundle import (
+    BUNDLE_VERSION,
+    FORMAT,
+    RUN_TABLES,
+    TABLES,
+    Bundle,
+    BundleWriter,
+    DropPolicy,
+)
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
 from ledger.corpus import PINNABLE, get_corpus_txn
 from ledger.db import HEAD_REVISION
@@ -34,6 +42,7 @@ from ledger.schema import (
     runs,
     signals,
     step_attempts,
+    tenant_keys,
 )
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome
@@ -125,7 +134,17 @@ _QUERIES: dict[str, Any] = {
         signals.c.run_id.in_(p), signals.c.consumed_seq.is_not(None)).order_by(signals.c.id),
     "step_attempts": lambda p, d: sa.select(step_attempts).where(step_attempts.c.run_id.in_(p))
     .order_by(step_attempts.c.run_id, step_attempts.c.lease_epoch),
+    "tenant_keys": lambda p, d: _tenant_keys(p),
 }
+
+
+def _tenant_keys(pinned: Any) -> Any:
+    """The data keys of the runs' tenant that were not destroyed, wrapped as stored (the
+    master key that unwraps them never enters a ledger, nor a bundle)."""
+    tenants = sa.select(runs.c.tenant_id).where(runs.c.id.in_(pinned))
+    return sa.select(tenant_keys).where(tenant_keys.c.tenant_id.in_(tenants),
+                                        tenant_keys.c.state != "destroyed") \
+        .order_by(tenant_keys.c.key_id)
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -150,7 +169,7 @@ def load_txn(conn: Connection, bundle: Bundle, tenant_id: str) -> Loaded:
     counts: dict[str, int] = {}
     for table in TABLES:
         rows = [row for row in bundle.rows[table] if _owner(table, row, effect_runs) in keep
-                or table == "artifacts"]
+                or table in ("artifacts", "tenant_keys")]
         counts[table] = _insert(conn, table, rows)
     return Loaded(sorted(keep), sorted(present), counts)
 
@@ -190,8 +209,12 @@ def _check_rows(bundle: Bundle, tenant_id: str) -> None:
         if run["status"] not in {s.value for s in PINNABLE}:
             raise InvalidInput(f"bundle run {run['id']} is {run['status']}: a bundle holds runs "
                                "that stopped, which nothing executes once imported")
+    for key in bundle.rows.get("tenant_keys", []):
+        if key["tenant_id"] != tenant_id or key["wrapped"] is None:
+            raise InvalidInput(f"the bundle's data key {key['key_id']} is not a wrapped key of "
+                               f"tenant {tenant_id!r}")
     effect_runs = {(e["effect_type"], e["effect_id"]) for e in bundle.rows["effects"]}
-    for table in TABLES[2:]:
+    for table in RUN_TABLES:
         for row in bundle.rows[table]:
             owned = ((row["effect_type"], row["effect_id"]) in effect_runs
                      if table == "effect_attempts" else row["run_id"] in ids)
@@ -236,7 +259,8 @@ def _present(conn: Connection, bundle: Bundle) -> set[UUID]:
 
 _TABLES = {"runs": runs, "artifacts": artifacts, "checkpoints": checkpoints,
            "evidence": evidence, "effects": effects, "effect_attempts": effect_attempts,
-           "approvals": approvals, "signals": signals, "step_attempts": step_attempts}
+           "approvals": approvals, "signals": signals, "step_attempts": step_attempts,
+           "tenant_keys": tenant_keys}
 
 
 def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
@@ -244,12 +268,25 @@ def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
         return 0
     if table == "signals":
         return _insert_signals(conn, rows)
+    if table == "tenant_keys":
+        return _insert_keys(conn, rows)
     target = _TABLES[table]
     if table == "artifacts":  # content-addressed: one the ledger holds is the same bytes
         conn.execute(pg_insert(target).on_conflict_do_nothing(), rows)
     else:
         conn.execute(target.insert(), rows)
     return len(rows)
+
+
+def _insert_keys(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """The tenant's wrapped data keys, to open the bundle's sealed values with (a key this
+    ledger holds by that id is kept as it is: one it destroyed stays destroyed). They arrive
+    retired: they open, they never seal (this ledger's tenant may have an active key of its
+    own, and gets one at its first seal otherwise)."""
+    retired = [{**row, "state": "retired"} for row in rows]
+    added = conn.execute(pg_insert(tenant_keys).on_conflict_do_nothing(
+        index_elements=[tenant_keys.c.key_id]).returning(tenant_keys.c.key_id), retired)
+    return len(list(added.scalars()))
 
 
 def _insert_signals(conn: Connection, rows: list[dict[str, Any]]) -> int:

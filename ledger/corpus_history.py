@@ -42,6 +42,7 @@ class Checkpoint:
     workflow_version: int | None
     calls: tuple[Call, ...] | None  # None: the checkpoint names no calls (older envelope)
     migrated_from: dict[str, Any] | None = None
+    sealed: frozenset[str] = frozenset()  # state fields stored sealed, opened for comparing
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class History:
     parked_reason: str | None
     checkpoints: dict[int, Checkpoint]
     table_calls: dict[int, list[Call]] = field(default_factory=dict)  # by the seq they ran at
+    sealed_result: bool = False  # the result was stored sealed, opened for comparing
 
     @property
     def first_seq(self) -> int:

@@ -3,6 +3,7 @@ into a model prompt, an effect's payload and result, across several checkpoints.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 from pydantic import BaseModel
@@ -50,8 +51,12 @@ def again(ctx: StepContext, state: Order) -> Any:
 
 @flow.step
 def create(ctx: StepContext, state: Order) -> Any:
+    """Candidate code for tests/integration/test_corpus_crypt.py: with
+    ``ONWARD_TEST_CRYPT_VARIANT=echo`` it keeps another (sensitive) echo."""
     created = ctx.effect(crm, customer=state.customer, amount=state.amount)
-    return ctx.goto(check, crm_id=created["id"], echo=created["echo"])
+    echo = created["echo"] + ("!" if os.environ.get("ONWARD_TEST_CRYPT_VARIANT") == "echo"
+                              else "")
+    return ctx.goto(check, crm_id=created["id"], echo=echo)
 
 
 @flow.step

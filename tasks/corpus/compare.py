@@ -3,21 +3,26 @@
 Step by step from the first checkpoint: the calls each step made (model calls, reads,
 effects: the same command ids, requests and effect keys, in the same order), where it went
 next (next step, outcome, the wait it asked for), and the state it committed; then how each
-run ended (status, result, error). The first difference is the run's finding.
+run ended (status, result, error). The first difference is the run's finding. Sealed values
+(encryption at rest) are compared opened (``opened``): each seal is different (a random
+nonce, the run's id in its associated data), what it holds may be the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+from uuid import UUID
 
 from ledger.corpus_history import Call, Checkpoint, History
-from ledger.exceptions import MalformedControl
+from ledger.crypto import MASK, RESULT_FIELD, Keyring, is_sealed, open_value
+from ledger.exceptions import MalformedControl, SealedValueUnreadable
 from ledger.vocabulary import OutcomeKind, RunStatus
 from ledger.wait_control import parse_control
 from tasks.corpus.diff import json_diff, request_diff, request_text, without
+from tasks.sensitive import open_state
 
 __all__ = [
     "Finding",
@@ -27,6 +32,7 @@ __all__ = [
     "compare",
     "describe",
     "diverged",
+    "opened",
     "stopped_early",
     "went_on",
 ]
@@ -110,6 +116,55 @@ def _effect_keys(history: History) -> tuple[str, ...]:
                  for call in (history.checkpoints[seq].calls or ()) if call.kind == "effect")
 
 
+# -- sealed values ------------------------------------------------------------------------------
+def opened(history: History, crypt: Keyring | None, *,
+           copied_from: UUID | None = None) -> History:
+    """``history`` with its sealed values opened to be compared, each at its own place:
+    every checkpoint's sensitive state fields (sealed at that checkpoint or an earlier one
+    of the run, or, for a replay, of the run it copied its first state from:
+    ``copied_from``) and the result (at the seq the run ended at); which were sealed is
+    kept, so that a diff does not show them (``tasks/corpus/diff.py`` ``HIDDEN``). An
+    error's sealed message reads ``***``: errors compare by type, a report quotes the
+    message. A value that does not open is left as stored, so it differs from whatever it
+    is compared with: nothing is guessed."""
+    error = history.last_error
+    if isinstance(error, dict) and is_sealed(error.get("message")):
+        history = replace(history, last_error={**error, "message": MASK})
+    if crypt is None:
+        return history
+    checkpoints = {seq: _opened_state(cp, history, crypt, copied_from)
+                   for seq, cp in history.checkpoints.items()}
+    return replace(history, checkpoints=checkpoints,
+                   result=_opened(crypt, history.result, history, RESULT_FIELD),
+                   sealed_result=is_sealed(history.result))
+
+
+def _opened_state(cp: Checkpoint, history: History, crypt: Keyring,
+                  copied_from: UUID | None) -> Checkpoint:
+    sealed = frozenset(name for name, value in cp.state.items() if is_sealed(value))
+    if not sealed:
+        return cp
+    try:
+        state, _ = open_state(crypt, cp.state, tenant=history.tenant_id,
+                              run_id=history.run_id, seq=cp.seq, parent_run_id=copied_from)
+    except SealedValueUnreadable:
+        return replace(cp, sealed=sealed)
+    return replace(cp, state=state, sealed=sealed)
+
+
+def _top(path: str) -> str:
+    """The state field a JSON pointer is under."""
+    return path.split("/")[1].replace("~1", "/").replace("~0", "~") if "/" in path else ""
+
+
+def _opened(crypt: Keyring, value: Any, history: History, place: str) -> Any:
+    try:
+        return open_value(crypt, value, tenant=history.tenant_id, run_id=history.run_id,
+                          field=place, seq=history.seq)
+    except SealedValueUnreadable:
+        return value
+
+
 # -- one step ---------------------------------------------------------------------------------
 def _step(rec: History, rep: History, seq: int, recorded: Checkpoint, replayed: Checkpoint,
           ignore: tuple[str, ...]) -> Finding | None:
@@ -122,7 +177,9 @@ def _step(rec: History, rep: History, seq: int, recorded: Checkpoint, replayed: 
         return Finding(Kind.NEXT_STEP, f"after {step} at seq {seq} the recorded run went to "
                        f"{before}, the replay to {after}", seq, step,
                        diff=(f"- {before}", f"+ {after}"))
-    lines = json_diff(without(recorded.state, ignore), without(replayed.state, ignore))
+    sealed = recorded.sealed | replayed.sealed
+    lines = json_diff(without(recorded.state, ignore), without(replayed.state, ignore),
+                      hidden=lambda path: _top(path) in sealed)
     if lines:
         return Finding(Kind.STATE, f"{step} at seq {seq} committed another state "
                        f"({len(lines)} change(s))", seq, step, diff=tuple(lines))
@@ -278,7 +335,9 @@ def _end(rec: History, rep: History, ignore: tuple[str, ...],
                        f"{_error_type(rep)})", rep.seq, _last_step(rep),
                        diff=(*_error_lines(rec.last_error or {}, "-"),
                              *_error_lines(rep.last_error or {})))
-    lines = json_diff(without(rec.result, ignore), without(rep.result, ignore))
+    sealed = rec.sealed_result or rep.sealed_result
+    lines = json_diff(without(rec.result, ignore), without(rep.result, ignore),
+                      hidden=lambda path: sealed)
     if lines:
         return Finding(Kind.RESULT, f"the result differs ({len(lines)} change(s))", rep.seq,
                        _last_step(rep), diff=tuple(lines))

@@ -7,14 +7,18 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jsonpatch
 
-__all__ = ["MAX_VALUE", "json_diff", "request_diff", "request_text", "without"]
+__all__ = ["HIDDEN", "MAX_VALUE", "json_diff", "request_diff", "request_text", "without"]
 
 
 MAX_VALUE = 160  # characters of a value shown on one diff line
+HIDDEN = "differs (stored sealed: not shown)"
+"""A diff line's text for a value stored sealed: a report names what changed, never what
+a sensitive value was (reports end up in CI logs and JUnit files)."""
 
 
 def without(doc: Any, patterns: tuple[str, ...]) -> Any:
@@ -49,17 +53,23 @@ def _remove(node: Any, parts: list[str]) -> None:
                 del node[index]
 
 
-def json_diff(recorded: Any, replayed: Any) -> list[str]:
+def json_diff(recorded: Any, replayed: Any, *,
+              hidden: Callable[[str], bool] | None = None) -> list[str]:
     """How ``replayed`` differs from ``recorded``, one change per line (long strings as a
-    unified diff under their path); empty when they are equal."""
+    unified diff under their path); empty when they are equal. A change at a path
+    ``hidden`` selects (a value stored sealed) is named, its values are not shown."""
     if recorded == replayed:
         return []
     if not isinstance(recorded, dict | list) or not isinstance(replayed, dict | list):
+        if hidden is not None and hidden("/"):
+            return [f"~ (whole value): {HIDDEN}"]
         return [f"~ (whole value): {_short(recorded)} → {_short(replayed)}"]
     lines: list[str] = []
     for op in jsonpatch.make_patch(recorded, replayed).patch:
         path = op["path"] or "/"
-        if op["op"] == "add":
+        if hidden is not None and hidden(path):
+            lines.append(f"~ {path}: {HIDDEN}")
+        elif op["op"] == "add":
             lines.append(f"+ {path}: {_short(op['value'])}")
         elif op["op"] == "remove":
             lines.append(f"- {path}: {_short(_at(recorded, path))}")

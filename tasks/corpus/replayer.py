@@ -26,7 +26,7 @@ from ledger.forks import BudgetPolicy, ForkRequest, fork_txn
 from ledger.steps import StepStore
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import LaunchMode, OutcomeKind, Role, RunStatus
-from tasks.corpus.compare import Finding, Kind, Verdict, compare
+from tasks.corpus.compare import Finding, Kind, Verdict, compare, opened
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step
 from tasks.workflow import Registry
 
@@ -124,8 +124,9 @@ class Replayer:
         stopped_as_recorded = self._drive(rec, replay_id, {
             "seq": rec.first_seq, "status": status,
             "workflow_version": rec.checkpoints[rec.first_seq].workflow_version})
-        rep = self._history(replay_id, with_tables=False)
-        verdict = compare(rec, rep, ignore=self.options.ignore,
+        crypt = self.ledger.keys.crypt  # sealed values compare opened, each at its place
+        rep = opened(self._history(replay_id, with_tables=False), crypt, copied_from=run_id)
+        verdict = compare(opened(rec, crypt), rep, ignore=self.options.ignore,
                           requests=lambda kind, cid: self._request(run_id, kind, cid),
                           stopped_as_recorded=stopped_as_recorded)
         return _outcome(base, rep, verdict, time.perf_counter() - started)

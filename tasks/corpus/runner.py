@@ -124,9 +124,15 @@ def _mapped(payloads: list[str], jobs: int) -> Iterator[Iterator[str]]:
 
 def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
     """The ledger's settings a replay process needs (not the CLI's token, nor a worker's:
-    ``settings`` may be either's, which extend ``OnwardSettings``)."""
-    return settings.model_dump(mode="json",
+    ``settings`` may be either's, which extend ``OnwardSettings``), as JSON; the master
+    encryption keys as their value (JSON masks a secret as ``**********``, with which the
+    replays could not open sealed values): they go to the replay processes only, in the
+    payload, never to a log."""
+    data = settings.model_dump(mode="json",
                                include=set(OnwardSettings.model_fields) - {"database_url"})
+    if settings.encryption_keys is not None:
+        data["encryption_keys"] = settings.encryption_keys.get_secret_value()
+    return data
 
 
 def _refuse_unverified(broken: dict[str, list[str]]) -> None:
