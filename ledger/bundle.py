@@ -106,9 +106,8 @@ class DropPolicy:
                 continue
             kept = KEPT.get(column) or KEPT.get(column.split(".")[0])
             if kept:
-                raise InvalidInput(f"--drop-field {spec}: cannot be dropped: {kept} (encryption "
-                                   "at rest, a later onward release, will keep such fields "
-                                   "encrypted in bundles instead)")
+                raise InvalidInput(f"--drop-field {spec}: cannot be dropped: {kept} (with "
+                                   "encryption at rest, such fields stay sealed in bundles)")
             raise InvalidInput(f"--drop-field {spec}: not a droppable field; droppable: "
                                f"{', '.join(sorted(DROPPABLE))} (JSON fields also as "
                                "table.column/pointer, e.g. effects.payload/card)")
