@@ -5,6 +5,7 @@ prefix, so none of them can refuse another's variables, and a typo would go unno
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,12 +67,15 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 def known_variables() -> list[str]:
     """Every variable a loaded settings class of prefix ``ONWARD_`` reads: onward's (all
-    imported here) and any other loaded one (an application's or the examples' own)."""
+    imported here), the examples' when they are there, and any other loaded one (an
+    application's own)."""
     return sorted({f"ONWARD_{name.upper()}" for settings in _settings_classes()
                    for name in settings.model_fields})
 
 
 def _settings_classes() -> list[type[BaseSettings]]:
+    with contextlib.suppress(ImportError):  # a checkout's examples (not in the wheel): the
+        import examples.settings  # noqa: F401  demo gives their variables to every process
     found: list[type[BaseSettings]] = []
     pending = [BaseSettings]
     while pending:

@@ -97,9 +97,9 @@ APPROVER, APPROVER_ROLES = "dana", ("sales_lead",)
 # noticed within seconds, stalled runs are re-sent quickly. The outbox grace keeps its
 # default: a shorter one republishes every message still queued behind the backlog, and
 # each copy would only show up as a stale delivery.
+MODEL_LATENCY_MS = "150"  # how long the loopback model server takes to answer a call
 DEMO_ENV = {
     "ONWARD_WORKFLOWS": "examples.research",
-    "ONWARD_EXAMPLE_STEP_MS": "150",
     "ONWARD_LEASE_TTL_S": "3",
     # a model call's lease covers its time limit: a worker killed mid-call leaves its run
     # to the reaper after that (60 s by default; the model server answers in 150 ms)
@@ -568,7 +568,7 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
         url = provider.url
         fleet.env["ONWARD_EXAMPLE_PROVIDER_URL"] = url
         model = ModelServer.start(fleet, log_dir, "--latency-ms",
-                                  DEMO_ENV["ONWARD_EXAMPLE_STEP_MS"], timeout=30)
+                                  MODEL_LATENCY_MS, timeout=30)
         fleet.env["ONWARD_MODEL_URL"] = model.url
         fleet.onward("dispatcher", ["dispatcher"])
         fleet.onward("reaper", ["reaper"])
@@ -591,7 +591,7 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
             console.print(f"   {proc.name:<11} pid {proc.pid}")
 
         phase(f"7. starting {runs} runs of {WORKFLOW}",
-              f"(5 steps, 4 model calls each, {DEMO_ENV['ONWARD_EXAMPLE_STEP_MS']} ms per call)")
+              f"(5 steps, 4 model calls each, {MODEL_LATENCY_MS} ms per call)")
         run_ids = [
             ledger.start_run(WORKFLOW, {"topic": f"topic-{i:02d}"}, conversation_id=batch,
                              idempotency_key=f"{batch}:{i}")

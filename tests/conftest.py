@@ -116,7 +116,6 @@ def make_settings_env(database: str, server_urls: dict[str, str],
         # killed mid-call leaves its run for that long; loopback calls take milliseconds
         "ONWARD_TOOL_TIMEOUT_S": "10",
         "ONWARD_FAULTS_DIR": str(faults_dir),
-        "ONWARD_EXAMPLE_STEP_MS": "5",
         # Most tests start runs with no worker running (the in-process driver) or of
         # workflows made up for the test; tests/integration/test_client.py checks the refusal.
         "ONWARD_START_UNADVERTISED": "true",
