@@ -1,5 +1,9 @@
 """The broker is only a transport (docs/design.md section 4): losing every queued message loses
-no run, because the outbox and the reaper bring every runnable run back."""
+no run, because the outbox and the reaper bring every runnable run back.
+
+On Redis the loss is a FLUSHDB of the broker's database (a restarted Redis without
+persistence); on RabbitMQ it is the test's queues deleted under the consuming workers, with
+their messages (a broker rebuilt from scratch, or an operator's `rabbitmqctl delete_queue`)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ import pytest
 import redis
 from redis.connection import parse_url
 
+from harness.brokers import delete_amqp_queues
 from ledger import Ledger
-from tests.support import reads
+from tests.support import messages, reads
 from tests.support.cluster import Cluster, wait_for
 from tests.support.messages import Publisher
 
@@ -34,22 +39,31 @@ def _free_redis_db(broker: str) -> int:
 
 @pytest.fixture()
 def settings_env(settings_env: dict[str, str]) -> dict[str, str]:
-    """This test's processes use a Redis database of their own, so that its FLUSHDB only
-    empties this test's broker (the embedded Redis is shared with other suites)."""
+    """On Redis, this test's processes use a Redis database of their own, so that its FLUSHDB
+    only empties this test's broker (the embedded Redis is shared with other suites). On
+    RabbitMQ the queues are already unique per test."""
     if not settings_env["ONWARD_BROKER_URL"].startswith(("redis://", "rediss://")):
-        pytest.skip("FLUSHDB empties a Redis database; on RabbitMQ the same loss (queues "
-                    "deleted under the workers) is not a Redis command, and this test "
-                    "would empty another broker's state")
+        return settings_env
     base = settings_env["ONWARD_BROKER_URL"].rsplit("/", 1)[0]
     db = _free_redis_db(settings_env["ONWARD_BROKER_URL"])
     return {**settings_env, "ONWARD_BROKER_URL": f"{base}/{db}"}
 
 
-def test_broker__flushdb_mid_batch_every_run_still_completes(
+def _lose_broker_state(publisher: Publisher) -> None:
+    """Every queued message of this test gone: FLUSHDB on Redis, the queues deleted on
+    RabbitMQ (the workers consuming them get a cancel, and must consume again once the
+    dispatcher or the reaper declares them anew)."""
+    if publisher.redis is not None:
+        publisher.redis.flushdb()
+    else:
+        delete_amqp_queues(publisher.app, messages.test_queues(publisher.settings))
+
+
+def test_broker__state_lost_mid_batch_every_run_still_completes(
         ledger: Ledger, cluster: Cluster, publisher: Publisher) -> None:
-    """FLUSHDB on the broker's Redis database while 30 runs of 10 steps are in flight
-    (messages queued, kombu's bindings gone with them): every run still completes with
-    exactly one committed checkpoint per seq, no gaps, no duplicates.
+    """The broker's state lost (FLUSHDB on Redis, queues deleted on RabbitMQ) while 30 runs
+    of 10 steps are in flight (messages queued, kombu's bindings gone with them): every run
+    still completes with exactly one committed checkpoint per seq, no gaps, no duplicates.
 
     FLUSHDB on a Redis database index chosen for this test (empty when picked), not
     FLUSHALL: the embedded Redis is shared by concurrent test sessions, whose queues
@@ -67,7 +81,7 @@ def test_broker__flushdb_mid_batch_every_run_still_completes(
              what="the batch to be under way with messages queued",
              seen=lambda: (progress(), publisher.queued()))
     lost = publisher.queued()
-    publisher.redis.flushdb()
+    _lose_broker_state(publisher)
     assert publisher.queued() == 0
     assert progress() < 300, "the batch finished before the flush; nothing was lost"
 
