@@ -17,9 +17,12 @@ demo: $(STAMP)
 
 # PYTEST_ARGS narrows the run, e.g. make test PYTEST_ARGS="tests/integration -x";
 # PYTEST_WORKERS sets the parallelism (pytest-xdist; every test has its own database).
+# DURATIONS: how many of the slowest tests to list at the end (0 lists all).
 PYTEST_WORKERS ?= 2
+DURATIONS ?= 20
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(if $(PYTEST_ARGS),$(PYTEST_ARGS),tests)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=$(DURATIONS) \
+	    $(if $(PYTEST_ARGS),$(PYTEST_ARGS),tests)
 
 # unit and integration tiers only: no onward processes started, under two minutes (quiet
 # machine: 969 tests in 72 s on the embedded servers with 3 workers, 122 s with 2; these
