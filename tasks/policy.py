@@ -1,6 +1,9 @@
 """Time-bound policy, re-checked after the claim and before a step runs (docs/design.md
-section 7, step 6): budgets, the run's deadline, the approval a resumed step acts on, and
-that the signal which resumed a step was not consumed by the run before."""
+section 7, step 6): budgets, the run's deadline, and that a step after a wait follows what
+ended the wait as its MAC'd control signs it: the approval it acts on, the signal that
+resumed it (consumed at that seq, and not consumed by the run before), the timeout or the
+timer's time it runs after. A run made runnable in the database without its event (its row
+set ``running``, its outbox row made due) parks ``integrity`` before its step runs."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from ledger.runs import Budgets
 from ledger.signal_order import carried_marks, replayed
 from ledger.steps import Budget, BudgetDefaults, Claim
 from ledger.vocabulary import ApprovalStatus, FailReason, ParkReason
-from ledger.wait_control import ApprovalControl, SignalControl, parse_control
+from ledger.wait_control import ApprovalControl, SignalControl, TimerControl, parse_control
 from ledger.waits import WaitStore, check_terms
 from tasks.control import FailFor, ParkFor
 
@@ -82,17 +85,20 @@ def recheck(claim: Claim, limits: Limits, waits: WaitStore,
     if limits.cost_usd is not None and budget.used_cost_usd >= limits.cost_usd:
         return FailFor(FailReason.BUDGET_EXHAUSTED,
                        f"cost budget spent: ${budget.used_cost_usd} of ${limits.cost_usd}", spent)
-    return _recheck_approval(claim, waits, keys)
+    return _recheck_wait(claim, waits, keys)
 
 
-def _recheck_approval(claim: Claim, waits: WaitStore,
-                      keys: CheckpointKeys) -> FailFor | ParkFor | None:
+def _recheck_wait(claim: Claim, waits: WaitStore,
+                  keys: CheckpointKeys) -> FailFor | ParkFor | None:
     """After a wait, the run's step must be the continuation its MAC'd control names for
     what happened: an approval's ``then`` only when approved (and unexpired, and for the
     artifact asked about; unexpired when the approved step first started),
     ``on_reject`` only when rejected, ``on_expire`` only when
-    expired. An approved or rejected decision must verify against the MAC written where it
-    was taken: one set in the database (status 'approved') parks the run."""
+    expired; a timer's ``then`` only from its time on; a signal wait's ``on_timeout`` only
+    once it timed out (its ``then`` needs the signal: ``signal_marks``). An approved or
+    rejected decision must verify against the MAC written where it was taken: one set in the
+    database (status 'approved') parks the run, and so does a run set running at an
+    approval's ``then`` with no decision taken."""
     try:
         control = parse_control(claim.checkpoint.control if claim.checkpoint else None,
                                 f"checkpoint {claim.seq} of run {claim.run_id}")
@@ -105,8 +111,10 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
         return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run is routed to step {claim.step!r}, which checkpoint {claim.seq}'s "
                        f"wait does not allow ({sorted(str(a) for a in allowed)})")
-    if not isinstance(control, ApprovalControl):
-        return None
+    if isinstance(control, TimerControl):
+        return _recheck_timer(claim, control)
+    if isinstance(control, SignalControl):
+        return _recheck_timeout(claim, control)
     approval = waits.approval_for_step(control.approval_id, claim.run_id, claim.seq)
     if approval is not None:
         try:  # who might decide and until when count only as the asking step signed them
@@ -130,10 +138,12 @@ def _recheck_approval(claim: Claim, waits: WaitStore,
                                ApprovalStatus.EXPIRED: control.on_expire}
     if status in decided and claim.step == decided[status]:
         return None
-    if claim.step == control.then:
-        return FailFor(FailReason.APPROVAL_INVALID,
-                       f"step {claim.step} needs approval {control.approval_id}, which is "
-                       f"{status}", {})
+    if claim.step == control.then:  # only approve resumes it there: nobody decided
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
+                       f"run {claim.run_id} is at step {claim.step!r}, which only approving "
+                       f"approval {control.approval_id} resumes, but that approval is "
+                       f"{status}: the run was made runnable outside onward, and the step "
+                       "did not run")
     return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                    f"run is routed to step {claim.step!r} after approval "
                    f"{control.approval_id}, which is {status}: that is not the step "
@@ -164,13 +174,53 @@ def _recheck_approved(claim: Claim, control: ApprovalControl,
     return None
 
 
+def _early(claim: Claim, when: str | None, what: str) -> ParkFor | None:
+    """A park when the claim came before ``when`` (ISO 8601, from the MAC'd control, by the
+    database's clock, as the claim's time is), or when there is no such time at all."""
+    if when is not None and claim.claimed_at >= datetime.fromisoformat(when):
+        return None
+    return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
+                   f"run {claim.run_id} at seq {claim.seq} was claimed for step {claim.step!r} "
+                   f"at {claim.claimed_at.isoformat()}, {what}: the run was made runnable "
+                   "outside onward (its row or its outbox row edited), and the step did not run")
+
+
+def _recheck_timer(claim: Claim, control: TimerControl) -> ParkFor | None:
+    """A timer's step runs from the time checkpoint ``seq`` signs on, never before (an
+    evidence replay does not wait: it follows its source)."""
+    if claim.launch.evidence:
+        return None
+    return _early(claim, control.until,
+                  f"before {control.until}, the time checkpoint {claim.seq}'s timer runs it")
+
+
+def _recheck_timeout(claim: Claim, control: SignalControl) -> ParkFor | None:
+    """A signal wait's ``on_timeout`` step (when it is not also ``then``) runs only once the
+    wait timed out, as checkpoint ``seq`` signs its timeout."""
+    if claim.launch.evidence or claim.step != control.on_timeout or claim.step == control.then:
+        return None
+    return _early(claim, control.timeout_at,
+                  f"but checkpoint {claim.seq}'s wait for signal {control.name!r} times out "
+                  + (f"only at {control.timeout_at}" if control.timeout_at else "never"))
+
+
+def _timed_out(claim: Claim, control: SignalControl) -> bool:
+    """Whether the claim is a legitimate resumption at ``then`` without a signal: the wait
+    names ``then`` as its ``on_timeout`` too, and its signed timeout has passed."""
+    return (control.on_timeout == control.then and control.timeout_at is not None
+            and claim.claimed_at >= datetime.fromisoformat(control.timeout_at))
+
+
 def signal_marks(claim: Claim, waits: WaitStore) -> dict[str, int] | ParkFor:
     """The last consumed signal id per name that the checkpoint this step commits carries
     (ledger/signal_order.py): the head's, raised to the signal that resumed this step, if
     one did. A step resumed by a signal the run had consumed before (its ``consumed_seq``
     set back to NULL in the database, then taken by a later wait of the same name) parks
-    ``integrity``. One statement, only for a step resumed after a signal wait; an evidence
-    replay follows its source's signals (checked by their MACs) and has none of its own."""
+    ``integrity``, and so does one at the wait's ``then`` that no signal resumed (the run
+    set running in the database: no signal of the name is consumed at ``seq``), unless the
+    wait timed out into ``then``. One statement, only for a step resumed after a signal
+    wait; an evidence replay follows its source's signals (checked by their MACs) and has
+    none of its own."""
     head = claim.checkpoint
     marks = carried_marks(head.refs if head else None, claim.run_id)
     try:
@@ -182,7 +232,13 @@ def signal_marks(claim: Claim, waits: WaitStore) -> dict[str, int] | ParkFor:
         return marks
     row = waits.signal(claim.run_id, control.name, claim.seq)
     if row is None:
-        return marks
+        if _timed_out(claim, control):
+            return marks
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
+                       f"run {claim.run_id} at seq {claim.seq} is at step {claim.step!r}, which "
+                       f"follows its wait for signal {control.name!r}, but no signal of that "
+                       f"name ended the wait (none is consumed at seq {claim.seq}): the run "
+                       "was made runnable outside onward, and the step did not run")
     if replayed(marks, control.name, row["id"]):
         return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"run {claim.run_id} at seq {claim.seq} was resumed by signal "

@@ -76,6 +76,44 @@ def got_go(ctx: StepContext, state: Waiter) -> Any:
     return ctx.finish(payload=ctx.signal("go"))
 
 
+class Patient(BaseModel):
+    timeout_s: float = 3600
+
+
+patient = Workflow("test_signal_or_timeout", version=1, state=Patient)
+
+
+@patient.step(start=True)
+def wait_reply(ctx: StepContext, state: Patient) -> Any:
+    return ctx.wait_for_signal("reply", then=replied, on_timeout=gave_up,
+                               timeout=timedelta(seconds=state.timeout_s))
+
+
+@patient.step
+def replied(ctx: StepContext, state: Patient) -> Any:
+    return ctx.finish(reply=ctx.signal("reply"))
+
+
+@patient.step
+def gave_up(ctx: StepContext, state: Patient) -> Any:
+    return ctx.finish(timed_out=True)
+
+
+either = Workflow("test_signal_or_none", version=1, state=Patient)
+
+
+@either.step(start=True)
+def wait_maybe(ctx: StepContext, state: Patient) -> Any:
+    """Goes on at the same step whether the signal came or the wait timed out."""
+    return ctx.wait_for_signal("reply", then=maybe, on_timeout=maybe,
+                               timeout=timedelta(seconds=state.timeout_s))
+
+
+@either.step
+def maybe(ctx: StepContext, state: Patient) -> Any:
+    return ctx.finish(reply=ctx.signal("reply"))
+
+
 class Twice(BaseModel):
     seen: list[Any] = []
 

@@ -200,3 +200,31 @@ def test_budget__deadline_passes_while_waiting(ledger: Ledger, cluster: Cluster)
     wait_status(ledger, run_id, RunStatus.WAITING)
     wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
     assert ledger.get_run(run_id).last_error["reason"] == "deadline_exceeded"
+
+
+def test_waits__made_runnable_in_the_database_park_before_their_step(
+        ledger: Ledger, cluster: Cluster) -> None:
+    """Invariant (docs/design.md section 13, 5: what runs is what was signed): a run waiting for
+    a signal and one waiting for an approval, made runnable by SQL (row set running at the
+    wait's ``then``, an outbox row inserted: someone with write access to the database but
+    not the MAC key), are parked integrity by a real worker before their step runs: the
+    signal's step never reads ``ctx.signal`` as None, the approval stays pending. Failed
+    before: the signal run completed ``{"payload": None}``, the approval run ended failed
+    (approval_invalid)."""
+    fleet(cluster)
+    edited = {ledger.start_run("test_signal", {}): "got_go",
+              ledger.start_run("test_review", {}): "act"}
+    for run_id in edited:
+        wait_status(ledger, run_id, RunStatus.WAITING)
+    for run_id, step in edited.items():
+        assert reads.execute(ledger.engine, "UPDATE onward.runs SET status = 'running', "
+                             "waiting_on = NULL, wait_until = NULL, step = :step "
+                             "WHERE id = :r", r=run_id, step=step) == 1
+        assert reads.execute(ledger.engine, "INSERT INTO onward.outbox (run_id, seq) "
+                             "SELECT id, seq FROM onward.runs WHERE id = :r", r=run_id) == 1
+    for run_id in edited:
+        wait_status(ledger, run_id, RunStatus.NEEDS_REVIEW)
+        run = ledger.get_run(run_id)
+        assert (run.parked_reason, run.result) == ("integrity", None), run
+    [approval] = ledger.approvals(run_id=list(edited)[1])
+    assert approval.status is ApprovalStatus.PENDING

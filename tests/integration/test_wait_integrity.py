@@ -1,0 +1,149 @@
+"""A step after a wait runs only on what ended the wait, as the MAC'd control signs it
+(issue 11, docs/design.md section 13 invariant 5; docs/security.md): someone with write access
+to the database but not the MAC key who makes a waiting run runnable (its row set
+``running``, ``waiting_on`` cleared; a timer's outbox row made due) gets the run parked
+``integrity`` before its step runs, with nothing decided, consumed or called. The
+legitimate ways past a wait (a signal, a decision, a timeout, the timer's time) still go
+on. Steps are executed by the real executor (tests/support/driver.py); each edit is made
+in the database, as such an attacker would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.recovery import RecoveryStore
+from ledger.runs import Run
+from tasks.executor import ReportKind
+from tests.support import reads
+from tests.support.cluster import wait_for
+from tests.support.driver import Driver, driver
+
+MODULES = ["tests.workflows_waits"]
+
+
+@pytest.fixture()
+def drv(ledger: Ledger) -> Iterator[Driver]:
+    with driver(ledger, MODULES) as running:
+        yield running
+
+
+def waiting(drv: Driver, workflow: str, state: dict[str, object]) -> Run:
+    run_id = drv.ledger.start_run(workflow, state)
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.WAITING, run
+    return run
+
+
+def set_running(ledger: Ledger, run_id: UUID, step: str | None = None) -> None:
+    """What an attacker with write access to the database does: the run, runnable."""
+    assert reads.execute(
+        ledger.engine, "UPDATE onward.runs SET status = 'running', waiting_on = NULL, "
+        "wait_until = NULL, step = coalesce(CAST(:step AS text), step) WHERE id = :r",
+        r=run_id, step=step) == 1
+
+
+def parked_integrity(drv: Driver, run_id: UUID, says: str) -> None:
+    run = drv.drive(run_id)
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity"), run
+    message = reads.run_row(drv.ledger.engine, run_id)["last_error"]["message"]
+    assert says in message, message
+    assert "did not run" in message
+
+
+def test_a_signal_wait_set_running_without_its_signal_parks(drv: Driver) -> None:
+    """Invariant: the step that follows a signal wait runs only after a signal of that name
+    ended the wait (consumed at that seq). The run set running in the database, with no
+    signal sent, parks integrity; the step never reads ``ctx.signal`` as None. Failed
+    before: the run completed with ``{"payload": None}``."""
+    run = waiting(drv, "test_signal", {})
+    set_running(drv.ledger, run.id)
+    parked_integrity(drv, run.id, "no signal of that name ended the wait")
+    assert drv.ledger.get_run(run.id).result is None
+
+
+def test_a_signal_sent_after_the_edit_does_not_unpark(drv: Driver) -> None:
+    """Invariant: a run parked for an edited wait is not resumed by a signal sent later
+    (it no longer waits; the signal is kept, not consumed)."""
+    run = waiting(drv, "test_signal", {})
+    set_running(drv.ledger, run.id)
+    parked_integrity(drv, run.id, "no signal")
+    assert drv.ledger.signal(run.id, "go", {"n": 1}) is False
+    assert drv.ledger.get_run(run.id).status is RunStatus.NEEDS_REVIEW
+
+
+def test_a_wait_whose_timeout_also_goes_on_parks_before_its_timeout(drv: Driver) -> None:
+    """Invariant: a wait that goes on at the same step on a signal or a timeout lets that
+    step run without a signal only once its signed timeout has passed: set running an hour
+    early, it parks. Failed before: it completed with ``{"reply": None}``."""
+    run = waiting(drv, "test_signal_or_none", {"timeout_s": 3600})
+    set_running(drv.ledger, run.id)
+    parked_integrity(drv, run.id, "no signal of that name ended the wait")
+
+
+def test_a_wait_that_timed_out_into_its_then_step_goes_on(drv: Driver) -> None:
+    """Invariant: the legitimate way to ``then`` without a signal still works: the wait
+    times out (the reaper resumes it at its ``on_timeout``, which is ``then``) and the step
+    reads no signal."""
+    run = waiting(drv, "test_signal_or_none", {"timeout_s": 0.2})
+    recovery = RecoveryStore(drv.ledger.engine)
+    wait_for(lambda: recovery.sweep(stall_after_s=60).waits.signal_timeouts == 1,
+             timeout=20, what="the signal wait to time out")
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result == {"reply": None}, done
+    assert drv.ledger.verify_run(run.id) == []
+
+
+def test_a_signal_wait_routed_to_its_timeout_step_early_parks(drv: Driver) -> None:
+    """Invariant: a signal wait's ``on_timeout`` step runs only once the signed timeout has
+    passed: the run set running at ``gave_up`` an hour early parks. Failed before: it
+    completed ``timed_out`` while its wait had an hour left."""
+    run = waiting(drv, "test_signal_or_timeout", {"timeout_s": 3600})
+    set_running(drv.ledger, run.id, step="gave_up")
+    parked_integrity(drv, run.id, "times out only at")
+
+
+def test_a_signal_wait_still_resumes_on_its_signal(drv: Driver) -> None:
+    """Invariant: a signal sent to the waiting run resumes ``then`` with its payload."""
+    run = waiting(drv, "test_signal_or_timeout", {"timeout_s": 3600})
+    assert drv.ledger.signal(run.id, "reply", {"ok": True}) is True
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result == {"reply": {"ok": True}}
+
+
+def test_an_approval_wait_set_running_without_a_decision_parks(drv: Driver) -> None:
+    """Invariant: the approved step runs only on a decision: the run set running at it
+    while its approval is pending parks integrity (not failed: nothing was decided, and a
+    database edit must not end a run with a signed failure); the approval stays pending.
+    Failed before: the run ended failed (``approval_invalid``)."""
+    run = waiting(drv, "test_review", {})
+    set_running(drv.ledger, run.id, step="act")
+    parked_integrity(drv, run.id, "but that approval is pending")
+    [approval] = drv.ledger.approvals(run_id=run.id)
+    assert approval.status.value == "pending"
+
+
+def test_a_timer_made_due_early_parks(drv: Driver) -> None:
+    """Invariant: a timer's step runs from the time its checkpoint signs, never before: its
+    outbox row made due now (an hour early) gets the step claimed, and it parks instead of
+    running. Failed before: the run completed an hour early."""
+    run_id = drv.ledger.start_run("test_timer", {"seconds": 3600})
+    drv.step(run_id, 0)
+    run = drv.ledger.get_run(run_id)
+    assert (run.status, run.seq, str(run.waiting_on).startswith("timer:")) == (
+        RunStatus.RUNNING, 1, True), run
+    assert reads.execute(drv.ledger.engine, "UPDATE onward.outbox SET due_at = now() "
+                         "WHERE run_id = :r", r=run_id) == 1
+    parked_integrity(drv, run_id, "the time checkpoint 1's timer runs it")
+
+
+def test_a_timer_runs_its_step_when_due(drv: Driver) -> None:
+    """Invariant: a timer that is due runs its step as before."""
+    run_id = drv.ledger.start_run("test_timer", {"seconds": 0.2})
+    drv.step(run_id, 0)
+    wait_for(lambda: drv.step(run_id, 1).kind is not ReportKind.STALE, timeout=20,
+             what="the timer's step to run")
+    assert drv.ledger.get_run(run_id).status is RunStatus.COMPLETED
