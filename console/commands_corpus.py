@@ -190,10 +190,14 @@ def corpus_import(
     file: Annotated[Path, typer.Argument(help="A bundle written by `onward corpus export`.")],
     name: Annotated[str | None, typer.Option(help="Corpus to pin the runs in "
                                               "(default: the bundle's).")] = None,
+    without_keys: Annotated[bool, typer.Option(
+        "--without-keys", help="Leave out the data keys the bundle carries: its sealed values "
+        "stay unreadable here (what a tenant whose keys were erased here allows).")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Load a bundle's runs into this ledger and pin them: refused, with nothing written,
-    unless its digest, its MAC and every run verify with the keys configured here."""
+    unless its digest, its MAC and every run verify with the keys configured here, and
+    refused if it carries data keys of a tenant whose keys were erased here."""
     ledger = open_ledger(AuditAction.CORPUS_IMPORT)
     if not file.is_file():
         fail(f"no file {file}", EXIT_REFUSED)
@@ -202,12 +206,15 @@ def corpus_import(
             bundle = read_bundle(file, ledger.keys)
         except (IntegrityViolation, InvalidInput) as exc:
             raise ledger.refuse(AuditAction.CORPUS_IMPORT, exc) from None
-        imported = Corpora(ledger).import_bundle(bundle, name)
+        imported = Corpora(ledger).import_bundle(bundle, name, without_keys=without_keys)
     if as_json:
         print_json(imported)
         return
     out.print(line(("imported", "green"), f" {len(imported.added)} run(s) into corpus ",
                    imported.corpus, f" ({len(imported.present)} were already here); sha256 "
                    f"{short(imported.digest, 16)}"))
+    if imported.keys_dropped:
+        err.print(line(f"note: {imported.keys_dropped} data key(s) of the bundle left out: its "
+                       "sealed values are unreadable here"))
     if bundle.header.get("dropped"):
         err.print(line("note: the bundle left out ", ", ".join(bundle.header["dropped"])))

@@ -39,6 +39,7 @@ class Imported:
     added: list[UUID]
     present: list[UUID]
     pinned: int
+    keys_dropped: int = 0  # data keys the bundle carried and the import left out
 
 
 class Corpora:
@@ -101,14 +102,18 @@ class Corpora:
                        audit=False)
         return out.getvalue()
 
-    def import_bundle(self, bundle: Bundle, name: str | None = None) -> Imported:
+    def import_bundle(self, bundle: Bundle, name: str | None = None, *,
+                      without_keys: bool = False) -> Imported:
         """Load a verified bundle's runs into this ledger and pin them as corpus ``name``
         (default: the bundle's); refused, with nothing written, unless every run it adds
-        verifies with the keys configured here (audited)."""
+        verifies with the keys configured here (audited). A bundle carrying data keys of a
+        tenant whose keys were erased here is refused too (erasure is permanent), unless
+        ``without_keys``: the runs load without the bundle's data keys, their sealed values
+        unreadable."""
         target = corpus.check_name(name or str(bundle.header.get("corpus") or ""))
 
         def body(conn: Connection) -> Imported:
-            loaded = load_txn(conn, bundle, self.actor.tenant_id)
+            loaded = load_txn(conn, bundle, self.actor.tenant_id, with_keys=not without_keys)
             verify_loaded_txn(conn, self.ledger.keys, loaded.added)
             pinned = corpus.pin_ids_txn(
                 conn, self.actor, target, bundle.run_ids,
@@ -120,8 +125,10 @@ class Corpora:
                          "from": {k: bundle.header.get(k) for k in
                                   ("corpus", "tenant_id", "exported_by", "exported_at")},
                          "added": len(loaded.added), "present": len(loaded.present),
-                         "dropped": bundle.header.get("dropped")}))
-            return Imported(target, bundle.digest, loaded.added, loaded.present, len(pinned))
+                         "dropped": bundle.header.get("dropped"),
+                         "keys_dropped": loaded.keys_dropped}))
+            return Imported(target, bundle.digest, loaded.added, loaded.present, len(pinned),
+                            loaded.keys_dropped)
 
         return self.ledger._command(AuditAction.CORPUS_IMPORT, body)
 

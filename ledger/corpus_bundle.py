@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from ledger import sql
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import (
     BUNDLE_VERSION,
@@ -155,23 +156,59 @@ class Loaded:
     added: list[UUID]
     present: list[UUID]
     counts: dict[str, int] = field(default_factory=dict)
+    keys_dropped: int = 0  # data keys the bundle carried and the load left out
 
 
-def load_txn(conn: Connection, bundle: Bundle, tenant_id: str) -> Loaded:
+def load_txn(conn: Connection, bundle: Bundle, tenant_id: str, *,
+             with_keys: bool = True) -> Loaded:
     """Insert the bundle's rows in the caller's transaction (skipping runs already present
-    with the same head). Nothing is verified yet: ``verify_loaded_txn`` does that."""
+    with the same head). Nothing is verified yet: ``verify_loaded_txn`` does that.
+
+    The bundle's data keys are inserted only ``with_keys`` and only if the tenant's keys
+    were never erased here: a bundle carrying keys for an erased tenant is refused, nothing
+    written, since its keys would make the tenant's sealed values readable again (erasure
+    is permanent: ``with_keys=False`` loads the runs without the keys, their sealed values
+    unreadable). Signals keep their ids: the signal id sequence is moved past the bundle's
+    before anything is inserted, so a signal sent to this ledger while the bundle loads
+    takes an id above them."""
     _check_rows(bundle, tenant_id)
     check_complete(bundle)
     present = _present(conn, bundle)
+    keys = bundle.rows.get("tenant_keys", []) if with_keys else []
+    if keys:
+        _check_not_erased(conn, tenant_id, len(keys))
+    if bundle.rows["signals"]:
+        conn.execute(sa.select(sa.func.onward.signal_ids_past(
+            max(row["id"] for row in bundle.rows["signals"]))))
     keep = {run_id for run_id in bundle.run_ids if run_id not in present}
     effect_runs = {(e["effect_type"], e["effect_id"]): e["run_id"]
                    for e in bundle.rows["effects"]}
     counts: dict[str, int] = {}
     for table in TABLES:
-        rows = [row for row in bundle.rows[table] if _owner(table, row, effect_runs) in keep
-                or table in ("artifacts", "tenant_keys")]
+        rows = (keys if table == "tenant_keys" else
+                [row for row in bundle.rows[table]
+                 if table == "artifacts" or _owner(table, row, effect_runs) in keep])
         counts[table] = _insert(conn, table, rows)
-    return Loaded(sorted(keep), sorted(present), counts)
+    dropped = 0 if with_keys else len(bundle.rows.get("tenant_keys", []))
+    return Loaded(sorted(keep), sorted(present), counts, keys_dropped=dropped)
+
+
+_KEYS_LOCK = sql.text("tenant_keys_lock_shared")
+_KEYS_ERASED = sql.text("tenant_keys_destroyed")
+
+
+def _check_not_erased(conn: Connection, tenant_id: str, carried: int) -> None:
+    """Refuse to add data keys for a tenant whose keys were erased here. Holds the lock an
+    erasure takes (shared) to the caller's commit: an erasure that begins meanwhile waits,
+    then destroys the keys this adds too."""
+    conn.execute(_KEYS_LOCK, {"tenant": tenant_id})
+    if conn.execute(_KEYS_ERASED, {"tenant": tenant_id}).scalar():
+        raise OperationRefused(
+            f"tenant {tenant_id!r}'s data keys were erased in this ledger (`onward keys "
+            f"erase-tenant`), and the bundle carries {carried} of its data key(s), which would "
+            "make its sealed values readable here again: nothing was imported. Erasure is "
+            "permanent; to import the runs with their sealed values unreadable, import the "
+            "bundle without its keys (`onward corpus import --without-keys`)")
 
 
 def verify_loaded_txn(conn: Connection, keys: CheckpointKeys, run_ids: list[UUID]) -> None:
@@ -291,10 +328,10 @@ def _insert_keys(conn: Connection, rows: list[dict[str, Any]]) -> int:
 
 def _insert_signals(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Signals keep their ids (a signal's MAC covers its id, and checkpoints name the ones
-    they consumed by id): the id sequence first moves past the bundle's largest (migration
-    0043), so a signal sent meanwhile takes another id; an id this ledger already gave to
-    another signal refuses the load (nothing is renumbered)."""
-    conn.execute(sa.select(sa.func.onward.signal_ids_past(max(row["id"] for row in rows))))
+    they consumed by id): ``load_txn`` moved the id sequence past the bundle's largest
+    first (migration 0043), so a signal sent meanwhile takes another id; an id this ledger
+    already gave to another signal (or another import, committed first, did) refuses the
+    load (nothing is renumbered)."""
     added = set(conn.execute(pg_insert(signals).on_conflict_do_nothing()
                              .returning(signals.c.id), rows).scalars())
     taken = sorted(row["id"] for row in rows if row["id"] not in added)

@@ -156,6 +156,8 @@ _BY_ID = sql.text("tenant_key_by_id")
 _ERASED = sql.text("tenant_keys_destroyed")
 _CREATE = sql.text("tenant_key_create")
 _ERASE = sql.text("tenant_keys_destroy")
+_LOCK = sql.text("tenant_keys_lock")
+_LOCK_SHARED = sql.text("tenant_keys_lock_shared")
 _SET_TENANT = sql.text("set_tenant")
 
 
@@ -267,7 +269,8 @@ class Keyring:
 
         def find_or_create(conn: sa.Connection) -> tuple[str, bytes]:
             row = conn.execute(_ACTIVE, {"tenant": tenant}).mappings().first()
-            if row is None:
+            if row is None:  # a first key: never beside an erasure (it waits for it)
+                conn.execute(_LOCK_SHARED, {"tenant": tenant})
                 if conn.execute(_ERASED, {"tenant": tenant}).scalar():
                     raise SealedValueUnreadable(
                         f"tenant {tenant}'s data keys were erased: nothing more is sealed "
@@ -313,6 +316,9 @@ class Keyring:
         how many keys were destroyed. Processes that cached a key drop it within
         ``encryption_key_cache_s``."""
         def erase(conn: sa.Connection) -> int:
+            # after any import or first key in flight for the tenant has committed: its
+            # keys are then seen and destroyed too, and none is added after this commits
+            conn.execute(_LOCK, {"tenant": tenant})
             return int(conn.execute(_ERASE, {"tenant": tenant}).rowcount or 0)
 
         erased: int = self._in_tenant(tenant, erase)

@@ -12,6 +12,18 @@ SELECT key_id, master_key_id, wrapped FROM onward.tenant_keys
 SELECT tenant_id, key_id, state, master_key_id, wrapped
   FROM onward.tenant_keys WHERE key_id = %(key_id)s
 
+-- name: tenant_keys_lock
+-- Erasure's lock on the tenant's data keys, to its commit: it waits for an import or a first
+-- key in flight, and they wait for it (tenant_keys_lock_shared), so an erasure can never
+-- miss a key written beside it (docs/security.md, erasure).
+SELECT pg_advisory_xact_lock(hashtextextended('onward.tenant_keys:' || %(tenant)s, 0))
+
+-- name: tenant_keys_lock_shared
+-- What adds data keys of the tenant (an import, a first key) holds to its commit, then
+-- checks that the tenant was not erased (tenant_keys_destroyed): they do not wait for each
+-- other, only for an erasure.
+SELECT pg_advisory_xact_lock_shared(hashtextextended('onward.tenant_keys:' || %(tenant)s, 0))
+
 -- name: tenant_keys_destroyed
 -- How many of the tenant's data keys were destroyed (an erased tenant gets no new key).
 SELECT count(*) FROM onward.tenant_keys

@@ -8,22 +8,27 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
+import sqlalchemy as sa
 
 from ledger import Ledger, OnwardSettings, RunStatus
 from ledger.bundle import read_bundle
 from ledger.checkpoints import sealed_envelope
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
+from ledger.corpus_bundle import load_txn
 from ledger.crypto import Place
+from ledger.exceptions import OperationRefused
 from tasks.corpus.compare import Kind
 from tasks.corpus.diff import HIDDEN
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.runner import replay_bundle
+from tests.support.cluster import wait_for
 from tests.support.corpus import empty_database, other_ledger
 from tests.support.driver import Driver, driver
 
@@ -142,3 +147,93 @@ def without_keys(data: bytes, drv: Driver) -> bytes:
     trailer.update(digest=digest, mac=drv.ledger.keys.sign(bundle_mac_body(digest)))
     trailer["counts"].pop("tenant_keys", None)
     return b"".join(lines[:-1]) + json.dumps(trailer).encode() + b"\n"
+
+
+def live_keys(ledger: Ledger) -> list[str]:
+    """The data keys of the ledger's tenant that were not destroyed."""
+    with ledger.engine.connect() as conn:
+        return list(conn.execute(sa.text(
+            "SELECT key_id FROM onward.tenant_keys WHERE tenant_id = :t "
+            "AND state <> 'destroyed' ORDER BY key_id"), {"t": ledger.actor.tenant_id})
+            .scalars())
+
+
+def erased_target(target: Ledger) -> None:
+    """The target's tenant had a data key of its own, and erased it."""
+    crypt = target.keys.crypt
+    assert crypt is not None
+    crypt.use_engine(target.engine)
+    crypt.seal("own", Place(target.actor.tenant_id, uuid4(), 1, "f"))
+    assert target.erase_tenant_keys("erasure request") == 1
+    assert live_keys(target) == []
+
+
+def test_bundle__keys_of_an_erased_tenant_are_refused(
+        drv: Driver, settings: OnwardSettings, server_urls: dict[str, str],
+        template_database: str) -> None:
+    """Invariant: erasure wins over an import. A bundle carrying data keys of a tenant
+    whose keys were erased in the target ledger is refused (OperationRefused naming the
+    erasure), with nothing written: no run, no key, no corpus. Imported without its keys
+    (``without_keys``, `--without-keys`), the runs load and verify, their sealed values
+    unreadable; the keys arriving later (the same bundle imported again with them) are
+    refused too. Failed before: the import re-inserted the keys and the erased tenant's
+    imported values read again ({"matched": True})."""
+    run_id = record(drv, "ada@example.com")
+    out = io.BytesIO()
+    Corpora(drv.ledger).export("c", out)
+    bundle = read_bundle(out.getvalue(), drv.ledger.keys)
+    with empty_database(server_urls, template_database, "onward_erased") as url, \
+            other_ledger(url, settings) as target:
+        erased_target(target)
+        with pytest.raises(OperationRefused, match="erased in this ledger"):
+            Corpora(target).import_bundle(bundle)
+        assert target.get_run(run_id) is None
+        assert live_keys(target) == [] and Corpora(target).all() == []
+        imported = Corpora(target).import_bundle(bundle, without_keys=True)
+        assert (imported.added, imported.keys_dropped) == ([run_id], 1)
+        assert target.verify_run(run_id) == []
+        assert target.get_run(run_id).result == "*** (unreadable)"
+        with pytest.raises(OperationRefused, match="erased in this ledger"):
+            Corpora(target).import_bundle(bundle)
+        assert live_keys(target) == []
+        assert target.get_run(run_id).result == "*** (unreadable)"
+        refused = [a.outcome for a in target.audit(action="corpus_import")]
+        assert sorted(refused) == ["done", "refused", "refused"]
+
+
+def test_bundle__an_erasure_during_an_import_destroys_the_imported_keys(
+        drv: Driver, settings: OnwardSettings, server_urls: dict[str, str],
+        template_database: str) -> None:
+    """Invariant: an erasure that begins while an import of the tenant's keys is under way
+    waits for it and then destroys those keys too (both take the tenant's key lock), so
+    no key of an erased tenant outlives the erasure. Failed before: the erasure did not
+    see the import's uncommitted keys and they stayed live after it."""
+    record(drv, "ada@example.com")
+    out = io.BytesIO()
+    Corpora(drv.ledger).export("c", out)
+    bundle = read_bundle(out.getvalue(), drv.ledger.keys)
+    with empty_database(server_urls, template_database, "onward_erasing") as url, \
+            other_ledger(url, settings) as target:
+        target.keys.crypt.use_engine(target.engine)  # type: ignore[union-attr]
+        erased: list[int] = []
+        with target.engine.begin() as conn:
+            assert load_txn(conn, bundle, target.actor.tenant_id).counts["tenant_keys"] == 1
+            erasing = threading.Thread(
+                target=lambda: erased.append(target.erase_tenant_keys("erasure request")))
+            erasing.start()
+            wait_for(lambda: not erasing.is_alive() or advisory_waits(url) == 1,
+                     timeout=20, what="the erasure to wait for the import")
+        erasing.join(timeout=20)
+        assert erased == [1] and live_keys(target) == []
+
+
+def advisory_waits(url: str) -> int:
+    """Backends of that database waiting for an advisory lock."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")).scalar_one())
+    finally:
+        engine.dispose()
