@@ -444,8 +444,11 @@ class Ledger:
         ``new_keys=False`` goes on after a stop). Covers the rows this connection sees: the
         actor's tenant as ``onward_app``, every tenant as ``onward_operator``."""
         self.actor.require(AuditAction.KEYS)
-        report = rotation.rotate(self.engine, self._keyring(), batch=batch,
-                                 new_keys=new_keys, progress=progress)
+        try:
+            report = rotation.rotate(self.engine, self._keyring(), batch=batch,
+                                     new_keys=new_keys, progress=progress)
+        except REFUSALS as exc:  # e.g. a master key missing: refused before any change
+            raise self.refuse(AuditAction.KEYS, exc, reason="rotate") from None
         with wrap_driver_errors("auditing a rotation"), self.engine.begin() as conn:
             record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.KEYS, AuditOutcome.DONE, "rotate", details=report.as_dict()))

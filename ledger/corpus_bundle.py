@@ -170,9 +170,11 @@ def load_txn(conn: Connection, bundle: Bundle, tenant_id: str, *,
     is permanent: ``with_keys=False`` loads the runs without the keys, their sealed values
     unreadable). Signals keep their ids: the signal id sequence is moved past the bundle's
     before anything is inserted, so a signal sent to this ledger while the bundle loads
-    takes an id above them."""
+    takes an id above them. Imports of one tenant run one at a time (an advisory lock to
+    the caller's commit): the second of two imports of the same runs skips them as present."""
     _check_rows(bundle, tenant_id)
     check_complete(bundle)
+    conn.execute(_IMPORT_LOCK, {"tenant": tenant_id})  # after another import's commit
     present = _present(conn, bundle)
     keys = bundle.rows.get("tenant_keys", []) if with_keys else []
     if keys:
@@ -193,6 +195,7 @@ def load_txn(conn: Connection, bundle: Bundle, tenant_id: str, *,
     return Loaded(sorted(keep), sorted(present), counts, keys_dropped=dropped)
 
 
+_IMPORT_LOCK = sql.text("corpus_import_lock")
 _KEYS_LOCK = sql.text("tenant_keys_lock_shared")
 _KEYS_ERASED = sql.text("tenant_keys_destroyed")
 

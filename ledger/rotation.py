@@ -22,9 +22,9 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Engine
 
 from ledger.crypto import Keyring
-from ledger.exceptions import SealedValueUnreadable
+from ledger.exceptions import OperationRefused, SealedValueUnreadable
 
-__all__ = ["TABLES", "RotationReport", "rotate"]
+__all__ = ["TABLES", "RotationReport", "check_masters", "rotate"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,29 @@ class RotationReport:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+
+def check_masters(engine: Engine, crypt: Keyring) -> None:
+    """Refuse, before anything is changed, a rotation that could not rewrap every data key:
+    one wrapped by a master key this process does not have (a key imported with a corpus
+    bundle keeps the master key of the ledger it was exported from)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT master_key_id, count(*) AS keys, array_agg(DISTINCT tenant_id) AS tenants "
+            "FROM onward.tenant_keys WHERE state <> 'destroyed' GROUP BY master_key_id "
+            "ORDER BY master_key_id")).mappings().all()
+    missing = [row for row in rows if row["master_key_id"] not in crypt.masters]
+    if not missing:
+        return
+    named = ", ".join(f"{row['master_key_id']!r} ({row['keys']} data key(s) of tenant(s) "
+                      f"{', '.join(sorted(row['tenants']))})" for row in missing)
+    raise OperationRefused(
+        f"cannot rotate: data keys are wrapped by master key(s) this process does not have: "
+        f"{named}; configured: {sorted(crypt.masters)}. Keys imported with a corpus bundle "
+        "keep the master key of the ledger they came from. Nothing was changed: add the "
+        "missing key(s) to ONWARD_ENCRYPTION_KEYS (keeping ONWARD_ENCRYPTION_KEY_ID="
+        f"{crypt.active}) and run `onward keys rotate` again; it rewraps them under "
+        f"{crypt.active!r}, after which the old key(s) can be removed")
 
 
 def rewrap(engine: Engine, crypt: Keyring) -> int:
@@ -146,7 +169,9 @@ def rotate(engine: Engine, crypt: Keyring, *, batch: int = 500, new_keys: bool =
            progress: Callable[[str, int, int], None] = lambda *_: None) -> RotationReport:
     """Rewrap, give every tenant a new data key (``new_keys``; False to resume a rotation
     that stopped), and re-encrypt every sealed value under it. Resumable (module
-    docstring)."""
+    docstring). Refused, with nothing changed, when a data key's master key is missing
+    (``check_masters``)."""
+    check_masters(engine, crypt)
     report = RotationReport(rewrapped=rewrap(engine, crypt))
     if new_keys:
         report.new_keys = new_data_keys(engine, crypt)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from ledger.bundle import DropPolicy, read_bundle
 from ledger.checkpoints import CheckpointKeys
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
+from ledger.corpus_bundle import load_txn
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.vocabulary import Role
+from tests.support.cluster import wait_for
 from tests.support.corpus import (
     OPS_MODULES,
     empty_database,
@@ -336,3 +339,125 @@ def test_corpus_import__refuses_a_bundle_whose_signal_ids_are_taken_and_writes_n
         after = row_counts(target.engine)
         assert after.pop("audit") == before.pop("audit") + 1  # the refusal, audited
         assert after == before
+
+
+def _recorded_elsewhere(flow_drv: Driver, url: str, settings: OnwardSettings, sku: str,
+                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """A bundle of one flow run recorded in a ledger of its own (database ``url``): its
+    signal takes the same id as the first one recorded anywhere else."""
+    with other_ledger(url, settings) as source, \
+            ops_driver(source, tmp_path / f"{sku}.log", monkeypatch,
+                       ["tests.workflows_corpus", *OPS_MODULES]) as drv:
+        run_id = record_flow(drv, sku)
+        corpora = Corpora(source)
+        corpora.add("flows", Selection(run_ids=(run_id,)))
+        return exported(corpora, "flows")
+
+
+def _lock_waits(engine: sa.engine.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).scalar_one())
+
+
+def test_corpus_import__two_concurrent_imports_with_the_same_signal_ids(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, server_urls: dict[str, str],
+        template_database: str) -> None:
+    """Invariant: two imports of different runs whose signals have the same id, at once:
+    the second waits for the first, then is refused naming the id, and writes nothing (its
+    runs, checkpoints and signals absent; one refusal audited); the first's runs verify."""
+    one = read_bundle(exported(_pinned(flow_drv, "seat"), "flows"), flow_drv.ledger.keys)
+    with empty_database(server_urls, template_database, "onward_source") as url:
+        two = read_bundle(_recorded_elsewhere(flow_drv, url, settings, "desk", tmp_path,
+                                              monkeypatch), flow_drv.ledger.keys)
+    [same] = {row["id"] for row in one.rows["signals"]} & {row["id"] for row in
+                                                            two.rows["signals"]}
+    with other_ledger(second_url, settings) as target:
+        refused: list[Exception] = []
+
+        def second() -> None:
+            try:
+                Corpora(target).import_bundle(two)
+            except OperationRefused as exc:
+                refused.append(exc)
+
+        with target.engine.begin() as conn:  # the first import, under way
+            load_txn(conn, one, target.actor.tenant_id)
+            before = row_counts(target.engine)  # (the first's rows are not committed yet)
+            importing = threading.Thread(target=second)
+            importing.start()
+            wait_for(lambda: not importing.is_alive() or _lock_waits(target.engine) >= 1,
+                     timeout=20, what="the second import to wait for the first")
+        importing.join(timeout=30)
+        assert [str(e) for e in refused if f"signal id(s) {same} of the bundle" in str(e)], \
+            refused
+        after = row_counts(target.engine)
+        assert after.pop("audit") == before.pop("audit") + 1
+        for table in ("runs", "checkpoints", "signals", "evidence", "effects"):
+            assert after[table] == len(one.rows[table]), (table, after[table])
+        assert [target.verify_run(run_id) for run_id in one.run_ids] == [[]]
+        assert [target.get_run(run_id) for run_id in two.run_ids] == [None]
+
+
+def test_corpus_import__a_signal_sent_during_an_import_takes_an_id_above_the_bundles(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: a signal sent to the target ledger while a bundle is being imported (here
+    while the import waits on a row lock, before it reached the signals) takes an id above
+    the bundle's, and the import then completes with the bundle's signals under their own
+    ids. Failed before: the sequence moved only when the signals were inserted, so the
+    signal took the bundle's id and the import was refused."""
+    bundle = read_bundle(exported(_pinned(flow_drv, "seat"), "flows"), flow_drv.ledger.keys)
+    [signal_id] = [row["id"] for row in bundle.rows["signals"]]
+    artifact = bundle.rows["artifacts"][0]
+    with other_ledger(second_url, settings) as target:
+        other_run = target.start_run("test_ops_notes", {}, allow_unadvertised=True)
+        done: list[object] = []
+        with target.engine.connect() as holder:
+            holder.begin()  # holds the bundle's first artifact: the import waits there
+            holder.execute(sa.text("INSERT INTO onward.artifacts (sha256, body, size, "
+                                   "media_type) VALUES (:sha256, :body, :size, :media_type)"),
+                           {k: artifact[k] for k in ("sha256", "body", "size", "media_type")})
+            importing = threading.Thread(
+                target=lambda: done.append(Corpora(target).import_bundle(bundle)))
+            importing.start()
+            wait_for(lambda: not importing.is_alive() or _lock_waits(target.engine) >= 1,
+                     timeout=20, what="the import to wait on the artifact's row")
+            assert target.signal(other_run, "go", {"n": 1}) is False
+            holder.rollback()
+        importing.join(timeout=30)
+        assert len(done) == 1, done
+        with target.engine.connect() as conn:
+            ids = dict(conn.execute(sa.text("SELECT run_id, id FROM onward.signals")).all())
+        assert ids[bundle.run_ids[0]] == signal_id and ids[other_run] > signal_id
+        assert target.verify_run(bundle.run_ids[0]) == []
+
+
+def _pinned(drv: Driver, sku: str) -> Corpora:
+    run_id = record_flow(drv, sku)
+    corpora = Corpora(drv.ledger)
+    corpora.add("flows", Selection(run_ids=(run_id,)))
+    return corpora
+
+
+def test_corpus_import__the_same_bundle_imported_twice_at_once(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: two imports of the same bundle at once end as two imports one after the
+    other: the second waits for the first, then finds its runs present (same head) and adds
+    nothing. Failed before: the second failed on the runs' primary key
+    (StatementRefused: duplicate key value violates unique constraint "pk_runs")."""
+    bundle = read_bundle(exported(_pinned(flow_drv, "seat"), "flows"), flow_drv.ledger.keys)
+    with other_ledger(second_url, settings) as target:
+        done: list[object] = []
+        with target.engine.begin() as conn:  # the first import, under way
+            load_txn(conn, bundle, target.actor.tenant_id)
+            importing = threading.Thread(
+                target=lambda: done.append(Corpora(target).import_bundle(bundle)))
+            importing.start()
+            wait_for(lambda: not importing.is_alive() or _lock_waits(target.engine) >= 1,
+                     timeout=20, what="the second import to wait for the first")
+        importing.join(timeout=30)
+        [imported] = done
+        assert (imported.added, imported.present) == ([], bundle.run_ids)  # type: ignore[attr-defined]
+        assert [target.verify_run(run_id) for run_id in bundle.run_ids] == [[]]

@@ -11,6 +11,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
@@ -237,3 +238,68 @@ def advisory_waits(url: str) -> int:
                 "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")).scalar_one())
     finally:
         engine.dispose()
+
+
+def key_rows(ledger: Ledger) -> list[tuple[object, ...]]:
+    with ledger.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(sa.text(
+            "SELECT key_id, state, master_key_id, wrapped FROM onward.tenant_keys "
+            "ORDER BY key_id"))]
+
+
+def sealed_rows(ledger: Ledger) -> list[tuple[object, ...]]:
+    """Every column rotation rewrites, as stored."""
+    with ledger.engine.connect() as conn:
+        return [tuple(row) for table, cols in (
+            ("effects", "payload, result"), ("evidence", "response"),
+            ("checkpoints", "state, state_delta"), ("runs", "result, last_error"),
+            ("signals", "payload")) for row in conn.execute(sa.text(
+                f"SELECT {cols} FROM onward.{table} ORDER BY 1::text"))]
+
+
+def test_rotate__refuses_an_imported_key_whose_master_key_is_missing_then_resumes(
+        drv: Driver, settings: OnwardSettings, server_urls: dict[str, str],
+        template_database: str) -> None:
+    """Invariant: `onward keys rotate` in a ledger that lacks the master key wrapping an
+    imported (retired) data key is refused before it changes anything (no key rewrapped,
+    retired or made, no value re-encrypted; the refusal audited), with an error naming the
+    missing master key and what to do; once that key is configured beside the active one,
+    the rotation runs through, and afterwards the imported run opens with the active master
+    key alone."""
+    from pydantic import SecretStr
+
+    run_id = record(drv, "ada@example.com")
+    out = io.BytesIO()
+    Corpora(drv.ledger).export("c", out)
+    bundle = read_bundle(out.getvalue(), drv.ledger.keys)
+    own = secrets.token_hex(32)
+    only_m2 = settings.model_copy(update={"encryption_keys": SecretStr(f"m2={own}"),
+                                          "encryption_key_id": "m2"})
+    both = settings.model_copy(update={"encryption_keys": SecretStr(f"m1={MASTER},m2={own}"),
+                                       "encryption_key_id": "m2"})
+    with empty_database(server_urls, template_database, "onward_rotate") as url:
+        with other_ledger(url, only_m2) as target:
+            keyring_of_ledger(target).seal("own", Place(target.actor.tenant_id, uuid4(), 1, "f"))
+            Corpora(target).import_bundle(bundle)
+            assert target.get_run(run_id).result == "*** (unreadable)"  # m1 is not here
+            keys, values = key_rows(target), sealed_rows(target)
+            with pytest.raises(OperationRefused, match=r"master key.*m1") as refused:
+                target.rotate_keys()
+            assert "Nothing was changed" in str(refused.value)
+            assert "ONWARD_ENCRYPTION_KEYS" in str(refused.value)
+            assert (key_rows(target), sealed_rows(target)) == (keys, values)
+            assert [a.outcome for a in target.audit(action="keys")] == ["refused"]
+        with other_ledger(url, both) as supplied:
+            report = supplied.rotate_keys()
+            assert report.masters_in_use == ["m2"] and report.rewrapped == 1
+            assert sum(report.unreadable.values()) == 0
+        with other_ledger(url, only_m2) as after:
+            assert after.get_run(run_id).result == {"matched": True}
+            assert after.verify_run(run_id) == []
+
+
+def keyring_of_ledger(ledger: Ledger) -> Any:
+    crypt = ledger.keys.crypt
+    assert crypt is not None
+    crypt.use_engine(ledger.engine)
+    return crypt
