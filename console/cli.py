@@ -178,12 +178,16 @@ def reaper(
 @embedded_app.command("up")
 def embedded_up() -> None:
     """Start the embedded PostgreSQL and Redis (no-op when already running)."""
+    from ledger.checkpoints import CheckpointKeys
     from ledger.db import database_url
     from workers.broker import broker_url
 
     settings = worker_settings()
     out.print(line("database: ", database_url(settings)), soft_wrap=True)
     out.print(line("broker:   ", broker_url(settings)), soft_wrap=True)
+    crypt = CheckpointKeys.from_settings(settings).crypt  # makes the home's key when missing
+    out.print(line("encryption at rest: ", f"on (master key {crypt.active})" if crypt
+                   else "off"), soft_wrap=True)
 
 
 @embedded_app.command("down")

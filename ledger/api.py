@@ -36,7 +36,14 @@ from ledger import tokens as token_ops
 from ledger.audit import Actor, AuditEntry, AuditRecord, list_audit_txn, record_txn
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.clock import TimeOrSpan
-from ledger.crypto import Keyring, approval_field, is_sealed, shown_value, signal_field
+from ledger.crypto import (
+    ERROR_FIELD,
+    Keyring,
+    approval_field,
+    is_sealed,
+    shown_value,
+    signal_field,
+)
 from ledger.db import (
     create_engine,
     database_url,
@@ -45,7 +52,14 @@ from ledger.db import (
     set_tenant,
     wrap_driver_errors,
 )
-from ledger.effects import Effect, EffectAttempt, effect_field, list_attempts_txn, list_effects_txn
+from ledger.effects import (
+    Effect,
+    EffectAttempt,
+    effect_error,
+    effect_field,
+    list_attempts_txn,
+    list_effects_txn,
+)
 from ledger.envelope import CheckpointEnvelope
 from ledger.exceptions import (
     ApprovalRefused,
@@ -347,9 +361,10 @@ class Ledger:
               offset: int = 0, before: int | None = None) -> list[AuditEntry]:
         """The actor's tenant's audit log, newest first (``before``: an id cursor)."""
         with wrap_driver_errors("reading the audit log"), self.engine.connect() as conn:
-            return list_audit_txn(conn, tenant_id=self.actor.tenant_id, run_id=run_id,
-                                  action=action, actor=actor, outcome=outcome, since=since,
-                                  limit=limit, offset=offset, before=before)
+            found = list_audit_txn(conn, tenant_id=self.actor.tenant_id, run_id=run_id,
+                                   action=action, actor=actor, outcome=outcome, since=since,
+                                   limit=limit, offset=offset, before=before)
+        return [self._shown_audit(entry) for entry in found]
 
     def timeline(self, run_id: UUID) -> list[run_ops.TimelineEntry]:
         with wrap_driver_errors("reading a timeline"), self.engine.connect() as conn:
@@ -407,7 +422,8 @@ class Ledger:
     def effect_attempts(self, effect: Effect) -> list[EffectAttempt]:
         """Every call, lookup and status poll made for one effect."""
         with wrap_driver_errors("reading effect attempts"), self.engine.connect() as conn:
-            return list_attempts_txn(conn, effect)
+            found = list_attempts_txn(conn, effect)
+        return [self._shown_attempt(effect, a) for a in found]
 
     # -- operator commands (docs/design.md section 8), each audited --------------------------------
     def _command(self, action: AuditAction, body: Callable[[Connection], T], *,
@@ -853,7 +869,29 @@ class Ledger:
         return {name: self._shown(value, run_id, f"state.{name}", seq_at_most=seq)
                 for name, value in state.items()}
 
+    def _shown_error(self, effect: Effect, error: dict[str, Any] | None,
+                     attempt: int | None) -> dict[str, Any] | None:
+        return effect_error(error, effect, attempt, lambda value, field: self._shown(
+            value, effect.run_id, field, seq=effect.seq))
+
+    def _shown_audit(self, entry: AuditEntry) -> AuditEntry:
+        """An audit row of a park or a failure keeps the run's error as it was stored: its
+        sealed message opened (or masked), as the run's own ``last_error`` is shown."""
+        details = entry.details
+        if not (isinstance(details, dict) and is_sealed(details.get("message"))
+                and entry.run_id is not None):
+            return entry
+        return dc_replace(entry, details={**details, "message": self._shown(
+            details["message"], entry.run_id, ERROR_FIELD, seq=entry.before_seq)})
+
+    def _shown_attempt(self, effect: Effect, attempt: EffectAttempt) -> EffectAttempt:
+        error = self._shown_error(effect, attempt.error, attempt.attempt)
+        return attempt if error is attempt.error else dc_replace(attempt, error=error)
+
     def _shown_effect(self, effect: Effect) -> Effect:
+        error = self._shown_error(effect, effect.error, None)
+        if error is not effect.error:
+            effect = dc_replace(effect, error=error)
         if not (is_sealed(effect.payload) or is_sealed(effect.result)):
             return effect
         return dc_replace(

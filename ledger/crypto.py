@@ -46,9 +46,27 @@ from ledger.checkpoints import SEALED_KEY, canonical_json, sealed_envelope
 from ledger.exceptions import EncryptionUnavailable, SealedValueUnreadable
 from ledger.settings import OnwardSettings
 
-__all__ = ["ENVELOPE_VERSION", "ERROR_FIELD", "MASK", "RESULT_FIELD", "Keyring", "Place",
-           "approval_field", "is_sealed", "masked", "open_value", "parse_master_keys",
-           "seal_value", "shown_value", "signal_field"]
+__all__ = [
+    "ENVELOPE_VERSION",
+    "ERROR_FIELD",
+    "LOCAL_KEY_FILE",
+    "MASK",
+    "REQUEST_FIELD",
+    "RESULT_FIELD",
+    "Keyring",
+    "Place",
+    "approval_field",
+    "is_sealed",
+    "local_master_keys",
+    "masked",
+    "master_keys_text",
+    "open_value",
+    "parse_master_keys",
+    "seal_value",
+    "sealed_text",
+    "shown_value",
+    "signal_field",
+]
 
 ENVELOPE_VERSION = 1
 MASK = "***"
@@ -81,6 +99,10 @@ RESULT_FIELD = "result"
 ERROR_FIELD = "error.message"
 """The field a sealed step error's message (``runs.last_error``) is bound to, at the seq
 whose step failed (a workflow with sensitive fields: tasks/sensitive.py ``seal_error``)."""
+
+REQUEST_FIELD = "error.request"
+"""The field the request a diverged replay's report quotes (``runs.last_error.request``: a
+prompt, an effect's payload) is bound to when sealed, at the seq it diverged at."""
 
 
 def signal_field(signal_id: int) -> str:
@@ -187,15 +209,8 @@ class Keyring:
     def from_settings(cls, settings: OnwardSettings, *, digest_keys: dict[str, bytes],
                       digest_key_id: str) -> Keyring | None:
         """The keyring the settings configure, or None when they configure no key."""
-        if settings.encryption_keys is not None:
-            text = settings.encryption_keys.get_secret_value()
-        elif settings.encryption_key_file is not None:
-            try:
-                text = Path(settings.encryption_key_file).expanduser().read_text()
-            except OSError as exc:
-                raise EncryptionUnavailable(
-                    f"cannot read ONWARD_ENCRYPTION_KEY_FILE: {exc}") from exc
-        else:
+        text = master_keys_text(settings)
+        if text is None:
             return None
         masters = parse_master_keys(text)
         if not masters:
@@ -445,12 +460,65 @@ class Keyring:
         return value
 
 
+LOCAL_KEY_FILE = "encryption.keys"
+"""The embedded default's master key file, under ``ONWARD_HOME`` (made on first use)."""
+
+
+def local_master_keys(path: Path) -> str:
+    """The text of the embedded default's master key file (``local-<8 hex>=KEY``), made
+    with a new random key (mode 0600, atomically: exactly one process creates it) when
+    missing. Like the embedded checkpoint key, it protects a development ledger's dumps and
+    backups, not against whoever reads the home directory; set ONWARD_ENCRYPTION_KEYS in
+    production. Its id is new with each file: a lost file replaced by a new one is then
+    reported as the missing master key it is (``Keyring.unwrap``), not as a wrong key."""
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.urandom(4).hex()}.tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(f"local-{os.urandom(4).hex()}={os.urandom(32).hex()}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: use its key
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text()
+
+
+def master_keys_text(settings: OnwardSettings) -> str | None:
+    """The master keys ``settings`` configure, as ``id=KEY`` text: ONWARD_ENCRYPTION_KEYS,
+    else the key file, else (the embedded default: no database or broker URL) the home's
+    key file, made when missing; None when none is configured. A process given another
+    database URL for the same ledger's data (a corpus replay's scratch ledger) takes them
+    as ``encryption_keys``: it is no longer the embedded default, its keys are the same."""
+    if settings.encryption_keys is not None:
+        return settings.encryption_keys.get_secret_value()
+    if settings.encryption_key_file is not None:
+        try:
+            return Path(settings.encryption_key_file).expanduser().read_text()
+        except OSError as exc:
+            raise EncryptionUnavailable(
+                f"cannot read ONWARD_ENCRYPTION_KEY_FILE: {exc}") from exc
+    if settings.embedded:  # the embedded default is encrypted at rest too
+        return local_master_keys(settings.home_dir / LOCAL_KEY_FILE)
+    return None
+
+
 def seal_value(crypt: Keyring | None, value: Any, place: Place) -> Any:
     """``value`` sealed for ``place`` when a keyring is configured (and it is not sealed
     already, nor None); else ``value`` as it is."""
     if crypt is None or value is None or sealed_envelope(value) is not None:
         return value
     return crypt.seal(value, place)
+
+
+def sealed_text(crypt: Keyring | None, text: Any, place: Place) -> Any:
+    """An error's ``text`` sealed for ``place`` (``seal_value``); ``***`` for a tenant whose
+    keys were erased (nothing more can be sealed for it: the failure is still recorded,
+    its text is not)."""
+    try:
+        return seal_value(crypt, text, place)
+    except SealedValueUnreadable:
+        return MASK
 
 
 def open_value(crypt: Keyring | None, value: Any, *, tenant: str, run_id: UUID | str,

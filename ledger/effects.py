@@ -7,6 +7,7 @@ as it is known. The statements are in ``ledger/sql/effects.sql``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
-from ledger.crypto import MASK, Place, open_value, seal_value
+from ledger.crypto import MASK, Keyring, Place, is_sealed, open_value, seal_value, sealed_text
 from ledger.exceptions import (
     CancelRequested,
     EffectFenced,
@@ -33,6 +34,7 @@ from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectSta
 __all__ = [
     "ANSWER_AFTER_LEASE",
     "CALL_OVERRAN",
+    "ERROR_TEXT",
     "NEVER_LANDED",
     "OUTCOME_UNKNOWN",
     "UNKNOWN_CALL",
@@ -41,9 +43,11 @@ __all__ = [
     "EffectStore",
     "Intent",
     "check_effect",
+    "effect_error",
     "list_attempts_txn",
     "list_effects_txn",
     "overran_call",
+    "seal_effect_error",
     "unknown_call",
 ]
 
@@ -168,12 +172,54 @@ def effect_field(effect_type: str, effect_id: str, what: str) -> str:
     return f"effect:{effect_type}:{effect_id}:{what}"
 
 
+ERROR_TEXT = ("message", "provider")
+"""What of an effect's (or an attempt's) error is the provider's text, sealed with keys:
+an exception's message, a provider's failure answer. Its type and status code stay plain."""
+
+
+def _error_field(effect: Effect, attempt: int | None, key: str) -> str:
+    """The field a sealed part of the effect's error (``attempt`` None) or of one attempt's
+    error is bound to."""
+    where = "error" if attempt is None else f"attempt:{attempt}:error"
+    return effect_field(effect.effect_type, effect.effect_id, f"{where}.{key}")
+
+
+def seal_effect_error(crypt: Keyring | None, effect: Effect, error: dict[str, Any] | None,
+                      attempt: int | None = None) -> dict[str, Any] | None:
+    """``error`` with its provider text (``ERROR_TEXT``) sealed for the effect's error, or
+    for ``attempt``'s, when keys are configured (as the payload it may quote is). A tenant
+    whose keys were erased (nothing more can be sealed for it) gets ``***``."""
+    if crypt is None or not error:
+        return error
+    sealed = dict(error)
+    for key in ERROR_TEXT:
+        if sealed.get(key) is not None:
+            sealed[key] = sealed_text(crypt, sealed[key], Place(
+                effect.tenant_id or "", effect.run_id, effect.seq,
+                _error_field(effect, attempt, key)))
+    return sealed
+
+
+def effect_error(error: dict[str, Any] | None, effect: Effect, attempt: int | None,
+                 show: Callable[[Any, str], Any]) -> dict[str, Any] | None:
+    """``error`` with each sealed part replaced by ``show(value, field)`` (opened, or
+    masked for a reader who may not see it); a plain error as it is."""
+    if not error or not any(is_sealed(error.get(key)) for key in ERROR_TEXT):
+        return error
+    return {key: show(value, _error_field(effect, attempt, key)) if is_sealed(value) else value
+            for key, value in error.items()}
+
+
 def opened_effect(keys: CheckpointKeys, effect: Effect) -> Effect:
-    """The effect with its sealed payload and result opened (and the payload checked
+    """The effect with its sealed payload, result and error opened (and the payload checked
     against its signed request hash); raises SealedValueUnreadable."""
+    tenant = effect.tenant_id or ""
+    error = effect_error(effect.error, effect, None, lambda value, field: open_value(
+        keys.crypt, value, tenant=tenant, run_id=effect.run_id, seq=effect.seq, field=field))
+    if error is not effect.error:
+        effect = replace(effect, error=error)
     if effect.payload is None and effect.result is None:
         return effect
-    tenant = effect.tenant_id or ""
     payload = open_value(keys.crypt, effect.payload, tenant=tenant, run_id=effect.run_id,
                          seq=effect.seq, field=effect_field(effect.effect_type,
                                                             effect.effect_id, "payload"))
@@ -310,7 +356,8 @@ class EffectStore:
             "attempt": attempt, "outcome": outcome, "status": status.value,
             "provider_ref": provider_ref,
             "result": Jsonb(result) if result is not None else None,
-            "error": Jsonb(error) if error is not None else None,
+            "error": _jsonb(seal_effect_error(self.keys.crypt, effect, error)),
+            "attempt_error": _jsonb(seal_effect_error(self.keys.crypt, effect, error, attempt)),
             "reconciled": reconciled, "poll": 1 if poll else 0,
             "final_ref": final_ref,
             "final_result": Jsonb(final_result) if final_result is not None else None,
@@ -361,10 +408,11 @@ class EffectStore:
         self.conn.one(_RECORD_LATE, {
             "effect_type": effect.effect_type, "effect_id": effect.effect_id,
             "attempt": attempt, "epoch": epoch, "provider_ref": provider_ref,
-            "error": Jsonb({"type": ANSWER_AFTER_LEASE, "message": (
-                f"{what} after this call's lease was lost (it overran its time limit, or "
-                "its worker stalled): not the effect's outcome; whoever holds the step "
-                "reconciles by lookup")}),
+            "error": _jsonb(seal_effect_error(self.keys.crypt, effect, {
+                "type": ANSWER_AFTER_LEASE, "message": (
+                    f"{what} after this call's lease was lost (it overran its time limit, or "
+                    "its worker stalled): not the effect's outcome; whoever holds the step "
+                    "reconciles by lookup")}, attempt)),
             "attempt_mac": self.keys.sign(signed.effect_attempt(
                 effect.effect_type, effect.effect_id, attempt, EffectAttemptKind.CALL.value,
                 effect.effect_id, "unknown", provider_ref)),
@@ -374,6 +422,10 @@ class EffectStore:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""
         return [opened_effect(self.keys, Effect.from_row(r))
                 for r in self.conn.all(_UNRESOLVED, {"run_id": run_id})]
+
+
+def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
+    return Jsonb(value) if value is not None else None
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,12 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
 from ledger import sql
+from ledger.crypto import Keyring, Place, sealed_text
 from ledger.exceptions import StatementRefused
 from ledger.hot import HotConnection
 
-__all__ = ["Grant", "LimitState", "LimitStore", "RetryStore", "limit_states_txn"]
+__all__ = ["Grant", "LimitState", "LimitStore", "RetryStore", "call_error_field",
+           "limit_states_txn"]
 
 _COUNT_FAILURE = sql.statement("count_call_failure")
 _FAILURES = sql.statement("call_failures")
@@ -32,19 +34,29 @@ _ACQUIRE = sql.statement("acquire_limit")
 _RELEASE = sql.statement("release_limit")
 
 
+def call_error_field(command_id: str) -> str:
+    """The field a sealed message of a call's counted failure is bound to."""
+    return f"call:{command_id}:error.message"
+
+
 class RetryStore:
     """How often one call failed in a way its retry policy retries (``call_retries``)."""
 
-    def __init__(self, conn: HotConnection) -> None:
+    def __init__(self, conn: HotConnection, crypt: Keyring | None = None) -> None:
         self.conn = conn
+        self.crypt = crypt
 
     def failures(self, run_id: UUID, seq: int, command_id: str) -> int:
         row = self.conn.one(_FAILURES, {"run_id": run_id, "seq": seq, "command_id": command_id})
         return int(row["failures"]) if row is not None else 0
 
     def count_failure(self, run_id: UUID, seq: int, command_id: str, *, epoch: int,
-                      error: dict[str, Any]) -> int | None:
-        """Count one more failure of the call; the total, or None once the lease is lost."""
+                      error: dict[str, Any], tenant_id: str = "") -> int | None:
+        """Count one more failure of the call; the total, or None once the lease is lost.
+        With encryption keys, the error's message (the provider's text) is kept sealed."""
+        if isinstance(error.get("message"), str):
+            error = {**error, "message": sealed_text(self.crypt, error["message"], Place(
+                tenant_id, run_id, seq, call_error_field(command_id)))}
         row = self.conn.one(_COUNT_FAILURE, {"run_id": run_id, "seq": seq,
                                              "command_id": command_id, "epoch": epoch,
                                              "error": Jsonb(error)})

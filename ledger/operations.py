@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from ledger import signed, sql, waits
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import Effect
+from ledger.effects import Effect, seal_effect_error
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
 from ledger.schema import (
     approvals,
@@ -479,7 +479,8 @@ def finish_repeat_txn(conn: Connection, keys: CheckpointKeys, started: RepeatSta
                effect_attempts.c.effect_id == effect.effect_id,
                effect_attempts.c.attempt == started.attempt)
         .values(ended_at=sa.func.onward.now(), outcome=outcome, provider_ref=provider_ref,
-                error=error, mac=keys.sign(signed.effect_attempt(
+                error=seal_effect_error(keys.crypt, effect, error, started.attempt),
+                mac=keys.sign(signed.effect_attempt(
                     effect.effect_type, effect.effect_id, started.attempt,
                     EffectAttemptKind.REPEAT.value, started.idempotency_key, outcome,
                     provider_ref)))

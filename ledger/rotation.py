@@ -37,14 +37,21 @@ class _Table:
 
 
 TABLES = (
-    _Table("effects", ("effect_type", "effect_id"), ("payload", "result"), "t.tenant_id",
-           "t.run_id"),
+    _Table("effects", ("effect_type", "effect_id"), ("payload", "result", "error"),
+           "t.tenant_id", "t.run_id"),
+    _Table("effect_attempts", ("effect_type", "effect_id", "attempt"), ("error",),
+           "(SELECT e.tenant_id FROM onward.effects e WHERE e.effect_type = t.effect_type "
+           "AND e.effect_id = t.effect_id)",
+           "(SELECT e.run_id FROM onward.effects e WHERE e.effect_type = t.effect_type "
+           "AND e.effect_id = t.effect_id)"),
     _Table("evidence", ("run_id", "command_id"), ("response",),
            "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
     _Table("approvals", ("id",), ("artifact",), "t.tenant_id", "t.run_id"),
     _Table("checkpoints", ("run_id", "seq"), ("state", "state_delta"),
            "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
     _Table("runs", ("id",), ("result", "last_error"), "t.tenant_id", "t.id"),
+    _Table("call_retries", ("run_id", "seq", "command_id"), ("last_error",),
+           "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
     _Table("signals", ("id",), ("payload",),
            "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
 )

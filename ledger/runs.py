@@ -25,7 +25,15 @@ from ledger.checkpoints import (
     covered_json,
     sealed_envelope,
 )
-from ledger.crypto import ERROR_FIELD, RESULT_FIELD, Keyring, Place, is_sealed, shown_value
+from ledger.crypto import (
+    ERROR_FIELD,
+    REQUEST_FIELD,
+    RESULT_FIELD,
+    Keyring,
+    Place,
+    is_sealed,
+    shown_value,
+)
 from ledger.exceptions import IdempotencyConflict, InvalidInput
 from ledger.schema import runs, step_attempts
 from ledger.vocabulary import OutcomeKind, Priority, RunStatus
@@ -108,17 +116,34 @@ def shown_run(crypt: Keyring | None, run: Run, *, may_see: bool) -> Run:
     """``run`` with its sealed finish result and error message opened for a reader who
     ``may_see`` them, else masked (``ledger.crypto.shown_value``); plain ones as they are."""
     error = run.last_error
-    sealed_error = isinstance(error, dict) and is_sealed(error.get("message"))
+    sealed_error = _sealed_error(error)
     if not (is_sealed(run.result) or sealed_error):
         return run
     def shown(value: Any, field: str) -> Any:
         return shown_value(crypt, value, may_see=may_see, tenant=run.tenant_id, run_id=run.id,
                            field=field, seq=run.seq)
 
+    def shown_error(error: dict[str, Any]) -> dict[str, Any]:
+        """The error's message shown, and its ``previous`` one's (the reaper's park after
+        spent attempts keeps the step's error there, as it was stored)."""
+        out = {**error, "message": shown(error.get("message"), ERROR_FIELD)}
+        if "request" in error:  # a diverged replay's report
+            out["request"] = shown(error["request"], REQUEST_FIELD)
+        if _sealed_error(error.get("previous")):
+            out["previous"] = shown_error(error["previous"])
+        return out
+
     if sealed_error:
         assert isinstance(error, dict)
-        error = {**error, "message": shown(error["message"], ERROR_FIELD)}
+        error = shown_error(error)
     return replace(run, result=shown(run.result, RESULT_FIELD), last_error=error)
+
+
+def _sealed_error(error: Any) -> bool:
+    """Whether a stored error (or the one it keeps as ``previous``) has a sealed message."""
+    return isinstance(error, dict) and (is_sealed(error.get("message"))
+                                        or is_sealed(error.get("request"))
+                                        or _sealed_error(error.get("previous")))
 
 
 @dataclass(frozen=True)

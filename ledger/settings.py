@@ -77,7 +77,9 @@ class OnwardSettings(BaseSettings):
         default=None,
         description="Master keys that wrap the tenants' data keys (docs/security.md, "
         "encryption at rest): 'id=KEY,id=KEY', each KEY 32 bytes as 64 hex digits or "
-        "base64. Unset (and no encryption_key_file): nothing is encrypted.",
+        "base64. Unset (and no encryption_key_file): the embedded default (no database or "
+        "broker URL) uses a key it makes under home (encryption.keys, mode 0600); otherwise "
+        "nothing is encrypted. Set empty to turn encryption off.",
     )
     encryption_key_file: Path | None = Field(
         default=None,

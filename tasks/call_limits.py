@@ -74,7 +74,8 @@ class CallLimits(StepScope):
             return
         error = {**call_error(exc), "failure": str(failure)}
         failures = self.retries.count_failure(self.run_id, self.seq, command_id,
-                                              epoch=self.epoch, error=error)
+                                              epoch=self.epoch, error=error,
+                                              tenant_id=self.tenant_id)
         if failures is None or failures >= policy.attempts:
             return  # the lease is lost, or the call's attempts are spent: the error stands
         delay = policy.delay_s(failures, retry_after_s(exc))

@@ -17,7 +17,8 @@ from uuid import UUID
 import structlog
 from pydantic import BaseModel
 
-from ledger.checkpoints import CheckpointKeys
+from ledger.checkpoints import CheckpointKeys, sealed_envelope
+from ledger.crypto import REQUEST_FIELD, Place, sealed_text
 from ledger.effects import Effect, EffectStore
 from ledger.evidence import EvidenceStore
 from ledger.exceptions import (
@@ -268,9 +269,29 @@ class _Attempt:
         return _Ready(restored, limits, services, self._ending(restored.step.name, services),
                       signal_marks=marks or {})
 
+    def _sensitive(self) -> frozenset[str]:
+        """The sensitive fields of the claimed run's workflow, known before (or without) a
+        restore: its code's here, else those sealed in the run's head state."""
+        claim = self.claim
+        workflow = (self.registry.get(claim.workflow, claim.workflow_version)
+                    or self.registry.latest(claim.workflow))
+        if workflow is not None:
+            return sensitive_fields(workflow.state)
+        state = claim.state if isinstance(claim.state, dict) else {}
+        return frozenset(name for name, value in state.items()
+                         if sealed_envelope(value) is not None)
+
+    def _sealed_error(self, error: dict[str, Any]) -> dict[str, Any]:
+        """An error onward writes into the run's row and the attempt's, its message sealed
+        as a step error's is when the workflow has sensitive fields (a refusal may quote
+        the state: a validation error, a migration's exception)."""
+        claim = self.claim
+        return seal_error(self.config.keys.crypt, error, self._sensitive(),
+                          tenant=claim.tenant_id, run_id=claim.run_id, seq=claim.seq)
+
     def _refuse(self, refusal: Refusal) -> StepReport:
         claim = self.claim
-        error = error_record(refusal.error_type, refusal.message)
+        error = self._sealed_error(error_record(refusal.error_type, refusal.message))
         if refusal.resend:
             return self._hand_back(refusal)
         if not refusal.park:
@@ -297,8 +318,9 @@ class _Attempt:
                        f"times in a row by workers without it (last: {refusal.message}); deploy "
                        f"workers with {wanted} (ONWARD_WORKFLOWS), then `onward runs continue "
                        f"{claim.run_id}`")
-        error = error_record("NoWorkerForVersion" if park else refusal.error_type, message,
-                             handbacks=handbacks, workflow_version=claim.workflow_version)
+        error = self._sealed_error(error_record(
+            "NoWorkerForVersion" if park else refusal.error_type, message,
+            handbacks=handbacks, workflow_version=claim.workflow_version))
         if not self.store.hand_back(claim, error, delay_s=delay, park=park):
             return self._report(ReportKind.LEASE_LOST)
         if park:
@@ -405,8 +427,14 @@ class _Attempt:
         return self._report(ReportKind.WAITING, wait.detail)
 
     def _diverge(self, step: str, decision: DivergeFor) -> StepReport:
-        """Stop an evidence replay that diverged from its parent, with the report on the run."""
-        if not self.store.diverge(self.claim, step, decision.report):
+        """Stop an evidence replay that diverged from its parent, with the report on the run;
+        the request it quotes (a prompt, an effect's payload) sealed, as those are, with keys."""
+        claim, report = self.claim, decision.report
+        if report.get("request") is not None:
+            report = {**report, "request": sealed_text(self.config.keys.crypt, report["request"],
+                                                       Place(claim.tenant_id, claim.run_id,
+                                                             claim.seq, REQUEST_FIELD))}
+        if not self.store.diverge(claim, step, report):
             return self._report(ReportKind.LEASE_LOST)
         self.log.error("replay diverged", detail=decision.message)
         return self._report(ReportKind.DIVERGED, decision.message)
@@ -510,7 +538,7 @@ class _Attempt:
         resolver = Resolver(self.effects, lambda name: used.get(name) or registry.tool(name),
                             self.worker, self.claim.epoch, config.tool_timeout_s,
                             config.tool_lease_margin_s, simulation=self.claim.launch.simulation)
-        return _Ending(self.store, resolver, self.claim, step, self.log)
+        return _Ending(self.store, resolver, self.claim, step, self.log, self._sealed_error)
 
 
 @dataclass(frozen=True)
@@ -523,6 +551,7 @@ class _Ending:
     claim: Claim
     step: str | None
     log: Any
+    sealed: Callable[[dict[str, Any]], dict[str, Any]]  # _Attempt._sealed_error
 
     def _report(self, kind: ReportKind, detail: str = "") -> StepReport:
         return StepReport(kind, self.claim.run_id, self.claim.seq, detail=detail)
@@ -531,15 +560,16 @@ class _Ending:
         """Park the run, or fail it for good with a reason (budgets, deadlines, approvals)."""
         if isinstance(refusal, ParkFor):
             return self.park(refusal.reason, refusal.error_type, refusal.message)
-        error = error_record(refusal.reason, refusal.message, reason=refusal.reason,
-                             spent=refusal.spent, step=self.step)
+        error = self.sealed(error_record(refusal.reason, refusal.message,
+                                         reason=refusal.reason, spent=refusal.spent,
+                                         step=self.step))
         return self.fail(error, refusal.message)
 
     def park(self, reason: ParkReason, error_type: str, message: str,
              **fields: Any) -> StepReport:
         self.log.error("run parked for review", reason=reason, detail=message, **fields)
         if not self.store.park(self.claim, self.step, reason,
-                               error_record(error_type, message)):
+                               self.sealed(error_record(error_type, message))):
             return self._report(ReportKind.LEASE_LOST)
         return self._report(ReportKind.PARKED, message)
 

@@ -99,7 +99,7 @@ class StepScope:
         effect store's connection."""
         self.lineage = LineageStore(effects.conn)
         self.waits = WaitStore(effects.conn)
-        self.retries = RetryStore(effects.conn)
+        self.retries = RetryStore(effects.conn, effects.keys.crypt)
         self.limits = LimitStore(effects.conn)
 
     def _start_budgets(self, tokens_left: int | None, cost_left_usd: float | None,

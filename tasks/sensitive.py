@@ -23,7 +23,7 @@ from pydantic_core import CoreSchema
 
 from ledger.catalog import SENSITIVE_MARK
 from ledger.checkpoints import sealed_envelope
-from ledger.crypto import ERROR_FIELD, MASK, Keyring, Place, open_value
+from ledger.crypto import ERROR_FIELD, Keyring, Place, open_value, sealed_text
 from ledger.exceptions import SealedValueUnreadable
 
 __all__ = ["SCHEMA_MARK", "Sensitive", "open_state", "seal_error", "seal_state",
@@ -128,8 +128,5 @@ def seal_error(crypt: Keyring | None, error: dict[str, Any], fields: frozenset[s
     can be sealed for it) gets ``***``: the failure is still recorded, its text is not."""
     if crypt is None or not fields or not isinstance(error.get("message"), str):
         return error
-    try:
-        sealed = crypt.seal(error["message"], Place(tenant, run_id, seq, ERROR_FIELD))
-    except SealedValueUnreadable:
-        return {**error, "message": MASK}
-    return {**error, "message": sealed}
+    return {**error, "message": sealed_text(crypt, error["message"],
+                                            Place(tenant, run_id, seq, ERROR_FIELD))}

@@ -3,14 +3,17 @@ into a model prompt, an effect's payload and result, across several checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from examples.fake_llm import FakeModel
 from ledger.vocabulary import ToolClass
-from tasks import Sensitive, StepContext, StepError, Workflow
+from tasks import Sensitive, StepContext, StepError, ToolError, Workflow
+from tasks.exceptions import EffectFailed, EffectOutcomeUnknown
+from tasks.retry import RetryPolicy
 from tasks.tools import Tool, ToolResult
 
 
@@ -52,10 +55,12 @@ def again(ctx: StepContext, state: Order) -> Any:
 @flow.step
 def create(ctx: StepContext, state: Order) -> Any:
     """Candidate code for tests/integration/test_corpus_crypt.py: with
-    ``ONWARD_TEST_CRYPT_VARIANT=echo`` it keeps another (sensitive) echo."""
-    created = ctx.effect(crm, customer=state.customer, amount=state.amount)
-    echo = created["echo"] + ("!" if os.environ.get("ONWARD_TEST_CRYPT_VARIANT") == "echo"
-                              else "")
+    ``ONWARD_TEST_CRYPT_VARIANT=echo`` it keeps another (sensitive) echo; with ``amount``
+    it asks for another amount (a replay diverges: another payload)."""
+    variant = os.environ.get("ONWARD_TEST_CRYPT_VARIANT")
+    amount = state.amount + (1 if variant == "amount" else 0)
+    created = ctx.effect(crm, customer=state.customer, amount=amount)
+    echo = created["echo"] + ("!" if variant == "echo" else "")
     return ctx.goto(check, crm_id=created["id"], echo=echo)
 
 
@@ -100,3 +105,50 @@ refusing = Workflow("test_crypt_error", version=1, state=Order)
 def refuse(ctx: StepContext, state: Order) -> Any:
     """A step whose error quotes the sensitive customer (as a validation error would)."""
     raise StepError(f"no account for {state.customer}", non_retryable=True)
+
+
+class Checked(BaseModel):
+    """A state whose sensitive field must look like a CRM id: a run started with anything
+    else is refused at its restore with pydantic's error, which quotes the value."""
+
+    customer: Annotated[str, Sensitive, Field(pattern=r"^c-\d+$")]
+
+
+checked = Workflow("test_crypt_invalid", version=1, state=Checked)
+
+
+@checked.step(start=True)
+def never(ctx: StepContext, state: Checked) -> Any:
+    return ctx.finish()
+
+
+def _refuse_customer(payload: dict[str, Any], key: str) -> ToolResult:
+    raise ToolError(f"no CRM account for {payload['customer']}", retryable=False,
+                    status_code=404)
+
+
+def _answer_failed(payload: dict[str, Any], key: str) -> ToolResult:
+    return ToolResult("failed", None, {"reason": f"unknown customer {payload['customer']}"})
+
+
+def _busy(payload: dict[str, Any], key: str) -> ToolResult:
+    raise ToolError(f"busy, try {payload['customer']} later", retryable=True, status_code=503)
+
+
+refusing_crm = Tool("test.crypt_refusing_crm", ToolClass.IDEMPOTENT_WRITE, call=_refuse_customer)
+failing_crm = Tool("test.crypt_failing_crm", ToolClass.IDEMPOTENT_WRITE, call=_answer_failed)
+busy_crm = Tool("test.crypt_busy_crm", ToolClass.IDEMPOTENT_WRITE, call=_busy,
+                retry=RetryPolicy(attempts=2, backoff_s=0.0, backoff_max_s=0.0))
+
+provider_errors = Workflow("test_crypt_provider_error", version=1, state=Order)
+
+
+@provider_errors.step(start=True)
+def send(ctx: StepContext, state: Order) -> Any:
+    """Three providers' errors that quote the customer: a failure answer, a refusal, and a
+    retryable refusal counted by the retry policy."""
+    for tool in (failing_crm, busy_crm):
+        with contextlib.suppress(EffectFailed, EffectOutcomeUnknown):
+            ctx.effect(tool, customer=state.customer)
+    ctx.effect(refusing_crm, customer=state.customer)
+    return ctx.finish()

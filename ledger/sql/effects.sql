@@ -134,7 +134,7 @@ WITH fence AS (
 ), attempt AS (
     UPDATE onward.effect_attempts
        SET ended_at = onward.now(), outcome = %(outcome)s, provider_ref = %(provider_ref)s,
-           error = %(error)s, mac = %(attempt_mac)s
+           error = %(attempt_error)s, mac = %(attempt_mac)s
      WHERE effect_type = %(effect_type)s AND effect_id = %(effect_id)s AND attempt = %(attempt)s
        AND EXISTS (SELECT 1 FROM fence)
 ), effect AS (

@@ -44,7 +44,10 @@ WITH exhausted AS (
                'message', CASE WHEN r.lease_owner IS NULL
                     THEN format('no worker could run step %%s at seq %%s in %%s attempts: %%s',
                                 coalesce(r.step, '(start)'), r.seq, r.attempt,
-                                coalesce(r.last_error->>'message', 'no error recorded'))
+                                CASE WHEN jsonb_typeof(r.last_error->'message') = 'object'
+                                     THEN '*** (sealed: see previous)'
+                                     ELSE coalesce(r.last_error->>'message', 'no error recorded')
+                                END)
                     ELSE format('step %%s at seq %%s lost its worker on all %%s attempts; '
                                 'the last holder was %%s',
                                 coalesce(r.step, '(start)'), r.seq, r.attempt, r.lease_owner)

@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.corpus_history import Call, Checkpoint, History
-from ledger.crypto import MASK, RESULT_FIELD, Keyring, is_sealed, open_value
+from ledger.crypto import MASK, REQUEST_FIELD, RESULT_FIELD, Keyring, is_sealed, open_value
 from ledger.exceptions import MalformedControl, SealedValueUnreadable
 from ledger.vocabulary import OutcomeKind, RunStatus
 from ledger.wait_control import parse_control
@@ -132,6 +132,9 @@ def opened(history: History, crypt: Keyring | None, *,
         history = replace(history, last_error={**error, "message": MASK})
     if crypt is None:
         return history
+    if isinstance(error, dict) and is_sealed(error.get("request")):  # a divergence's
+        history = replace(history, last_error={**(history.last_error or {}), "request": _opened(
+            crypt, error["request"], history, REQUEST_FIELD)})
     checkpoints = {seq: _opened_state(cp, history, crypt, copied_from)
                    for seq, cp in history.checkpoints.items()}
     return replace(history, checkpoints=checkpoints,

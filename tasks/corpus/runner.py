@@ -24,6 +24,7 @@ from ledger import Ledger, OnwardSettings
 from ledger.bundle import Bundle
 from ledger.corpus_bundle import load_txn
 from ledger.corpus_replays import ReplayCopy, copy_replays_txn
+from ledger.crypto import master_keys_text
 from ledger.db import wrap_driver_errors
 from ledger.exceptions import IntegrityViolation
 from ledger.scratch import scratch_database
@@ -126,12 +127,14 @@ def _settings_json(settings: OnwardSettings) -> dict[str, Any]:
     """The ledger's settings a replay process needs (not the CLI's token, nor a worker's:
     ``settings`` may be either's, which extend ``OnwardSettings``), as JSON; the master
     encryption keys as their value (JSON masks a secret as ``**********``, with which the
-    replays could not open sealed values): they go to the replay processes only, in the
-    payload, never to a log."""
+    replays could not open sealed values; the embedded default's come from its home's key
+    file, which a scratch ledger with a URL of its own would not read): they go to the
+    replay processes only, in the payload, never to a log."""
     data = settings.model_dump(mode="json",
                                include=set(OnwardSettings.model_fields) - {"database_url"})
-    if settings.encryption_keys is not None:
-        data["encryption_keys"] = settings.encryption_keys.get_secret_value()
+    keys = master_keys_text(settings)  # the embedded default's too: from its home's file
+    if keys is not None:
+        data["encryption_keys"] = keys
     return data
 
 

@@ -12,8 +12,10 @@ from typing import Any
 from uuid import UUID
 
 import structlog
+from pydantic import SecretStr
 
 from ledger import Ledger, OnwardSettings
+from ledger.crypto import master_keys_text
 from ledger.db import engine_of_its_own
 from tasks import faults
 from tasks.corpus.replayer import Replayer, ReplayOptions
@@ -61,5 +63,9 @@ def replayer_for(data: dict[str, Any]) -> Replayer:
 
 def ledger_for(settings: OnwardSettings, url: str) -> Ledger:
     """A ledger on the scratch database, with an engine of its own (disposed by its user)."""
-    scratch = settings.model_copy(update={"database_url": url})
+    update: dict[str, Any] = {"database_url": url}
+    keys = master_keys_text(settings)  # the embedded default's, read from its home
+    if keys is not None:
+        update["encryption_keys"] = SecretStr(keys)
+    scratch = settings.model_copy(update=update)
     return Ledger(engine_of_its_own(url, pool_size=2), scratch)

@@ -3,18 +3,23 @@ main job, run small (``--runs``, ``--sales-runs``) as ``make demo`` runs it when
 ONWARD_DATABASE_URL / ONWARD_BROKER_URL are set, on this test's own database and the test
 broker, with its real processes (provider, model server, dispatcher, reaper, workers, one
 SIGKILLed mid-step, one killed by a fault after the CRM's answer). Its exit status and the
-JSON line it prints are checked for what the demo claims."""
+JSON line it prints are checked for what the demo claims. It runs with a master encryption
+key, as ``make demo`` on the embedded default does (its home's key file): what the demo
+reads back from the ledger (answers, effects, approvals) is sealed at rest."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from ledger.db import libpq_conninfo
 from tests.support.cluster import ROOT
 
 pytestmark = pytest.mark.acceptance
@@ -29,6 +34,8 @@ def _demo_env(settings_env: dict[str, str], home: Path) -> dict[str, str]:
     env.update({"ONWARD_DATABASE_URL": settings_env["ONWARD_DATABASE_URL"],
                 "ONWARD_BROKER_URL": settings_env["ONWARD_BROKER_URL"],
                 "ONWARD_CHECKPOINT_KEY": settings_env["ONWARD_CHECKPOINT_KEY"],
+                # sealed at rest, as on the embedded default (its home's encryption.keys)
+                "ONWARD_ENCRYPTION_KEYS": f"demo={secrets.token_hex(32)}",
                 "ONWARD_HOME": str(home)})  # the demo's logs and fault markers
     return env
 
@@ -59,3 +66,8 @@ def test_demo__every_run_completes_and_the_crm_holds_each_write_once(
     assert out["provider_objects"] == 2 * SALES_RUNS, out  # an offer and an email each
     assert out["duplicate_provider_objects"] == 0, out
     assert out["effects_reconciled"] >= 1 and out["approvals_refused"] == 1, out
+    with psycopg.connect(libpq_conninfo(settings_env["ONWARD_DATABASE_URL"])) as conn:
+        sealed, effects = conn.execute(
+            "SELECT count(*) FILTER (WHERE payload ? '$sealed'), count(*) "
+            "FROM onward.effects").fetchone()  # type: ignore[misc]
+    assert sealed == effects == 2 * SALES_RUNS  # every CRM payload sealed at rest

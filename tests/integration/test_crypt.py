@@ -579,3 +579,106 @@ def test_a_compacted_encrypted_run_verifies_and_rotation_and_erasure_pass_over_i
     assert rotated.verify_run(run_id) == []
     assert rotated.erase_tenant_keys("erasure request") >= 1
     assert Ledger.from_env(OnwardSettings()).verify_run(run_id) == []
+
+
+def test_a_refusal_quoting_a_sensitive_value_is_sealed(drv: Driver) -> None:
+    """Given a workflow with sensitive fields whose run's state does not validate at its
+    restore (pydantic's error quotes the value); expect the park onward writes to keep its
+    type plain and its message sealed in the run's row, ``***`` in the attempt's, the value
+    in no table, the message opened for the app, masked for a viewer, ``verify`` clean."""
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run_id = drv.ledger.start_run("test_crypt_invalid", {"customer": customer},
+                                  sensitive=("customer",))
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.NEEDS_REVIEW and run.parked_reason == "invalid_state"
+    url = drv.ledger.url
+    assert places_holding(url, customer) == []
+    [(error,)] = rows(url, "SELECT last_error FROM onward.runs WHERE id = %s", run_id)
+    assert error["type"] == "InvalidState" and sealed_envelope(error["message"]) is not None
+    assert rows(url, "SELECT error_message FROM onward.step_attempts WHERE run_id = %s",
+                run_id) == [("***",)]
+    assert customer in run.last_error["message"]  # type: ignore[index]
+    [parked] = drv.ledger.audit(run_id=run_id, action="park")
+    assert customer in parked.details["message"]  # type: ignore[index]
+    viewer = drv.ledger.acting_as("vic", "viewer")
+    assert viewer.get_run(run_id).last_error["message"] == "***"  # type: ignore[union-attr,index]
+    assert viewer.audit(run_id=run_id, action="park")[0].details["message"] == "***"  # type: ignore[index]
+    assert drv.ledger.verify_run(run_id) == [] and drv.ledger.verify_audit() == []
+
+
+def test_provider_errors_quoting_a_sensitive_value_are_sealed(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a step whose providers answer a failure, refuse, and refuse for now (counted by
+    the retry policy), each quoting the customer; expect the effects' and their attempts'
+    errors and the counted failure to keep type and status code plain and the provider's
+    text sealed, the value in no table, the errors opened for an operator (and for the
+    step: its error quotes the refusal) and masked for a viewer, re-encrypted by a
+    rotation, unreadable after the tenant's erasure, and ``verify`` clean throughout."""
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run_id = drv.ledger.start_run("test_crypt_provider_error", {"customer": customer},
+                                  sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.FAILED
+    url = drv.ledger.url
+    assert places_holding(url, customer) == []
+    stored = rows(url, "SELECT e.effect_type, e.error, a.error FROM onward.effects e "
+                       "JOIN onward.effect_attempts a USING (effect_type, effect_id) "
+                       "WHERE e.run_id = %s ORDER BY e.effect_type, a.attempt", run_id)
+    assert {kind for kind, _, _ in stored} == {
+        "test.crypt_busy_crm", "test.crypt_failing_crm", "test.crypt_refusing_crm"}
+    for _, *errors in stored:
+        for error in errors:
+            text = error.get("message", error.get("provider"))
+            assert sealed_envelope(text) is not None, error
+    refused = next(e for kind, e, _ in stored if kind == "test.crypt_refusing_crm")
+    assert refused["type"] == "ToolError" and refused["status_code"] == 404
+    [(counted,)] = rows(url, "SELECT last_error FROM onward.call_retries WHERE run_id = %s",
+                        run_id)
+    assert counted["status_code"] == 503 and sealed_envelope(counted["message"]) is not None
+
+    def shown(ledger: Ledger) -> list[Any]:
+        effects = ledger.effects(run_id)
+        return [e.error for e in effects] + [
+            a.error for e in effects for a in ledger.effect_attempts(e)]
+
+    assert all(customer in json.dumps(error) for error in shown(drv.ledger))
+    assert f"no CRM account for {customer}" in \
+        drv.ledger.get_run(run_id).last_error["message"]  # type: ignore[union-attr,index]
+    viewer = drv.ledger.acting_as("vic", "viewer")
+    assert all(customer not in json.dumps(error) and "***" in json.dumps(error)
+               for error in shown(viewer))
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEYS", f"m1={MASTER},m2={secrets.token_hex(32)}")
+    monkeypatch.setenv("ONWARD_ENCRYPTION_KEY_ID", "m2")
+    report = Ledger.from_env(OnwardSettings()).rotate_keys()
+    assert report.resealed["effects"] == 3 and report.resealed["effect_attempts"] >= 3
+    assert report.resealed["call_retries"] == 1
+    fresh = Ledger.from_env(OnwardSettings())
+    assert all(customer in json.dumps(error) for error in shown(fresh))
+    assert keyring_of(fresh).erase_tenant("default") >= 1
+    erased = Ledger.from_env(OnwardSettings())
+    assert all("*** (unreadable)" in json.dumps(error) for error in shown(erased))
+    assert drv.ledger.verify_run(run_id) == []
+    assert Ledger.from_env(OnwardSettings(encryption_keys=None)).verify_run(run_id) == []
+
+
+def test_a_diverged_replays_report_seals_the_request_it_quotes(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given an encrypted run replayed (evidence) by code whose effect asks another payload,
+    which quotes the customer; expect the replay diverged, its report's request sealed in
+    the run's row (the value in no table), shown opened to an operator and ``***`` to a
+    viewer, and the run verified."""
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run_id = drv.ledger.start_run("test_crypt", {"customer": customer}, sensitive=("customer",))
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    monkeypatch.setenv("ONWARD_TEST_CRYPT_VARIANT", "amount")
+    launched = drv.ledger.replay(run_id, 5, "evidence", "another amount")  # before create
+    replay = drv.drive(launched.run_id)
+    assert replay.status is RunStatus.DIVERGED, replay.last_error
+    assert replay.last_error["why"] == "request_differs"  # type: ignore[index]
+    assert replay.last_error["request"]["customer"] == customer  # type: ignore[index]
+    url = drv.ledger.url
+    assert places_holding(url, customer) == []
+    [(report,)] = rows(url, "SELECT last_error FROM onward.runs WHERE id = %s", launched.run_id)
+    assert sealed_envelope(report["request"]) is not None
+    viewer = drv.ledger.acting_as("vic", "viewer").get_run(launched.run_id)
+    assert viewer.last_error["request"] == "***"  # type: ignore[union-attr,index]
+    assert drv.ledger.verify_run(launched.run_id) == []

@@ -250,6 +250,7 @@ class StubEffects:
 
     def __init__(self) -> None:
         self.conn: Any = NoDatabase()
+        self.keys = KEYS  # no encryption keys: nothing is sealed
         self.unknown: list[Effect] = []
 
     def unresolved(self, run_id: UUID) -> list[Effect]:
