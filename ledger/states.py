@@ -94,10 +94,16 @@ def copy_json(value: Any) -> Any:
     the rest are immutable): what ``json.loads(json.dumps(value))`` gives, at a fraction of
     its cost for a large state."""
     kind = type(value)
-    if kind is dict:
-        return {key: copy_json(item) for key, item in value.items()}
+    if kind is dict:  # a C copy, then containers replaced: most of a state's values are scalars
+        copied = value.copy()
+        for key, item in value.items():
+            kind = type(item)
+            if kind is dict or kind is list:
+                copied[key] = copy_json(item)
+        return copied
     if kind is list:
-        return [copy_json(item) for item in value]
+        return [copy_json(item) if type(item) is dict or type(item) is list else item
+                for item in value]
     return value
 
 
@@ -152,17 +158,30 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
     return [{"op": "replace", "path": path, "value": new}]
 
 
-def _apply_op(doc: Any, parts: Sequence[str], op: str, value: Any) -> Any:
-    """``doc`` with one operation applied, copying only the containers on its path."""
+def _writable(container: Any, owned: dict[int, Any] | None) -> Any:
+    """``container`` itself when ``owned`` holds it (a copy this rebuild made, which nothing
+    else holds), else a shallow copy of it (recorded in ``owned`` when given)."""
+    if owned is not None and id(container) in owned:
+        return container
+    copied = dict(container) if type(container) is dict else list(container)
+    if owned is not None:
+        owned[id(copied)] = copied  # kept alive here, so its id names it for the whole rebuild
+    return copied
+
+
+def _apply_op(doc: Any, parts: Sequence[str], op: str, value: Any,
+              owned: dict[int, Any] | None = None) -> Any:
+    """``doc`` with one operation applied, copying only the containers on its path (once per
+    rebuild when ``owned`` is given: ``_writable``)."""
     if not parts:
         if op == "replace":
             return value
         raise ValueError(f"{op} of the whole document")
     head, rest = parts[0], parts[1:]
     if type(doc) is dict:
-        copied: Any = dict(doc)
+        copied: Any = _writable(doc, owned)
         if rest:
-            copied[head] = _apply_op(doc[head], rest, op, value)
+            copied[head] = _apply_op(doc[head], rest, op, value, owned)
         elif op == "add":
             copied[head] = value
         elif op == "replace":
@@ -173,15 +192,15 @@ def _apply_op(doc: Any, parts: Sequence[str], op: str, value: Any) -> Any:
             del copied[head]
         return copied
     if type(doc) is list:
-        copied = list(doc)
         index = len(doc) if head == "-" else int(head)
         if head != "-" and (not head.isdigit() or str(index) != head):
             raise ValueError(f"{head!r} is not an array index")
+        if op == "add" and not rest and index > len(doc):
+            raise ValueError(f"add at index {index} past the end")
+        copied = _writable(doc, owned)
         if rest:
-            copied[index] = _apply_op(doc[index], rest, op, value)
+            copied[index] = _apply_op(doc[index], rest, op, value, owned)
         elif op == "add":
-            if index > len(doc):
-                raise ValueError(f"add at index {index} past the end")
             copied.insert(index, value)
         elif op == "replace":
             if index >= len(doc):
@@ -193,10 +212,23 @@ def _apply_op(doc: Any, parts: Sequence[str], op: str, value: Any) -> Any:
     raise ValueError(f"{head!r} is below a value that is not a container")
 
 
-def apply(state: Any, delta: Any) -> Any:
+def _parts(path: Any) -> Sequence[str]:
+    """An RFC 6901 pointer's reference tokens (``jsonpointer``'s, without it for the pointers
+    ``diff`` writes, which escape nothing)."""
+    if type(path) is str and path.startswith("/") and "~" not in path:
+        return path.split("/")[1:]
+    return jsonpointer.JsonPointer(path).parts
+
+
+def apply(state: Any, delta: Any, *, owned: dict[int, Any] | None = None) -> Any:
     """``state`` with the patch ``delta`` applied; ``state`` itself is left unchanged (the
     result shares every container the patch does not touch). Raises IntegrityViolation for
-    a patch that is not one ``diff`` makes or does not apply."""
+    a patch that is not one ``diff`` makes or does not apply.
+
+    ``owned`` (a rebuild's, empty at its start): containers already copied by an earlier
+    patch of the same rebuild are changed in place instead of copied again, so a chain of N
+    appends to a list of L items costs N + L, not N times L; only the last state of the
+    chain may then be used (the ones before it were changed)."""
     if not isinstance(delta, list):
         raise IntegrityViolation("a checkpoint's delta is not a JSON Patch (edited?)")
     try:
@@ -204,8 +236,7 @@ def apply(state: Any, delta: Any) -> Any:
             kind = op["op"]
             if kind not in ("add", "remove", "replace"):
                 raise ValueError(f"operation {kind!r}")
-            parts = jsonpointer.JsonPointer(op["path"]).parts
-            state = _apply_op(state, parts, kind, op.get("value"))
+            state = _apply_op(state, _parts(op["path"]), kind, op.get("value"), owned)
     except (KeyError, IndexError, TypeError, ValueError,
             jsonpointer.JsonPointerException) as exc:
         raise IntegrityViolation(
@@ -270,8 +301,9 @@ def rebuild(base: Any, deltas: Iterable[Any], *,
     when there is no delta: a snapshot signs its state itself)."""
     state = _resolved(base, artifact_body)
     digest: str | None = None
+    owned: dict[int, Any] = {}  # only the last state is kept: each container is copied once
     for delta in deltas:
-        state = apply(state, delta)
+        state = apply(state, delta, owned=owned)
         digest = _next_digest(base, digest, delta)
     return state, digest
 

@@ -254,3 +254,30 @@ def test_step_store__fail_with_retry_writes_a_delayed_outbox_row(
     assert row["finished_at"] is not None and row["lease_owner"] is None
     assert reads.outbox_rows(ledger.engine, final) == []
     assert reads.checkpoint_seqs(ledger.engine, final) == [0]
+
+
+def test_hot_connection__reads_json_as_json_loads_does(server_urls: dict[str, str]) -> None:
+    """The hot path parses ``json``/``jsonb`` with pydantic's parser (ledger/hot.py): what
+    PostgreSQL sends back reads as ``json.loads`` reads it, every JSON type exactly, in the
+    text and the binary format, and a value nested past that parser's 200 levels too."""
+    import json
+
+    from ledger.hot import HotConnection
+
+    deep: object = ["x"]
+    for _ in range(300):
+        deep = [deep]
+    value = {"s": "é\u2028\"\\/\t😀", "i": [0, -1, 2**53 - 1, 10**30], "f": [0.5, 1e-7, 1.5e300],
+             "b": [True, False, None], "n": [{"a": [[]]}, {}], "deep": deep}
+    text = json.dumps(value)
+    conn = HotConnection(server_urls["database"])
+    try:
+        for binary in (False, True):
+            row = conn.one("SELECT %(v)s::jsonb AS b, %(w)s::json AS j, %(v)s::jsonb::text AS t",
+                           {"v": text, "w": text}, binary=binary)
+            assert row is not None
+            for read, sent in ((row["b"], json.loads(row["t"])), (row["j"], json.loads(text))):
+                assert json.dumps(read, sort_keys=True) == json.dumps(sent, sort_keys=True)
+            assert row["j"] == value  # (jsonb writes 1.5e300 out as an integer)
+    finally:
+        conn.close()

@@ -5,6 +5,7 @@ the snapshot rule keeps storage linear for a state that grows every step."""
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import jsonpatch
@@ -36,6 +37,41 @@ def test_diff__is_a_patch_jsonpatch_applies_and_apply_agrees(old: Any, new: Any)
     rebuilt = states.apply(old, delta)
     assert states._same(rebuilt, new)
     assert states._same(old, before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_states, min_size=1, max_size=5))
+def test_rebuild__a_chain_gives_what_applying_each_delta_gives(chain: list[Any]) -> None:
+    """Invariant: rebuilding a chain (which changes in place the containers it copied
+    itself) ends at the chain's last state exactly, leaves the snapshot and the deltas as
+    they were, and its digest is the one ``chain_states`` gives the last row."""
+    base = chain[0]
+    deltas = [states.diff(a, b) for a, b in itertools.pairwise(chain)]
+    before = copy.deepcopy((base, deltas))
+    rebuilt, digest = states.rebuild(base, deltas)
+    assert states._same(rebuilt, chain[-1])
+    assert states._same(base, before[0]) and states._same(deltas, before[1])
+    rows = [{"seq": 0, "state": base, "state_delta": None}] + [
+        {"seq": i + 1, "state": None, "state_delta": d} for i, d in enumerate(deltas)]
+    assert digest == states.chain_states(rows, {})[-1]["state_chain"]
+
+
+def test_rebuild__copies_a_growing_list_once_per_chain_not_once_per_delta() -> None:
+    """A chain of appends copies the list it grows once (then appends in place), where
+    path copying alone copied it for every delta: a restore at the end of a chain of N
+    appends to a list of L items cost N times L. ``apply`` without ``owned`` still copies."""
+    base = {"messages": [{"text": "m"}] * 100, "n": 0}
+    owned: dict[int, Any] = {}
+    first = states.apply(base, [{"op": "add", "path": "/messages/-", "value": {"text": "a"}}],
+                         owned=owned)
+    second = states.apply(first, [{"op": "add", "path": "/messages/-", "value": {"text": "b"}},
+                                  {"op": "replace", "path": "/n", "value": 2}], owned=owned)
+    assert second is first and second["messages"] is first["messages"]
+    assert second["messages"][-2:] == [{"text": "a"}, {"text": "b"}] and second["n"] == 2
+    assert len(base["messages"]) == 100 and base["n"] == 0
+    plain = states.apply(second, [{"op": "remove", "path": "/messages/0"}])
+    assert plain is not second and plain["messages"] is not second["messages"]
+    assert len(second["messages"]) == 102
 
 
 def test_diff__json_types_differ_where_python_equality_does_not() -> None:
@@ -165,3 +201,4 @@ def test_parse_json__reads_what_json_loads_reads() -> None:
     copied = states.copy_json(value)
     assert copied == value and copied is not value
     assert copied["nested"][0]["a"] is not value["nested"][0]["a"]
+
