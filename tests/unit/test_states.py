@@ -202,3 +202,18 @@ def test_parse_json__reads_what_json_loads_reads() -> None:
     assert copied == value and copied is not value
     assert copied["nested"][0]["a"] is not value["nested"][0]["a"]
 
+
+def test_parse_json__reads_a_state_nested_as_deep_as_the_settings_allow() -> None:
+    """pydantic's parser stops at 200 levels; ONWARD_MAX_JSON_DEPTH allows up to 500, and a
+    large state that deep is stored as an artifact, which a restore must read (it parked
+    integrity: 'a stored state is not JSON'). Not JSON is still refused at any depth."""
+    deep: Any = [1.5]
+    for _ in range(450):
+        deep = [deep]
+    value = {"deep": deep, "pad": "p" * 70_000}
+    body = canonical_json(value, max_depth=500)
+    assert states.parse_json(body) == value
+    with pytest.raises(IntegrityViolation):
+        states.parse_json(body.replace(b"1.5", b"NaN"))
+    with pytest.raises(IntegrityViolation):
+        states.parse_json(body[:-1])
