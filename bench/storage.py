@@ -25,11 +25,20 @@ this run's alone:
   final state as its input (one snapshot, no chain): what the state's size costs by itself,
   whatever its history. The restore at the last step is compared with it: the chain adds
   ``restore_chain_overhead`` (a quotient).
+
+With ``--phases``, ``restore_phases_ms_at_step_N`` (and at step 10) splits that restore
+into its parts, each the median of ``--samples`` timed apart: the claim statement (and the
+state artifact's ``SELECT body`` alone), then the Python side: the artifact's sha256, its
+parse, applying the deltas since the snapshot, their chain digests, ``Claim.from_row`` (the
+four before it together, and the claim's other fields), ``restore`` (MACs, sealed fields,
+the step's copy, validation: ``copy`` and ``validate`` alone), and the CPU time of this
+process for one claim + restore (wall times on a busy machine are mostly waiting for a core).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -46,12 +55,14 @@ if ROOT not in sys.path:
 
 import psycopg  # noqa: E402
 import structlog  # noqa: E402
+from psycopg.types.json import Jsonb  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from bench._common import measured_in_scratch_database  # noqa: E402
-from ledger import Ledger  # noqa: E402
-from ledger.checkpoints import canonical_json  # noqa: E402
-from ledger.db import database_url, libpq_conninfo  # noqa: E402
+from ledger import Ledger, states  # noqa: E402
+from ledger.checkpoints import artifact_ref, canonical_json  # noqa: E402
+from ledger.db import HEAD_REVISION, database_url, libpq_conninfo  # noqa: E402
+from ledger.sql import statement  # noqa: E402
 from ledger.steps import Claim, StepStore  # noqa: E402
 from tasks import Registry, StepContext, Workflow  # noqa: E402
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step  # noqa: E402
@@ -129,6 +140,73 @@ def restore_p50_ms(url: str, store: StepStore, registry: Registry, ledger: Ledge
     return round(statistics.median(took[1:]), 3)  # the first warms the statement cache
 
 
+_ARTIFACT = "SELECT body FROM onward.artifacts WHERE sha256 = %(sha)s"
+
+
+def _timed(took: dict[str, list[float]], name: str, since: float) -> float:
+    now = time.perf_counter()
+    took.setdefault(name, []).append((now - since) * 1000)
+    return now
+
+
+def restore_phases_ms(url: str, store: StepStore, registry: Registry, ledger: Ledger,
+                      run_id: UUID, seq: int, samples: int) -> dict[str, float]:
+    """Median milliseconds of each part of a claim + restore of ``run_id`` at ``seq``."""
+    took: dict[str, list[float]] = {}
+    params = {"run_id": run_id, "seq": seq, "owner": "storage:0", "ttl": 600,
+              "bind": Jsonb({}), "revision": HEAD_REVISION,
+              "leases": Jsonb({})}
+    workflow: Workflow[Any] = chat
+    with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
+        for _ in range(samples + 1):
+            cpu, started = time.process_time(), time.perf_counter()
+            row = store.conn.one(statement("claim"), params, binary=True)
+            if row is None:
+                raise RuntimeError(f"could not claim {run_id} at {seq}")
+            at = _timed(took, "claim_statement", started)
+            claim = Claim.from_row(row)
+            at = _timed(took, "claim_from_row", at)
+            restored = restore(ledger.keys, registry, claim)
+            _timed(took, "restore", at)
+            took.setdefault("cpu_claim_and_restore", []).append(
+                (time.process_time() - cpu) * 1000)
+            if not isinstance(restored, Restored):
+                raise RuntimeError(f"restore of {run_id} at {seq} refused: {restored}")
+            conn.execute(_HAND_BACK, {"run_id": run_id})
+            _parts(took, conn, row, workflow, restored.opened)
+    return {name: round(statistics.median(values[1:]), 3) for name, values in took.items()}
+
+
+def _parts(took: dict[str, list[float]], conn: psycopg.Connection[Any], row: dict[str, Any],
+           workflow: Workflow[Any], opened: Any) -> None:
+    """The Python side of one restore, timed part by part (what ``Claim.from_row`` and
+    ``restore`` do together), and the state artifact's statement alone."""
+    at = time.perf_counter()
+    artifact = row["state_artifact"]
+    base = row["chain_base"] if row["cp_snapshot_seq"] is not None else row["cp_state"]
+    if artifact is not None:
+        ref = artifact_ref(base)
+        assert ref is not None
+        conn.execute(_ARTIFACT, {"sha": ref["sha256"]}, prepare=True, binary=True).fetchone()
+        at = _timed(took, "artifact_select_alone", at)
+        hashlib.sha256(artifact).hexdigest()
+        at = _timed(took, "artifact_sha256", at)
+        base = states.parse_json(artifact)
+        at = _timed(took, "artifact_parse", at)
+    owned: dict[int, Any] = {}
+    for delta in row["chain_deltas"] or []:
+        base = states.apply(base, delta, owned=owned)
+    at = _timed(took, "deltas_apply", at)
+    digest = states.snapshot_digest(row["chain_base"] or {})
+    for delta in row["chain_deltas"] or []:
+        digest = states.chain_digest(digest, delta)
+    at = _timed(took, "deltas_chain_digest", at)
+    copied = states.copy_json(opened)
+    at = _timed(took, "restore_copy", at)
+    workflow.state.model_validate(copied)
+    _timed(took, "restore_validate", at)
+
+
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     settings = WorkerSettings(database_url=url, broker_url="redis://unused",
                               start_unadvertised=True, max_state_bytes=64 * 1024 * 1024,
@@ -158,6 +236,9 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
                                 args.samples)
         at_early = restore_p50_ms(url, store, registry, ledger, short_run, early, args.samples)
         alone = restore_p50_ms(url, store, registry, ledger, one_snapshot, 0, args.samples)
+        phases = {f"restore_phases_ms_at_step_{at}": restore_phases_ms(
+            url, store, registry, ledger, run, at, args.samples)
+            for run, at in ((long_run, args.steps), (short_run, early))} if args.phases else {}
         with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
             kinds = conn.execute(_KINDS, {"run_id": long_run}).fetchone()
     finally:
@@ -174,6 +255,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "restore_p50_ms_same_state_one_snapshot": alone,
         "restore_ratio_last_vs_early": round(at_end / at_early, 2),
         "restore_chain_overhead": round(at_end / alone, 2),
+        **phases,
         "targets_met": {"stored_per_content_le_3": stored / content <= 3,
                         "restore_within_2x": at_end <= 2 * at_early},
     }
@@ -187,6 +269,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=21, help="restores per figure")
     parser.add_argument("--snapshot-every", type=int, default=16,
                         help="ONWARD_CHECKPOINT_SNAPSHOT_EVERY (1: every state in full)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each part of the restores at the last step and step 10")
     args = parser.parse_args()
     structlog.configure(  # the executor's debug lines would go to stdout, the JSON's place
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
