@@ -205,9 +205,10 @@ def test_bench_canary__no_credential_and_no_tenant_crossing(server_urls: dict[st
 
 def test_bench_storage__reports_storage_and_restore_figures(server_urls: dict[str, str]) -> None:
     """bench/storage.py, 40 steps of 512 bytes: the issue's keys are present and positive,
-    the quotient is theirs, and most checkpoints were stored as deltas."""
-    out = _bench("storage.py", ["--steps", "40", "--message-bytes", "512", "--samples", "3"],
-                 server_urls)
+    the quotient is theirs, most checkpoints were stored as deltas, and ``--phases`` times
+    the parts of both restores."""
+    out = _bench("storage.py", ["--steps", "40", "--message-bytes", "512", "--samples", "3",
+                                "--phases"], server_urls)
 
     for key in ("content_bytes", "stored_bytes", "stored_per_content",
                 "restore_p50_ms_at_step_40", "restore_p50_ms_at_step_10",
@@ -216,6 +217,11 @@ def test_bench_storage__reports_storage_and_restore_figures(server_urls: dict[st
     assert out["stored_per_content"] == pytest.approx(
         out["stored_bytes"] / out["content_bytes"], rel=0.01)
     assert out["deltas"] > out["snapshots"] >= 1
+    for step in (40, 10):
+        phases = out[f"restore_phases_ms_at_step_{step}"]
+        for part in ("claim_statement", "claim_from_row", "restore", "cpu_claim_and_restore",
+                     "deltas_apply", "deltas_chain_digest", "restore_copy", "restore_validate"):
+            assert phases[part] > 0, (step, part, phases)
 
 
 def test_bench_partitions__reports_each_layout_and_its_probes(
