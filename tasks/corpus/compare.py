@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.corpus_history import Call, Checkpoint, History
-from ledger.crypto import MASK, REQUEST_FIELD, RESULT_FIELD, Keyring, is_sealed, open_value
+from ledger.crypto import MASK, RESULT_FIELD, Keyring, is_sealed, open_value
 from ledger.exceptions import MalformedControl, SealedValueUnreadable
 from ledger.vocabulary import OutcomeKind, RunStatus
 from ledger.wait_control import parse_control
@@ -132,9 +132,6 @@ def opened(history: History, crypt: Keyring | None, *,
         history = replace(history, last_error={**error, "message": MASK})
     if crypt is None:
         return history
-    if isinstance(error, dict) and is_sealed(error.get("request")):  # a divergence's
-        history = replace(history, last_error={**(history.last_error or {}), "request": _opened(
-            crypt, error["request"], history, REQUEST_FIELD)})
     checkpoints = {seq: _opened_state(cp, history, crypt, copied_from)
                    for seq, cp in history.checkpoints.items()}
     return replace(history, checkpoints=checkpoints,
@@ -265,8 +262,12 @@ def diverged(error: dict[str, Any], seq: int, requests: RequestLookup | None) ->
                        tuple(_request_lines(error, call, command_id, requests)))
     if why == "no_record":
         shown = error.get("request")
-        lines = ["the replay asked:", *(f"+ {line}" for line in request_text(shown))] \
-            if shown is not None else []
+        if shown is None:
+            lines = []
+        elif is_sealed(shown):  # a report goes to CI logs
+            lines = ["the replay asked: (stored sealed: not shown)"]
+        else:
+            lines = ["the replay asked:", *(f"+ {line}" for line in request_text(shown))]
         return Finding(Kind.UNRECORDED, message, where.get("seq", seq), step, call,
                        command_id, tuple(lines))
     return Finding(Kind.ERROR, message, where.get("seq", seq), step, call, command_id)
@@ -278,6 +279,9 @@ def _request_lines(error: dict[str, Any], call: str, command_id: str | None,
     if requests is None or command_id is None or replayed is None:
         return [f"request hash {error.get('recorded_request_hash')} → {error.get('request_hash')}"]
     kept, recorded = requests(call, command_id)
+    if is_sealed(replayed) or is_sealed(recorded):  # a report goes to CI logs: not shown
+        return [f"request hash {error.get('recorded_request_hash')} → "
+                f"{error.get('request_hash')} (stored sealed: not shown)"]
     if not kept:
         return [f"request hash {error.get('recorded_request_hash')} → "
                 f"{error.get('request_hash')} (the recorded request was not kept, so no diff: "

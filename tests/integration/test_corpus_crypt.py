@@ -104,6 +104,22 @@ def test_replay__a_changed_sensitive_value_is_a_divergence_that_does_not_show_it
     assert customer not in json.dumps(outcome.as_json())
 
 
+def test_replay__a_request_that_differs_is_reported_without_showing_it(
+        drv: Driver, settings: OnwardSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: candidate code whose effect asks another payload (which quotes the
+    sensitive customer) is a request divergence at that step whose report gives the two
+    request hashes, neither payload (the recorded one is sealed, the replay's report seals
+    the replay's)."""
+    customer = f"CANARY{secrets.token_hex(6)}"
+    record(drv, customer)
+    monkeypatch.setenv("ONWARD_TEST_CRYPT_VARIANT", "amount")
+    outcome = replayed(drv, settings, 1)
+    finding = outcome.finding or {}
+    assert (finding.get("kind"), finding.get("step")) == (Kind.REQUEST.value, "create"), finding
+    assert [line.endswith("(stored sealed: not shown)") for line in finding["diff"]] == [True]
+    assert customer not in json.dumps(outcome.as_json())
+
+
 def test_bundle__carries_the_wrapped_keys_and_opens_in_another_ledger(
         drv: Driver, settings: OnwardSettings, server_urls: dict[str, str],
         template_database: str) -> None:
