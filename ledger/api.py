@@ -41,6 +41,7 @@ from ledger.crypto import (
     Keyring,
     approval_field,
     is_sealed,
+    open_value,
     shown_value,
     signal_field,
 )
@@ -66,6 +67,7 @@ from ledger.exceptions import (
     IntegrityViolation,
     InvalidInput,
     OperationRefused,
+    SealedValueUnreadable,
     UnknownApproval,
     UnknownRun,
     UnknownToken,
@@ -335,9 +337,10 @@ class Ledger:
         with wrap_driver_errors("reading a checkpoint"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
             found = inspection.get_checkpoint_txn(conn, run_id, seq)
+            source = self._source_of(conn, run_id)
         if found is None:
             return None
-        return dc_replace(found, state=self._shown_state(found.state, run_id, seq))
+        return dc_replace(found, state=self._shown_state(found.state, run_id, seq, source))
 
     def find_effects(self, *, run_id: UUID | None = None, status: EffectStatus | None = None,
                      effect_type: str | None = None, limit: int = 50,
@@ -841,9 +844,10 @@ class Ledger:
         with wrap_driver_errors("reading checkpoints"), self.engine.connect() as conn:
             self._own_run(conn, run_id)
             rows = checkpoint_rows_txn(conn, run_id)
+            source = self._source_of(conn, run_id)
         envelopes = [CheckpointEnvelope.from_row(row) for row in rows]
         return [e.model_copy(update={"state": self._shown_state(
-                    e.state, run_id, e.identity.seq)}) for e in envelopes]
+                    e.state, run_id, e.identity.seq, source)}) for e in envelopes]
 
     # -- sealed values (ledger/crypto.py): opened for roles that may see them, else masked --
     @property
@@ -863,11 +867,33 @@ class Ledger:
         """The run with its sealed finish result opened (or masked: ``_shown``)."""
         return run_ops.shown_run(self.keys.crypt, run, may_see=self.may_see_sealed)
 
-    def _shown_state(self, state: Any, run_id: UUID, seq: int) -> Any:
+    @staticmethod
+    def _source_of(conn: Connection, run_id: UUID) -> UUID | None:
+        """The run a replay or branch was copied from (None: a recorded run)."""
+        found: UUID | None = conn.execute(sa.select(runs_table.c.parent_run_id).where(
+            runs_table.c.id == run_id)).scalar()
+        return found
+
+    def _shown_state(self, state: Any, run_id: UUID, seq: int,
+                     source: UUID | None = None) -> Any:
+        """A checkpoint's state, each sealed field opened (or masked: ``_shown``). The state
+        a replay or branch starts from keeps its source's envelopes, sealed for the source's
+        place, until its next checkpoint seals them again (tasks/sensitive.py
+        ``open_state``): those open as the source's."""
         if not isinstance(state, dict):
             return state
-        return {name: self._shown(value, run_id, f"state.{name}", seq_at_most=seq)
+        return {name: self._shown_field(value, run_id, f"state.{name}", seq, source)
                 for name, value in state.items()}
+
+    def _shown_field(self, value: Any, run_id: UUID, field: str, seq: int,
+                     source: UUID | None) -> Any:
+        if source is not None and self.may_see_sealed and is_sealed(value):
+            try:
+                return open_value(self.keys.crypt, value, tenant=self.actor.tenant_id,
+                                  run_id=run_id, field=field, seq_at_most=seq)
+            except SealedValueUnreadable:
+                return self._shown(value, source, field)
+        return self._shown(value, run_id, field, seq_at_most=seq)
 
     def _shown_error(self, effect: Effect, error: dict[str, Any] | None,
                      attempt: int | None) -> dict[str, Any] | None:

@@ -108,7 +108,9 @@ class CheckpointEnvelope(_Group):
     compatibility: Compatibility
     lease_epoch: int
     created_at: datetime
-    state: dict[str, Any]
+    # None: compacted by retention (docs/operating.md#retention), which keeps the state's
+    # sha256 and the checkpoint's hash, not the state
+    state: dict[str, Any] | None
 
     @classmethod
     def from_row(cls, row: Any) -> CheckpointEnvelope:

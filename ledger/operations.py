@@ -437,9 +437,16 @@ def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.REPEAT_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
         effect_id=effect_id, before_seq=effect.seq, after_seq=effect.seq,
-        details={**plan, "effect_type": effect_type, "attempt": attempt, "repeat": number,
-                 "idempotency_key": key, "repeat_of": effect_id}))
+        details={**_audited(plan, effect), "effect_type": effect_type, "attempt": attempt,
+                 "repeat": number, "idempotency_key": key, "repeat_of": effect_id}))
     return RepeatStarted(effect, attempt, number, key)
+
+
+def _audited(plan: dict[str, Any], effect: Effect) -> dict[str, Any]:
+    """A confirmed plan as its audit row keeps it: with the effect's payload and recipient
+    as the ledger stores them. The person confirmed them opened (``Ledger`` shows sealed
+    values opened to an admin); a sealed payload stays sealed in the audit log too."""
+    return {**plan, **{k: getattr(effect, k) for k in ("payload", "recipient") if k in plan}}
 
 
 def _check_repeat_plan(conn: Connection, effect: Effect, plan: dict[str, Any]) -> None:
@@ -575,7 +582,8 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.RESOLVE_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
         effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
-        details={**plan, "attempt": attempt, "previous_status": effect.status.value}))
+        details={**_audited(plan, effect), "attempt": attempt,
+                 "previous_status": effect.status.value}))
     return get_effect_txn(conn, effect_type, effect_id)
 
 

@@ -349,6 +349,41 @@ def test_a_replay_of_an_encrypted_run_opens_its_parents_sealed_values(
     assert places_holding(drv.ledger.url, "ada@example.com") == ["checkpoints"]  # the input
 
 
+def test_a_replay_shows_the_state_it_copied_opened(drv: Driver) -> None:
+    """Invariant: an admin is shown the state a replay or branch starts from opened, as the
+    worker opens it: that checkpoint keeps its source's envelopes, sealed for the source's
+    place (found by the model-based test: it read ``*** (unreadable)``)."""
+    run = run_one(drv, "ada@example.com")
+    launched = drv.ledger.replay(run.id, 2, "live", "check")
+    first = drv.ledger.checkpoints(launched.run_id)[0]
+    assert first.state["text"] == drv.ledger.checkpoints(run.id)[2].state["text"]
+    assert "ada@example.com" in first.state["text"]
+    view = drv.ledger.checkpoint(launched.run_id, first.identity.seq)
+    assert view is not None and view.state == first.state
+    child = drv.drive(launched.run_id)
+    assert child.status is RunStatus.COMPLETED, child.last_error
+    assert "ada@example.com" in drv.ledger.checkpoints(launched.run_id)[-1].state["text"]
+
+
+def test_a_repeated_sealed_effect_leaves_no_plain_payload_in_the_audit_log(
+        drv: Driver) -> None:
+    """Invariant: an admin's repeat of an effect whose payload is sealed records the plan it
+    confirmed in the audit log with the payload as stored, sealed (found by the model-based
+    test: the plan, shown to the admin opened, went into the audit row in plain text)."""
+    from tasks.operator import plan_repeat, repeat_effect
+
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run = run_one(drv, customer)
+    admin = Ledger(drv.ledger.engine, drv.ledger.settings.model_copy(
+        update={"workflows": ["tests.workflows_crypt"]}))
+    (effect,) = admin.effects(run.id)
+    assert effect.payload["customer"] == customer  # shown opened to the admin
+    repeat_effect(admin, plan_repeat(admin, effect), "check: the provider lost it")
+    assert "audit" not in places_holding(admin.url, customer)
+    (row,) = [a for a in admin.audit(run_id=run.id) if a.action == "repeat_effect"]
+    assert sealed_envelope(row.details["payload"]) is not None
+
+
 def test_a_replay_from_a_wait_asks_again_about_the_artifact_opened(drv: Driver) -> None:
     """Given a run waiting for approval of a sealed artifact; expect a live replay from that
     wait to ask its own approval about the same artifact, sealed for the new run: the

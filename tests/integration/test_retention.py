@@ -70,6 +70,19 @@ def test_retention__compaction_keeps_verify_clean_and_catches_an_edited_digest(
         admin.replay(run_id, 2, "live", "look again")
 
 
+def test_retention__a_compacted_run_still_reads_as_checkpoint_envelopes(
+        drv: Driver, admin: Ledger) -> None:
+    """Invariant: ``Ledger.checkpoints`` (``onward runs show``) reads a compacted run: each
+    checkpoint's envelope with its hash and no state (found by the model-based test: it
+    raised a validation error, the envelope's state being required)."""
+    run_id = finished(drv, admin)
+    assert admin.retention_apply().runs == 1
+    envelopes = admin.checkpoints(run_id)
+    assert [e.identity.seq for e in envelopes] == list(range(7))
+    assert {e.state is None for e in envelopes} == {True}
+    assert all(e.identity.hash for e in envelopes)
+
+
 def test_retention__held_and_pinned_runs_are_kept(drv: Driver, admin: Ledger) -> None:
     """Invariant: a run on legal hold and a run pinned in a corpus are counted as kept by
     the plan and left whole by apply (compacting a held run directly is refused); once the
