@@ -35,7 +35,13 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.crypto import Place, approval_field, is_sealed
-from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused, UnknownRun
+from ledger.exceptions import (
+    IntegrityViolation,
+    InvalidInput,
+    OperationRefused,
+    SealedValueUnreadable,
+    UnknownRun,
+)
 from ledger.lineage import (
     APPROVAL_AT,
     SIGNAL_AT,
@@ -172,9 +178,10 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     source = _source_txn(conn, keys, actor, request, max_state_bytes, check_state)
     run_id = uuid7()
     start = _start(conn, keys, source.parent, source.cp, request.mode, run_id)
+    state = _sealed_for(conn, keys, source, run_id)
     body = CheckpointBody(
         run_id=run_id, seq=source.cp["seq"], parent_hash=None, step=source.cp["step"],
-        next_step=source.cp["next_step"], outcome=OutcomeKind.FORK.value, state=source.state,
+        next_step=source.cp["next_step"], outcome=OutcomeKind.FORK.value, state=state,
         workflow_version=source.cp["workflow_version"], control=start.control,
         state_schema_version=source.cp["state_schema_version"], workflow=source.workflow)
     digest = keys.mac(body.as_dict())
@@ -236,6 +243,49 @@ def _source_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: F
         if check_state is not None:
             check_state(workflow, cp["workflow_version"], state)
     return _Source(parent, cp, workflow, state)
+
+
+def _sealed_for(conn: Connection, keys: CheckpointKeys, source: _Source,
+                run_id: UUID) -> dict[str, Any]:
+    """The state the new run starts from. A sealed field is bound to the run that sealed it;
+    the new run's worker opens its own fields and its source's (tasks/sensitive.py
+    ``open_state``). A field the source holds sealed for a run further back (the source is
+    itself a replay or branch, copied from its fork checkpoint) is sealed again here for the
+    new run, at the fork seq; without keys, or with nothing of the kind, as stored."""
+    state, parent = source.state, source.parent
+    if keys.crypt is None or parent["parent_run_id"] is None or artifact_ref(state):
+        return state
+    lineage = _lineage_txn(conn, parent["parent_run_id"])
+    sealed = dict(state)
+    for name, value in state.items():
+        if not is_sealed(value):
+            continue
+        field = f"state.{name}"
+        try:
+            keys.crypt.open(value, tenant=parent["tenant_id"], run_id=parent["id"], field=field)
+            continue  # the source's own: the new run's worker opens it as its source's
+        except SealedValueUnreadable:
+            pass
+        for ancestor in lineage:
+            try:
+                plain = keys.crypt.open(value, tenant=parent["tenant_id"], run_id=ancestor,
+                                        field=field)
+            except SealedValueUnreadable:
+                continue
+            sealed[name] = keys.crypt.seal(plain, Place(parent["tenant_id"], run_id,
+                                                        source.cp["seq"], field))
+            break
+    return sealed
+
+
+def _lineage_txn(conn: Connection, run_id: UUID | None, depth: int = 64) -> list[UUID]:
+    """``run_id`` and the runs it was copied from, nearest first."""
+    found: list[UUID] = []
+    while run_id is not None and len(found) < depth:
+        found.append(run_id)
+        run_id = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)
+                              ).scalar()
+    return found
 
 
 def _insert_run_txn(conn: Connection, keys: CheckpointKeys, request: ForkRequest,

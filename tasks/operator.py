@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from ledger.api import Ledger
 from ledger.effects import Effect, EffectAttempt, opened_effect
-from ledger.exceptions import InvalidInput, OperationRefused
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.forks import StateCheck
 from ledger.operations import RepeatStarted
 from ledger.vocabulary import AuditAction, EffectAttemptOutcome, LaunchMode
@@ -130,13 +130,17 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
     if isinstance(call, OperationRefused):
         raise ledger.refuse(AuditAction.REPEAT_EFFECT, call, reason=reason,
                             run_id=effect.run_id, effect_id=effect.effect_id)
+    # a sealed payload is opened here (the repeating process holds the keys) or refused,
+    # before the attempt is recorded
+    payload = _repeat_payload(ledger, effect)
+    if isinstance(payload, OperationRefused):
+        raise ledger.refuse(AuditAction.REPEAT_EFFECT, payload, reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
     shown = plan.as_dict()
     if shown_attempts is not None:
         shown["attempts"] = shown_attempts
     started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
                                   shown)
-    # a sealed payload is opened here (the repeating process holds the keys) or refused
-    payload = dict(opened_effect(ledger.keys, plan.effect).payload or {})
     error: dict[str, Any] | None = None
     outcome: EffectAttemptOutcome
     ref: str | None = None
@@ -156,6 +160,23 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
                                   error=error)
     return RepeatOutcome(started, outcome, ref, effect, error)
+
+
+def _repeat_payload(ledger: Ledger, effect: Effect) -> dict[str, Any] | OperationRefused:
+    """The payload a repeat sends: opened (a plan made through ``Ledger`` shows it opened
+    already), or why it cannot be: it does not open, or it reads ``***`` (a reader who may
+    not see it; its tenant's keys erased, ``*** (unreadable)``)."""
+    try:
+        payload = opened_effect(ledger.keys, effect).payload
+    except IntegrityViolation as exc:
+        return OperationRefused(f"effect {effect.effect_id[:16]}…: its payload does not open "
+                                f"({exc}): nothing was repeated")
+    if payload is not None and not isinstance(payload, dict):
+        return OperationRefused(f"effect {effect.effect_id[:16]}…: its payload reads "
+                                f"{str(payload)[:40]!r} here (sealed, and its tenant's keys "
+                                "erased or not configured in this process): nothing was "
+                                "repeated")
+    return dict(payload or {})
 
 
 def _repeat_call(plan: RepeatPlan) -> Callable[..., Any] | OperationRefused:

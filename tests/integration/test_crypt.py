@@ -365,6 +365,28 @@ def test_a_replay_shows_the_state_it_copied_opened(drv: Driver) -> None:
     assert "ada@example.com" in drv.ledger.checkpoints(launched.run_id)[-1].state["text"]
 
 
+@pytest.mark.parametrize("mode", ["live", "branch"])
+def test_a_copy_of_a_copy_from_its_fork_checkpoint_opens_its_sealed_fields(
+        drv: Driver, mode: str) -> None:
+    """Invariant: a replay (or branch) of a replay, from that replay's fork checkpoint, runs:
+    the fields sealed for the first run are sealed again for the new one when it is made
+    (found by the model-based test: its worker opened only its own fields and its source's,
+    so it parked ``SealedValueUnreadable``, and an admin was shown ``*** (unreadable)``)."""
+    run = run_one(drv, "ada@example.com")
+    first = drv.ledger.replay(run.id, 2, "live", "check")
+    if mode == "branch":
+        second = drv.ledger.branch(first.run_id, 2, [{"op": "replace", "path": "/amount",
+                                                     "value": 10}], "again")
+    else:
+        second = drv.ledger.replay(first.run_id, 2, "live", "again")
+    fork = drv.ledger.checkpoints(second.run_id)[0]
+    assert "ada@example.com" in fork.state["text"]
+    child = drv.drive(second.run_id)
+    assert child.status is RunStatus.COMPLETED, child.last_error
+    assert child.result == {"matched": True}
+    assert drv.ledger.verify_run(second.run_id) == []
+
+
 def test_a_repeated_sealed_effect_leaves_no_plain_payload_in_the_audit_log(
         drv: Driver) -> None:
     """Invariant: an admin's repeat of an effect whose payload is sealed records the plan it
@@ -382,6 +404,28 @@ def test_a_repeated_sealed_effect_leaves_no_plain_payload_in_the_audit_log(
     assert "audit" not in places_holding(admin.url, customer)
     (row,) = [a for a in admin.audit(run_id=run.id) if a.action == "repeat_effect"]
     assert sealed_envelope(row.details["payload"]) is not None
+
+
+def test_a_repeat_of_an_effect_whose_keys_were_erased_is_refused_before_anything(
+        drv: Driver) -> None:
+    """Invariant: once the tenant's keys are erased, an admin's repeat of a sealed effect is
+    refused (audited) before any attempt is recorded (found by the model-based test: the
+    plan showed the payload ``*** (unreadable)``, the attempt was committed, then the repeat
+    crashed turning that text into a payload, leaving the attempt without an outcome)."""
+    from ledger.exceptions import OperationRefused
+    from tasks.operator import plan_repeat, repeat_effect
+
+    run = run_one(drv, "ada@example.com")
+    admin = Ledger(drv.ledger.engine, drv.ledger.settings.model_copy(
+        update={"workflows": ["tests.workflows_crypt"]}))
+    (effect,) = admin.effects(run.id)
+    admin.erase_tenant_keys("gdpr request")
+    plan = plan_repeat(admin, admin.effects(run.id)[0])
+    with pytest.raises(OperationRefused, match="nothing was repeated"):
+        repeat_effect(admin, plan, "check: the provider lost it")
+    assert [a.kind for a in admin.effect_attempts(effect)] == ["call"]
+    assert [a.outcome for a in admin.audit(run_id=run.id) if a.action == "repeat_effect"] \
+        == ["refused"]
 
 
 def test_a_replay_from_a_wait_asks_again_about_the_artifact_opened(drv: Driver) -> None:
