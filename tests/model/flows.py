@@ -15,12 +15,12 @@ when it did not.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from ledger.vocabulary import ToolClass
-from tasks import StepContext, Workflow
+from tasks import Sensitive, StepContext, Workflow
 from tasks.llm import LLMResponse
 from tasks.tools import Tool
 from tests.model.world import WORLD
@@ -101,6 +101,10 @@ class Plan(BaseModel):
     ops: list[str]
     pc: int = 0
     tag: str = ""
+    # a value the ledger must never hold in plain text once encryption keys are configured
+    # (tests/model/invariants.py ``no_plaintext_at_rest``): in every state, the finish result,
+    # the effects' payloads, the step error of ``flaky`` (and the test's signal payloads)
+    note: Annotated[str, Sensitive] = ""
 
 
 class PlanV2(Plan):
@@ -122,7 +126,8 @@ def _define(workflow: Workflow[Any]) -> None:
     def act(ctx: StepContext, state: Plan) -> Any:
         WORLD.on_body(ctx)
         if state.pc >= len(state.ops):
-            return ctx.finish(ref=state.ref, pc=state.pc, version=workflow.version)
+            return ctx.finish(ref=state.ref, pc=state.pc, version=workflow.version,
+                              note=state.note)
         op, nxt = state.ops[state.pc], state.pc + 1
         wait = _wait(ctx, state, op, nxt)
         if wait is not None:
@@ -153,17 +158,18 @@ def _define(workflow: Workflow[Any]) -> None:
                 ctx.llm(model="counting", messages=[
                     {"role": "user", "content": f"{state.ref} op {state.pc} call {call}"}])
         if op == "talk_then_crm":
-            ctx.effect(crm, ref=state.ref, intent=state.pc)
+            ctx.effect(crm, ref=state.ref, intent=state.pc, note=state.note)
         elif op == "crm_slow":  # then a model call: a cancelled step must not make it
-            ctx.effect(crm_slow, ref=state.ref, intent=state.pc)
+            ctx.effect(crm_slow, ref=state.ref, intent=state.pc, note=state.note)
             ctx.llm(model="counting", messages=[
                 {"role": "user", "content": f"{state.ref} op {state.pc} after the call"}])
         elif op in TOOLS:
-            ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc)
+            ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc, note=state.note)
         elif op == "flaky":
-            ctx.effect(crm, ref=state.ref, intent=state.pc)
-            if ctx.attempt == 1:
-                raise RuntimeError("flaky: the step raises after its effect, on attempt 1")
+            ctx.effect(crm, ref=state.ref, intent=state.pc, note=state.note)
+            if ctx.attempt == 1:  # quoting a sensitive value, as a step's error may
+                raise RuntimeError(f"flaky: the step raises after its effect, on attempt 1 "
+                                   f"(note {state.note})")
 
     @workflow.step
     def approved(ctx: StepContext, state: Plan) -> Any:

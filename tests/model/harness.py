@@ -239,6 +239,11 @@ class Worker:
         store.conn = CrashingConnection(store.conn, self, self.clock)  # type: ignore[assignment]
         return store
 
+    def use_keys(self, keys: CheckpointKeys, config: ExecutorConfig) -> None:
+        """Restart with other keys (encryption keys configured, or not)."""
+        self._keys, self.config = keys, config
+        self.restart()
+
     def restart(self) -> None:
         """The process is gone; a new one starts with a new connection and a new id."""
         self.store.close()

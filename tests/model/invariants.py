@@ -20,7 +20,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger import Ledger
+from ledger import Ledger, compacted
 from tests.model import known
 from tests.model.flows import APPROVAL_LIFETIME, SIGNAL_TIMEOUT, SLEEP
 from tests.model.world import CALL_COST_USD, CALL_TOKENS, USD_PER_TOKEN, World
@@ -40,6 +40,19 @@ class RunBook:
     # runs whose waiting head got a control this code cannot read (the newer_control rule),
     # with that head's seq: the step after it never runs
     unreadable: dict[UUID, int] = field(default_factory=dict)
+    # encryption at rest: whether the example runs with keys, and erased its tenant's keys;
+    # each run's sensitive note (a replay or branch inherits its source's)
+    sealed: bool = False
+    erased: bool = False
+    notes: dict[UUID, str] = field(default_factory=dict)
+    opened: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)  # last checked opened
+    # retention: what each run on legal hold or in a corpus held when it was first seen kept
+    # (``keep_fingerprints``), and the kinds compacted of a run, with its head seq then
+    kept: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)
+    keeping: bool = False  # a hold or pin was made (before that, nothing is kept)
+    compacted: dict[UUID, dict[str, int]] = field(default_factory=dict)
+    # runs imported into the second ledger whose import is not checked yet
+    imported: list[UUID] = field(default_factory=list)
 
 
 @dataclass
@@ -49,6 +62,16 @@ class Context:
     world: World
     book: RunBook
     worker_errors: list[str]
+    plain: Ledger | None = None  # the same ledger without encryption keys (verify needs none)
+    target: Ledger | None = None  # the second ledger runs are imported into
+
+
+CANARY = "CANARY-"
+"""How every sensitive note starts (tests/model/flows.py ``Plan.note``): no ledger row may
+hold it in plain text when the example runs with encryption keys (a ciphertext is base64,
+which has no ``-``)."""
+UNREADABLE_MARK = "*** (unreadable)"
+"""What a reader is shown of a sealed value whose keys were erased (ledger/crypto.py)."""
 
 
 # -- checks the ledger answers alone: each row is one violation ---------------------------------
@@ -154,6 +177,29 @@ SQL_CHECKS: dict[str, str] = {
 }
 
 
+def _plaintext_query(tables: list[str]) -> str:
+    """Rows of ``tables`` whose text holds a sensitive note in plain text."""
+    rows = " UNION ALL ".join(f"SELECT '{t}', x::text FROM onward.{t} x" for t in tables)
+    return f"""
+        SELECT format('onward.%s holds a sensitive value in plain text: %s', t,
+                      left(body, 160))
+          FROM ({rows}) AS q(t, body) WHERE strpos(body, '{CANARY}') > 0"""
+
+
+def _tables() -> list[str]:
+    from ledger.schema import metadata
+
+    return [t.name for t in metadata.sorted_tables]
+
+
+SEALED_SQL_CHECKS: dict[str, str] = {
+    # encryption at rest: with keys configured, no row holds a sensitive note in plain text
+    # (states, the input, results, effects' payloads, signal payloads, step errors ...)
+    "no_plaintext_at_rest": _plaintext_query(_tables()),
+}
+SQL_CHECKS.update(SEALED_SQL_CHECKS)
+
+
 def _sql_params(ctx: Context) -> dict[str, Any]:
     """What the outside world saw, for the checks that compare it with the ledger."""
     runs = sorted(ctx.book.started_tokens, key=str)
@@ -172,6 +218,8 @@ def _sql_params(ctx: Context) -> dict[str, Any]:
 def _sql_checks(ctx: Context, names: list[str]) -> dict[str, list[str]]:
     if not names:
         return {}
+    if not ctx.book.sealed:
+        names = [n for n in names if n not in SEALED_SQL_CHECKS]
     union = "\nUNION ALL\n".join(
         f"SELECT '{name}' AS name, detail FROM ({SQL_CHECKS[name]}) AS q{i}(detail)"
         for i, name in enumerate(names))
@@ -223,7 +271,9 @@ def one_object_per_effect(ctx: Context) -> list[str]:
 
 
 def verify_clean(ctx: Context) -> list[str]:
-    """5. ``Ledger.verify_run`` is clean on every run (rerun when its history changed)."""
+    """5. ``Ledger.verify_run`` is clean on every run (rerun when its history changed, and
+    after every compaction, rotation or erasure), verified without the encryption keys (a
+    compacted run, an erased tenant's run still verify)."""
     found = []
     for r in ctx.conn.execute(sa.text("""
         SELECT r.id, r.seq, r.head_hash,
@@ -233,7 +283,7 @@ def verify_clean(ctx: Context) -> list[str]:
         fingerprint = (r["seq"], r["head_hash"], r["cps"], r["evidence"])
         if ctx.book.verified.get(r["id"]) == fingerprint:
             continue
-        problems = [str(p) for p in ctx.ledger.verify_run(r["id"])
+        problems = [str(p) for p in (ctx.plain or ctx.ledger).verify_run(r["id"])
                     if not (r["id"] in ctx.book.unreadable and UNREADABLE in p.detail)]
         if not problems:
             ctx.book.verified[r["id"]] = fingerprint
@@ -270,6 +320,223 @@ def unreadable_control_parks(ctx: Context) -> list[str]:
     return found
 
 
+# -- retention (ledger/retention.py, ledger/partitions.py) ---------------------------------------
+DROPPED = "CAST('{\"$dropped\": true}' AS jsonb)"
+
+KEEP_FINGERPRINT = f"""
+    SELECT r.id,
+           (SELECT count(*) FROM onward.checkpoints c
+             WHERE c.run_id = r.id AND c.compacted_mac IS NOT NULL) AS checkpoints,
+           (SELECT count(*) FROM onward.evidence e
+             WHERE e.run_id = r.id AND e.response ? '$compacted') AS evidence,
+           (SELECT count(*) FROM onward.effects f
+             WHERE f.run_id = r.id AND f.payload = {DROPPED}) AS effects,
+           (SELECT count(*) FROM onward.approvals a
+             WHERE a.run_id = r.id AND a.artifact = {DROPPED}) AS approvals,
+           (SELECT count(*) FROM onward.signals s
+             WHERE s.run_id = r.id AND s.payload ? '$compacted') AS signals,
+           coalesce(r.result ? '$compacted', false) AS result,
+           (SELECT count(*) FROM onward.step_attempts a WHERE a.run_id = r.id) AS attempts
+      FROM onward.runs r
+     WHERE r.legal_hold IS NOT NULL
+        OR EXISTS (SELECT 1 FROM onward.corpus_runs p WHERE p.run_id = r.id)"""
+"""Each run on legal hold or pinned in a corpus: what of it is compacted (rows per kind),
+and its step attempts (last)."""
+
+
+def keep_fingerprints(conn: Connection) -> dict[UUID, tuple[Any, ...]]:
+    return {row[0]: tuple(row[1:]) for row in conn.execute(sa.text(KEEP_FINGERPRINT))}
+
+
+def kept_runs_untouched(ctx: Context) -> list[str]:
+    """Retention never takes anything of a run on legal hold or pinned in a corpus: from when
+    it is first seen kept (or held or pinned by a rule, which records it then), nothing more
+    of it is compacted and none of its step attempts go (by compaction or a partition drop),
+    however the hold or pin raced the retention pass."""
+    if not ctx.book.keeping:
+        return []
+    found = []
+    now = keep_fingerprints(ctx.conn)
+    for run_id in [r for r in ctx.book.kept if r not in now]:
+        del ctx.book.kept[run_id]  # released or unpinned: retention may take it again
+    for run_id, current in now.items():
+        before = ctx.book.kept.get(run_id)
+        if before is not None and current[:-1] != before[:-1]:
+            found.append(f"run {run_id} is kept (legal hold or corpus) but was compacted: "
+                         f"compacted rows {before[:-1]} -> {current[:-1]} (checkpoints, "
+                         "evidence, effects, approvals, signals, result)")
+        if before is not None and current[-1] < before[-1]:
+            found.append(f"run {run_id} is kept (legal hold or corpus) but lost step attempts: "
+                         f"{before[-1]} -> {current[-1]}")
+        ctx.book.kept[run_id] = current
+    return found
+
+
+COMPACTED = f"""
+    WITH c(run_id, kind, seq) AS (
+        SELECT * FROM unnest(CAST(:runs AS uuid[]), CAST(:kinds AS text[]),
+                             CAST(:seqs AS int[])))
+    SELECT format('run %s: checkpoint %s keeps a state (or no digest) after its states were '
+                  'compacted', c.run_id, k.seq)
+      FROM c JOIN onward.checkpoints k ON k.run_id = c.run_id AND k.seq <= c.seq
+     WHERE c.kind = 'states' AND (k.compacted_mac IS NULL OR k.state IS NOT NULL
+           OR k.state_delta IS NOT NULL
+           OR coalesce(k.state_sha256, '') !~ '^[0-9a-f]{{64}}$')
+    UNION ALL
+    SELECT format('run %s: its result is kept whole after its states were compacted', c.run_id)
+      FROM c JOIN onward.runs r ON r.id = c.run_id
+     WHERE c.kind = 'states' AND r.seq = c.seq AND r.result_mac IS NOT NULL
+       AND r.result IS NOT NULL AND NOT (r.result ? '$compacted')
+    UNION ALL
+    SELECT format('run %s: signal %s keeps its payload after its states were compacted',
+                  c.run_id, s.id)
+      FROM c JOIN onward.signals s ON s.run_id = c.run_id AND s.consumed_seq <= c.seq
+     WHERE c.kind = 'states' AND s.mac IS NOT NULL AND NOT (s.payload ? '$compacted')
+    UNION ALL
+    SELECT format('run %s: recorded answer %s keeps its response after its evidence was '
+                  'compacted', c.run_id, e.command_id)
+      FROM c JOIN onward.evidence e ON e.run_id = c.run_id AND e.seq <= c.seq
+     WHERE c.kind = 'evidence'
+       AND (e.artifact_sha256 IS NOT NULL OR NOT (e.response ? '$compacted'))
+    UNION ALL
+    SELECT format('run %s: effect %s keeps its payload after its artifacts were compacted',
+                  c.run_id, left(f.effect_id, 16))
+      FROM c JOIN onward.effects f ON f.run_id = c.run_id AND f.seq <= c.seq
+     WHERE c.kind = 'artifacts' AND f.payload IS NOT NULL AND f.payload <> {DROPPED}
+    UNION ALL
+    SELECT format('run %s: approval %s keeps its artifact after its artifacts were compacted',
+                  c.run_id, a.id)
+      FROM c JOIN onward.approvals a ON a.run_id = c.run_id AND a.seq <= c.seq
+     WHERE c.kind = 'artifacts' AND a.artifact IS DISTINCT FROM {DROPPED}
+    UNION ALL
+    SELECT format('run %s: step attempt of seq %s kept after its attempts were compacted',
+                  c.run_id, a.seq)
+      FROM c JOIN onward.step_attempts a ON a.run_id = c.run_id AND a.seq < c.seq
+     WHERE c.kind = 'attempts'"""
+
+
+def compacted_holds_digests(ctx: Context) -> list[str]:
+    """What retention compacted stays compacted to digests: for each kind it compacted of a
+    run (recorded from its audit row, with the run's head then), every checkpoint up to that
+    head holds no state and a sha256, the result and consumed signals' payloads are sealed
+    digests (states); every recorded answer is a digest (evidence); effects' payloads and
+    approvals' artifacts are dropped (artifacts); no step attempt is left (attempts).
+    ``verify_clean`` checks each such run still verifies."""
+    entries = [(run, kind, seq) for run, kinds in ctx.book.compacted.items()
+               for kind, seq in kinds.items()]
+    if not entries:
+        return []
+    runs, kinds, seqs = (list(column) for column in zip(*entries, strict=True))
+    return [row[0] for row in ctx.conn.execute(
+        sa.text(COMPACTED), {"runs": runs, "kinds": kinds, "seqs": seqs})]
+
+
+def retention_keeps_what_it_must(ctx: Context) -> list[str]:
+    """Noted by the retention rules: a partition drop or a compaction took attempts or
+    payloads of a run its policies keep (not finished, or finished too recently)."""
+    return list(ctx.world.violations.get("retention", []))
+
+
+# -- encryption at rest (ledger/crypto.py) --------------------------------------------------------
+def _opened_problems(ledger: Ledger, run_id: UUID, note: str, erased: bool) -> list[str]:
+    """Where what ``ledger`` shows of the run's sealed values is not what was written (or,
+    after the tenant's keys were erased, is anything but unreadable)."""
+    expected = UNREADABLE_MARK if erased else note
+    found = [f"run {run_id} checkpoint {cp.identity.seq}: its note reads "
+             f"{cp.state['note']!r}, expected {expected!r}"
+             for cp in ledger.checkpoints(run_id)
+             if isinstance(cp.state, dict) and "note" in cp.state
+             and cp.state["note"] != expected]
+    run = ledger.get_run(run_id)
+    assert run is not None
+    result: Any = run.result
+    if isinstance(result, dict) and compacted.digest_of(result) is None \
+            and ("note" in result or run.status == "completed"):
+        shown: Any = result.get("note")  # a finish result holds the note; a failure's not
+    else:
+        shown = result if isinstance(result, str) else expected
+    if shown != expected:
+        found.append(f"run {run_id} ({run.status}): its result reads {result!r}, expected "
+                     f"its note {expected!r}")
+    for signal in ledger.signals(run_id):
+        payload = signal["payload"]
+        if compacted.digest_of(payload) is not None:
+            continue
+        shown = payload.get("note") if isinstance(payload, dict) else payload
+        if shown != expected:
+            found.append(f"run {run_id}: signal {signal['id']} reads {payload!r}, expected "
+                         f"its note {expected!r}")
+    return found
+
+
+def opened_values_match(ctx: Context) -> list[str]:
+    """With encryption keys: what an admin is shown of a run's sealed values is what was
+    written (its note in every state, its finish result, the signals' payloads), through
+    rotations; once the tenant's keys are erased, every one of them reads unreadable, never
+    its plain text. Rerun when the run changed, and after every keys or retention rule."""
+    if not ctx.book.sealed:
+        return []
+    found = []
+    for row in ctx.conn.execute(sa.text("""
+        SELECT r.id, r.seq, r.head_hash, r.status,
+               (SELECT count(*) FROM onward.signals s WHERE s.run_id = r.id) AS signals
+          FROM onward.runs r""")):
+        fingerprint = tuple(row[1:])
+        note = ctx.book.notes.get(row[0])
+        if note is None or ctx.book.opened.get(row[0]) == fingerprint:
+            continue
+        problems = _opened_problems(ctx.ledger, row[0], note, ctx.book.erased)
+        if not problems:
+            ctx.book.opened[row[0]] = fingerprint
+        found += problems
+    return found
+
+
+# -- corpus bundles (ledger/corpus_bundle.py) ------------------------------------------------------
+def _signal_rows(ledger: Ledger, run_id: UUID) -> list[tuple[Any, ...]]:
+    with ledger.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(
+            "SELECT id, name, consumed_seq, mac FROM onward.signals WHERE run_id = :r "
+            "AND consumed_seq IS NOT NULL ORDER BY id"), {"r": run_id})]
+
+
+def _shown(ledger: Ledger, run_id: UUID) -> tuple[Any, ...]:
+    run = ledger.get_run(run_id)
+    assert run is not None
+    return (run.status, run.seq, run.result,
+            [(cp.identity.seq, cp.state) for cp in ledger.checkpoints(run_id)],
+            [(s["id"], s["payload"]) for s in ledger.signals(run_id)
+             if s["consumed_seq"] is not None])
+
+
+def imports_verify(ctx: Context) -> list[str]:
+    """A finished run exported in a corpus bundle and imported into another ledger (same
+    checkpoint and master keys) verifies there, keeps its consumed signals with their ids,
+    names, seqs and MACs, and shows the same states, result and signal payloads there as
+    here (sealed ones opened with the data keys the bundle carried); with keys, the other
+    ledger holds no sensitive value in plain text either."""
+    found = list(ctx.world.violations.get("import", []))
+    if ctx.target is None or not ctx.book.imported:
+        return found
+    for run_id in ctx.book.imported:
+        found += [f"imported run {run_id} does not verify there: {p}"
+                  for p in ctx.target.verify_run(run_id)]
+        here, there = _signal_rows(ctx.ledger, run_id), _signal_rows(ctx.target, run_id)
+        if here != there:
+            found.append(f"imported run {run_id}: its signals (id, name, seq, mac) are {there} "
+                         f"there, {here} here")
+        here_shown, there_shown = _shown(ctx.ledger, run_id), _shown(ctx.target, run_id)
+        if here_shown != there_shown:
+            found.append(f"imported run {run_id} shows {there_shown} there, {here_shown} here")
+    if ctx.book.sealed:
+        with ctx.target.engine.connect() as conn:
+            found += [f"in the ledger imported into: {r[0]}" for r in conn.execute(
+                sa.text(SEALED_SQL_CHECKS["no_plaintext_at_rest"]))]
+    if not found:
+        ctx.book.imported.clear()
+    return found
+
+
 def workers_never_die_of_errors(ctx: Context) -> list[str]:
     """An error escaping ``execute_step`` (not a crash the test injected) loses the message
     and leaves the lease held: the executor turns every error into a ledger outcome."""
@@ -286,6 +553,11 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "verify_clean": verify_clean,
     "unreadable_control_parks": unreadable_control_parks,
     "workers_never_die_of_errors": workers_never_die_of_errors,
+    "kept_runs_untouched": kept_runs_untouched,
+    "compacted_holds_digests": compacted_holds_digests,
+    "retention_keeps_what_it_must": retention_keeps_what_it_must,
+    "opened_values_match": opened_values_match,
+    "imports_verify": imports_verify,
 }
 
 CHECKS = [*SQL_CHECKS, *PYTHON_CHECKS]

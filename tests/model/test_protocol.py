@@ -27,13 +27,16 @@ Sizing: the ``model-ci`` profile (default) runs in tens of seconds; ``make soak`
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
 import random
+import secrets
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -57,11 +60,16 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from pydantic import SecretStr
 
 import tasks.executor
-from ledger import Ledger, signed
+from harness.databases import create_database
+from ledger import Ledger, partitions, retention, signed
 from ledger.api import REFUSALS
+from ledger.bundle import read_bundle
 from ledger.checkpoints import CheckpointBody
+from ledger.corpora import Corpora
+from ledger.corpus import Selection
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.states import checkpoint_rows_txn
@@ -82,7 +90,7 @@ from tests.model.harness import (
     Worker,
     empty_ledger,
 )
-from tests.model.invariants import Context, RunBook, check_all
+from tests.model.invariants import CANARY, Context, RunBook, check_all, keep_fingerprints
 from tests.model.world import (
     MODEL_MODES,
     PROVIDER_MODES,
@@ -125,6 +133,19 @@ UNREADABLE = {
     "unknown_kind": lambda control: {**control, "kind": "webhook"},
     "no_then": lambda control: {k: v for k, v in control.items() if k != "then"},
 }
+# retention: policies making every finished run due at once (per kind, or every kind), or
+# only 173 s after it finished (time_passes reaches it); for a partition drop, after the
+# months_pass rule moves the clock RETENTION_MONTH_DAYS ahead, also 30 days (due) and 40
+# (not yet), or no policy for attempts (kept forever)
+COMPACT_POLICIES = ["*/*=0", "*/*:states=0", "*/*:evidence=0", "*/*:artifacts=0",
+                    "*/*:attempts=0", "*/model_flow=0.002"]
+EXPIRE_POLICIES = ["*/*=0", "*/*:attempts=30", "*/*:attempts=40", "*/*:states=0"]
+RETENTION_MONTH_DAYS = 35
+# a person keeps a run from retention while the pass is planned: after it planned (stale
+# plan, a compaction) or after it listed the partitions (a drop)
+RACES = [None, "hold", "pin"]
+MASTER_KEY = secrets.token_hex(32)
+
 CRASH = st.one_of(st.none(), st.none(), st.none(), st.sampled_from(FAULT_POINTS),
                   st.integers(1, 8))
 
@@ -151,6 +172,13 @@ class Environment:
     checker: psycopg.Connection[Any]
     stats: Counter[str]
     jitter: random.Random  # the executor's retry jitter, reseeded for every example
+    sealed: Ledger  # the same ledger with encryption keys (an example chooses: first_run)
+    sealed_config: ExecutorConfig
+    target: Ledger  # a second ledger, corpus bundles are imported into (and with keys)
+    target_sealed: Ledger
+    # what an example left behind that the next one must undo (a partition dropped, rows
+    # imported into the second ledger)
+    dirty: set[str] = field(default_factory=set)
 
 
 ENV: Environment | None = None
@@ -168,6 +196,21 @@ def _violation(check: str) -> type[AssertionError]:
     if check not in _VIOLATIONS:
         _VIOLATIONS[check] = type(f"Violated_{check}", (AssertionError,), {})
     return _VIOLATIONS[check]
+
+
+def _reset_partitions(engine: sa.engine.Engine) -> None:
+    """After an example moved the clock months ahead: this month's partitions are made again
+    (if that example dropped them), and those it made for later months go (empty now: the
+    rows were deleted; dropped as the owner), so partitions do not pile up over the
+    examples."""
+    partitions.ensure(engine)
+    with engine.begin() as conn:
+        now = conn.execute(sa.text("SELECT onward.now()")).scalar_one()
+        horizon = now + timedelta(days=31 * (partitions.MONTHS_AHEAD + 1))
+        for table in partitions.PARTITIONED:
+            for part in partitions.partitions_txn(conn, table):
+                if part.lo is not None and part.lo > horizon:  # (drop_partition keeps
+                    conn.execute(sa.text(f'DROP TABLE onward."{part.name}"'))  # future ones)
 
 
 def _alias(rule_function: Any, name: str, target: Bundle[Any] | None = None) -> Any:
@@ -201,6 +244,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.env.clock.reset()
         self.env.jitter.seed(0)  # hypothesis replays an example only if it behaves the same
         self.env.crashes.point = self.env.crashes.after_statement = None
+        if "partitions" in self.env.dirty:
+            _reset_partitions(self.env.ledger.engine)
+        if "target" in self.env.dirty:
+            empty_ledger(self.env.target.engine)
+        self.env.dirty.clear()
+        for keyed in (self.env.sealed, self.env.target_sealed):
+            assert keyed.keys.crypt is not None
+            keyed.keys.crypt.forget()  # the data keys went with the rows
         self.world = World(on_body=self._on_body)
         self.world.provider.on_call = self._on_call
         self.world.model.on_call = lambda prompt: self._on_call("model", prompt, None)
@@ -217,6 +268,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.book = RunBook()
         self.worker_errors: list[str] = []
         self.refs = 0
+        self.exports = 0
         self.settled = False
         self.env.stats["setup_ms"] += round((time.perf_counter() - started) * 1000)
 
@@ -268,8 +320,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         """Runs in the order the test created them (a stable order for ties)."""
         return self.book.order.get(run_id, len(self.book.order))
 
-    def _book(self, run_id: UUID) -> None:
+    def _book(self, run_id: UUID, note: str) -> None:
         self.book.order[run_id] = len(self.book.order)
+        self.book.notes[run_id] = note
         run = self.ledger.get_run(run_id)
         assert run is not None
         self.book.started_tokens[run_id] = run.used_tokens
@@ -281,16 +334,32 @@ class ProtocolMachine(RuleBasedStateMachine):
         return seqs[pick % len(seqs)] if seqs else None
 
     # -- rules: runs and messages -------------------------------------------------------------
-    @initialize(target=runs, ops=PLAN, budget=st.sampled_from(sorted(BUDGETS)))
-    def first_run(self, ops: list[str], budget: str) -> UUID:
+    @initialize(target=runs, ops=PLAN, budget=st.sampled_from(sorted(BUDGETS)),
+                sealed=st.booleans())
+    def first_run(self, ops: list[str], budget: str, sealed: bool) -> Any:
+        """The example's first run; ``sealed``: the whole example runs with encryption keys
+        configured (the ledger, the workers), its sensitive values sealed at rest."""
+        if sealed:
+            self.book.sealed = True
+            self.ledger = self.env.sealed
+            for worker in self.workers:
+                worker.use_keys(self.env.sealed.keys, self.env.sealed_config)
+            self.env.stats["sealed_examples"] += 1
         return self.start(ops, budget)
 
     @rule(target=runs, ops=PLAN, budget=st.sampled_from(sorted(BUDGETS)))
-    def start(self, ops: list[str], budget: str) -> UUID:
+    def start(self, ops: list[str], budget: str) -> Any:
         self.refs += 1
-        run_id = self.ledger.start_run("model_flow", {"ref": f"r{self.refs}", "ops": ops},
-                                       budgets=BUDGETS[budget], max_attempts=3)
-        self._book(run_id)
+        ref = f"r{self.refs}"
+        note = f"{CANARY}{ref}"
+        try:
+            run_id = self.ledger.start_run("model_flow", {"ref": ref, "ops": ops, "note": note},
+                                           budgets=BUDGETS[budget], max_attempts=3)
+        except REFUSALS:
+            if not self.book.erased:
+                raise
+            return multiple()  # nothing more is sealed for a tenant whose keys were erased
+        self._book(run_id, note)
         self.env.stats["runs"] += 1
         return run_id
 
@@ -396,7 +465,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(run=runs, payload=st.integers(0, 3))
     def signal(self, run: UUID, payload: int) -> None:
         with contextlib.suppress(*REFUSALS):
-            self.ledger.signal(run, "go", {"n": payload})
+            self.ledger.signal(run, "go", {"n": payload, "note": self.book.notes[run]})
 
     @rule(pick=st.integers(0, 15), approve=st.booleans())
     def decide(self, pick: int, approve: bool) -> None:
@@ -477,7 +546,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         waiting_on = self.ledger.get_run(run_id).waiting_on or ""
         if signal_now and waiting_on.startswith("signal:"):
             with contextlib.suppress(*REFUSALS):
-                self.ledger.signal(run_id, waiting_on.removeprefix("signal:"), {"n": 9})
+                self.ledger.signal(run_id, waiting_on.removeprefix("signal:"),
+                                   {"n": 9, "note": self.book.notes[run_id]})
                 self.env.stats["unreadable_signalled"] += 1
 
     @rule(run=runs)
@@ -508,7 +578,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 allow_irreversible=allow_irreversible and mode == LaunchMode.LIVE.value)
         except REFUSALS:
             return multiple()
-        self._book(launched.run_id)
+        self._book(launched.run_id, self.book.notes[run])
         self.env.stats["replays"] += 1
         return launched.run_id
 
@@ -523,9 +593,215 @@ class ProtocolMachine(RuleBasedStateMachine):
                 "model test: branch", allow_irreversible=allow_irreversible)
         except REFUSALS:
             return multiple()
-        self._book(launched.run_id)
+        self._book(launched.run_id, self.book.notes[run])
         self.env.stats["branches"] += 1
         return launched.run_id
+
+    # -- rules: retention, corpus bundles, encryption keys ------------------------------------
+    @precondition(lambda self: self.refs > 0)
+    @rule(run=runs, how=st.sampled_from(["hold", "release", "pin", "unpin"]))
+    def keep(self, run: UUID, how: str) -> None:
+        """A person keeps a run from retention (a legal hold, a pin in a corpus) or lets it
+        go again (``kept_runs_untouched``)."""
+        with contextlib.suppress(*REFUSALS):
+            self._keep(run, how)
+
+    def _keep(self, run: UUID, how: str) -> None:
+        self.book.keeping = True
+        if how in ("hold", "release"):
+            self.ledger.hold(run, "model test: litigation", release=how == "release")
+        elif how == "pin":
+            Corpora(self.ledger).add("keep", Selection(run_ids=(run,)))
+        else:
+            Corpora(self.ledger).remove("keep", (run,), reason="model test")
+        self.env.stats[f"keep_{how}"] += 1
+
+    @contextlib.contextmanager
+    def _racing(self, module: Any, name: str, race: str | None, pick: int,
+                victims: Any) -> Iterator[None]:
+        """While the body runs, ``module.name`` (a retention pass's planning read) is
+        followed, once, by a person holding or pinning one of the runs ``victims`` picks
+        from its answer: the pass then acts on a plan made before the hold or pin."""
+        original = getattr(module, name)
+        if race is None:
+            yield
+            return
+
+        done: list[bool] = []
+
+        def raced(*args: Any, **kwargs: Any) -> Any:
+            answer = original(*args, **kwargs)
+            found = sorted(victims(answer), key=self._rank)
+            if found and not done:
+                done.append(True)
+                with contextlib.suppress(*REFUSALS):
+                    self._keep(found[pick % len(found)], race)
+                    self.env.stats[f"race_{race}"] += 1
+                with self.ledger.engine.connect() as conn:  # what it keeps, from now on
+                    self.book.kept.update(keep_fingerprints(conn))
+            return answer
+
+        setattr(module, name, raced)
+        try:
+            yield
+        finally:
+            setattr(module, name, original)
+
+    def _retention_view(self) -> dict[UUID, Any]:
+        """Each run: status, seconds since it finished, step attempts, a child going."""
+        return {row[0]: row[1:] for row in self.env.checker.execute(
+            "SELECT r.id, r.status, r.tenant_id, r.workflow, "
+            "       extract(epoch FROM onward.now() - r.finished_at), "
+            "       (SELECT count(*) FROM onward.step_attempts a WHERE a.run_id = r.id), "
+            "       EXISTS (SELECT 1 FROM onward.runs c WHERE c.parent_run_id = r.id "
+            "               AND c.status NOT IN ('completed', 'failed', 'cancelled')) "
+            "  FROM onward.runs r")}
+
+    def _due(self, view: Any, policies: list[retention.Policy], kind: retention.Kind, *,
+             children: bool = True) -> str:
+        """Why a run whose ``view`` is this is not due for ``kind`` ('' if it is); a child
+        still going keeps it from compaction (``children``), not its month's attempts."""
+        status, tenant, workflow, age, _attempts, going = view
+        days = retention.days_for(policies, tenant, workflow, kind)
+        if status not in retention.TERMINAL:
+            return f"it is {status}"
+        if days is None or age is None or float(age) < days * 86400:
+            return f"it finished {age}s ago, its policy keeps {kind.value} {days} days"
+        if going and children:
+            return "a replay or branch of it is still going"
+        return ""
+
+    @precondition(lambda self: self.refs > 0)
+    @rule(policy=st.sampled_from(COMPACT_POLICIES), race=st.sampled_from(RACES),
+          pick=st.integers(0, 15))
+    def compact(self, policy: str, race: str | None, pick: int) -> None:
+        """The reaper's retention pass compacts what ``policy`` makes due; ``race``: a person
+        holds or pins one of the due runs after the pass planned, before it compacts. Each
+        run it compacts must have been due (``retention_keeps_what_it_must``), must still
+        verify (``verify_clean``) and hold digests (``compacted_holds_digests``); a kept run
+        is never touched (``kept_runs_untouched``)."""
+        with self._timed('compact'):
+            self._compact(policy, race, pick)
+
+    def _compact(self, policy: str, race: str | None, pick: int) -> None:
+        policies = retention.parse_policies(policy)
+        before = self._retention_view()
+        last_audit = self.env.checker.execute(
+            "SELECT coalesce(max(id), 0) FROM onward.audit").fetchone()[0]
+        with self._racing(retention, "candidates_txn", race, pick,
+                          lambda page: [c.run_id for c in page.found
+                                        if not c.held and not c.pinned]):
+            retention.apply(self.ledger.engine, self.ledger.keys, policies)
+        for run_id, kinds, seq in self.env.checker.execute(
+                "SELECT a.run_id, a.details->'kinds', r.seq FROM onward.audit a "
+                "JOIN onward.runs r ON r.id = a.run_id WHERE a.id > %s AND a.action = "
+                "'retention' AND a.outcome = 'done'", (last_audit,)):
+            self.env.stats["compacted_runs"] += 1
+            for kind in kinds:
+                self.book.compacted.setdefault(run_id, {})[kind] = seq
+                why = self._due(before[run_id], policies, retention.Kind(kind))
+                if why:
+                    self.world.note("retention", f"run {run_id}: its {kind} were compacted "
+                                    f"under policy {policy!r}, but {why}")
+            self.book.verified.pop(run_id, None)
+            self.book.opened.pop(run_id, None)
+
+    @precondition(lambda self: self.refs > 0)
+    @rule(policy=st.sampled_from(EXPIRE_POLICIES), race=st.sampled_from(RACES),
+          pick=st.integers(0, 15))
+    def months_pass(self, policy: str, race: str | None, pick: int) -> None:
+        """A month and some days pass; the reaper's retention pass makes the months ahead and
+        drops each ended month of step attempts that ``policy`` lets go entirely; ``race``:
+        a person holds or pins a finished run after the pass listed the partitions. A run
+        that lost attempts must have been due (``retention_keeps_what_it_must``)."""
+        with self._timed('months_pass'):
+            self._months_pass(policy, race, pick)
+
+    def _months_pass(self, policy: str, race: str | None, pick: int) -> None:
+        self.env.clock.advance(RETENTION_MONTH_DAYS * 86400)
+        self.env.dirty.add("partitions")  # months made ahead, maybe this one dropped
+        policies = retention.parse_policies(policy)
+        partitions.ensure(self.ledger.engine)
+        before = self._retention_view()
+        with self._racing(partitions, "partitions_txn", race, pick,
+                          lambda _parts: [r for r, v in self._retention_view().items()
+                                          if v[0] in retention.TERMINAL and v[4]]):
+            expired = partitions.expire(self.ledger.engine, self.ledger.keys, policies)
+        if expired.dropped:
+            self.env.stats["partitions_dropped"] += len(expired.dropped)
+        after = self._retention_view()
+        for run_id, view in before.items():
+            if after[run_id][4] < view[4]:
+                self.env.stats["attempts_expired"] += view[4] - after[run_id][4]
+                why = self._due(view, policies, retention.Kind.ATTEMPTS, children=False)
+                if why:
+                    self.world.note("retention", f"run {run_id}: {view[4] - after[run_id][4]} "
+                                    f"step attempts dropped with {expired.dropped} under "
+                                    f"policy {policy!r}, but {why}")
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.env.stats[f"ms_rule_{name}"] += round((time.perf_counter() - started) * 1000)
+
+    def _target(self) -> Ledger:
+        return self.env.target_sealed if self.book.sealed else self.env.target
+
+    @precondition(lambda self: self.refs > 0)
+    @rule(run=runs)
+    def export_import(self, run: UUID) -> None:
+        """An operator pins a finished run in a corpus of its own, exports the corpus as a
+        bundle and imports it into another ledger (``imports_verify``). A refusal is a
+        finding, unless the run was imported before and has another head since (a failed run
+        continued): a run's history is never replaced."""
+        with self._timed('export_import'):
+            self._export_import(run)
+
+    def _export_import(self, run: UUID) -> None:
+        self.exports += 1
+        name = f"export-{self.exports}"
+        corpora = Corpora(self.ledger)
+        self.book.keeping = True
+        try:
+            corpora.add(name, Selection(run_ids=(run,)))
+        except REFUSALS:
+            return  # not finished, a replay or branch, or compacted
+        out = io.BytesIO()
+        corpora.export(name, out)
+        bundle = read_bundle(out.getvalue(), self.ledger.keys)
+        self.env.dirty.add("target")
+        try:
+            Corpora(self._target()).import_bundle(bundle)
+        except REFUSALS as exc:
+            if "with another history" not in str(exc):
+                self.world.note("import", f"run {run}: its bundle was refused by the other "
+                                f"ledger: {type(exc).__name__}: {exc}")
+            return
+        self.env.stats["imports"] += 1
+        self.book.imported.append(run)
+
+    @precondition(lambda self: self.book.sealed)
+    @rule(how=st.sampled_from(["rotate", "rotate", "resume", "erase"]))
+    def keys(self, how: str) -> None:
+        """An admin rotates the encryption keys (a new data key for the tenant, every sealed
+        value re-encrypted under it; ``resume``: a rotation that stopped goes on), or erases
+        the tenant's keys, while runs go on (a worker may be in a call, holding what it
+        opened). ``opened_values_match`` and ``verify_clean`` look at every run again."""
+        with self._timed('keys'):
+            self._keys(how)
+
+    def _keys(self, how: str) -> None:
+        if how == "erase":
+            self.ledger.erase_tenant_keys("model test: erase")
+            self.book.erased = True
+        else:
+            self.ledger.rotate_keys(new_keys=how == "rotate")
+        self.env.stats[f"keys_{how}"] += 1
+        self.book.verified.clear()
+        self.book.opened.clear()
 
     @precondition(lambda self: not self.settled)
     @rule()
@@ -586,7 +862,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         started = time.perf_counter()
         with self.ledger.engine.connect() as conn:
             found = check_all(Context(conn, self.ledger, self.world, self.book,
-                                      self.worker_errors), DISABLED, self.env.stats)
+                                      self.worker_errors, plain=self.env.ledger,
+                                      target=self._target()), DISABLED, self.env.stats)
         self.env.stats["check_ms"] += round((time.perf_counter() - started) * 1000)
         if found:
             lines = [f"{name}:\n    " + "\n    ".join(items) for name, items in found.items()]
@@ -613,7 +890,8 @@ def _profile() -> hsettings:
 
 
 def test_protocol__invariants_hold_under_random_interleavings(
-        settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+        settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch,
+        server_urls: dict[str, str], template_database: str, dropper: Any) -> None:
     """Every invariant of docs/design.md section 13 (tests/model/invariants.py) holds after every
     rule of every interleaving hypothesis explores, against the real ledger and executor."""
     global ENV
@@ -637,7 +915,21 @@ def test_protocol__invariants_hold_under_random_interleavings(
     jitter = random.Random(0)
     # other threads (psycopg_pool's) draw from the global generator at times of their own
     monkeypatch.setattr(tasks.executor, "random", jitter)
-    ENV = Environment(ledger, clock, crashes, config, checker, stats, jitter)
+    # the same ledger with encryption keys (each example chooses), and a second ledger that
+    # corpus bundles are imported into (with and without the keys)
+    keyed = settings.model_copy(update={"encryption_keys": SecretStr(f"m1={MASTER_KEY}")})
+    sealed = Ledger(ledger.engine, keyed)
+    sealed_config = ExecutorConfig(keys=sealed.keys, max_state_bytes=settings.max_state_bytes,
+                                   retry_base_s=1.0, retry_max_s=10.0)
+    target_name, target_url = create_database(server_urls["database"], "onward_model",
+                                              template=template_database)
+    target = Ledger.from_env(settings.model_copy(update={"database_url": target_url}))
+    target_sealed = Ledger(target.engine, keyed.model_copy(update={"database_url": target_url}))
+    for keyring, engine in ((sealed, ledger.engine), (target_sealed, target.engine)):
+        assert keyring.keys.crypt is not None
+        keyring.keys.crypt.use_engine(engine)
+    ENV = Environment(ledger, clock, crashes, config, checker, stats, jitter, sealed,
+                      sealed_config, target, target_sealed)
     started = time.monotonic()
     try:
         with crashes.installed():
@@ -646,5 +938,7 @@ def test_protocol__invariants_hold_under_random_interleavings(
         ENV = None
         checker.close()
         ledger.engine.dispose()
+        target.engine.dispose()
+        dropper.drop(target_name)
         print(f"\nmodel test: {dict(sorted(stats.items()))} in "
               f"{time.monotonic() - started:.1f}s")

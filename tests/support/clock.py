@@ -39,6 +39,10 @@ def follow_engine(engine: Engine, offset: list[timedelta]) -> None:
     def _checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         with dbapi_conn.cursor() as cursor:
             cursor.execute("SELECT set_config(%s, %s, false)", (SETTING, interval(offset[0])))
+        if not dbapi_conn.autocommit:
+            # hand the connection out idle, as the pool does: a transaction left open here
+            # made setting its isolation level fail (``ledger.db.snapshot``)
+            dbapi_conn.commit()
 
 
 def set_on_store(store: StepStore, offset: timedelta) -> None:
