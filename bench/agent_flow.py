@@ -33,6 +33,10 @@ write = provider_tool("bench.write", "bench_writes", ToolClass.IRREVERSIBLE)
 
 
 MODEL_TIMEOUT_S = 120.0  # the SDK's time limit, which the step's lease covers
+# The step's time limit: longer than the model call's, so the claim's lease (this and
+# ONWARD_TOOL_LEASE_MARGIN_S) already covers the call, which then needs no statement to
+# extend it (docs/scaling.md, "Where an agent step's overhead goes")
+STEP_TIMEOUT_S = MODEL_TIMEOUT_S + 30.0
 T = TypeVar("T")
 
 
@@ -137,7 +141,7 @@ class AgentState(BaseModel):
 def _agent(name: str, llm: _Model) -> Workflow[AgentState]:
     agent = Workflow(name, version=1, state=AgentState, llm=llm, max_attempts=50)
 
-    @agent.step(start=True)
+    @agent.step(start=True, timeout=STEP_TIMEOUT_S)
     def work(ctx: StepContext, state: AgentState) -> Any:
         ctx.llm(model=MODEL, messages=messages_for(state.topic, state.done))
         if writes_at(state.done):

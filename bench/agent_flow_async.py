@@ -17,6 +17,7 @@ from typing import Any
 from bench.agent_flow import (
     MODEL,
     MODEL_TIMEOUT_S,
+    STEP_TIMEOUT_S,
     AgentState,
     built_once,
     messages_for,
@@ -64,7 +65,7 @@ class _AsyncQuotaModel(_AsyncModel):
 def _agent(name: str, llm: _AsyncModel) -> Workflow[AgentState]:
     agent = Workflow(name, version=1, state=AgentState, llm=llm, max_attempts=50)
 
-    @agent.step(start=True)
+    @agent.step(start=True, timeout=STEP_TIMEOUT_S)
     async def work(ctx: AsyncStepContext, state: AgentState) -> Any:
         await ctx.llm(model=MODEL, messages=messages_for(state.topic, state.done))
         if writes_at(state.done):

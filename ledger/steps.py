@@ -8,6 +8,7 @@ transactions per step (claim and commit); this module is where that budget is ke
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -142,6 +143,13 @@ class Claim:
     chain_bytes: int = 0  # the bytes of the deltas since that snapshot
     state_problem: str | None = None  # why the head's state could not be read
     priority: Priority = Priority.NORMAL  # who goes first for a limit's slots
+    # Until when (this host's ``time.monotonic()``) the lease surely lasts: what it had left
+    # when the claim statement took it, counted from before that statement was sent; and
+    # whether the run has an answer recorded or refused at this seq. With both known and no
+    # answer, the step's first model call or read needs no statement before it while the
+    # lease covers it (tasks/evidence_calls.py). None: not known (a commit's chained claim).
+    lease_until: float | None = None
+    answered: bool | None = None
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
@@ -150,7 +158,9 @@ class Claim:
             object.__setattr__(self, "state", self.checkpoint.state)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Claim:
+    def from_row(cls, row: dict[str, Any], *, sent: float | None = None) -> Claim:
+        """The claim a claim statement's row describes; ``sent``: this host's monotonic
+        time just before that statement was sent (its lease is counted from then)."""
         checkpoint = None
         signed_state, state, problem, chain = _head_state(row)
         if row["cp_hash"] is not None:
@@ -198,6 +208,9 @@ class Claim:
             chain_bytes=row["cp_chain_bytes"] or 0,
             state_problem=problem,
             priority=Priority(row["priority"]),
+            lease_until=(sent + row["lease_s"] if sent is not None
+                         and row.get("lease_s") is not None else None),
+            answered=row.get("answered"),
         )
 
 
@@ -434,12 +447,13 @@ class StepStore:
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         # binary results: a large state's artifact (bytea) comes as it is stored, where text
         # would send it as hex twice its size (2 MB: 61 ms against 22, bench/storage.py)
+        sent = time.monotonic()
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
                                  "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION,
                                  "leases": Jsonb({k: dict(v) for k, v in (leases or {}).items()})},
                         binary=True)
         if row is not None:
-            return Claim.from_row(row)
+            return Claim.from_row(row, sent=sent)
         if not count_stale:
             return Stale(run_id, seq, StaleReason.NOT_CLAIMED)
         return self._count_stale(run_id, seq)

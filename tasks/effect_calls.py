@@ -41,6 +41,7 @@ class EffectCalls(CallLimits, ReplayAnswers):
 
     def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
         self.tools_used[tool.name] = tool
+        self._claim_covers_until = None  # an outside call: later ones ask the ledger first
         try:
             result = self._effect(tool, key, payload)
         except CancelRequested as exc:

@@ -206,8 +206,15 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
         """The recorded answer, if any. With none, the call that follows is covered: the
         live lease is extended over its time limit ``timeout_s`` and the margin, in the same
         statement; CancelRequested once a cancel was asked (a cancelled step calls no model
-        and reads nothing more), EvidenceFenced once the lease is lost (nothing called)."""
-        found = self._find_or_cover(command_id, timeout_s + self.lease_margin_s)
+        and reads nothing more), EvidenceFenced once the lease is lost (nothing called).
+        The step's first call skips that statement when the claim already covers it
+        (``claim_covers``): the claim found no answer at this seq, no cancel, and took a
+        lease that still lasts the call's time limit and the margin (a step whose
+        ``timeout`` exceeds the call's)."""
+        cover_s = timeout_s + self.lease_margin_s
+        if self.claim_covers(cover_s):  # nothing recorded at this seq: nothing to look up
+            return None
+        found = self._find_or_cover(command_id, cover_s)
         if found is None:
             return None
         if isinstance(found, Refusal):  # an earlier attempt's answer could not be recorded

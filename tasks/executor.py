@@ -345,6 +345,7 @@ class _Attempt:
             max_json_depth=config.max_json_depth,
             tool_timeout_s=config.tool_timeout_s, lease_margin_s=config.tool_lease_margin_s,
             model_timeout_s=config.model_timeout_s, priority=claim.priority,
+            claim_covers_until=claim.lease_until if claim.answered is False else None,
         )
 
     # -- phase 2: run the body ---------------------------------------------------------------

@@ -9,6 +9,7 @@ tasks/control.py). ``StepServices`` (tasks/services.py) is this scope with effec
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
@@ -72,7 +73,8 @@ class StepScope:
                  clock: StepClock, max_effect_payload_bytes: int | None = None,
                  max_json_depth: int | None = None, tool_timeout_s: float = 30.0,
                  lease_margin_s: float = 5.0, model_timeout_s: float = 120.0,
-                 priority: Priority = Priority.NORMAL, limit_poll_s: float = 5.0) -> None:
+                 priority: Priority = Priority.NORMAL, limit_poll_s: float = 5.0,
+                 claim_covers_until: float | None = None) -> None:
         self.effects = effects
         self.evidence = evidence
         self.run_id = run_id
@@ -89,6 +91,9 @@ class StepScope:
         self.tool_timeout_s = tool_timeout_s
         self.lease_margin_s = lease_margin_s
         self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
+        # until when (time.monotonic()) the claim's lease lasts, when the claim found no
+        # answer recorded or refused at this seq: the step's first call may use it once
+        self._claim_covers_until = claim_covers_until
         self._open_stores(effects)
         self._start_budgets(tokens_left, cost_left_usd, spent)
         self._start_records(control)
@@ -156,6 +161,16 @@ class StepScope:
         """Record the operator's cancel on ``control`` (the body cannot swallow it)."""
         self.control.cancel(CancelFor(str(exc)))
         return Suspend()
+
+    def claim_covers(self, cover_s: float) -> bool:
+        """Whether the step's first outside call (model call, read or effect) may start
+        without a statement before it: the claim found no answer recorded or refused at
+        this seq, and its lease, counted from before the claim was sent, lasts ``cover_s``
+        more (the call's time limit and the margin) on this host's monotonic clock. Asked
+        once: every later call asks the ledger, so a cancel requested, or time passed,
+        during an earlier call is seen before the next one (tasks/evidence_calls.py)."""
+        until, self._claim_covers_until = self._claim_covers_until, None
+        return until is not None and until - time.monotonic() >= cover_s
 
     def timeout(self, tool: Tool) -> float:
         return tool.timeout_for(self.tool_timeout_s)

@@ -18,7 +18,8 @@ attempt AS (
 -- name: claim
 -- Take the lease of run_id at seq (docs/design.md section 4.1), consume its outbox row,
 -- end the attempt a lost holder left open, open this one, and read the checkpoint to
--- restore from with its parent's hash.
+-- restore from with its parent's hash, how long the lease lasts (lease_s) and whether an
+-- answer is recorded or refused at this seq (answered).
 WITH claimed AS (
     UPDATE onward.runs
        SET lease_owner = %(owner)s,
@@ -54,7 +55,8 @@ WITH claimed AS (
            budget_cost_usd, deadline_at, used_tokens, used_cost_usd, created_at,
            state_schema_version, mode, parent_run_id, parent_seq, allow_irreversible,
            launch_mac, handbacks, cancel_requested, priority,
-           onward.now() AS claimed_at
+           onward.now() AS claimed_at,
+           extract(epoch FROM lease_expires_at - onward.now())::float8 AS lease_s
 ), consumed AS (
     DELETE FROM onward.outbox o USING claimed c WHERE o.run_id = c.id AND o.seq = c.seq
 ), lost AS (
@@ -73,7 +75,13 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
        cp.snapshot_seq AS cp_snapshot_seq, cp.chain_bytes AS cp_chain_bytes,
        base.state AS chain_base, chain.deltas AS chain_deltas, chain.seqs AS chain_seqs,
        art.body AS state_artifact,
-       parent.hash AS parent_found_hash
+       parent.hash AS parent_found_hash,
+       -- an answer an earlier attempt recorded (or had refused) at this seq: with none, the
+       -- step's first model call or read needs no look-up (tasks/evidence_calls.py)
+       (EXISTS (SELECT 1 FROM onward.evidence e WHERE e.run_id = c.id AND e.seq = c.seq)
+        OR EXISTS (SELECT 1 FROM onward.refused_answers x
+                    WHERE x.run_id = c.id AND x.seq = c.seq AND x.cleared_at IS NULL))
+           AS answered
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
   LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1
