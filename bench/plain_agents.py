@@ -113,7 +113,9 @@ def main() -> None:
     app = make_app(os.environ["BENCH_BROKER_URL"], queue)
     node = os.environ.get("BENCH_NODE") or f"plain-{os.getpid()}@{socket.gethostname()}"
     app.worker_main(["worker", "-P", os.environ.get("BENCH_POOL", "prefork"), "-c",
-                     os.environ.get("BENCH_CONCURRENCY", "2"), "-Q", queue, "-E",
+                     os.environ.get("BENCH_CONCURRENCY", "2"), "-Q", queue,
+                     # task events as onward's workers have them (ONWARD_TASK_EVENTS)
+                     *(["-E"] if app.conf.worker_send_task_events else []),
                      "--without-gossip", "--without-mingle", "-n", node,
                      f"--loglevel={os.environ.get('BENCH_LOGLEVEL', 'WARNING')}"])
 

@@ -2,16 +2,18 @@
 ``bench/steps.py``.
 
 The app takes onward's own Celery settings (``workers.app.celery_config``: JSON only,
-``task_acks_late``, ``worker_prefetch_multiplier=1``, results ignored, task events on) and the
-worker is started with the same flags as ``onward worker`` (prefork, ``-E``, no gossip, no
-mingle), on the same broker. The one difference is the transport:
+``task_acks_late``, ``worker_prefetch_multiplier=1``, results ignored, task events as
+``ONWARD_TASK_EVENTS`` says: off by default) and the worker is started with the same flags as
+``onward worker`` (prefork, ``-E`` only with task events, no gossip, no mingle), on the same
+broker. The one difference is the transport:
 
 * ``default`` (what the targets compare against): kombu's stock Redis transport with its ack
   emulation on. Plain Celery needs ack emulation; without it a worker that dies loses its
   message, and plain Celery has no outbox to bring it back.
 * ``tuned``: onward's client-caching transport (``workers.transport``) plus a long-lived
   producer, ack emulation still on (the calibration doc's "plain_tuned").
-* ``noevents``: no ``-E`` and no task-sent events (reference only; combinable: "tuned,noevents").
+* ``noevents``: no ``-E`` and no task-sent events, ``events``: both on, whatever
+  ``ONWARD_TASK_EVENTS`` says (reference only; combinable: "tuned,events").
 
 Each task records its start time in a process-local buffer (flushed to Redis by a background
 thread), then ``apply_async``s the next step; the last step of a run pushes a "done" record.
@@ -36,7 +38,7 @@ from workers.app import celery_config
 from workers.settings import WorkerSettings
 
 TASK = "bench.plain_step"
-VARIANT_FLAGS = ("default", "tuned", "noevents")
+VARIANT_FLAGS = ("default", "tuned", "noevents", "events")
 
 
 def record_keys(queue: str) -> tuple[str, str]:
@@ -45,7 +47,7 @@ def record_keys(queue: str) -> tuple[str, str]:
 
 
 def variant_flags(variant: str) -> set[str]:
-    """``default``, or a comma-separated set of ``tuned`` and ``noevents``."""
+    """``default``, or a comma-separated set of ``tuned``, ``noevents`` and ``events``."""
     flags = {f.strip() for f in variant.split(",") if f.strip()} or {"default"}
     unknown = flags - set(VARIANT_FLAGS)
     if unknown:
@@ -66,9 +68,8 @@ def plain_config(broker: str, queue: str, variant: str) -> dict[str, Any]:
         config.pop(key, None)
     if "tuned" in flags and broker.startswith(("redis://", "rediss://")):
         config["broker_transport"] = "workers.transport:Transport"
-    if "noevents" in flags:  # reference only: `onward worker` always runs with events on
-        config["worker_send_task_events"] = False
-        config["task_send_sent_event"] = False
+    if flags & {"noevents", "events"}:  # reference only: onward's follow ONWARD_TASK_EVENTS
+        config["worker_send_task_events"] = config["task_send_sent_event"] = "events" in flags
     return config
 
 
@@ -139,7 +140,7 @@ def make_app(broker: str, queue: str, variant: str = "default",
 
 
 def worker_argv(concurrency: int, queue: str, node: str, loglevel: str,
-                events: bool = True) -> list[str]:
+                events: bool) -> list[str]:
     """The same worker flags as ``onward worker`` (console/cli.py)."""
     return ["worker", "-c", str(concurrency), "-P", "prefork", "-Q", queue,
             *(["-E"] if events else []), "--without-gossip", "--without-mingle", "-n", node,
@@ -157,7 +158,7 @@ def main() -> None:
                    os.environ.get("BENCH_RECORDS_URL"))
     node = os.environ.get("BENCH_NODE") or f"plain-{os.getpid()}@{socket.gethostname()}"
     app.worker_main(worker_argv(int(os.environ.get("BENCH_CONCURRENCY", "2")), queue, node,
-                                loglevel, events="noevents" not in variant_flags(variant)))
+                                loglevel, events=bool(app.conf.worker_send_task_events)))
 
 
 if __name__ == "__main__":

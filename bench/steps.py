@@ -43,7 +43,7 @@ onward stack (own database, queue, dispatcher, reaper, workers) whose processes 
 ``python -m MODULE worker|dispatcher|reaper``; MODULE patches what it tests, then runs the
 onward CLI (``runpy.run_module("console", run_name="__main__")``). ``--variant-env K=V`` sets
 environment for that stack only (e.g. ONWARD_OUTBOX_GRACE_S=60). ``--celery-variant
-tuned,noevents`` adds a plain Celery side with other settings. ``--variant-db-role ROLE``
+tuned,events`` adds a plain Celery side with other settings. ``--variant-db-role ROLE``
 connects the variant stack's processes as ROLE: ``onward_operator`` measures what the
 row-level security policies cost (docs/security.md) against the default stack, whose
 superuser bypasses them.
@@ -722,7 +722,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also measure onward with ONWARD_EAGER_STEPS=0 (every step "
                              "through the broker), as its own stack; on by default")
     parser.add_argument("--celery-variant", metavar="FLAGS",
-                        help="also run plain Celery with FLAGS: tuned and/or noevents, "
+                        help="also run plain Celery with FLAGS: tuned and/or noevents or events, "
                              "comma-separated (see bench/plain_celery.py)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run the workers under cProfile, write .prof files to DIR")
@@ -867,7 +867,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.workers} x the same worker command line")
         onward_settings = main_stack.ledger.settings
         ack = onward_settings.broker_ack_emulation
-        settings_desc = (f"prefork -c {args.concurrency}, -E (task events on), no gossip/mingle, "
+        events = ("-E (task events on)" if WorkerSettings().task_events
+                  else "task events off (ONWARD_TASK_EVENTS, the default)")
+        settings_desc = (f"prefork -c {args.concurrency}, {events}, no gossip/mingle, "
                          f"acks_late, prefetch 1, json, results ignored, loglevel "
                          f"{args.loglevel}; onward: ack emulation {'on' if ack else 'off'}, "
                          f"eager continuation up to {onward_settings.eager_steps} steps / "

@@ -59,7 +59,8 @@ def worker(
     node = _node_name(name)
     advertiser = _start_advertising(settings, registry, node, options, queues)
     try:
-        celery_app.worker_main(_celery_argv(node, options, queues, registry, loglevel))
+        celery_app.worker_main(_celery_argv(node, options, queues, registry, loglevel,
+                                            events=settings.task_events))
     finally:
         advertiser.retire()
     _stop_if_schema_changed(advertiser.schema_changed, settings)
@@ -153,11 +154,12 @@ def _start_advertising(settings: WorkerSettings, registry: Registry, node: str,
 
 
 def _celery_argv(node: str, options: PoolOptions, queues: list[str], registry: Registry,
-                 loglevel: str) -> list[str]:
-    """``celery worker``'s arguments: the pool's, the queues, task events on, no gossip."""
+                 loglevel: str, *, events: bool) -> list[str]:
+    """``celery worker``'s arguments: the pool's, the queues, task events when ``events``
+    (ONWARD_TASK_EVENTS, for Flower), no gossip."""
     return [*_banner(node, options, queues, registry), "worker", *options.celery_args(),
-            "-Q", ",".join(queues), "-E", "--without-gossip", "--without-mingle", "-n", node,
-            f"--loglevel={loglevel}"]
+            "-Q", ",".join(queues), *(["-E"] if events else []), "--without-gossip",
+            "--without-mingle", "-n", node, f"--loglevel={loglevel}"]
 
 
 def _banner(node: str, options: PoolOptions, queues: list[str], registry: Registry,

@@ -41,8 +41,9 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_ignore_result": True,
         "result_backend": None,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # task events are for Flower; off by default (ONWARD_TASK_EVENTS): docs/scaling.md
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
         "task_default_queue": settings.queue,
         "task_create_missing_queues": True,
         "broker_connection_retry_on_startup": True,

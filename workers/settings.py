@@ -106,11 +106,19 @@ class WorkerSettings(OnwardSettings):
         "worker of -c N borrows one per statement from a pool of min(N, this); a prefork child "
         "uses one.",
     )
+    task_events: bool = Field(
+        default=False,
+        description="Send Celery task events (task-sent, -received, -started, -succeeded or "
+        "-failed) for every step, which Flower needs to list steps as tasks. Off by default: "
+        "their publishes cost each step CPU in the worker (about a fifth of the interpreter's "
+        "time at a few hundred steps a second); turn on for Flower.",
+    )
     eager_events: bool = Field(
         default=True,
         description="Send Flower the task events (received, started, succeeded or failed) of "
-        "each step run by eager continuation, so it lists them as tasks; off saves their "
-        "three publishes per eager step and hides those steps from Flower.",
+        "each step run by eager continuation, so it lists them as tasks, when task events are "
+        "on (ONWARD_TASK_EVENTS); off saves their three publishes per eager step and hides "
+        "those steps from Flower.",
     )
     broker_ack_emulation: bool = Field(
         default=False,

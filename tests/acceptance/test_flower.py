@@ -1,6 +1,7 @@
 """Flower, started for real against the test broker, shows every step of a run as a task
 named ``<workflow>.<step>``, including the steps a worker ran by eager continuation (which
-had no broker message of their own)."""
+had no broker message of their own), once task events are on (``ONWARD_TASK_EVENTS``; off
+by default, and then Flower lists none)."""
 
 from __future__ import annotations
 
@@ -86,8 +87,9 @@ def test_flower__every_step_is_a_named_task(ledger: Ledger, cluster: Cluster,
     (children of the delivered message) on the same worker. Filtering by name finds one.
 
     A run whose third step fails for good shows three tasks, the last FAILURE."""
-    cluster.dispatcher()
-    cluster.worker(concurrency=1)
+    events = {"ONWARD_TASK_EVENTS": "true"}  # off by default; Flower needs them
+    cluster.dispatcher(env=events)
+    cluster.worker(concurrency=1, env=events)
     wait_for(lambda: _get(flower, "/api/workers", refresh="1"), timeout=60,
              what="Flower to see the worker")
     run_id = ledger.start_run("test_five", {})
