@@ -75,8 +75,9 @@ class LLMClient(Protocol):
 
     A client may declare ``timeout_s`` (seconds): one call's time limit, which the client
     keeps to (its SDK's timeout). Before each call onward extends the step's lease to cover
-    it (plus ``ONWARD_TOOL_LEASE_MARGIN_S``); without it, ``ONWARD_MODEL_TIMEOUT_S`` is
-    used (docs/effects.md, "Call timeouts and the lease").
+    it (plus ``ONWARD_TOOL_LEASE_MARGIN_S``), unless the claim's lease covers the step's first
+    call already; without it, ``ONWARD_MODEL_TIMEOUT_S`` is used (docs/effects.md, "Call
+    timeouts and the lease").
 
     ``complete`` (and ``stream``) may be ``async def``: the call is then awaited on the
     worker's event loop, from plain and async steps alike (docs/steps.md)."""
