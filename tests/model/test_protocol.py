@@ -673,14 +673,17 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.refs > 0)
     @rule(policy=st.sampled_from(COMPACT_POLICIES), race=st.sampled_from(RACES),
-          pick=st.integers(0, 15))
-    def compact(self, policy: str, race: str | None, pick: int) -> None:
-        """The reaper's retention pass compacts what ``policy`` makes due; ``race``: a person
+          pick=st.integers(0, 15), work=st.booleans())
+    def compact(self, policy: str, race: str | None, pick: int, work: bool) -> None:
+        """The reaper's retention pass compacts what ``policy`` makes due (``work``: after a
+        round of the fleet's ordinary work, so that runs have finished); ``race``: a person
         holds or pins one of the due runs after the pass planned, before it compacts. Each
         run it compacts must have been due (``retention_keeps_what_it_must``), must still
         verify (``verify_clean``) and hold digests (``compacted_holds_digests``); a kept run
         is never touched (``kept_runs_untouched``)."""
         with self._timed('compact'):
+            if work:
+                self._quiet_round()
             self._compact(policy, race, pick)
 
     def _compact(self, policy: str, race: str | None, pick: int) -> None:
@@ -708,13 +711,16 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.refs > 0)
     @rule(policy=st.sampled_from(EXPIRE_POLICIES), race=st.sampled_from(RACES),
-          pick=st.integers(0, 15))
-    def months_pass(self, policy: str, race: str | None, pick: int) -> None:
-        """A month and some days pass; the reaper's retention pass makes the months ahead and
-        drops each ended month of step attempts that ``policy`` lets go entirely; ``race``:
-        a person holds or pins a finished run after the pass listed the partitions. A run
-        that lost attempts must have been due (``retention_keeps_what_it_must``)."""
+          pick=st.integers(0, 15), work=st.booleans())
+    def months_pass(self, policy: str, race: str | None, pick: int, work: bool) -> None:
+        """A month and some days pass (``work``: after a round of the fleet's ordinary work);
+        the reaper's retention pass makes the months ahead and drops each ended month of step
+        attempts that ``policy`` lets go entirely; ``race``: a person holds or pins a
+        finished run after the pass listed the partitions. A run that lost attempts must
+        have been due (``retention_keeps_what_it_must``)."""
         with self._timed('months_pass'):
+            if work:
+                self._quiet_round()
             self._months_pass(policy, race, pick)
 
     def _months_pass(self, policy: str, race: str | None, pick: int) -> None:
