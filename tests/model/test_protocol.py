@@ -134,11 +134,12 @@ UNREADABLE = {
     "no_then": lambda control: {k: v for k, v in control.items() if k != "then"},
 }
 # retention: policies making every finished run due at once (per kind, or every kind), or
-# only 173 s after it finished (time_passes reaches it); for a partition drop, after the
+# a day after it finished (only months_pass reaches it: margins of days, never of the real
+# seconds a run of the test takes, keep examples replayable); for a partition drop, after the
 # months_pass rule moves the clock RETENTION_MONTH_DAYS ahead, also 30 days (due) and 40
 # (not yet), or no policy for attempts (kept forever)
 COMPACT_POLICIES = ["*/*=0", "*/*:states=0", "*/*:evidence=0", "*/*:artifacts=0",
-                    "*/*:attempts=0", "*/model_flow=0.002"]
+                    "*/*:attempts=0", "*/model_flow=1"]
 EXPIRE_POLICIES = ["*/*=0", "*/*:attempts=30", "*/*:attempts=40", "*/*:states=0"]
 RETENTION_MONTH_DAYS = 35
 # a person keeps a run from retention while the pass is planned: after it planned (stale
