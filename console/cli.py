@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from datetime import timedelta
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
@@ -24,14 +24,19 @@ from console.commands_tools import tools_app
 from console.commands_worker import worker
 from console.commands_workers import workers as workers_cmd
 from console.common import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    JsonFlag,
     announce,
+    err,
+    fail,
     open_ledger,
+    out,
     reported,
-    say_error,
     warn_unknown_variables,
     worker_settings,
 )
-from console.safe import console, line
+from console.safe import line
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import InvalidInput, OnwardError
 from ledger.vocabulary import AuditAction, Priority
@@ -93,23 +98,10 @@ app.command("workers")(workers_cmd)
 app.command("limits")(limits_cmd)
 assert commands_replay.corpus_replay is not None
 
-out = console()
-err = console(stderr=True)
-
-EXIT_REFUSED = 2
-EXIT_FAILED = 1
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
 
 def _settings() -> OnwardSettings:
     """The ledger's settings (what ``db`` and ``embedded down`` need)."""
     return OnwardSettings()
-
-
-def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    say_error("error:", message)
-    raise typer.Exit(code)
 
 
 # -- db -------------------------------------------------------------------------------------
@@ -155,7 +147,7 @@ def dispatcher(
     try:
         run_dispatcher(worker_settings())
     except OnwardError as exc:
-        _fail(str(exc), EXIT_REFUSED)
+        fail(str(exc), EXIT_REFUSED)
 
 
 @app.command()
@@ -171,7 +163,7 @@ def reaper(
     try:
         run_reaper(worker_settings())
     except OnwardError as exc:
-        _fail(str(exc), EXIT_REFUSED)
+        fail(str(exc), EXIT_REFUSED)
 
 
 # -- embedded -----------------------------------------------------------------------------
@@ -220,7 +212,7 @@ def metrics(
     try:
         require_current_schema(engine)
     except OnwardError as exc:
-        _fail(str(exc), EXIT_REFUSED)
+        fail(str(exc), EXIT_REFUSED)
     stop = serve_metrics(engine, port, host, worker_ttl_s=settings.worker_queue_ttl_s,
                          outbox_grace_s=settings.outbox_grace_s)
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
