@@ -10,7 +10,6 @@ import json
 import secrets
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -31,21 +30,12 @@ from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.runner import replay_bundle
 from tests.support.cluster import wait_for
 from tests.support.corpus import empty_database, other_ledger
+from tests.support.crypt import MASTER, settings_env  # noqa: F401 - a fixture
 from tests.support.driver import Driver, driver
 
 pytest.importorskip("cryptography")
 
-MASTER = secrets.token_hex(32)
 MODULES = ("tests.workflows_crypt",)
-
-
-@pytest.fixture()
-def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    from tests.conftest import make_settings_env
-
-    env = make_settings_env(database, server_urls, tmp_path / "faults")
-    env["ONWARD_ENCRYPTION_KEYS"] = f"m1={MASTER}"
-    return env
 
 
 @pytest.fixture()

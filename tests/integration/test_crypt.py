@@ -11,7 +11,6 @@ import json
 import secrets
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -24,21 +23,11 @@ from ledger.crypto import Keyring, Place
 from ledger.db import libpq_conninfo
 from ledger.exceptions import SealedValueUnreadable
 from ledger.settings import OnwardSettings
+from tests.support.crypt import MASTER, settings_env  # noqa: F401 - a fixture
 from tests.support.driver import Driver, driver
 from tests.support.reads import places_holding
 
 pytest.importorskip("cryptography")
-
-MASTER = secrets.token_hex(32)
-
-
-@pytest.fixture()
-def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    from tests.conftest import make_settings_env
-
-    env = make_settings_env(database, server_urls, tmp_path / "faults")
-    env["ONWARD_ENCRYPTION_KEYS"] = f"m1={MASTER}"
-    return env
 
 
 @pytest.fixture()
