@@ -30,11 +30,14 @@ import argparse
 import asyncio
 import hashlib
 import json
+import socket
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import uvicorn
 
 Scope = dict[str, Any]
 Send = Any
@@ -239,7 +242,7 @@ async def _stream(send: Send, answer: dict[str, Any]) -> None:
 def _from_anthropic(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """An Anthropic Messages request in the chat-completions terms ``answer_for`` takes."""
-    plain = []
+    plain: list[dict[str, Any]] = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
@@ -329,23 +332,30 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def serve(limits: Limits, port: int, port_file: Path | None) -> None:
-    """Run on 127.0.0.1 (a free port when 0), writing the port to ``port_file`` once bound."""
-    import socket
-
-    import uvicorn
-
+def listening_socket(port: int) -> socket.socket:
+    """A socket on 127.0.0.1 bound to ``port`` (a free one when 0), listening."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(2048)
+    return sock
+
+
+def uvicorn_server(app: ModelServer, **config: Any) -> uvicorn.Server:
+    """The uvicorn server that runs ``app`` (``config``: more ``uvicorn.Config`` options)."""
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                         backlog=2048, timeout_keep_alive=30, lifespan="on",
+                                         **config))
+
+
+def serve(limits: Limits, port: int, port_file: Path | None) -> None:
+    """Run on 127.0.0.1 (a free port when 0), writing the port to ``port_file`` once bound."""
+    sock = listening_socket(port)
     bound = sock.getsockname()[1]
     if port_file is not None:
         port_file.write_text(str(bound))
     print(f"model server on http://127.0.0.1:{bound}/v1", flush=True)
-    config = uvicorn.Config(ModelServer(limits), log_level="warning", access_log=False,
-                            backlog=2048, timeout_keep_alive=30, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn_server(ModelServer(limits)).run(sockets=[sock])
 
 
 def main() -> None:

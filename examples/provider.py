@@ -326,12 +326,25 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(404, {"error": "no route"})
 
 
+class ProviderServer(ThreadingHTTPServer):
+    """The provider's HTTP server on 127.0.0.1:``port`` (a free port when 0), its store in
+    the SQLite file ``db``."""
+
+    request_queue_size = 256  # many workers at once (bench/agents.py)
+    daemon_threads = True
+
+    def __init__(self, port: int, db: Path) -> None:
+        self.store = Store(db)
+        super().__init__(("127.0.0.1", port), type("BoundHandler", (Handler,),
+                                                   {"store": self.store}))
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.store.db.close()
+
+
 def serve(port: int, db: Path, port_file: Path | None = None) -> None:
-    store = Store(db)
-    handler = type("BoundHandler", (Handler,), {"store": store})
-    ThreadingHTTPServer.request_queue_size = 256  # many workers at once (bench/agents.py)
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
+    server = ProviderServer(port, db)
     actual = server.server_address[1]
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")

@@ -21,7 +21,7 @@ from tasks.corpus.report import Policy, summarize
 from tasks.corpus.runner import CorpusReplay, replay_bundle
 from tests.support.corpus import record_flow, record_note, record_timeouts, table_digest
 from tests.support.driver import Driver, driver
-from tests.support.model_server import ModelServer, running_model_server
+from tests.support.model_server import ModelServer, model_server_in_thread
 
 MODULES = ["tests.workflows_corpus", "tests.workflows_ops"]
 
@@ -152,11 +152,11 @@ def test_replay__a_workflow_the_code_lacks_is_skipped_not_failed(
 
 
 @pytest.fixture()
-def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
     """The model server the research agent records its answers from (the outside world)."""
     import examples.research
 
-    with running_model_server(tmp_path, "--latency-ms", "1") as server:
+    with model_server_in_thread(latency_ms=1) as server:
         monkeypatch.setenv("ONWARD_MODEL_URL", server.url)
         examples.research._Model._client.cache_clear()  # built once per process, from the env
         yield server

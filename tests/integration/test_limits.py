@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -27,15 +26,15 @@ from tasks.executor import ReportKind
 from tests import workflows_limits as flows
 from tests.support.clock import set_on_store
 from tests.support.driver import Driver, driver
-from tests.support.model_server import ModelServer, running_model_server
+from tests.support.model_server import ModelServer, model_server_in_thread
 
 MODULES = ["tests.workflows_limits"]
 KEY = "test-model"
 
 
 @pytest.fixture()
-def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
-    with running_model_server(tmp_path, "--latency-ms", "10") as server:
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    with model_server_in_thread(latency_ms=10) as server:
         monkeypatch.setenv("ONWARD_MODEL_URL", server.url)
         monkeypatch.setenv("ONWARD_TEST_MODEL_CONCURRENCY", "1")
         yield server

@@ -1,5 +1,5 @@
 """Real model clients: ``ctx.llm`` through the official ``openai`` client to a real HTTP
-model server (examples/model_server.py, a subprocess: the outside world), executed
+model server (examples/model_server.py in a thread of the test: the outside world), executed
 in-process by the test driver against the real ledger.
 
 What a model said is evidence: the whole response (tool calls included) is recorded, a
@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -29,7 +28,7 @@ from tasks.llm import set_token_sink
 from tests.support.clock import set_on_store
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver
-from tests.support.model_server import ModelServer, running_model_server
+from tests.support.model_server import ModelServer, model_server_in_thread
 from workers.broker import broker_url
 from workers.streams import RedisTokenSink, token_channel, tokens
 
@@ -37,8 +36,8 @@ MODULES = ["tests.workflows_models"]
 
 
 @pytest.fixture()
-def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
-    with running_model_server(tmp_path, "--latency-ms", "20") as server:
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    with model_server_in_thread(latency_ms=20) as server:
         monkeypatch.setenv("ONWARD_MODEL_URL", server.url)
         yield server
 
@@ -145,14 +144,13 @@ def test_model_clients__stream_subscribers_get_tokens_through_redis(
     assert all(e["run_id"] == str(run_id) and e["seq"] == 0 for e in received)
 
 
-def test_model_server__429_above_its_concurrency_and_rate(tmp_path: Path) -> None:
+def test_model_server__429_above_its_concurrency_and_rate() -> None:
     """Twelve requests at once against a server holding 2 s with a concurrency limit of 4:
     never more than 4 are held at once, the others are answered 429 with Retry-After in
     the OpenAI error shape, and the server counts each (and how late beyond its latency it
     answered the others). Then, with a rate of 5/s and no
     hold, twelve requests at once: no more are admitted than 5 per second they took."""
-    with running_model_server(tmp_path, "--latency-ms", "2000", "--jitter", "0",
-                              "--max-concurrency", "4") as server:
+    with model_server_in_thread(latency_ms=2000, jitter=0, max_concurrency=4) as server:
         results = _burst(server, 12)
         refused = [r for r in results if r.status_code == 429]
         stats = server.stats()
@@ -192,7 +190,7 @@ def _burst(server: ModelServer, count: int) -> list[httpx.Response]:
     return results
 
 
-def test_model_clients__anthropic_adapter_gives_the_same_shapes(tmp_path: Path) -> None:
+def test_model_clients__anthropic_adapter_gives_the_same_shapes() -> None:
     """The anthropic adapter over the official client (the model server speaks the
     Messages API too): tool_use blocks become the same {"id", "name", "arguments"} tool
     calls the openai adapter gives, streamed text joins into the recorded text, and the
@@ -200,7 +198,7 @@ def test_model_clients__anthropic_adapter_gives_the_same_shapes(tmp_path: Path) 
     from tasks.llm_anthropic import AnthropicMessages
     from tasks.llm_openai import OpenAIChat
 
-    with running_model_server(tmp_path, "--latency-ms", "10") as server:
+    with model_server_in_thread(latency_ms=10) as server:
         claude = AnthropicMessages(base_url=server.url.removesuffix("/v1"), api_key="test",
                                    max_retries=0)
         gpt = OpenAIChat(base_url=server.url, api_key="test", max_retries=0)

@@ -1,5 +1,5 @@
 """``onward tools check`` and its pytest helper against the real reference provider (an HTTP
-service in its own process): the reference tools keep every promise they declare, and each
+service, in a thread of the test): the reference tools keep every promise they declare, and each
 broken variant fails naming the promise it breaks, with the objects the provider holds
 counted."""
 
@@ -22,7 +22,7 @@ from ledger.vocabulary import ToolClass
 from tasks.exceptions import ToolPromiseBroken
 from tasks.toolcheck import assert_tool_keeps_promises, check_tool
 from tasks.tools import Tool, ToolResult
-from tests.support.provider import Provider, running_provider
+from tests.support.provider import Provider, provider_in_thread
 
 SAMPLE = {"customer_id": "c-check", "amount": 100}
 
@@ -50,7 +50,7 @@ unsampled = provider_tool("check.unsampled", "unsampled", ToolClass.IRREVERSIBLE
 
 @pytest.fixture()
 def provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
-    with running_provider(tmp_path) as running:
+    with provider_in_thread(tmp_path) as running:
         monkeypatch.setenv("ONWARD_EXAMPLE_PROVIDER_URL", running.url)
         yield running
 

@@ -1,16 +1,30 @@
-"""The model server (examples/model_server.py) as a real subprocess for one test
-(harness/model_server.py)."""
+"""The model server (examples/model_server.py) for one test (harness/model_server.py): in a
+thread of the test process for integration tests, which start no processes; as a real
+subprocess for acceptance tests, beside the workers they start."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from harness.model_server import ModelServer
 from harness.processes import Processes
 
-__all__ = ["ModelServer", "running_model_server"]
+__all__ = ["ModelServer", "model_server_in_thread", "running_model_server"]
+
+
+@contextmanager
+def model_server_in_thread(**limits: Any) -> Iterator[ModelServer]:
+    """The model server in a daemon thread of this process until the block ends, with
+    ``limits`` (``latency_ms``, ``jitter``, ``max_concurrency``, ``rate_per_s``); what it
+    counts is read over HTTP (``stats()``) as from a process."""
+    server = ModelServer.in_thread(**limits)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @contextmanager

@@ -1,5 +1,6 @@
-"""The reference provider (examples/provider.py) as a real subprocess for one test
-(harness/provider.py)."""
+"""The reference provider (examples/provider.py) for one test (harness/provider.py): in a
+thread of the test process for integration tests, which start no processes; as a real
+subprocess for acceptance tests."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ from pathlib import Path
 from harness.processes import Processes
 from harness.provider import ReferenceProvider
 
+__all__ = ["Provider", "provider_in_thread", "running_provider"]
+
 Provider = ReferenceProvider
+
+
+@contextmanager
+def provider_in_thread(tmp: Path) -> Iterator[Provider]:
+    """The provider in a daemon thread of this process until the block ends, its store in
+    ``tmp``."""
+    provider = ReferenceProvider.in_thread(tmp)
+    try:
+        yield provider
+    finally:
+        provider.stop()
 
 
 @contextmanager
