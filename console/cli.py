@@ -262,6 +262,7 @@ def console_cmd(
     default, prints a login link with a fresh admin token that lives 12 hours and is revoked
     when the console stops; otherwise sign in with a token of your own."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from console.auth import local_admin, owns_embedded_database
     from console.http.app import create_app
@@ -289,9 +290,10 @@ def console_cmd(
         announce(f"open {base}/login and sign in with a token (onward tokens create)",
                  url=f"{base}/login")
     # uvicorn's own handlers print plain text: in JSON mode its loggers use onward's
-    extra = {"log_config": None} if json_logs() else {}
+    log_config = None if json_logs() else LOGGING_CONFIG
     try:
-        uvicorn.run(create_app(ledger), host=host, port=port, log_level="warning", **extra)
+        uvicorn.run(create_app(ledger), host=host, port=port, log_level="warning",
+                    log_config=log_config)
     finally:
         if issued is not None:
             with contextlib.suppress(OnwardError):

@@ -8,7 +8,7 @@ import secrets
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from console.common import JsonFlag, ReasonOpt, YesFlag, err, fail, open_ledger, out, reported
 from console.safe import line
@@ -39,7 +39,7 @@ def rotate(
     and chains are unchanged. Then the master keys not listed as in use can be removed."""
     ledger = open_ledger(AuditAction.KEYS)
     with reported(), Progress(console=err, disable=as_json) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(table: str, scanned: int, changed: int) -> None:
             if table not in tasks:

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from console.common import (
+    EXIT_REFUSED,
     JsonFlag,
     LimitOpt,
     OffsetOpt,
@@ -19,6 +20,7 @@ from console.common import (
     YesFlag,
     confirm,
     err,
+    fail,
     open_ledger,
     out,
     parse_since,
@@ -363,7 +365,9 @@ def runs_wait(run_id: RunArg, timeout: Annotated[float, typer.Option(
     while True:
         with reported():
             run = ledger.get_run(found)
-        if run is None or run.status is not RunStatus.RUNNING or time.monotonic() >= deadline:
+        if run is None:  # removed since (retention, erasure)
+            fail(f"no run {found}", EXIT_REFUSED)
+        if run.status is not RunStatus.RUNNING or time.monotonic() >= deadline:
             break
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if as_json:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, overload
 from uuid import UUID
 
 import typer
@@ -30,6 +30,8 @@ from ledger.exceptions import OnwardError, Unauthenticated
 from ledger.vocabulary import AuditAction
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from workers.settings import WorkerSettings
 
 __all__ = [
@@ -157,6 +159,14 @@ def confirm(question: str, yes: bool) -> None:
     if not typer.confirm(question, default=False):
         err.print("nothing done")
         raise typer.Exit(EXIT_FAILED)
+
+
+@overload
+def plain(value: DataclassInstance) -> dict[str, Any]: ...
+
+
+@overload
+def plain(value: Any) -> Any: ...
 
 
 def plain(value: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from examples.settings import ExampleSettings
-from tasks import LLMResponse, StepContext, Workflow
+from tasks import Finish, Goto, LLMResponse, StepContext, Workflow
 from tasks.llm_openai import OpenAIChat
 
 SEARCH_TOOL = {"type": "function", "function": {
@@ -70,7 +70,7 @@ def _ask(ctx: StepContext, prompt: str, **params: Any) -> LLMResponse:
 
 
 @research.step(start=True)
-def collect_sources(ctx: StepContext, state: ResearchState):
+def collect_sources(ctx: StepContext, state: ResearchState) -> Goto:
     answer = _ask(ctx, f"Find three sources about {state.topic}.", tools=[SEARCH_TOOL])
     refs = [call["arguments"].get("ref", "") for call in answer.tool_calls] or [answer.text]
     sources = [f"https://example.org/{state.topic}/{i}-{_digest(state.topic, str(i), *refs)}"
@@ -79,7 +79,7 @@ def collect_sources(ctx: StepContext, state: ResearchState):
 
 
 @research.step
-def extract_claims(ctx: StepContext, state: ResearchState):
+def extract_claims(ctx: StepContext, state: ResearchState) -> Goto:
     answer = _ask(ctx, "Extract one claim from each source:\n" + "\n".join(state.sources))
     claims = [f"claim {i} from {src.rsplit('/', 1)[-1]} ({answer.text[1:9]})"
               for i, src in enumerate(state.sources)]
@@ -87,7 +87,7 @@ def extract_claims(ctx: StepContext, state: ResearchState):
 
 
 @research.step
-def draft(ctx: StepContext, state: ResearchState):
+def draft(ctx: StepContext, state: ResearchState) -> Goto:
     answer = _ask(ctx, f"Write a short report on {state.topic}.", stream=True)
     body = f"# {state.topic}\n{answer.text}\n" + "\n".join(
         f"- {c} [{i}]" for i, c in enumerate(state.claims))
@@ -95,7 +95,7 @@ def draft(ctx: StepContext, state: ResearchState):
 
 
 @research.step
-def validate_citations(ctx: StepContext, state: ResearchState):
+def validate_citations(ctx: StepContext, state: ResearchState) -> Goto:
     cited = all(f"[{i}]" in state.draft for i in range(len(state.sources)))
     if not cited:
         return ctx.goto(draft)  # redraft until every source is cited
@@ -103,7 +103,7 @@ def validate_citations(ctx: StepContext, state: ResearchState):
 
 
 @research.step
-def publish(ctx: StepContext, state: ResearchState):
+def publish(ctx: StepContext, state: ResearchState) -> Finish:
     answer = _ask(ctx, f"Give a one-line title for:\n{state.draft}")
     return ctx.finish(url=f"https://reports.example.org/{_digest(state.draft)}",
                       title=answer.text, sources=len(state.sources))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import examples.research as v1  # the module: its Workflow is not registered from here
 from examples.research import ResearchState
-from tasks import StepContext, Workflow
+from tasks import Goto, StepContext, Workflow
 
 DRAFT_PROMPT = ("Write a short, neutral report on {topic}. Say which claims are unverified "
                 "and cite every claim by its number.")
@@ -34,7 +34,7 @@ def vetted(source: str) -> bool:
 
 
 @research_v2.step
-def extract_claims(ctx: StepContext, state: ResearchState):
+def extract_claims(ctx: StepContext, state: ResearchState) -> Goto:
     answer = v1._ask(ctx, "Extract one claim from each source:\n" + "\n".join(state.sources))
     claims = [f"claim {i} from {src.rsplit('/', 1)[-1]} ({answer.text[1:9]})"
               for i, src in enumerate(state.sources)]
@@ -44,7 +44,7 @@ def extract_claims(ctx: StepContext, state: ResearchState):
 
 
 @research_v2.step
-def check_claims(ctx: StepContext, state: ResearchState):
+def check_claims(ctx: StepContext, state: ResearchState) -> Goto:
     """New in v2: a claim whose source is not vetted is marked unverified."""
     claims = [claim if vetted(source) else f"{claim} (unverified)"
               for claim, source in zip(state.claims, state.sources, strict=True)]
@@ -52,7 +52,7 @@ def check_claims(ctx: StepContext, state: ResearchState):
 
 
 @research_v2.step
-def draft(ctx: StepContext, state: ResearchState):
+def draft(ctx: StepContext, state: ResearchState) -> Goto:
     answer = v1._ask(ctx, DRAFT_PROMPT.format(topic=state.topic), stream=True)
     body = f"# {state.topic}\n{answer.text}\n" + "\n".join(
         f"- {c} [{i}]" for i, c in enumerate(state.claims))

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import MutableMapping
 from typing import Any
 
 from tasks.exceptions import CredentialUnavailable
@@ -132,9 +133,12 @@ def redact_value(value: Any) -> Any:
     return value
 
 
-def redact_event(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_event(_logger: Any, _name: str,
+                 event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """A structlog processor: no resolved credential in any field of a log event."""
-    return redact_value(event_dict) if _known else event_dict
+    if not _known:
+        return event_dict
+    return {key: redact_value(item) for key, item in event_dict.items()}
 
 
 class RedactingFilter(logging.Filter):

@@ -22,7 +22,7 @@ onward does about a call that overruns it).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -61,10 +61,11 @@ class ToolResult:
         raise TypeError(f"a tool must return ToolResult or dict, not {type(value).__name__}")
 
 
-# Each may also take a keyword ``timeout`` (seconds): see ``invoke``.
-Call = Callable[..., "ToolResult | dict[str, Any]"]
-Lookup = Callable[..., "ToolResult | dict[str, Any] | None"]
-Status = Callable[..., "ToolResult | dict[str, Any]"]
+# Each may also take a keyword ``timeout`` (seconds), and may be ``async def``: see ``invoke``.
+Call = Callable[..., "ToolResult | dict[str, Any] | Awaitable[ToolResult | dict[str, Any]]"]
+Lookup = Callable[..., "ToolResult | dict[str, Any] "
+                       "| Awaitable[ToolResult | dict[str, Any] | None] | None"]
+Status = Callable[..., "ToolResult | dict[str, Any] | Awaitable[ToolResult | dict[str, Any]]"]
 
 
 @lru_cache(maxsize=1024)

@@ -108,8 +108,6 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
     runtime = WorkerRuntime(app=app, settings=settings, registry=registry,
                             concurrency=concurrency)
 
-    @app.task(name=STEP_TASK, ignore_result=True, acks_late=True, bind=True,
-              throws=(StepNotCommitted,))
     def step(self: Any, **kwargs: Any) -> str:
         """Execute the step after checkpoint ``seq`` of ``run_id``; the ledger holds results.
         A step that did not commit (failed, retrying, parked, diverged) ends the task as
@@ -130,6 +128,11 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
             raise StepNotCommitted(f"{report.kind.value}: {report.detail[:200]}")
         return report.kind.value
 
+    # registered by a call, not as a decorator: Celery is untyped, and a decorator would
+    # leave ``step`` untyped too
+    app.task(name=STEP_TASK, ignore_result=True, acks_late=True, bind=True,
+             throws=(StepNotCommitted,))(step)
+
     def flush_observers(**_kwargs: Any) -> None:
         """A pool process (or a threads/solo worker) exits: flush its counters and the
         spans it still buffers."""
@@ -140,7 +143,7 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
 
     signals.worker_process_shutdown.connect(flush_observers, weak=False)
     signals.worker_shutdown.connect(flush_observers, weak=False)
-    app.onward_runtime = runtime  # type: ignore[attr-defined]
+    app.onward_runtime = runtime
     return app
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kombu.transport import redis as kombu_redis
 
 __all__ = ["Channel", "Transport"]
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     _cached_client: Any = None
     _cached_pool: Any = None
+
+    if TYPE_CHECKING:  # kombu's own method, unannotated there
+        def _create_client(self, asynchronous: bool = False) -> Any: ...
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -33,5 +36,5 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
         yield self._cached_client
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     Channel = Channel
