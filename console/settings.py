@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -67,15 +69,34 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 def known_variables() -> list[str]:
     """Every variable a loaded settings class of prefix ``ONWARD_`` reads: onward's (all
-    imported here), the examples' when they are there, and any other loaded one (an
-    application's own)."""
+    imported here), a checkout's examples' and test workflows' when they are there, and any
+    other loaded one (an application's own)."""
     return sorted({f"ONWARD_{name.upper()}" for settings in _settings_classes()
                    for name in settings.model_fields})
 
 
+# A checkout's own settings modules (not in the wheel): the demo gives the examples'
+# variables to every process it starts, the test suite its workflows' ONWARD_TEST_* ones.
+CHECKOUT_SETTINGS = ("examples.settings", "tests.settings")
+
+
+def _import_checkout_settings() -> None:
+    """Import ``CHECKOUT_SETTINGS`` when onward runs from its checkout and they are that
+    checkout's: a package of the same name elsewhere (an application's own ``tests``, or
+    one installed beside onward in site-packages) is left alone."""
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "pyproject.toml").is_file():
+        return
+    for name in CHECKOUT_SETTINGS:
+        with contextlib.suppress(ImportError, ValueError):
+            package = importlib.util.find_spec(name.partition(".")[0])
+            if package is not None and package.origin is not None \
+                    and Path(package.origin).resolve().parent.parent == checkout:
+                importlib.import_module(name)
+
+
 def _settings_classes() -> list[type[BaseSettings]]:
-    with contextlib.suppress(ImportError):  # a checkout's examples (not in the wheel): the
-        import examples.settings  # noqa: F401  demo gives their variables to every process
+    _import_checkout_settings()
     found: list[type[BaseSettings]] = []
     pending = [BaseSettings]
     while pending:

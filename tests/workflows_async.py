@@ -20,6 +20,7 @@ from examples.provider_client import async_provider_tool, provider_tool
 from ledger.vocabulary import ToolClass
 from tasks import AsyncStepContext, StepContext, Workflow
 from tasks.llm_openai import AsyncOpenAIChat
+from tests.settings import WorkflowTestSettings
 
 # short call limits: a crashed call's lease (limit + margin) runs out soon, for quick tests
 async_offer = async_provider_tool("test.async_offer", "async_offers", ToolClass.IRREVERSIBLE,
@@ -29,9 +30,9 @@ MODEL = "onward-test-model"
 
 
 def mark(ctx: Any, what: str) -> None:
-    folder = os.environ.get("ONWARD_TEST_MARKS")
+    folder = WorkflowTestSettings().test_marks
     if folder:
-        with (Path(folder) / str(ctx.run_id)).open("a") as marks:
+        with (folder / str(ctx.run_id)).open("a") as marks:
             marks.write(f"{what} attempt={ctx.attempt} pid={os.getpid()}\n")
 
 

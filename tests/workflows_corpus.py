@@ -11,7 +11,6 @@ is the one that recorded the runs.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -21,10 +20,11 @@ from examples.fake_llm import FakeModel
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 
 def variant() -> str:
-    return os.environ.get("ONWARD_TEST_CORPUS_VARIANT", "")
+    return WorkflowTestSettings().test_corpus_variant
 
 
 def _lookup(params: dict[str, Any], key: str) -> ToolResult:

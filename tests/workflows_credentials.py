@@ -3,7 +3,6 @@ reference at call time, and steps that misuse it (copy the value into a payload,
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import BaseModel
@@ -12,13 +11,14 @@ from ledger.vocabulary import ToolClass
 from tasks import StepContext, Workflow, credentials
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 CREDENTIAL = credentials.reference("test_crm_token")
 
 
 def _call(payload: dict[str, Any], key: str) -> ToolResult:
     token = credentials.resolve(CREDENTIAL)  # read when the call is made
-    if os.environ.get("ONWARD_TEST_CRM_REFUSES"):
+    if WorkflowTestSettings().test_crm_refuses:
         raise ToolError(f"the CRM refused the token {token}", retryable=False, status_code=401)
     return ToolResult("completed", f"crm_{key[:8]}", {"id": f"crm_{key[:8]}"})
 

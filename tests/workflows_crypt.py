@@ -4,7 +4,6 @@ into a model prompt, an effect's payload and result, across several checkpoints.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
@@ -15,6 +14,7 @@ from tasks import Sensitive, StepContext, StepError, ToolError, Workflow
 from tasks.exceptions import EffectFailed, EffectOutcomeUnknown
 from tasks.retry import RetryPolicy
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 
 def _call(payload: dict[str, Any], key: str) -> ToolResult:
@@ -57,7 +57,7 @@ def create(ctx: StepContext, state: Order) -> Any:
     """Candidate code for tests/integration/test_corpus_crypt.py: with
     ``ONWARD_TEST_CRYPT_VARIANT=echo`` it keeps another (sensitive) echo; with ``amount``
     it asks for another amount (a replay diverges: another payload)."""
-    variant = os.environ.get("ONWARD_TEST_CRYPT_VARIANT")
+    variant = WorkflowTestSettings().test_crypt_variant
     amount = state.amount + (1 if variant == "amount" else 0)
     created = ctx.effect(crm, customer=state.customer, amount=amount)
     echo = created["echo"] + ("!" if variant == "echo" else "")

@@ -23,6 +23,7 @@ from tasks.llm import LLMResponse
 from tasks.llm_openai import OpenAIChat
 from tasks.retry import RetryPolicy
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 
 class LimitedModel:
@@ -33,11 +34,11 @@ class LimitedModel:
 
     @property
     def timeout_s(self) -> float:
-        return float(os.environ.get("ONWARD_TEST_MODEL_TIMEOUT_S", "5"))
+        return WorkflowTestSettings().test_model_timeout_s
 
     @property
     def limits(self) -> tuple[Limit, ...]:
-        concurrency = int(os.environ.get("ONWARD_TEST_MODEL_CONCURRENCY", "1"))
+        concurrency = WorkflowTestSettings().test_model_concurrency
         return (Limit("test-model", concurrency=concurrency),)
 
     def complete(self, **call: Any) -> LLMResponse:

@@ -8,7 +8,6 @@ line per real call (the outside world's count).
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,17 @@ from examples.fake_llm import FakeModel
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 
 def variant() -> str:
-    return os.environ.get("ONWARD_TEST_OPS_VARIANT", "")
+    return WorkflowTestSettings().test_ops_variant
 
 
 def _append(kind: str, payload: dict[str, Any], key: str) -> ToolResult:
-    log = os.environ.get("ONWARD_TEST_OPS_CALLS")
+    log = WorkflowTestSettings().test_ops_calls
     if log:
-        with Path(log).open("a") as handle:
+        with log.open("a") as handle:
             handle.write(f"{kind}\t{key}\t{payload}\n")
     ref = f"{kind}_{key[:12]}"
     return ToolResult("completed", ref, {"id": ref, "payload": payload})
@@ -96,7 +96,7 @@ fragile = Workflow("test_ops_fragile", version=1, state=Fragile, max_attempts=2)
 @fragile.step(start=True)
 def attempt_send(ctx: StepContext, state: Fragile) -> Any:
     """Fails for good while ``ONWARD_TEST_OPS_BROKEN`` is set: a bug fixed by a deploy."""
-    if os.environ.get("ONWARD_TEST_OPS_BROKEN"):
+    if WorkflowTestSettings().test_ops_broken:
         raise StepError("the template is broken", non_retryable=True)
     sent = ctx.effect(log_line, line="sent")
     return ctx.finish(sent=sent["id"])

@@ -132,6 +132,17 @@ def test_unknown_variables__name_the_typo_and_the_nearest_setting() -> None:
     ]
 
 
+def test_unknown_variables__know_every_variable_the_test_suite_sets() -> None:
+    """The suite gives its workflows' ``ONWARD_TEST_`` variables to the processes it starts
+    (workers, dispatchers, reapers), which warn about unknown ones: every such name used
+    under tests/ is a field of tests/settings.py, known to the check in a checkout as the
+    examples' settings are."""
+    names = {name for path in (ROOT / "tests").rglob("*.py")
+             for name in re.findall(r"\bONWARD_TEST_[A-Z0-9_]+", path.read_text())}
+    assert len(names) >= 10  # the scan finds them (ten when this test was written)
+    assert unknown_variables(dict.fromkeys(names, "1")) == []
+
+
 def test_a_process_start__logs_a_warning_naming_the_typo(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``onward worker``, ``dispatcher``, ``reaper``, ``metrics`` and ``console`` call

@@ -9,7 +9,6 @@ approval or a signal; ``act`` reads the decision and the signal it resumes after
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,14 @@ from examples.fake_llm import FakeModel
 from ledger.vocabulary import ToolClass
 from tasks import StepContext, StepError, Workflow
 from tasks.tools import Tool, ToolResult
+from tests.settings import WorkflowTestSettings
 
 
 def _log() -> Path:
-    return Path(os.environ["ONWARD_TEST_CRM_CALLS"])
+    log = WorkflowTestSettings().test_crm_calls
+    if log is None:
+        raise RuntimeError("ONWARD_TEST_CRM_CALLS names no file: the test sets it")
+    return log
 
 
 def crm_objects() -> list[str]:
