@@ -1,7 +1,8 @@
 """Offline corpus replay and bundles of encrypted runs (docs/corpus.md#encrypted-runs): a
 bundle carries the tenant's wrapped data keys, the replay processes get the master keys,
 and the comparison opens sealed values. Real PostgreSQL; the recorded runs are driven
-in-process (tests/support/driver.py), the replays as ``onward corpus replay`` runs them."""
+in-process (tests/support/driver.py), the replays as ``onward corpus replay`` runs them, in
+this process (the replay processes: tests/acceptance/test_corpus_crypt.py)."""
 
 from __future__ import annotations
 
@@ -11,31 +12,32 @@ import secrets
 import threading
 from collections.abc import Iterator
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
 
-from ledger import Ledger, OnwardSettings, RunStatus
+from ledger import Ledger, OnwardSettings
 from ledger.bundle import read_bundle
 from ledger.checkpoints import sealed_envelope
 from ledger.corpora import Corpora
-from ledger.corpus import Selection
 from ledger.corpus_bundle import load_txn
 from ledger.crypto import Place
 from ledger.exceptions import OperationRefused
 from tasks.corpus.compare import Kind
 from tasks.corpus.diff import HIDDEN
-from tasks.corpus.replayer import ReplayOptions, RunOutcome
-from tasks.corpus.runner import replay_bundle
 from tests.support.cluster import wait_for
 from tests.support.corpus import empty_database, other_ledger
-from tests.support.crypt import MASTER, settings_env  # noqa: F401 - a fixture
+from tests.support.crypt import (  # noqa: F401 - settings_env: a fixture
+    MASTER,
+    MODULES,
+    record,
+    replayed,
+    settings_env,
+)
 from tests.support.driver import Driver, driver
 
 pytest.importorskip("cryptography")
-
-MODULES = ("tests.workflows_crypt",)
 
 
 @pytest.fixture()
@@ -45,33 +47,15 @@ def drv(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
         yield running
 
 
-def record(drv: Driver, customer: str) -> UUID:
-    """A completed ``test_crypt`` run (its customer sealed in every checkpoint after the
-    first, in its model call and effect), pinned in corpus ``c``."""
-    run_id = drv.ledger.start_run("test_crypt", {"customer": customer})
-    run = drv.drive(run_id)
-    assert run.status is RunStatus.COMPLETED and run.result == {"matched": True}, run
-    Corpora(drv.ledger).add("c", Selection())
-    return run_id
-
-
-def replayed(drv: Driver, settings: OnwardSettings, jobs: int) -> RunOutcome:
-    bundle = read_bundle(Corpora(drv.ledger).snapshot("c"), drv.ledger.keys)
-    result = replay_bundle(settings, bundle, ReplayOptions(MODULES, label="c"), jobs=jobs)
-    (outcome,) = result.outcomes
-    return outcome
-
-
-@pytest.mark.parametrize("jobs", [1, 2])
 def test_replay__an_encrypted_run_replayed_with_its_code_is_identical(
-        drv: Driver, settings: OnwardSettings, jobs: int) -> None:
+        drv: Driver, settings: OnwardSettings) -> None:
     """Invariant: a corpus of an encrypted run (sensitive state fields, a sealed model
-    answer, effect and result) replays in a scratch ledger, in this process and in replay
-    processes (which get the master keys), and is reported identical, every checkpoint
-    compared: the scratch ledger opens its values with the bundle's wrapped data keys, and
-    sealed values compare by what they hold, not by their (always new) ciphertext."""
+    answer, effect and result) replays in a scratch ledger, in this process, and is
+    reported identical, every checkpoint compared: the scratch ledger opens its values with
+    the bundle's wrapped data keys, and sealed values compare by what they hold, not by
+    their (always new) ciphertext. (In replay processes: tests/acceptance.)"""
     run_id = record(drv, f"CANARY{secrets.token_hex(6)}")
-    outcome = replayed(drv, settings, jobs)
+    (outcome,) = replayed(drv, settings)
     assert outcome.run_id == str(run_id)
     assert outcome.identical, outcome.finding
     assert outcome.replay_status == "completed"
@@ -87,7 +71,7 @@ def test_replay__a_changed_sensitive_value_is_a_divergence_that_does_not_show_it
     customer = f"CANARY{secrets.token_hex(6)}"
     record(drv, customer)
     monkeypatch.setenv("ONWARD_TEST_CRYPT_VARIANT", "echo")
-    outcome = replayed(drv, settings, 1)
+    (outcome,) = replayed(drv, settings)
     finding = outcome.finding or {}
     assert (finding.get("kind"), finding.get("step")) == (Kind.STATE.value, "create"), finding
     assert finding["diff"] == [f"~ /echo: {HIDDEN}"]
@@ -103,7 +87,7 @@ def test_replay__a_request_that_differs_is_reported_without_showing_it(
     customer = f"CANARY{secrets.token_hex(6)}"
     record(drv, customer)
     monkeypatch.setenv("ONWARD_TEST_CRYPT_VARIANT", "amount")
-    outcome = replayed(drv, settings, 1)
+    (outcome,) = replayed(drv, settings)
     finding = outcome.finding or {}
     assert (finding.get("kind"), finding.get("step")) == (Kind.REQUEST.value, "create"), finding
     assert [line.endswith("(stored sealed: not shown)") for line in finding["diff"]] == [True]

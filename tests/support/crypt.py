@@ -1,18 +1,28 @@
-"""What the encryption-at-rest tests share: a master key, and the test environment with it
-(tests/integration/test_crypt.py, test_corpus_crypt.py)."""
+"""What the encryption-at-rest tests share: a master key, the test environment with it
+(tests/integration/test_crypt.py, test_corpus_crypt.py), and the recording and replay of
+an encrypted run (test_corpus_crypt.py in tests/integration and tests/acceptance)."""
 
 from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
+from ledger import OnwardSettings, RunStatus
+from ledger.bundle import read_bundle
+from ledger.corpora import Corpora
+from ledger.corpus import Selection
+from tasks.corpus.replayer import ReplayOptions, RunOutcome
+from tasks.corpus.runner import replay_bundle
 from tests.conftest import make_settings_env
+from tests.support.driver import Driver
 
-__all__ = ["MASTER", "settings_env"]
+__all__ = ["MASTER", "MODULES", "record", "replayed", "settings_env"]
 
 MASTER = secrets.token_hex(32)
+MODULES = ("tests.workflows_crypt",)
 
 
 @pytest.fixture()
@@ -22,3 +32,21 @@ def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> 
     env = make_settings_env(database, server_urls, tmp_path / "faults")
     env["ONWARD_ENCRYPTION_KEYS"] = f"m1={MASTER}"
     return env
+
+
+def record(drv: Driver, customer: str) -> UUID:
+    """A completed ``test_crypt`` run (its customer sealed in every checkpoint after the
+    first, in its model call and effect), pinned in corpus ``c``."""
+    run_id = drv.ledger.start_run("test_crypt", {"customer": customer})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED and run.result == {"matched": True}, run
+    Corpora(drv.ledger).add("c", Selection())
+    return run_id
+
+
+def replayed(drv: Driver, settings: OnwardSettings, jobs: int = 1) -> list[RunOutcome]:
+    """Corpus ``c``'s runs replayed as ``onward corpus replay`` does, in ``jobs`` processes
+    (1: in this one; more only when the corpus has as many runs)."""
+    bundle = read_bundle(Corpora(drv.ledger).snapshot("c"), drv.ledger.keys)
+    return replay_bundle(settings, bundle, ReplayOptions(MODULES, label="c"),
+                         jobs=jobs).outcomes
