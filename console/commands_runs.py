@@ -182,6 +182,12 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
         done = ledger.continue_run(run.id, reason)
     out.print(line(("continued", "green"), f" run {done.run_id} at seq {done.seq} "
                    f"(was {done.previous_status.value})"), soft_wrap=True)
+    if done.due_at is not None:  # its head is a timer whose time has not come
+        out.print(line(f"  its timer has not ended: step {done.step} runs at "
+                       f"{done.due_at:%Y-%m-%d %H:%M:%S}"), soft_wrap=True)
+    elif done.waiting_on is not None:  # its head is a wait nothing ended
+        out.print(line("  its wait has not ended: it waits again for ", done.waiting_on),
+                  soft_wrap=True)
 
 
 @runs_app.command("replay")

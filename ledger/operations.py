@@ -23,7 +23,13 @@ from ledger import signed, sql, waits
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect, seal_effect_error
-from ledger.exceptions import InvalidInput, OperationRefused, UnknownEffect, UnknownRun
+from ledger.exceptions import (
+    InvalidInput,
+    MalformedControl,
+    OperationRefused,
+    UnknownEffect,
+    UnknownRun,
+)
 from ledger.schema import (
     approvals,
     checkpoints,
@@ -46,6 +52,7 @@ from ledger.vocabulary import (
     ParkReason,
     RunStatus,
 )
+from ledger.wait_control import ApprovalControl, SignalControl, TimerControl, parse_control
 
 __all__ = [
     "REPLAY_MODES",
@@ -131,6 +138,10 @@ class Continued:
     seq: int
     step: str | None
     previous_status: RunStatus
+    # the run's head is a wait that has not ended: it waits again on this (a signal or an
+    # approval), or, for a timer, its step is queued due at ``due_at``
+    waiting_on: str | None = None
+    due_at: datetime | None = None
 
 
 def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUID,
@@ -143,6 +154,7 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     run = lock_run_txn(conn, run_id, actor)
     status = RunStatus(run["status"])
     _check_continuable(conn, run, status)
+    rewait = _wait_left(conn, run)
     # Only a run continue unblocks gets its step's attempts back: a parked or failed one,
     # or a running one whose attempts are spent. A runnable run keeps its counts.
     unblocks = status is not RunStatus.RUNNING or run["attempt"] >= run["max_attempts"]
@@ -150,9 +162,10 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     moved = conn.execute(
         runs.update()
         .where(runs.c.id == run_id, runs.c.seq == run["seq"], runs.c.status == status.value)
-        .values(status=RunStatus.RUNNING.value, lease_owner=None, lease_expires_at=None,
+        .values(status=rewait.status.value if rewait else RunStatus.RUNNING.value,
+                lease_owner=None, lease_expires_at=None,
                 parked_reason=None, last_error=None, finished_at=None,
-                updated_at=sa.func.onward.now(), **counts)
+                updated_at=sa.func.onward.now(), **counts, **(rewait.values() if rewait else {}))
         .returning(runs.c.id)
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
@@ -174,13 +187,108 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
                             refused_answers.c.seq == run["seq"],
                             refused_answers.c.cleared_at.is_(None))
                      .values(cleared_at=sa.func.onward.now()))
-    queue_step_txn(conn, run_id, run["seq"])
+    if rewait is None or rewait.status is RunStatus.RUNNING:
+        queue_step_txn(conn, run_id, run["seq"], rewait.due_at if rewait else None)
+    else:  # waiting again; delete a message queued for the step, take a signal kept meanwhile
+        conn.execute(outbox.delete().where(outbox.c.run_id == run_id,
+                                           outbox.c.seq == run["seq"]))
+        conn.exec_driver_sql(waits.WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]})
+    step = rewait.step if rewait else run["step"]
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
         before_seq=run["seq"], after_seq=run["seq"],
-        details={"previous_status": status.value, "step": run["step"],
-                 "parked_reason": run["parked_reason"], "last_error": run["last_error"]}))
-    return Continued(run_id, run["seq"], run["step"], status)
+        details={"previous_status": status.value, "step": step,
+                 "parked_reason": run["parked_reason"], "last_error": run["last_error"],
+                 **({"waits_on": rewait.waiting_on} if rewait and rewait.waiting_on else {})}))
+    return Continued(run_id, run["seq"], step, status,
+                     waiting_on=rewait.waiting_on if rewait else None,
+                     due_at=rewait.due_at if rewait else None)
+
+
+@dataclass(frozen=True)
+class _Rewait:
+    """How a continued run goes on when its head checkpoint's wait has not ended: back to
+    waiting for its signal or approval, or runnable with its step due at the timer's time
+    (or, after a decided approval, at the step the decision names, now)."""
+    status: RunStatus
+    step: str
+    waiting_on: str | None
+    wait_until: datetime | None = None
+    due_at: datetime | None = None
+
+    def values(self) -> dict[str, Any]:
+        return {"step": self.step, "waiting_on": self.waiting_on, "wait_until": self.wait_until}
+
+
+_SIGNAL_AT = sql.statement("signal_payload")
+
+
+def _wait_left(conn: Connection, run: RowMapping) -> _Rewait | None:
+    """What the wait recorded at the run's head checkpoint still waits for, as its MAC'd
+    control signs it (a worker's claim checks the same: tasks/policy.py), or None when
+    there is no wait there or it ended (the timer's time passed, a signal was consumed at
+    that seq or the wait timed out, the approval was decided): the step runs now. A step
+    queued now before its wait ended would be parked ``integrity`` by its claim. Refuses a
+    run whose approval was decided, or expired, with no step to go on to. A run with a
+    cancel request is sent to a worker now, which ends it without running its step."""
+    if run["cancel_requested"] is not None:
+        return None  # the worker it is sent to now ends it, running no step
+    raw = conn.execute(sa.select(checkpoints.c.control).where(
+        checkpoints.c.run_id == run["id"], checkpoints.c.seq == run["seq"])).scalar()
+    try:
+        control = parse_control(raw, f"checkpoint {run['seq']} of run {run['id']}")
+    except MalformedControl:
+        return None  # a worker parks it invalid_control again: nothing is guessed here
+    now = _now(conn)
+    if isinstance(control, TimerControl):
+        until = datetime.fromisoformat(control.until)
+        return (_Rewait(RunStatus.RUNNING, control.then, f"timer:{control.until}", due_at=until)
+                if until > now else None)
+    if isinstance(control, SignalControl):
+        return _signal_left(conn, run, control, now)
+    if isinstance(control, ApprovalControl):
+        return _approval_left(conn, run, control)
+    return None
+
+
+def _signal_left(conn: Connection, run: RowMapping, control: SignalControl,
+                 now: datetime) -> _Rewait | None:
+    timed_out = control.timeout_at is not None and \
+        datetime.fromisoformat(control.timeout_at) <= now
+    if timed_out and run["step"] == control.on_timeout:
+        return None
+    if run["step"] == control.then and conn.exec_driver_sql(_SIGNAL_AT, {
+            "run_id": run["id"], "name": control.name, "seq": run["seq"]}).first():
+        return None
+    # waiting again; a timeout already past is the reaper's: on_timeout, or failed
+    return _Rewait(RunStatus.WAITING, control.then, f"signal:{control.name}",
+                   wait_until=(datetime.fromisoformat(control.timeout_at)
+                               if control.timeout_at else None))
+
+
+def _approval_left(conn: Connection, run: RowMapping,
+                   control: ApprovalControl) -> _Rewait | None:
+    status = conn.execute(sa.select(approvals.c.status).where(
+        approvals.c.id == UUID(control.approval_id), approvals.c.run_id == run["id"],
+        approvals.c.seq == run["seq"])).scalar()
+    if status is None or status == ApprovalStatus.PENDING.value:
+        # pending (an expiry already past is the reaper's); none: the worker parks it
+        return (None if status is None else
+                _Rewait(RunStatus.WAITING, control.then, f"approval:{control.approval_id}"))
+    step = {ApprovalStatus.APPROVED.value: control.then,
+            ApprovalStatus.REJECTED.value: control.on_reject,
+            ApprovalStatus.EXPIRED.value: control.on_expire}.get(status)
+    if step is None:
+        hint = {ApprovalStatus.REJECTED.value: _DECIDED_FAILURES[FailReason.APPROVAL_REJECTED],
+                ApprovalStatus.EXPIRED.value: _DECIDED_FAILURES[FailReason.APPROVAL_EXPIRED]}
+        raise OperationRefused(
+            f"run {run['id']} waits at seq {run['seq']} for approval {control.approval_id}, "
+            f"which is {status} and names no step for that: continuing cannot go past it; "
+            f"{hint.get(status, 'replay or branch it to ask again')}, or cancel it "
+            "(onward runs cancel)")
+    if step == run["step"]:
+        return None
+    return _Rewait(RunStatus.RUNNING, step, None)  # the step the decision names, now
 
 
 def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> None:

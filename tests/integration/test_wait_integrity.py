@@ -10,11 +10,13 @@ in the database, as such an attacker would."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from uuid import UUID
 
 import pytest
 
 from ledger import Ledger, RunStatus
+from ledger.exceptions import OperationRefused
 from ledger.recovery import RecoveryStore
 from ledger.runs import Run
 from tasks.executor import ReportKind
@@ -147,3 +149,110 @@ def test_a_timer_runs_its_step_when_due(drv: Driver) -> None:
     wait_for(lambda: drv.step(run_id, 1).kind is not ReportKind.STALE, timeout=20,
              what="the timer's step to run")
     assert drv.ledger.get_run(run_id).status is RunStatus.COMPLETED
+
+
+# -- an operator's continue of a run parked at a wait puts it back on that wait ---------------
+def outbox_due(ledger: Ledger, run_id: UUID) -> datetime:
+    [row] = reads.outbox_rows(ledger.engine, run_id)
+    return row["due_at"]
+
+
+def test_continue_of_a_parked_timer_queues_its_step_at_the_timer(drv: Driver) -> None:
+    """Invariant: ``onward runs continue`` of a run parked at a timer's checkpoint before
+    its time queues the step due at the time the checkpoint signs, not now: nothing claims
+    it early, and it is not parked again. Failed before: continue queued it now, and its
+    claim parked ``integrity`` (claimed before the timer's time)."""
+    run_id = drv.ledger.start_run("test_timer", {"seconds": 3600})
+    drv.step(run_id, 0)
+    until = drv.ledger.get_run(run_id).waiting_on.removeprefix("timer:")
+    reads.execute(drv.ledger.engine, "UPDATE onward.outbox SET due_at = now() "
+                  "WHERE run_id = :r", r=run_id)
+    parked_integrity(drv, run_id, "the time checkpoint 1's timer runs it")
+
+    drv.ledger.continue_run(run_id, "checked the edit; let it sleep")
+    assert drv.step(run_id, 1).kind is ReportKind.STALE  # not due: nothing claimed
+    run = drv.ledger.get_run(run_id)
+    assert (run.status, run.seq, run.waiting_on) == (RunStatus.RUNNING, 1, f"timer:{until}")
+    assert outbox_due(drv.ledger, run_id) == datetime.fromisoformat(until)
+
+
+def test_continue_of_a_parked_signal_wait_waits_for_the_signal_again(drv: Driver) -> None:
+    """Invariant: continue of a run parked at a signal wait that no signal ended puts it
+    back to waiting for that signal (its timeout as signed), and the signal resumes it.
+    Failed before: continue queued the step now, which parked ``integrity`` again."""
+    run = waiting(drv, "test_signal_or_timeout", {"timeout_s": 3600})
+    set_running(drv.ledger, run.id)
+    parked_integrity(drv, run.id, "no signal of that name ended the wait")
+
+    drv.ledger.continue_run(run.id, "checked the edit")
+    again = drv.ledger.get_run(run.id)
+    assert (again.status, again.step, again.waiting_on) == (
+        RunStatus.WAITING, "replied", "signal:reply")
+    assert again.wait_until == run.wait_until
+    assert drv.ledger.signal(run.id, "reply", {"ok": True}) is True
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result == {"reply": {"ok": True}}
+
+
+def test_continue_of_a_parked_signal_wait_takes_a_signal_kept_meanwhile(drv: Driver) -> None:
+    """Invariant: a signal sent while the run was parked (kept, not consumed) ends the wait
+    the continue puts the run back on, at once."""
+    run = waiting(drv, "test_signal", {})
+    set_running(drv.ledger, run.id)
+    parked_integrity(drv, run.id, "no signal")
+    assert drv.ledger.signal(run.id, "go", {"n": 1}) is False
+    drv.ledger.continue_run(run.id, "checked the edit")
+    assert drv.ledger.get_run(run.id).status is RunStatus.RUNNING
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result == {"payload": {"n": 1}}
+
+
+def test_continue_of_a_parked_approval_wait_waits_for_the_decision(drv: Driver) -> None:
+    """Invariant: continue of a run parked at an approval wait whose approval is pending
+    puts it back to waiting for that approval, at the step approving resumes; approving
+    then goes on. Failed before: continue queued ``act`` now, which parked again."""
+    run = waiting(drv, "test_review", {})
+    set_running(drv.ledger, run.id, step="act")
+    parked_integrity(drv, run.id, "but that approval is pending")
+
+    drv.ledger.continue_run(run.id, "checked the edit")
+    [asked] = drv.ledger.approvals(run_id=run.id)
+    again = drv.ledger.get_run(run.id)
+    assert (again.status, again.step, again.waiting_on) == (
+        RunStatus.WAITING, "act", f"approval:{asked.id}")
+    drv.ledger.acting_as("alice", "approver").approve(
+        asked.id, artifact_hash=asked.artifact_hash)
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result["status"] == "approved", done
+
+
+def test_continue_of_a_run_whose_wait_ended_runs_its_step_now(drv: Driver) -> None:
+    """Invariant: a run whose wait did end (its signal consumed at that seq) and that was
+    parked after is continued at its step now, as before."""
+    run = waiting(drv, "test_signal", {})
+    assert drv.ledger.signal(run.id, "go", {"n": 2}) is True
+    reads.execute(drv.ledger.engine, "UPDATE onward.runs SET status = 'needs_review', "
+                  "parked_reason = 'crash_loop' WHERE id = :r", r=run.id)
+    drv.ledger.continue_run(run.id, "crash fixed")
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED and done.result == {"payload": {"n": 2}}
+
+
+def test_continue_of_a_parked_run_whose_approval_expired_with_no_step_is_refused(
+        drv: Driver) -> None:
+    """Invariant: an approval that expired while its run was parked, with no ``on_expire``
+    step, is not gone past by continue: refused, saying what to do, the run left parked.
+    Failed before: continue queued the approved step, which parked ``integrity`` again."""
+    run = waiting(drv, "test_review_strict", {"expires_s": 0.5})
+    set_running(drv.ledger, run.id, step="done")
+    parked_integrity(drv, run.id, "but that approval is pending")
+    recovery = RecoveryStore(drv.ledger.engine)
+
+    def expired() -> bool:
+        recovery.sweep(stall_after_s=60)
+        return drv.ledger.approvals(run_id=run.id)[0].status.value == "expired"
+
+    wait_for(expired, timeout=20, what="the approval to expire")
+    with pytest.raises(OperationRefused, match=r"which is expired .*replay or branch it"):
+        drv.ledger.continue_run(run.id, "checked the edit")
+    assert drv.ledger.get_run(run.id).status is RunStatus.NEEDS_REVIEW
