@@ -61,9 +61,14 @@ class Advertiser(threading.Thread):
     def advertise(self) -> None:
         self.store.advertise(self._ad(), self.queues, self.schemas)
 
-    def retire(self) -> None:
-        """Remove this worker's row (called on a clean shutdown)."""
+    def retire(self, wait_s: float = 10.0) -> None:
+        """Remove this worker's row (called on a clean shutdown). The advertising thread is
+        stopped first and waited for (up to ``wait_s``): an advertisement under way when the
+        worker stops would otherwise write the row back after its removal, and the stopped
+        worker would be listed as live until its row aged out."""
         self.stopping.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(wait_s)
         if self.node:
             try:
                 self.store.retire(self.node, os.getpid())
