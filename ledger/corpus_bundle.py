@@ -170,18 +170,19 @@ def load_txn(conn: Connection, bundle: Bundle, tenant_id: str, *,
     is permanent: ``with_keys=False`` loads the runs without the keys, their sealed values
     unreadable). Signals keep their ids: the signal id sequence is moved past the bundle's
     before anything is inserted, so a signal sent to this ledger while the bundle loads
-    takes an id above them. Imports of one tenant run one at a time (an advisory lock to
+    takes an id above them (the move waits for signal sends in flight to commit, and sends
+    wait for the move: migration 0044). Imports of one tenant run one at a time (an advisory lock to
     the caller's commit): the second of two imports of the same runs skips them as present."""
     _check_rows(bundle, tenant_id)
     check_complete(bundle)
     conn.execute(_IMPORT_LOCK, {"tenant": tenant_id})  # after another import's commit
+    if bundle.rows["signals"]:  # before taking any lock a signal send could wait for
+        conn.execute(sa.select(sa.func.onward.signal_ids_past(
+            max(row["id"] for row in bundle.rows["signals"]))))
     present = _present(conn, bundle)
     keys = bundle.rows.get("tenant_keys", []) if with_keys else []
     if keys:
         _check_not_erased(conn, tenant_id, len(keys))
-    if bundle.rows["signals"]:
-        conn.execute(sa.select(sa.func.onward.signal_ids_past(
-            max(row["id"] for row in bundle.rows["signals"]))))
     keep = {run_id for run_id in bundle.run_ids if run_id not in present}
     effect_runs = {(e["effect_type"], e["effect_id"]): e["run_id"]
                    for e in bundle.rows["effects"]}

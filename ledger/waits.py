@@ -127,6 +127,7 @@ def _resume(conn: Connection, run_id: UUID, seq: int, step: str) -> None:
     conn.exec_driver_sql(_QUEUE_STEP, {"run_id": run_id, "seq": seq})
 
 
+_NEXT_SIGNAL_ID = sql.text("next_signal_id")
 _UNKNOWN_EFFECT = sql.text("unknown_effect")
 _CLOSE_UNSENT = sql.text("close_unsent")
 
@@ -324,6 +325,8 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     payload in the database, or a copy of the row, parks the run instead of being read.
     With encryption keys the payload is stored sealed (bound to the run's tenant, the run,
     its seq when sent and the signal's id); the MAC covers its digest (``opened_signal``).
+    Its id is taken holding the signal id lock shared to the commit, so a corpus import
+    never moves the id sequence past a bundle's ids under it (migration 0044).
     """
     if not isinstance(name, str) or not name or "\x00" in name or len(name) > 200:
         raise InvalidInput(f"a signal needs a name: a string of 1 to 200 characters without "
@@ -338,7 +341,7 @@ def signal_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, name: str, 
     run = _lock_run(conn, run_id)
     if RunStatus(run["status"]).terminal:
         raise ApprovalRefused(f"run {run_id} is {run['status']}; it takes no more signals")
-    signal_id = conn.execute(sa.select(sa.func.nextval("onward.signals_id_seq"))).scalar_one()
+    signal_id = conn.execute(_NEXT_SIGNAL_ID).scalar_one()  # one statement, as before
     stored = seal_value(keys.crypt, payload, Place(run["tenant_id"], run_id, run["seq"],
                                                    signal_field(signal_id)))
     conn.execute(signals.insert().values(

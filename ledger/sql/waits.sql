@@ -24,6 +24,16 @@ INSERT INTO onward.outbox (run_id, seq) SELECT id, %(seq)s FROM woke
 ON CONFLICT (run_id, seq) DO NOTHING
 RETURNING run_id
 
+-- name: next_signal_id
+-- The id of a signal being sent (Ledger.signal), taken holding the advisory lock
+-- onward.signal_ids shared to the send's commit: a corpus import moves the sequence past a
+-- bundle's ids holding it exclusively (onward.signal_ids_past, migration 0044), so an id is
+-- never taken while the sequence is being moved. The lock is taken first (the CTE's row).
+WITH held AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock_shared(hashtextextended('onward.signal_ids', 0))
+)
+SELECT nextval('onward.signals_id_seq') FROM held
+
 -- name: due_approvals
 -- Locks are taken run row first, then approval, as cancel and decide take them, so the
 -- reaper cannot deadlock with them: the runs of due approvals are locked (skipping those a

@@ -22,6 +22,7 @@ from ledger.corpus import Selection
 from ledger.corpus_bundle import load_txn
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.vocabulary import Role
+from ledger.waits import signal_txn
 from tests.support.cluster import wait_for
 from tests.support.corpus import (
     OPS_MODULES,
@@ -354,11 +355,13 @@ def _recorded_elsewhere(flow_drv: Driver, url: str, settings: OnwardSettings, sk
         return exported(corpora, "flows")
 
 
-def _lock_waits(engine: sa.engine.Engine) -> int:
+def _lock_waits(engine: sa.engine.Engine, event: str | None = None) -> int:
+    """Sessions of the ledger waiting on a lock (of kind ``event``, e.g. advisory)."""
     with engine.connect() as conn:
         return int(conn.execute(sa.text(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'")).scalar_one())
+            "AND wait_event_type = 'Lock' AND wait_event = coalesce(:event, wait_event)"),
+            {"event": event}).scalar_one())
 
 
 def test_corpus_import__two_concurrent_imports_with_the_same_signal_ids(
@@ -431,6 +434,57 @@ def test_corpus_import__a_signal_sent_during_an_import_takes_an_id_above_the_bun
         with target.engine.connect() as conn:
             ids = dict(conn.execute(sa.text("SELECT run_id, id FROM onward.signals")).all())
         assert ids[bundle.run_ids[0]] == signal_id and ids[other_run] > signal_id
+        assert target.verify_run(bundle.run_ids[0]) == []
+
+
+def test_corpus_import__moving_the_signal_ids_waits_for_sends_in_flight_and_they_for_it(
+        flow_drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: an import never moves the signal id sequence while a signal send holds an
+    id it took (a send in flight, its transaction open): the import waits for it to
+    commit; a send that begins meanwhile waits for the move, then takes an id above the
+    bundle's; the import completes with the bundle's signals under their own ids. Failed
+    before (migration 0043's function): the move did not wait for anything, so a send
+    whose nextval landed between the function's nextval and setval took an id at or below
+    the bundle's largest (the import then refused by name, or the send failed on a
+    duplicate key)."""
+    with flow_drv.ledger.engine.begin() as conn:  # the bundle's signal ids are above the
+        conn.execute(sa.select(sa.func.setval("onward.signals_id_seq", 1000)))  # target's
+    bundle = read_bundle(exported(_pinned(flow_drv, "seat"), "flows"), flow_drv.ledger.keys)
+    [signal_id] = [row["id"] for row in bundle.rows["signals"]]
+    with other_ledger(second_url, settings) as target:
+        def advisory_waits() -> int:
+            return _lock_waits(target.engine, "advisory")
+
+        other_run, third_run = (target.start_run("test_ops_notes", {}, allow_unadvertised=True)
+                                for _ in range(2))
+        done: list[object] = []
+        woke: list[bool] = []
+        importing = threading.Thread(
+            target=lambda: done.append(Corpora(target).import_bundle(bundle)))
+        sending = threading.Thread(
+            target=lambda: woke.append(target.signal(third_run, "later", {"n": 2})))
+        with target.engine.connect() as in_flight:
+            in_flight.begin()  # a signal send that took its id and has not committed
+            signal_txn(in_flight, target.keys, other_run, "first", {"n": 1},
+                       max_bytes=settings.max_signal_bytes, max_depth=settings.max_json_depth)
+            importing.start()
+            wait_for(lambda: not importing.is_alive() or advisory_waits() >= 1,
+                     timeout=20, what="the import to wait for the send in flight")
+            assert importing.is_alive(), "the import moved the signal ids without waiting " \
+                "for the signal send in flight"
+            sending.start()
+            wait_for(lambda: not sending.is_alive() or advisory_waits() >= 2,
+                     timeout=20, what="a new send to wait for the import's move")
+            assert sending.is_alive(), "a signal send took an id while the import waited " \
+                "to move the signal ids"
+            in_flight.commit()
+        importing.join(timeout=30)
+        sending.join(timeout=30)
+        assert len(done) == 1 and woke == [False], (done, woke)
+        with target.engine.connect() as conn:
+            ids: dict[str, int] = dict(conn.execute(sa.text(
+                "SELECT name, id FROM onward.signals")).all())
+        assert ids["first"] < signal_id < ids["later"], ids
         assert target.verify_run(bundle.run_ids[0]) == []
 
 
