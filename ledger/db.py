@@ -121,11 +121,12 @@ def _begin_as_tenant(conn: Connection) -> None:
 def snapshot(engine: Engine, *, read_only: bool = True) -> Iterator[Connection]:
     """One REPEATABLE READ transaction on a connection of ``engine`` (read-only unless
     ``read_only`` is false): every statement in it reads the same snapshot."""
-    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, \
-            conn.begin():
-        if read_only:
-            conn.execute(sa.text("SET TRANSACTION READ ONLY"))
-        yield conn
+    with engine.connect() as conn:  # returned to the pool even if what follows fails
+        conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            if read_only:
+                conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+            yield conn
 
 
 def connect_raw(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
