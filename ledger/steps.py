@@ -113,6 +113,19 @@ class Budget:
                 "cost_usd": float(self.used_cost_usd)}
 
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock() -> float:
+    """This host's clock for counting down a lease the ledger granted (``Claim.lease_until``):
+    seconds since boot including any time suspended (``CLOCK_BOOTTIME``, Linux), so a host
+    that slept does not think a lease still runs that the database's clock saw expire;
+    ``time.monotonic()`` where there is no such clock (it stops while suspended on Linux)."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
+
+
 @dataclass(frozen=True)
 class Claim:
     """A held lease on one step of one run, with the checkpoint it starts from."""
@@ -143,11 +156,11 @@ class Claim:
     chain_bytes: int = 0  # the bytes of the deltas since that snapshot
     state_problem: str | None = None  # why the head's state could not be read
     priority: Priority = Priority.NORMAL  # who goes first for a limit's slots
-    # Until when (this host's ``time.monotonic()``) the lease surely lasts: what it had left
-    # when the claim statement took it, counted from before that statement was sent; and
-    # whether the run has an answer recorded or refused at this seq. With both known and no
-    # answer, the step's first model call or read needs no statement before it while the
-    # lease covers it (tasks/evidence_calls.py). None: not known (a commit's chained claim).
+    # Until when (this host's ``lease_clock()``) the lease surely lasts: what it had left
+    # when the claim (or chained commit) statement took it, counted from before that
+    # statement was sent; and whether the run has an answer recorded or refused at this seq.
+    # With both known and no answer, the step's first model call or read needs no statement
+    # before it while the lease covers it (tasks/evidence_calls.py). None: not known.
     lease_until: float | None = None
     answered: bool | None = None
 
@@ -159,8 +172,9 @@ class Claim:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], *, sent: float | None = None) -> Claim:
-        """The claim a claim statement's row describes; ``sent``: this host's monotonic
-        time just before that statement was sent (its lease is counted from then)."""
+        """The claim a claim statement's row describes; ``sent``: this host's
+        ``lease_clock()`` just before that statement was sent (its lease is counted from
+        then)."""
         checkpoint = None
         signed_state, state, problem, chain = _head_state(row)
         if row["cp_hash"] is not None:
@@ -447,7 +461,7 @@ class StepStore:
         A refused claim counts a stale delivery on the run unless ``count_stale`` is False."""
         # binary results: a large state's artifact (bytea) comes as it is stored, where text
         # would send it as hex twice its size (2 MB: 61 ms against 22, bench/storage.py)
-        sent = time.monotonic()
+        sent = lease_clock()
         row = self._one(_CLAIM, {"run_id": run_id, "seq": seq, "owner": owner, "ttl": self._ttl,
                                  "bind": Jsonb(dict(bind or {})), "revision": HEAD_REVISION,
                                  "leases": Jsonb({k: dict(v) for k, v in (leases or {}).items()})},
@@ -491,6 +505,7 @@ class StepStore:
         stored, state, artifact = self._state_for_checkpoint(claim, advance.state)
         body = self._next_checkpoint(claim, advance, state, stored)
         digest = self._keys.mac(body.as_dict())
+        sent = lease_clock()  # a chained claim's lease is counted from here
         row = self._one(_COMMIT, {
             **self._lease_params(claim, AttemptOutcome.COMMITTED),
             **self._checkpoint_params(claim, advance, digest),
@@ -501,7 +516,7 @@ class StepStore:
             **self._successor_params(claim, advance, successor),
             **_default_budget_params(advance.defaults),
         })
-        return self._committed(claim, advance, row, body, digest, stored)
+        return self._committed(claim, advance, row, body, digest, stored, sent)
 
     def _next_checkpoint(self, claim: Claim, advance: Advance, state: dict[str, Any],
                          stored: states.Stored) -> CheckpointBody:
@@ -596,13 +611,14 @@ class StepStore:
         }
 
     def _committed(self, claim: Claim, advance: Advance, row: dict[str, Any] | None,
-                   body: CheckpointBody, digest: str, stored: states.Stored) -> bool | Claim:
+                   body: CheckpointBody, digest: str, stored: states.Stored,
+                   sent: float) -> bool | Claim:
         """What the commit statement's row says: advanced (and the successor's claim when
         it chained), refused because the run is being cancelled, or the lease lost."""
         if row is not None and row["advanced"] == 1:
             if not row["chained"]:
                 return True
-            return self._successor_claim(claim, advance, row, body, digest, stored)
+            return self._successor_claim(claim, advance, row, body, digest, stored, sent)
         if row is not None and row["cancelling"]:
             raise CancelRequested(f"run {claim.run_id} is being cancelled: step "
                                   f"{advance.step} at seq {claim.seq} is not committed")
@@ -614,9 +630,11 @@ class StepStore:
         return max(self._ttl, float(leases.get(workflow, {}).get(step or "", 0.0)))
 
     def _successor_claim(self, claim: Claim, advance: Advance, row: dict[str, Any],
-                         body: CheckpointBody, digest: str, stored: states.Stored) -> Claim:
+                         body: CheckpointBody, digest: str, stored: states.Stored,
+                         sent: float) -> Claim:
         """The claim a chained commit took (see ``commit``): what the claim statement would
-        have read back, from the checkpoint this worker just wrote and the run's row."""
+        have read back, from the checkpoint this worker just wrote and the run's row (its
+        lease counted from ``sent``, before the commit statement was sent)."""
         return Claim(
             run_id=claim.run_id,
             tenant_id=claim.tenant_id,
@@ -643,6 +661,8 @@ class StepStore:
                           else claim.seq + 1),
             chain_bytes=stored.chain_bytes or 0,
             priority=Priority(row["priority"]),
+            lease_until=sent + row["lease_s"],
+            answered=row["answered"],
         )
 
     def _approval_terms_mac(self, claim: Claim, advance: Advance,
@@ -849,4 +869,5 @@ __all__ = [
     "StepStore",
     "Successor",
     "error_record",
+    "lease_clock",
 ]

@@ -9,7 +9,6 @@ tasks/control.py). ``StepServices`` (tasks/services.py) is this scope with effec
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
@@ -22,6 +21,7 @@ from ledger.evidence import Evidence, EvidenceStore
 from ledger.exceptions import CancelRequested, IntegrityViolation, InvalidInput
 from ledger.limits import LimitStore, RetryStore
 from ledger.lineage import Launch, LineageStore
+from ledger.steps import lease_clock
 from ledger.vocabulary import ParkReason, Priority, ToolClass
 from ledger.waits import WaitStore
 from tasks import credentials
@@ -91,8 +91,8 @@ class StepScope:
         self.tool_timeout_s = tool_timeout_s
         self.lease_margin_s = lease_margin_s
         self.limit_poll_s = limit_poll_s  # a throttled call asks again then, if not woken
-        # until when (time.monotonic()) the claim's lease lasts, when the claim found no
-        # answer recorded or refused at this seq: the step's first call may use it once
+        # until when (ledger.steps.lease_clock()) the claim's lease lasts, when the claim
+        # found no answer recorded or refused at this seq: the step's first call may use it
         self._claim_covers_until = claim_covers_until
         self._open_stores(effects)
         self._start_budgets(tokens_left, cost_left_usd, spent)
@@ -166,11 +166,12 @@ class StepScope:
         """Whether the step's first outside call (model call, read or effect) may start
         without a statement before it: the claim found no answer recorded or refused at
         this seq, and its lease, counted from before the claim was sent, lasts ``cover_s``
-        more (the call's time limit and the margin) on this host's monotonic clock. Asked
+        more (the call's time limit and the margin) on this host's ``lease_clock()`` (boot
+        time, which also runs while the host is suspended). Asked
         once: every later call asks the ledger, so a cancel requested, or time passed,
         during an earlier call is seen before the next one (tasks/evidence_calls.py)."""
         until, self._claim_covers_until = self._claim_covers_until, None
-        return until is not None and until - time.monotonic() >= cover_s
+        return until is not None and until - lease_clock() >= cover_s
 
     def timeout(self, tool: Tool) -> float:
         return tool.timeout_for(self.tool_timeout_s)

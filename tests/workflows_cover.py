@@ -1,6 +1,7 @@
 """Workflows for tests/integration/test_claim_cover.py: model calls whose time limit the
 claim's lease covers (a step ``timeout`` longer than the call's), or does not (a model whose
-time limit is longer than the lease), and a step that calls twice."""
+time limit is longer than the lease), a step that calls twice, and a step claimed by the
+commit of the one before it (eager continuation)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,15 @@ covered = Workflow("test_cover_timed", version=1, state=Asked, llm=QUICK, max_at
 covered.step(start=True, timeout=60.0)(_ask)
 uncovered = Workflow("test_cover_long_model", version=1, state=Asked, llm=LONG, max_attempts=3)
 uncovered.step(start=True)(_ask)
+
+chained = Workflow("test_cover_chained", version=1, state=Asked, llm=QUICK, max_attempts=3)
+
+
+@chained.step(start=True)
+def prepare(ctx: StepContext, state: Asked) -> Any:
+    return ctx.goto(asked)
+
+
+@chained.step(timeout=60.0)
+def asked(ctx: StepContext, state: Asked) -> Any:
+    return _ask(ctx, state)

@@ -126,6 +126,9 @@ RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
 -- write, and no outbox row is written (the lease stands for it). So an eager step costs one
 -- transaction, not two. A worker that dies before running the step it claimed this way
 -- leaves an expiring lease, which the reaper restores like any lost holder's (section 7).
+-- Like the claim statement, a chained commit returns how long that lease lasts (lease_s)
+-- and whether an answer is recorded or refused at the next seq (answered): so the claimed
+-- step's first model call or read needs no look-up either (tasks/evidence_calls.py).
 WITH chain AS (
     SELECT %(chain_owner)s::text IS NOT NULL AND %(status)s = 'running'
            AND %(due_at)s::timestamptz IS NULL AND %(next_max_attempts)s > 0
@@ -169,7 +172,8 @@ WITH chain AS (
  RETURNING id, tenant_id, status, chain.go AS chained, lease_epoch, attempt, max_attempts,
            attempts_total, budget_attempts, budget_tokens, budget_cost_usd, deadline_at,
            used_tokens, used_cost_usd, created_at, workflow_version, state_schema_version,
-           head_mac, priority, onward.now() AS claimed_at
+           head_mac, priority, onward.now() AS claimed_at,
+           extract(epoch FROM lease_expires_at - onward.now())::float8 AS lease_s
 ), signal_consumed AS (
     UPDATE onward.signals SET consumed_seq = %(seq)s + 1
      WHERE id IN (SELECT id FROM early_signal) AND consumed_seq IS NULL
@@ -216,7 +220,17 @@ SELECT (SELECT count(*) FROM advanced) AS advanced,
        a.chained, a.lease_epoch, a.attempt, a.max_attempts, a.attempts_total, a.budget_attempts,
        a.budget_tokens, a.budget_cost_usd, a.deadline_at, a.used_tokens, a.used_cost_usd,
        a.created_at, a.workflow_version, a.state_schema_version, a.head_mac, a.priority,
-       a.claimed_at
+       a.claimed_at, a.lease_s,
+       -- as the claim reads it, for the step chained at seq + 1 only. Evidence and refusals
+       -- are written only at the run's seq under its lease, so none is expected there; read
+       -- all the same (the statement's snapshot: nothing can be written there before it ends)
+       CASE WHEN a.chained THEN
+           EXISTS (SELECT 1 FROM onward.evidence e
+                    WHERE e.run_id = %(run_id)s AND e.seq = %(seq)s + 1)
+           OR EXISTS (SELECT 1 FROM onward.refused_answers x
+                       WHERE x.run_id = %(run_id)s AND x.seq = %(seq)s + 1
+                         AND x.cleared_at IS NULL)
+       END AS answered
   FROM (SELECT 1) AS one LEFT JOIN advanced a ON true
 
 -- name: fail

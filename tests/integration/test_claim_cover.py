@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, sql
-from ledger.steps import Claim, StepStore
-from tasks.executor import StepMessage, execute_step
+from ledger.steps import Claim, StepStore, lease_clock
+from tasks.executor import StepMessage, StepReport, execute_step
 from tests.support.driver import Driver, driver
 from tests.workflows_cover import LONG, QUICK, CountingModel
 
@@ -72,12 +72,30 @@ def lease_watch(ledger: Ledger, model: CountingModel, run_id: UUID) -> Iterator[
         model.on_call = lambda: None
 
 
+def test_claim_cover__the_lease_is_counted_down_on_boot_time_where_there_is_one() -> None:
+    """A host that was suspended must not think a lease still runs that the database saw
+    expire: Linux's monotonic clock stops while suspended, its boot-time clock does not."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        before, now, after = time.monotonic(), lease_clock(), time.monotonic()
+    else:
+        before, now, after = (time.clock_gettime(boottime), lease_clock(),
+                              time.clock_gettime(boottime))
+    assert before <= now <= after
+
+
 def _step(drv: Driver, run_id: UUID, claimed: Claim | None = None) -> str:
+    return _report(drv, run_id, claimed).kind.value
+
+
+def _report(drv: Driver, run_id: UUID, claimed: Claim | None = None,
+            chain: bool = False) -> StepReport:
     run = drv.ledger.get_run(run_id)
     assert run is not None
     return execute_step(drv.store, drv.registry, drv.config,
                         StepMessage(run_id=run_id, seq=run.seq), worker="driver:0",
-                        publish=lambda *args: None, claimed=claimed).kind.value
+                        publish=lambda *args: None, claimed=claimed,
+                        chain=(lambda: True) if chain else None)
 
 
 def _started(ledger: Ledger, workflow: str, **state: Any) -> UUID:
@@ -134,15 +152,34 @@ def test_claim_cover__a_retry_after_a_recorded_answer_looks_it_up(ledger: Ledger
 def test_claim_cover__a_lease_that_ran_down_since_the_claim_is_covered_first(
         ledger: Ledger, drv: Driver) -> None:
     """The claim's lease is counted from before its statement was sent, on this host's
-    monotonic clock: once what is left is shorter than the call's time limit and the
-    margin, the call is covered by the look-up first."""
+    lease clock: once what is left is shorter than the call's time limit and the margin,
+    the call is covered by the look-up first."""
     run_id = _started(ledger, "test_cover_timed")
     claim = drv.store.claim(run_id, 0, "driver:0",
                             leases=drv.registry.step_leases(drv.config.tool_lease_margin_s))
     assert isinstance(claim, Claim) and claim.answered is False
-    assert claim.lease_until is not None and claim.lease_until > time.monotonic() + 60
-    ran_down = replace(claim, lease_until=time.monotonic() + 1.0)  # as if 64 s had passed
+    assert claim.lease_until is not None and claim.lease_until > lease_clock() + 60
+    ran_down = replace(claim, lease_until=lease_clock() + 1.0)  # as if 64 s had passed
     with lease_watch(ledger, QUICK, run_id) as left, statements(drv.store) as sent:
         assert _step(drv, run_id, claimed=ran_down) == "committed"
     assert sent == [LOOK_UP, "record_evidence", "commit"]
     assert left[0] >= QUICK.timeout_s
+
+
+def test_claim_cover__a_step_the_previous_commit_claimed_is_covered_by_that_commit(
+        ledger: Ledger, drv: Driver) -> None:
+    """Eager continuation: the commit that claims the next step returns that step's lease
+    length and whether an answer is recorded or refused at its seq, so its first call sends
+    no statement before it either (claim, commit-and-claim, record, commit)."""
+    run_id = _started(ledger, "test_cover_chained")
+    with lease_watch(ledger, QUICK, run_id) as left, statements(drv.store) as sent:
+        first = _report(drv, run_id, chain=True)
+        assert first.kind.value == "committed" and first.next_claim is not None
+        assert first.next_claim.answered is False
+        assert first.next_claim.lease_until is not None
+        assert first.next_claim.lease_until > lease_clock() + QUICK.timeout_s
+        assert _step(drv, run_id, claimed=first.next_claim) == "committed"
+    assert sent == ["claim", "commit", "record_evidence", "commit"]
+    assert QUICK.calls == 1 and left[0] >= QUICK.timeout_s + drv.config.tool_lease_margin_s - 1
+    run = ledger.get_run(run_id)
+    assert run is not None and run.status is RunStatus.COMPLETED
