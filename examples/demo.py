@@ -56,6 +56,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from rich.console import Console
@@ -452,8 +454,27 @@ def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet,
                  held_nothing: bool, refused: int) -> tuple[list[str], dict[str, int]]:
     """Show the reconciled effect; check the CRM against the ledger. Returns (problems,
     JSON fields)."""
-    problems = []
     stats = ledger.batch_stats(run_ids)
+    problems = show_reconciled(ledger, run_ids, fleet)
+    crm = provider.stats()  # what the outside world holds, from the provider itself
+    objects = provider.objects()
+    offers = {o["id"] for o in objects if o["collection"] == "offers"}
+    recorded = {((run.result or {}) if run else {}).get("offer_id")
+                for run in map(ledger.get_run, run_ids)}
+    expected = 2 * len(run_ids)  # one offer and one email per run
+    reconciled = sum(e.reconciled for r in run_ids for e in ledger.effects(r))
+    print_crm_counts(stats, crm, len(run_ids), expected, reconciled, refused)
+    problems += crm_problems(stats, crm, expected, recorded != offers, held_nothing, refused)
+    fields = {"sales_runs": stats.runs, "sales_completed": stats.completed,
+              "approvals_refused": refused, "effects_reconciled": reconciled,
+              "provider_objects": int(crm["objects"]),
+              "duplicate_provider_objects": int(crm["duplicate_objects"])}
+    return problems, fields
+
+
+def show_reconciled(ledger: Ledger, run_ids: list[UUID], fleet: Fleet) -> list[str]:
+    """Print the fault's victim: its run's timeline and its CRM effect's attempts."""
+    problems = []
     found = reconciled_effect(ledger, run_ids)
     if found is not None:
         run_id, effect = found
@@ -471,18 +492,16 @@ def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet,
             problems.append("the effect whose call lost its worker was not reconciled")
     else:
         problems.append("no CRM call lost its worker: the fault never fired")
+    return problems
 
-    crm = provider.stats()  # what the outside world holds, from the provider itself
-    objects = provider.objects()
-    offers = {o["id"] for o in objects if o["collection"] == "offers"}
-    recorded = {((run.result or {}) if run else {}).get("offer_id")
-                for run in map(ledger.get_run, run_ids)}
-    expected = 2 * len(run_ids)  # one offer and one email per run
-    reconciled = sum(e.reconciled for r in run_ids for e in ledger.effects(r))
+
+def print_crm_counts(stats: BatchStats, crm: dict[str, Any], runs: int, expected: int,
+                     reconciled: int, refused: int) -> None:
+    """What the CRM holds, asked through its own /admin/stats, against what must be."""
     console.print(
         f"\n{stats.completed}/{stats.runs} sales runs completed. The CRM (asked through its "
         f"own /admin/stats) holds {crm.get('by_collection', {}).get('offers', 0)} offers "
-        f"and {crm.get('by_collection', {}).get('emails', 0)} emails for {len(run_ids)} runs; "
+        f"and {crm.get('by_collection', {}).get('emails', 0)} emails for {runs} runs; "
         f"it created {crm.get('created', 0)} objects for {crm.get('requests', 0)} create "
         f"requests, and the run's retry asked it by key instead of creating again.")
     console.print(f"  provider_objects           {crm['objects']:>4}  "
@@ -493,6 +512,12 @@ def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet,
                   "effects whose outcome was recovered by lookup after a lost answer")
     console.print(f"  approvals_refused          {refused:>4}  "
                   "the approval of an edited draft (must be 1)")
+
+
+def crm_problems(stats: BatchStats, crm: dict[str, Any], expected: int, offers_differ: bool,
+                 held_nothing: bool, refused: int) -> list[str]:
+    """What went wrong for the sales runs and the CRM, if anything."""
+    problems = []
     if stats.completed != stats.runs:
         problems.append(f"{stats.runs - stats.completed} sales run(s) did not complete")
     if stats.duplicate_commits or stats.completed_steps_reexecuted or stats.runs_with_gaps:
@@ -502,17 +527,13 @@ def sales_report(ledger: Ledger, run_ids: list[UUID], fleet: Fleet,
         problems.append(f"the CRM holds {crm['duplicate_objects']} duplicate object(s)")
     if crm["objects"] != expected:
         problems.append(f"the CRM holds {crm['objects']} objects, expected {expected}")
-    if stats.completed == stats.runs and recorded != offers:
+    if stats.completed == stats.runs and offers_differ:
         problems.append("the offers the runs recorded are not the offers the CRM holds")
     if not held_nothing:
         problems.append("a sales run held a lease (or stopped waiting) with no worker alive")
     if refused != 1:
         problems.append("the approval of an edited draft was not refused")
-    fields = {"sales_runs": stats.runs, "sales_completed": stats.completed,
-              "approvals_refused": refused, "effects_reconciled": reconciled,
-              "provider_objects": int(crm["objects"]),
-              "duplicate_provider_objects": int(crm["duplicate_objects"])}
-    return problems, fields
+    return problems
 
 
 def report(stats: BatchStats, lost: int, elapsed: float) -> list[str]:
@@ -548,6 +569,15 @@ def console_hint(settings: OnwardSettings) -> str:
             "and approvals above are there)")
 
 
+@dataclass
+class Research:
+    """What the research batch left for the final report, and the armed sales worker."""
+    victim: Run
+    stats: BatchStats
+    problems: list[str]
+    crm2: Proc
+
+
 def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
     queue = f"demo.{secrets.token_hex(4)}"
     env = demo_env(queue)
@@ -563,52 +593,12 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
 
     fleet = Fleet(env=env, log_dir=log_dir)
     try:
-        phase("3. processes", f"on queue {queue} (logs in {log_dir})")
-        provider = ReferenceProvider.start(fleet, log_dir, timeout=30)
-        url = provider.url
-        fleet.env["ONWARD_EXAMPLE_PROVIDER_URL"] = url
-        model = ModelServer.start(fleet, log_dir, "--latency-ms",
-                                  MODEL_LATENCY_MS, timeout=30)
-        fleet.env["ONWARD_MODEL_URL"] = model.url
-        fleet.onward("dispatcher", ["dispatcher"])
-        fleet.onward("reaper", ["reaper"])
-        crm = fleet.worker("crm-1", env=SALES_ENV)
-        fleet.wait_ready([crm])
-        for proc in fleet.procs:
-            what = {"provider": url, "model": model.url}.get(proc.name, "")
-            console.print(f"   {proc.name:<11} pid {proc.pid} {what}".rstrip())
-
+        provider, crm = start_processes(fleet, queue, log_dir)
         batch = f"demo-{secrets.token_hex(3)}"
-        phase(f"4. starting {sales_runs} runs of {SALES_WORKFLOW}",
-              "(classify → draft → approval → CRM offer → email)")
-        sales_ids = start_sales_runs(ledger, sales_runs, batch)
-        held_nothing = park_sales_runs(ledger, sales_ids, fleet, crm)
-        # Research workers import only the research agent: they cannot take a sales step.
-        research = [fleet.worker("worker-1"), fleet.worker("worker-2")]
-        phase("6. research workers", "starting while the offers wait")
-        fleet.wait_ready(research)
-        for proc in research:
-            console.print(f"   {proc.name:<11} pid {proc.pid}")
-
-        phase(f"7. starting {runs} runs of {WORKFLOW}",
-              f"(5 steps, 4 model calls each, {MODEL_LATENCY_MS} ms per call)")
-        run_ids = [
-            ledger.start_run(WORKFLOW, {"topic": f"topic-{i:02d}"}, conversation_id=batch,
-                             idempotency_key=f"{batch}:{i}")
-            for i in range(runs)
-        ]
-        victim = kill_mid_step(ledger, run_ids, fleet)
-        crm2 = start_armed_sales_worker(ledger, run_ids, fleet)
-        wait_all_terminal(ledger, run_ids, fleet, timeout=deadline_s)
-        fleet.remember_pids()
-        console.print()
-        console.print(timeline_table(ledger, victim.id, fleet.pid_names))
-        stats = ledger.batch_stats(run_ids)
-        lost = count_lost_steps(ledger, run_ids)
-        research_problems = report(stats, lost, time.monotonic() - STARTED)
-        console.print()
-
-        fleet.wait_ready([crm2])
+        sales_ids, held_nothing = park_sales_then_start_research(ledger, fleet, crm,
+                                                                  sales_runs, batch)
+        research = run_research_batch(ledger, fleet, runs, batch, deadline_s)
+        fleet.wait_ready([research.crm2])
         refused = approve_offers(ledger, sales_ids)
         wait_sales_done(ledger, sales_ids, fleet, timeout=deadline_s)
         fleet.remember_pids()
@@ -616,11 +606,75 @@ def run_demo(runs: int, sales_runs: int, deadline_s: float) -> int:
                                                     held_nothing, refused)
     finally:
         fleet.stop_all()
+    return finish(settings, fleet, research, sales_problems, sales_fields)
 
-    problems = research_problems + sales_problems
+
+def start_processes(fleet: Fleet, queue: str, log_dir: Path) -> tuple[ReferenceProvider, Proc]:
+    """The provider, the model server, a dispatcher, a reaper and the sales worker crm-1."""
+    phase("3. processes", f"on queue {queue} (logs in {log_dir})")
+    provider = ReferenceProvider.start(fleet, log_dir, timeout=30)
+    url = provider.url
+    fleet.env["ONWARD_EXAMPLE_PROVIDER_URL"] = url
+    model = ModelServer.start(fleet, log_dir, "--latency-ms",
+                              MODEL_LATENCY_MS, timeout=30)
+    fleet.env["ONWARD_MODEL_URL"] = model.url
+    fleet.onward("dispatcher", ["dispatcher"])
+    fleet.onward("reaper", ["reaper"])
+    crm = fleet.worker("crm-1", env=SALES_ENV)
+    fleet.wait_ready([crm])
+    for proc in fleet.procs:
+        what = {"provider": url, "model": model.url}.get(proc.name, "")
+        console.print(f"   {proc.name:<11} pid {proc.pid} {what}".rstrip())
+    return provider, crm
+
+
+def park_sales_then_start_research(ledger: Ledger, fleet: Fleet, crm: Proc, sales_runs: int,
+                                   batch: str) -> tuple[list[UUID], bool]:
+    """The sales runs wait for approval with no sales worker; research workers start."""
+    phase(f"4. starting {sales_runs} runs of {SALES_WORKFLOW}",
+          "(classify → draft → approval → CRM offer → email)")
+    sales_ids = start_sales_runs(ledger, sales_runs, batch)
+    held_nothing = park_sales_runs(ledger, sales_ids, fleet, crm)
+    # Research workers import only the research agent: they cannot take a sales step.
+    research = [fleet.worker("worker-1"), fleet.worker("worker-2")]
+    phase("6. research workers", "starting while the offers wait")
+    fleet.wait_ready(research)
+    for proc in research:
+        console.print(f"   {proc.name:<11} pid {proc.pid}")
+    return sales_ids, held_nothing
+
+
+def run_research_batch(ledger: Ledger, fleet: Fleet, runs: int, batch: str,
+                       deadline_s: float) -> Research:
+    """The research runs, a worker killed mid-step, crm-2 armed; the killed run's report."""
+    phase(f"7. starting {runs} runs of {WORKFLOW}",
+          f"(5 steps, 4 model calls each, {MODEL_LATENCY_MS} ms per call)")
+    run_ids = [
+        ledger.start_run(WORKFLOW, {"topic": f"topic-{i:02d}"}, conversation_id=batch,
+                         idempotency_key=f"{batch}:{i}")
+        for i in range(runs)
+    ]
+    victim = kill_mid_step(ledger, run_ids, fleet)
+    crm2 = start_armed_sales_worker(ledger, run_ids, fleet)
+    wait_all_terminal(ledger, run_ids, fleet, timeout=deadline_s)
+    fleet.remember_pids()
+    console.print()
+    console.print(timeline_table(ledger, victim.id, fleet.pid_names))
+    stats = ledger.batch_stats(run_ids)
+    lost = count_lost_steps(ledger, run_ids)
+    research_problems = report(stats, lost, time.monotonic() - STARTED)
+    console.print()
+    return Research(victim, stats, research_problems, crm2)
+
+
+def finish(settings: OnwardSettings, fleet: Fleet, research: Research,
+           sales_problems: list[str], sales_fields: dict[str, int]) -> int:
+    """The closing lines on stderr, the JSON line on stdout; the exit status."""
+    stats = research.stats
+    problems = research.problems + sales_problems
     console.print(f"\ndone in {time.monotonic() - STARTED:.1f}s")
     hint = "    stop the embedded servers: onward embedded down" if settings.embedded else ""
-    console.print(f"inspect: onward runs show {victim.id}{hint}")
+    console.print(f"inspect: onward runs show {research.victim.id}{hint}")
     console.print(console_hint(settings))
     console.print("replay: onward corpus add demo --workflow research_agent --since 1h && onward "
                   "corpus replay demo --code examples.research_v2   (the research runs against "

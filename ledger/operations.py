@@ -155,6 +155,24 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     status = RunStatus(run["status"])
     _check_continuable(conn, run, status)
     rewait = _wait_left(conn, run)
+    _move_continued(conn, run_id, run, status, rewait)
+    _lift_what_stopped_it(conn, run_id, run, status)
+    _requeue_or_rewait(conn, run_id, run, rewait)
+    step = rewait.step if rewait else run["step"]
+    record_txn(conn, keys, actor, AuditRecord(
+        AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
+        before_seq=run["seq"], after_seq=run["seq"],
+        details={"previous_status": status.value, "step": step,
+                 "parked_reason": run["parked_reason"], "last_error": run["last_error"],
+                 **({"waits_on": rewait.waiting_on} if rewait and rewait.waiting_on else {})}))
+    return Continued(run_id, run["seq"], step, status,
+                     waiting_on=rewait.waiting_on if rewait else None,
+                     due_at=rewait.due_at if rewait else None)
+
+
+def _move_continued(conn: Connection, run_id: UUID, run: RowMapping, status: RunStatus,
+                    rewait: _Rewait | None) -> None:
+    """The run's row, runnable again (or waiting again), its lease and error cleared."""
     # Only a run continue unblocks gets its step's attempts back: a parked or failed one,
     # or a running one whose attempts are spent. A runnable run keeps its counts.
     unblocks = status is not RunStatus.RUNNING or run["attempt"] >= run["max_attempts"]
@@ -170,6 +188,11 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     ).first()
     if moved is None:  # pragma: no cover - the row lock makes this unreachable
         raise OperationRefused(f"run {run_id} changed while it was being continued")
+
+
+def _lift_what_stopped_it(conn: Connection, run_id: UUID, run: RowMapping,
+                          status: RunStatus) -> None:
+    """What held the step back, by why it parked or failed, no longer holds it."""
     if run["parked_reason"] == ParkReason.EFFECT_STALLED:
         # a person continues a job polled past its tool's status_timeout_s: the step asks
         # the provider again, with a fresh polling window of that length
@@ -187,22 +210,17 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
                             refused_answers.c.seq == run["seq"],
                             refused_answers.c.cleared_at.is_(None))
                      .values(cleared_at=sa.func.onward.now()))
+
+
+def _requeue_or_rewait(conn: Connection, run_id: UUID, run: RowMapping,
+                       rewait: _Rewait | None) -> None:
+    """Queue the step (due at a timer's time), or leave the run waiting on its wait."""
     if rewait is None or rewait.status is RunStatus.RUNNING:
         queue_step_txn(conn, run_id, run["seq"], rewait.due_at if rewait else None)
     else:  # waiting again; delete a message queued for the step, take a signal kept meanwhile
         conn.execute(outbox.delete().where(outbox.c.run_id == run_id,
                                            outbox.c.seq == run["seq"]))
         conn.exec_driver_sql(waits.WAKE_ON_SIGNAL, {"run_id": run_id, "seq": run["seq"]})
-    step = rewait.step if rewait else run["step"]
-    record_txn(conn, keys, actor, AuditRecord(
-        AuditAction.CONTINUE, AuditOutcome.DONE, reason, run_id=run_id,
-        before_seq=run["seq"], after_seq=run["seq"],
-        details={"previous_status": status.value, "step": step,
-                 "parked_reason": run["parked_reason"], "last_error": run["last_error"],
-                 **({"waits_on": rewait.waiting_on} if rewait and rewait.waiting_on else {})}))
-    return Continued(run_id, run["seq"], step, status,
-                     waiting_on=rewait.waiting_on if rewait else None,
-                     due_at=rewait.due_at if rewait else None)
 
 
 @dataclass(frozen=True)

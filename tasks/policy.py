@@ -115,15 +115,39 @@ def _recheck_wait(claim: Claim, waits: WaitStore,
         return _recheck_timer(claim, control)
     if isinstance(control, SignalControl):
         return _recheck_timeout(claim, control)
+    return _recheck_approval(claim, control, waits, keys)
+
+
+def _recheck_approval(claim: Claim, control: ApprovalControl, waits: WaitStore,
+                      keys: CheckpointKeys) -> FailFor | ParkFor | None:
+    """The approval's status as signed, and the step it allows the run to be at."""
     approval = waits.approval_for_step(control.approval_id, claim.run_id, claim.seq)
+    status = _approval_status(approval)
+    refused = _check_approval_macs(keys, approval, status)
+    if refused is not None:
+        return refused
+    if (approval is not None and status == ApprovalStatus.APPROVED
+            and claim.step == control.then):
+        return _recheck_approved(claim, control, approval)
+    return _recheck_decided(claim, control, status)
+
+
+def _approval_status(approval: dict[str, Any] | None) -> str:
+    """Its status, ``missing`` with none; a pending one past its time counts as expired."""
+    status = approval["status"] if approval else "missing"
+    if status == ApprovalStatus.PENDING and approval is not None and not approval["unexpired"]:
+        status = ApprovalStatus.EXPIRED  # the reaper has not swept it yet
+    return status
+
+
+def _check_approval_macs(keys: CheckpointKeys, approval: dict[str, Any] | None,
+                         status: str) -> ParkFor | None:
+    """The asking step's terms, and a decision, count only as they were signed."""
     if approval is not None:
         try:  # who might decide and until when count only as the asking step signed them
             check_terms(keys, approval)
         except IntegrityViolation as exc:
             return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
-    status = approval["status"] if approval else "missing"
-    if status == ApprovalStatus.PENDING and approval is not None and not approval["unexpired"]:
-        status = ApprovalStatus.EXPIRED  # the reaper has not swept it yet
     if approval is not None and status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
         try:  # a person's decision counts only as it was signed where it was taken
             keys.check(signed.approval_decision(approval), approval["decision_mac"],
@@ -131,9 +155,11 @@ def _recheck_wait(claim: Claim, waits: WaitStore,
                        f"{approval['decided_by']})")
         except IntegrityViolation as exc:
             return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation", str(exc))
-    if (approval is not None and status == ApprovalStatus.APPROVED
-            and claim.step == control.then):
-        return _recheck_approved(claim, control, approval)
+    return None
+
+
+def _recheck_decided(claim: Claim, control: ApprovalControl, status: str) -> ParkFor | None:
+    """A run not at an approved ``then``: only the step its decision names is allowed."""
     decided: dict[str, Any] = {ApprovalStatus.REJECTED: control.on_reject,
                                ApprovalStatus.EXPIRED: control.on_expire}
     if status in decided and claim.step == decided[status]:
