@@ -12,12 +12,11 @@ from contextlib import contextmanager
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 from ledger import sql
+from ledger.admin import database_at, migrate_database
 from ledger.db import database_url, normalize_url, wrap_driver_errors
 from ledger.exceptions import OperationRefused
-from ledger.migrate import upgrade
 from ledger.schema import SCHEMA
 from ledger.settings import OnwardSettings
 
@@ -46,8 +45,8 @@ def scratch_database(settings: OnwardSettings, url: str | None = None) -> Iterat
         # a throwaway database need not wait for its commits to reach the disk
         _admin(base, f'ALTER DATABASE "{name}" SET synchronous_commit = off',
                what="configure the scratch database")
-        scratch = make_url(base).set(database=name).render_as_string(hide_password=False)
-        _migrate(scratch)
+        scratch = database_at(base, name)
+        migrate_database(scratch)
         yield scratch
     finally:
         _admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
@@ -69,19 +68,11 @@ def _given(url: str) -> Iterator[str]:
                 "creates, uses, then drops the onward schema of the database it is given, so "
                 "it needs one without; nothing was changed")
         try:
-            _migrate(url)
+            migrate_database(url)
             yield url
         finally:
             with wrap_driver_errors("emptying the scratch database"), engine.begin() as conn:
                 conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
-    finally:
-        engine.dispose()
-
-
-def _migrate(url: str) -> None:
-    engine = sa.create_engine(url)
-    try:
-        upgrade(engine)
     finally:
         engine.dispose()
 

@@ -1,7 +1,7 @@
 """Only ``ledger/`` talks to the database driver: tasks, workers, console and the examples
 call ledger functions and never import SQLAlchemy or psycopg (docs/design.md, "Where SQL
-lives"). Tests, the benchmarks and the process harness may, where they inspect or create
-databases directly."""
+lives"); nor does the process harness, which creates and drops databases through
+ledger/admin.py. Tests and the benchmarks may, where they inspect databases directly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.unit.test_harness_boundary import ROOT, _imported_modules
 
 DRIVERS = ("sqlalchemy", "psycopg", "psycopg_pool", "alembic")
-OUTSIDE_LEDGER = ("tasks", "workers", "console", "examples")
+OUTSIDE_LEDGER = ("tasks", "workers", "console", "examples", "harness")
 
 
 def _imports_a_driver(path: Path) -> list[str]:
@@ -19,8 +19,8 @@ def _imports_a_driver(path: Path) -> list[str]:
 
 
 def test_packages_outside_ledger__never_import_the_database_driver() -> None:
-    """No module of tasks, workers, console or examples imports sqlalchemy, psycopg,
-    psycopg_pool or alembic (at any depth of the file, lazily or not)."""
+    """No module of tasks, workers, console, examples or harness imports sqlalchemy,
+    psycopg, psycopg_pool or alembic (at any depth of the file, lazily or not)."""
     offenders = {str(path.relative_to(ROOT)): found for package in OUTSIDE_LEDGER
                  for path in sorted((ROOT / package).rglob("*.py"))
                  if (found := _imports_a_driver(path))}
