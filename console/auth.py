@@ -4,7 +4,8 @@
    ``~/.config/onward/token``, readable by its owner only): the token's actor, role,
    approver roles and tenant.
 2. No token, the embedded default (no ``ONWARD_DATABASE_URL``) and the OS user who owns the
-   embedded database: a local admin named ``ONWARD_ACTOR`` (default: the OS user).
+   embedded database (or root, for whom pgserver runs it as its own user): a local admin
+   named ``ONWARD_ACTOR`` (default: the OS user).
 3. No token, a configured database and ``ONWARD_AUTH=off``: the same local admin, and every
    command says so on stderr.
 4. Otherwise: refused, saying how to get a token.
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -52,9 +54,29 @@ def presented_token(settings: ConsoleSettings) -> str | None:
     return path.read_text().strip()
 
 
+# pgserver will not run PostgreSQL as root: started by root, the server and its data
+# directory belong to this system user, which pgserver creates for the purpose.
+_PGSERVER_ROOT_USER = "pgserver"
+
+
 def owns_embedded_database(settings: OnwardSettings) -> bool:
+    """Whether this OS user owns the embedded database (``ONWARD_HOME/pg``), and so may act
+    as its local admin: its owner, or root when pgserver ran the server for root as
+    ``_PGSERVER_ROOT_USER`` (root reads that data directory and the home's keys anyway)."""
     pgdata = settings.home_dir / "pg"
-    return pgdata.exists() and pgdata.stat().st_uid == os.getuid()
+    if not pgdata.exists():
+        return False
+    owner = pgdata.stat().st_uid
+    if owner == os.getuid():
+        return True
+    return os.getuid() == 0 and _user_name(owner) == _PGSERVER_ROOT_USER
+
+
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # no passwd entry for that uid
+        return None
 
 
 def local_admin(settings: OnwardSettings) -> Actor:

@@ -143,7 +143,7 @@ def reported() -> Iterator[None]:
     try:
         yield
     except Unauthenticated as exc:
-        err.print(f"[red]not authenticated:[/red] {exc}", highlight=False)
+        say_error("not authenticated:", exc)
         raise typer.Exit(EXIT_REFUSED) from exc
     except REFUSALS as exc:
         say_error("refused:", exc)

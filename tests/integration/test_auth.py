@@ -92,6 +92,7 @@ def test_cli__configured_database_needs_a_token_or_auth_off(drv: Driver) -> None
     run_id = drv.ledger.start_run("test_ops_notes", {"topic": "auth"})
     _, err = onward("runs", "ls", code=2)
     assert "not authenticated" in err and "ONWARD_AUTH=off" in err
+    assert "[red]" not in err  # the label is styled, not printed as markup
     out, err = onward("runs", "cancel", str(run_id), "--reason", "stop", "--yes",
                       extra={"ONWARD_AUTH": "off", "ONWARD_ACTOR": "ops-root"})
     assert "auth is off" in err and "cancelled" in out
@@ -223,6 +224,37 @@ def test_cli__local_admin_on_the_embedded_default(drv: Driver, tmp_path: Path,
     os.chown(home / "pg", 65534, 65534)  # the tests run as root on CI and here
     with pytest.raises(Unauthenticated, match="does not own"):
         auth.cli_ledger(mine)
+
+
+def test_cli__root_is_local_admin_of_the_embedded_default_pgserver_runs(
+        drv: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started by root, pgserver runs PostgreSQL as its own system user ``pgserver``, which
+    then owns ONWARD_HOME/pg: root is still the local admin (``make demo`` then
+    ``onward runs ls`` as root was refused 'not authenticated'); a non-root user is not."""
+    import os
+    import pwd
+    import warnings
+
+    from console import auth
+    from console.settings import ConsoleSettings
+
+    if os.getuid() != 0:
+        pytest.skip("needs root: pgserver uses its own user only when started by root")
+    with warnings.catch_warnings():  # pgserver asks platformdirs, which warns (no XDG dir)
+        warnings.simplefilter("ignore")
+        from pgserver.utils import ensure_user_exists
+    ensure_user_exists("pgserver")  # what pgserver does itself when root starts it
+    monkeypatch.setattr(auth.Ledger, "from_env", lambda settings=None: drv.ledger)
+    home = tmp_path / "home"
+    (home / "pg").mkdir(parents=True)
+    pgserver_user = pwd.getpwnam("pgserver")
+    os.chown(home / "pg", pgserver_user.pw_uid, pgserver_user.pw_gid)
+    root = ConsoleSettings(database_url=None, broker_url=None, home=home, actor="root")
+    actor = auth.cli_ledger(root).actor
+    assert (actor.name, actor.role, actor.token_id) == ("root", Role.ADMIN, None)
+    monkeypatch.setattr(auth.os, "getuid", lambda: 65534)
+    with pytest.raises(Unauthenticated, match="does not own"):
+        auth.cli_ledger(root)
 
 
 def test_cli__wait_and_signal(drv: Driver) -> None:
