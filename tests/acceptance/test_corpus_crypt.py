@@ -6,24 +6,20 @@ no process are in tests/integration/test_corpus_crypt.py."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
-from ledger import Ledger, OnwardSettings
+from ledger import OnwardSettings
 from tests.support.crypt import MODULES, record, replayed, settings_env  # noqa: F401 - a fixture
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 
 pytest.importorskip("cryptography")
 
 pytestmark = pytest.mark.acceptance
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, list(MODULES)) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def test_replay__encrypted_runs_replayed_in_replay_processes_are_identical(

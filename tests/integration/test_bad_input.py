@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from ledger.vocabulary import Role
 from tasks import faults
 from tasks.llm import LLMResponse
 from tests.support import reads
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 from tests.workflows_inputs import MODEL, SENT, nested
 
 MODULES = ["tests.workflows_inputs"]
@@ -37,10 +37,7 @@ def limited(ledger: Ledger) -> Ledger:
     return Ledger(ledger.engine, ledger.settings.model_copy(update=LIMITS))
 
 
-@pytest.fixture()
-def drv(limited: Ledger) -> Iterator[Driver]:
-    with driver(limited, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES, ledger="limited")
 
 
 def _failed(run: Run) -> str:

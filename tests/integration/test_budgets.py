@@ -6,7 +6,6 @@ with a real worker SIGKILLed mid-step, is in tests/acceptance/test_budgets.py.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -22,7 +21,7 @@ from ledger.vocabulary import Role
 from tasks.executor import ExecutorConfig, StepMessage, execute_step
 from tasks.workflow import Registry
 from tests.support import reads
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 from tests.workflows_budgets import (
     COST_PER_CALL,
     MODEL,
@@ -53,10 +52,7 @@ def _per_call(kind: str) -> float:
     return TOKENS_PER_CALL if kind == "tokens" else COST_PER_CALL
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def _paid(run_the_test: Any) -> tuple[Run, int]:

@@ -16,23 +16,19 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
-import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, sql
 from ledger.steps import Claim, StepStore, lease_clock
 from tasks.executor import StepMessage, StepReport, execute_step
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 from tests.workflows_cover import LONG, QUICK, CountingModel
 
 MODULES = ["tests.workflows_cover"]
 LOOK_UP = "find_evidence_or_cover_call"
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 @contextmanager

@@ -4,7 +4,6 @@ time, which tests may move forward by a session offset (docs/design.md section 1
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -19,7 +18,7 @@ from ledger.vocabulary import ApprovalStatus, Role
 from tasks.executor import ReportKind
 from tests.support import clock, reads
 from tests.support.cluster import wait_for
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 
 
 def test_clock__onward_now_is_now_plus_the_session_offset(ledger: Ledger) -> None:
@@ -55,10 +54,7 @@ DAY = timedelta(days=1)
 WAITS = ["tests.workflows_waits"]
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, WAITS) as running:
-        yield running
+drv = driver_fixture(WAITS)
 
 
 def _seconds(ledger: Ledger, sql: str, run_id: UUID) -> float:

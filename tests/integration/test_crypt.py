@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -24,16 +23,13 @@ from ledger.db import libpq_conninfo
 from ledger.exceptions import SealedValueUnreadable
 from ledger.settings import OnwardSettings
 from tests.support.crypt import MASTER, settings_env  # noqa: F401 - a fixture
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver, driver_fixture
 from tests.support.reads import places_holding
 
 pytest.importorskip("cryptography")
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, ["tests.workflows_crypt"]) as running:
-        yield running
+drv = driver_fixture(["tests.workflows_crypt"])
 
 
 def rows(url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:

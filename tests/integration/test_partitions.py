@@ -14,7 +14,7 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -34,16 +34,13 @@ from ledger.retention import parse_policies
 from ledger.schema import runs
 from ledger.steps import Advance, Claim, StepStore, Successor
 from tests.support import clock, reads
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 from workers.reaper import Reaper
 
 MODULES = ["tests.workflows"]
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def _month(offset: timedelta) -> str:

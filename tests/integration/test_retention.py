@@ -22,7 +22,7 @@ from ledger.exceptions import InvalidInput, OperationRefused
 from ledger.retention import compact_run_txn, parse_policies
 from tests.support import reads
 from tests.support.corpus import record_note
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver, driver_fixture
 
 MODULES = ["tests.workflows"]
 
@@ -34,10 +34,7 @@ def admin(ledger: Ledger) -> Ledger:
         update={"workflows": MODULES, "retention_policies": "*/*=0"}))
 
 
-@pytest.fixture()
-def drv(admin: Ledger) -> Iterator[Driver]:
-    with driver(admin, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES, ledger="admin")
 
 
 def finished(drv: Driver, admin: Ledger, steps: int = 6) -> UUID:

@@ -5,7 +5,6 @@ from the middle of a chain. Steps run in the test process against a real Postgre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from uuid import UUID
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from ledger import Ledger, RunStatus
 from ledger.vocabulary import Role
 from tests.support import reads
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver, driver_fixture
 
 MODULES = ["tests.workflows"]
 STEPS = 20
@@ -25,10 +24,7 @@ def ops(ledger: Ledger) -> Ledger:
     return configured.acting_as("olga", Role.OPERATOR)
 
 
-@pytest.fixture()
-def drv(ops: Ledger) -> Iterator[Driver]:
-    with driver(ops, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES, ledger="ops")
 
 
 def notes_run(drv: Driver, ops: Ledger, steps: int = STEPS) -> UUID:

@@ -20,7 +20,7 @@ from ledger.steps import Claim, StepStore
 from ledger.vocabulary import Role
 from tasks.workflow import Registry
 from tests.support import reads
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 from tests.workflows_async_local import LOCAL
 
 MODULES = ["tests.workflows_async_local"]
@@ -33,10 +33,7 @@ def local() -> Iterator[None]:
     LOCAL.reset()
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def in_thread(work: Callable[[], Any]) -> Any:

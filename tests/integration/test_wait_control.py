@@ -6,24 +6,19 @@ this process through the real executor (tests/support/driver.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, signed
 from ledger.checkpoints import CheckpointBody
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 
 MODULES = ["tests.workflows_inputs"]
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def _rewrite_head_control(ledger: Ledger, run_id: UUID, control: dict[str, Any]) -> None:

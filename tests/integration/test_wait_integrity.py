@@ -9,7 +9,6 @@ in the database, as such an attacker would."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from uuid import UUID
 
@@ -22,15 +21,12 @@ from ledger.runs import Run
 from tasks.executor import ReportKind
 from tests.support import reads
 from tests.support.cluster import wait_for
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 
 MODULES = ["tests.workflows_waits"]
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 def waiting(drv: Driver, workflow: str, state: dict[str, object]) -> Run:

@@ -16,15 +16,12 @@ from ledger.recovery import RecoveryStore
 from ledger.waits import signal_txn
 from tasks import faults
 from tests.support.cluster import wait_for
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver, driver_fixture
 
 MODULES = ["tests.workflows_waits"]
 
 
-@pytest.fixture()
-def drv(ledger: Ledger) -> Iterator[Driver]:
-    with driver(ledger, MODULES) as running:
-        yield running
+drv = driver_fixture(MODULES)
 
 
 @pytest.fixture()

@@ -7,10 +7,12 @@ each mode of a replay calls, step by step, in seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from uuid import UUID
+
+import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.runs import Run
@@ -18,6 +20,8 @@ from ledger.steps import StepStore
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.workflow import Registry
 from workers.settings import WorkerSettings
+
+__all__ = ["Driver", "driver", "driver_fixture"]
 
 
 @dataclass
@@ -68,3 +72,16 @@ def driver(ledger: Ledger, modules: list[str], *, worker_url: str | None = None,
         yield Driver(ledger, store, registry, config)
     finally:
         store.close()
+
+
+def driver_fixture(modules: Sequence[str], *, ledger: str = "ledger"
+                   ) -> Callable[..., Iterator[Driver]]:
+    """The test module's ``drv`` fixture: a ``driver`` over the ledger fixture named
+    ``ledger`` (``ledger``, ``ops``, ``admin``...), loading ``modules``. A module writes
+    ``drv = driver_fixture(MODULES)``, not its own copy of the five lines."""
+    @pytest.fixture()
+    def drv(request: pytest.FixtureRequest) -> Iterator[Driver]:
+        with driver(request.getfixturevalue(ledger), list(modules)) as running:
+            yield running
+
+    return drv
