@@ -58,42 +58,48 @@ __all__ = ["KINDS", "corpus_replay"]
 KINDS = ", ".join(k.value for k in Kind)
 
 
+# The options of ``onward corpus replay``, named so that its signature reads as a list
+_Source = Annotated[str, typer.Argument(help="A corpus of this ledger, or a bundle file.")]
+_Code = Annotated[list[str], typer.Option(
+    "--code", help="Module(s) defining the candidate workflows (repeatable or "
+    "comma-separated), importable from PYTHONPATH.")]
+_Jobs = Annotated[int | None, typer.Option(min=1, help="Replay processes (default: "
+                                           "two per CPU).")]
+_Versions = Annotated[str, typer.Option(
+    help="recorded: each step runs with the version the recorded step ran with when the "
+    "code has it (faithful for runs that migrated); latest: the code's latest version "
+    "from the start.")]
+_Allow = Annotated[list[str] | None, typer.Option(
+    "--allow", help=f"A kind of divergence that does not fail the replay (repeatable): "
+    f"{KINDS}.")]
+_IgnoreField = Annotated[list[str] | None, typer.Option(
+    "--ignore-field", help="A JSON pointer left out of states and results when they are "
+    "compared, '*' for any key or index (repeatable), e.g. /generated_at.")]
+_MaxDivergent = Annotated[str, typer.Option(
+    help="Divergent runs tolerated: a count (3) or a share of the runs (2.5%).")]
+_Output = Annotated[str, typer.Option(
+    "--format", help="What stdout gets: table, markdown, junit or json.")]
+_Markdown = Annotated[Path | None, typer.Option(help="Also write Markdown here.")]
+_Junit = Annotated[Path | None, typer.Option(help="Also write JUnit XML here.")]
+_JsonFile = Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
+_Diffs = Annotated[int, typer.Option(min=0, help="Divergent runs shown with their diff.")]
+_OpenBranches = Annotated[bool, typer.Option(
+    "--open-branches", help="Open each divergent run's replay in this ledger, under its "
+    "recorded run, for inspection (operator role; audited).")]
+_Reason = Annotated[str | None, typer.Option(
+    "--reason", "-r", help="Why (with --open-branches: kept in the audit log).")]
+_ScratchUrl = Annotated[str | None, typer.Option(
+    help="An empty database to replay in (default: a throwaway database on the ledger's "
+    "server).")]
+
+
 @corpus_app.command("replay")
 def corpus_replay(
-    source: Annotated[str, typer.Argument(help="A corpus of this ledger, or a bundle file.")],
-    code: Annotated[list[str], typer.Option(
-        "--code", help="Module(s) defining the candidate workflows (repeatable or "
-        "comma-separated), importable from PYTHONPATH.")],
-    jobs: Annotated[int | None, typer.Option(min=1, help="Replay processes (default: "
-                                             "two per CPU).")] = None,
-    versions: Annotated[str, typer.Option(
-        help="recorded: each step runs with the version the recorded step ran with when the "
-        "code has it (faithful for runs that migrated); latest: the code's latest version "
-        "from the start.")] = "recorded",
-    allow: Annotated[list[str] | None, typer.Option(
-        "--allow", help=f"A kind of divergence that does not fail the replay (repeatable): "
-        f"{KINDS}.")] = None,
-    ignore_field: Annotated[list[str] | None, typer.Option(
-        "--ignore-field", help="A JSON pointer left out of states and results when they are "
-        "compared, '*' for any key or index (repeatable), e.g. /generated_at.")] = None,
-    max_divergent: Annotated[str, typer.Option(
-        help="Divergent runs tolerated: a count (3) or a share of the runs (2.5%).")] = "0",
-    output: Annotated[str, typer.Option(
-        "--format", help="What stdout gets: table, markdown, junit or json.")] = "table",
-    markdown: Annotated[Path | None, typer.Option(help="Also write Markdown here.")] = None,
-    junit: Annotated[Path | None, typer.Option(help="Also write JUnit XML here.")] = None,
-    json_file: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")]
-    = None,
-    diffs: Annotated[int, typer.Option(min=0, help="Divergent runs shown with their diff.")]
-    = 3,
-    open_branches: Annotated[bool, typer.Option(
-        "--open-branches", help="Open each divergent run's replay in this ledger, under its "
-        "recorded run, for inspection (operator role; audited).")] = False,
-    reason: Annotated[str | None, typer.Option(
-        "--reason", "-r", help="Why (with --open-branches: kept in the audit log).")] = None,
-    scratch_url: Annotated[str | None, typer.Option(
-        help="An empty database to replay in (default: a throwaway database on the ledger's "
-        "server).")] = None,
+    source: _Source, code: _Code, jobs: _Jobs = None, versions: _Versions = "recorded",
+    allow: _Allow = None, ignore_field: _IgnoreField = None, max_divergent: _MaxDivergent = "0",
+    output: _Output = "table", markdown: _Markdown = None, junit: _Junit = None,
+    json_file: _JsonFile = None, diffs: _Diffs = 3, open_branches: _OpenBranches = False,
+    reason: _Reason = None, scratch_url: _ScratchUrl = None,
 ) -> None:
     """Replay every run of a corpus (NAME) or bundle (FILE) against candidate code, offline:
     no broker, no workers, nothing sent, nothing written to the ledger. Model calls and reads

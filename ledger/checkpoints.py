@@ -140,46 +140,56 @@ def _fast_form(value: Any, room: int) -> Any:
     if kind is float:
         return _fast_float(value)
     if kind is dict:
-        if room == 0:
-            raise _TooDeep
-        copied: dict[str, Any] | None = None
-        for key, item in value.items():
-            if type(key) is not str or not key.isascii():
-                return _NOT_FAST
-            kind = type(item)
-            if kind is str or kind is bool or item is None:
-                continue
-            if kind is int:
-                if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
-                    continue
-                return _NOT_FAST
-            form = _fast_form(item, room - 1)
-            if form is not item:
-                if form is _NOT_FAST:
-                    return _NOT_FAST
-                copied = copied if copied is not None else dict(value)
-                copied[key] = form
-        return value if copied is None else copied
+        return _fast_dict(value, room)
     if kind is list:
-        if room == 0:
-            raise _TooDeep
-        listed: list[Any] | None = None
-        for index, item in enumerate(value):
-            kind = type(item)
-            if kind is str or kind is bool or item is None:
-                continue
-            if kind is int:
-                if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
-                    continue
-                return _NOT_FAST
-            form = _fast_form(item, room - 1)
-            if form is not item:
-                if form is _NOT_FAST:
-                    return _NOT_FAST
-                listed = listed if listed is not None else list(value)
-                listed[index] = form
-        return value if listed is None else listed
+        return _fast_list(value, room)
     return _NOT_FAST
+
+
+def _fast_dict(value: dict[Any, Any], room: int) -> Any:
+    """``_fast_form`` of a dict: itself, a copy with floats rewritten, or _NOT_FAST."""
+    if room == 0:
+        raise _TooDeep
+    copied: dict[str, Any] | None = None
+    for key, item in value.items():
+        if type(key) is not str or not key.isascii():
+            return _NOT_FAST
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
+                continue
+            return _NOT_FAST
+        form = _fast_form(item, room - 1)
+        if form is not item:
+            if form is _NOT_FAST:
+                return _NOT_FAST
+            copied = copied if copied is not None else dict(value)
+            copied[key] = form
+    return value if copied is None else copied
+
+
+def _fast_list(value: list[Any], room: int) -> Any:
+    """``_fast_form`` of a list: itself, a copy with floats rewritten, or _NOT_FAST."""
+    if room == 0:
+        raise _TooDeep
+    listed: list[Any] | None = None
+    for index, item in enumerate(value):
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if -_JS_SAFE_INT <= item <= _JS_SAFE_INT:
+                continue
+            return _NOT_FAST
+        form = _fast_form(item, room - 1)
+        if form is not item:
+            if form is _NOT_FAST:
+                return _NOT_FAST
+            listed = listed if listed is not None else list(value)
+            listed[index] = form
+    return value if listed is None else listed
 
 
 def _fast_float(number: float) -> Any:

@@ -413,14 +413,33 @@ def cancel_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_id: UUI
                "message": f"cancelled by {actor.name}: {reason}", "reason_text": reason}
     unknown = waits.unknown_effect(conn, run_id)
     decided = status is RunStatus.NEEDS_REVIEW and run["cancel_requested"] is not None
-    if holder is not None or (unknown is not None and not decided):
-        _request_cancel(conn, run, status, request, queue=holder is None)
-        record_txn(conn, keys, actor, AuditRecord(
-            AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
-            before_seq=run["seq"], after_seq=run["seq"],
-            details={"previous_status": status.value, "step": run["step"],
-                     "lease_holder": holder, "requested": True, "unknown_effect": unknown}))
-        return Cancelled(run_id, run["seq"], status, holder, [], requested=True)
+    cancel = _cancel_later if holder is not None or (unknown is not None and not decided) \
+        else _cancel_now
+    return cancel(conn, keys, actor, run, status=status, request=request, reason=reason,
+                  holder=holder, unknown=unknown)
+
+
+def _cancel_later(conn: Connection, keys: CheckpointKeys, actor: Actor, run: RowMapping, *,
+                  status: RunStatus, request: dict[str, Any], reason: str, holder: str | None,
+                  unknown: str | None) -> Cancelled:
+    """A worker holds the step, or an effect's outcome is unknown and nobody decided yet:
+    record the request (and queue the run when nobody holds it); a worker ends it."""
+    run_id = run["id"]
+    _request_cancel(conn, run, status, request, queue=holder is None)
+    record_txn(conn, keys, actor, AuditRecord(
+        AuditAction.CANCEL, AuditOutcome.DONE, reason, run_id=run_id,
+        before_seq=run["seq"], after_seq=run["seq"],
+        details={"previous_status": status.value, "step": run["step"],
+                 "lease_holder": holder, "requested": True, "unknown_effect": unknown}))
+    return Cancelled(run_id, run["seq"], status, holder, [], requested=True)
+
+
+def _cancel_now(conn: Connection, keys: CheckpointKeys, actor: Actor, run: RowMapping, *,
+                status: RunStatus, request: dict[str, Any], reason: str, holder: str | None,
+                unknown: str | None) -> Cancelled:
+    """End the run now: nothing runs it, and no effect's outcome is unknown (or a person
+    decides on one after a worker parked the run)."""
+    run_id = run["id"]
     left = _unknown_effects(conn, run_id) if unknown is not None else []
     invalidated = _end_cancelled(conn, run_id, status, request, reason)
     record_txn(conn, keys, actor, AuditRecord(
@@ -675,7 +694,23 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
     run = lock_run_txn(conn, found.run_id, actor)  # run before effect, as everywhere
     effect = get_effect_txn(conn, effect_type, effect_id, lock=True)
     _check_resolvable(conn, run, effect, plan, finding, provider_ref)
-    attempt = conn.execute(
+    attempt = _resolve_attempt(conn, keys, actor, effect_type, effect_id,
+                               finding=finding, provider_ref=provider_ref)
+    _close_resolved(conn, keys, actor, effect, finding=finding, provider_ref=provider_ref,
+                    result=result)
+    record_txn(conn, keys, actor, AuditRecord(
+        AuditAction.RESOLVE_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
+        effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
+        details={**_audited(plan, effect), "attempt": attempt,
+                 "previous_status": effect.status.value}))
+    return get_effect_txn(conn, effect_type, effect_id)
+
+
+def _resolve_attempt(conn: Connection, keys: CheckpointKeys, actor: Actor, effect_type: str,
+                     effect_id: str, *, finding: Finding, provider_ref: str | None) -> int:
+    """Count the person's finding as the effect's next attempt, of kind ``resolve``, signed
+    like every attempt as it ends; return its number."""
+    attempt: int = conn.execute(
         effects.update().where(effects.c.effect_type == effect_type,
                                effects.c.effect_id == effect_id)
         .values(attempts=effects.c.attempts + 1, updated_at=sa.func.onward.now())
@@ -690,6 +725,15 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
         ended_at=sa.func.onward.now(), outcome=outcome, provider_ref=provider_ref,
         mac=keys.sign(signed.effect_attempt(effect_type, effect_id, attempt, kind, effect_id,
                                             outcome, provider_ref))))
+    return attempt
+
+
+def _close_resolved(conn: Connection, keys: CheckpointKeys, actor: Actor, effect: Effect, *,
+                    finding: Finding, provider_ref: str | None,
+                    result: dict[str, Any] | None) -> None:
+    """Close the effect as the person found it: ``completed`` with the provider's reference
+    and result (its outcome signed), or ``unsent``."""
+    effect_type, effect_id = effect.effect_type, effect.effect_id
     if finding is Finding.COMPLETED:
         values: dict[str, Any] = {
             "status": EffectStatus.COMPLETED.value, "provider_ref": provider_ref,
@@ -705,12 +749,6 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
                                         effects.c.effect_id == effect_id)
                  .values(**values, completed_at=sa.func.onward.now(),
                          updated_at=sa.func.onward.now()))
-    record_txn(conn, keys, actor, AuditRecord(
-        AuditAction.RESOLVE_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
-        effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
-        details={**_audited(plan, effect), "attempt": attempt,
-                 "previous_status": effect.status.value}))
-    return get_effect_txn(conn, effect_type, effect_id)
 
 
 def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: dict[str, Any],

@@ -256,6 +256,14 @@ def signal_marks(claim: Claim, waits: WaitStore) -> dict[str, int] | ParkFor:
     if (not isinstance(control, SignalControl) or claim.step != control.then
             or claim.launch.evidence):
         return marks
+    return _resumed_by_signal(claim, waits, control, marks)
+
+
+def _resumed_by_signal(claim: Claim, waits: WaitStore, control: SignalControl,
+                       marks: dict[str, int]) -> dict[str, int] | ParkFor:
+    """``signal_marks`` for a step at its signal wait's ``then``: raised to the signal
+    consumed at ``seq``, or parked ``integrity`` when there is none (and the wait did not
+    time out into ``then``) or when the run had consumed that signal before."""
     row = waits.signal(claim.run_id, control.name, claim.seq)
     if row is None:
         if _timed_out(claim, control):
