@@ -1,13 +1,16 @@
 """The repository explains itself: every relative link in its Markdown resolves (file and
 heading anchor), every ``docs/…`` path named in code exists, and nothing points to a
-design document outside the repository."""
+design document outside the repository. What the README and docs/ name exists: each
+``onward`` command with its options, each ``ONWARD_`` variable, each dotted code name."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +81,132 @@ def test_docs__paths_named_in_code_exist() -> None:
             outside.append(str(relative))
     assert not missing, missing
     assert not outside, f"cite docs/design.md, not a design document outside the repo: {outside}"
+
+
+# What the README and docs/ name must exist: the `onward` commands and their options, the
+# ONWARD_ variables, and the code they cite by name (a renamed statement constant, say).
+_PROSE = ("README.md", "docs", "examples/README.md")
+_PACKAGES = ("ledger", "tasks", "workers", "console")
+_SPAN = re.compile(r"`([^`\n]+)`")
+_CALL = re.compile(r"(?:^|[\s(;|&])onward((?:[ \t]+[^\s`#;|&)]+)*)")
+_VARIABLE = re.compile(r"\bONWARD_[A-Z0-9_]+")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+_TYPO_EXAMPLES = {"ONWARD_QUEUEE"}  # docs/configuration.md: what a misspelt variable gets
+_FILE_TYPES = (".py", ".md", ".sql", ".json", ".yaml", ".toml", ".html")
+
+
+def _prose() -> list[Path]:
+    return [p for p in _tracked(".md")
+            if str(p.relative_to(ROOT)).startswith(_PROSE)]
+
+
+def _code_of(markdown: Path, fenced_too: bool = True) -> list[tuple[int, str]]:
+    """(line number, text) of each inline code span and each line of a fenced block."""
+    found, fenced = [], False
+    for number, line in enumerate(markdown.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            found += [(number, line)] if fenced_too else []
+        else:
+            found += [(number, span) for span in _SPAN.findall(line)]
+    return found
+
+
+@functools.cache
+def _cli() -> Any:
+    import typer
+
+    from console.cli import app
+
+    return typer.main.get_command(app)
+
+
+def _command_problem(words: list[str]) -> str | None:
+    command, path = _cli(), ["onward"]
+    while hasattr(command, "commands") and words and not words[0].startswith("-"):
+        name = words.pop(0)
+        if name not in command.commands:
+            return f"{' '.join(path)} has no command {name!r}"
+        command, path = command.commands[name], [*path, name]
+    known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+    unknown = [w.partition("=")[0] for w in words if w.startswith("-") and not w[1:2].isdigit()
+               and w.partition("=")[0] not in known]
+    return f"{' '.join(path)} has no option {unknown}" if unknown else None
+
+
+def test_docs__every_onward_command_named_exists() -> None:
+    """Each ``onward …`` in a code span or block is a command of the CLI, with options it
+    has (a command word that is not a lower-case name, e.g. prose, is not checked)."""
+    wrong = []
+    for markdown in _prose():
+        for number, code in _code_of(markdown):
+            for call in _CALL.finditer(code):
+                words = call.group(1).split()
+                if words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+                    problem = _command_problem(words)
+                    if problem:
+                        wrong.append(f"{markdown.relative_to(ROOT)}:{number}: {problem}")
+    assert not wrong, wrong
+
+
+def test_docs__every_onward_variable_named_exists() -> None:
+    """Each ``ONWARD_…`` variable the docs name is read by a settings class, or named in
+    the code, compose file or scripts that read it (a prefix such as ``ONWARD_SECRET_``
+    matches the variables it begins)."""
+    from console.settings import known_variables
+
+    sources = [s for s in _tracked(".py", ".yaml", ".yml", ".sh", "Makefile", "Dockerfile",
+                                   ".toml") if "tests/unit" not in str(s)]  # typos on purpose
+    named = set(known_variables()) | _TYPO_EXAMPLES | {
+        v for source in sources for v in _VARIABLE.findall(source.read_text())}
+    unknown = sorted({f"{markdown.relative_to(ROOT)}: {variable}" for markdown in _prose()
+                      for variable in _VARIABLE.findall(markdown.read_text())
+                      if variable not in named and not (variable.endswith("_") and any(
+                          n.startswith(variable) for n in named))})
+    assert not unknown, unknown
+
+
+def _module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent is a module, not a package
+        return False
+
+
+def _resolves(name: str, modules: dict[str, list[str]]) -> bool | None:
+    """Whether ``name`` (``ledger.db.snapshot``, ``steps._COMMIT``) names something in the
+    code; None when it is not one of ours to check (``runs.status``, a column)."""
+    import importlib
+
+    parts = name.split(".")
+    if parts[0] in _PACKAGES:
+        head = next(i for i in range(len(parts), 0, -1) if _module(".".join(parts[:i])))
+        target: object = importlib.import_module(".".join(parts[:head]))
+    elif re.fullmatch(r"_[A-Z][A-Z0-9_]*", parts[-1]) and len(modules.get(parts[0], ())) == 1:
+        target, head = importlib.import_module(modules[parts[0]][0]), 1
+    else:
+        return None
+    for part in parts[head:]:
+        if not hasattr(target, part):
+            return False
+        target = getattr(target, part)
+    return True
+
+
+def test_docs__code_named_by_its_dotted_name_exists() -> None:
+    """A dotted name in an inline code span that starts with a package
+    (``ledger.db.snapshot``) or names a module's statement constant
+    (``evidence._FIND_OR_COVER``) exists. Fenced blocks are examples: their names are
+    local variables (``ledger.wait`` of ``ledger = Ledger.from_env()``)."""
+    modules: dict[str, list[str]] = {}
+    for package in _PACKAGES:
+        for module in sorted((ROOT / package).glob("*.py")):
+            modules.setdefault(module.stem, []).append(f"{package}.{module.stem}")
+    missing = [f"{markdown.relative_to(ROOT)}:{number}: {name}"
+               for markdown in _prose() for number, code in _code_of(markdown, False)
+               for name in _DOTTED.findall(code)
+               if not name.endswith(_FILE_TYPES) and _resolves(name, modules) is False]
+    assert not missing, missing
