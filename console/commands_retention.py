@@ -34,7 +34,9 @@ def plan(as_json: JsonFlag = False) -> None:
     kinds = ", ".join(f"{kind} of {count}" for kind, count in found.kinds.items() if count)
     out.print(line(f"{found.runs} run(s), {found.checkpoints} checkpoint(s), "
                    f"{found.bytes:,} bytes of payloads would be compacted"
-                   + (f" ({kinds} run(s))" if kinds else "") + "; kept although due: "
+                   + (f" ({kinds} run(s))" if kinds else "") + f"; {found.artifacts} "
+                   f"artifact(s), {found.artifact_bytes:,} bytes, would no longer be "
+                   "referenced and be deleted; kept although due: "
                    f"{found.held} on legal hold, {found.pinned} in a corpus"), soft_wrap=True)
     for name, why in months.items():
         out.print(line(f"partition {name}: " + (f"kept ({why})" if why else "would be dropped")),
@@ -56,10 +58,12 @@ def apply(
         months = ledger.partitions_expire()
     if as_json:
         print(json.dumps({"runs": done.runs, "checkpoints": done.checkpoints,
+                          "artifacts": done.artifacts, "artifact_bytes": done.artifact_bytes,
                           "refused": done.refused, "partitions": months.as_dict()}))
         return
     out.print(line(("✓", "green"), f" compacted {done.runs} run(s), {done.checkpoints} "
-                   "checkpoint(s)"), soft_wrap=True)
+                   f"checkpoint(s); deleted {done.artifacts} unreferenced artifact(s), "
+                   f"{done.artifact_bytes:,} bytes"), soft_wrap=True)
     for name in months.dropped:
         out.print(line(("✓", "green"), f" dropped partition {name}"), soft_wrap=True)
     for refused in done.refused[:10]:

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from ledger import sql
+from ledger.artifact_sweep import share_txn
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import (
     BUNDLE_VERSION,
@@ -313,6 +314,7 @@ def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
         return _insert_keys(conn, rows)
     target = _TABLES[table]
     if table == "artifacts":  # content-addressed: one the ledger holds is the same bytes
+        share_txn(conn, [row["sha256"] for row in rows])  # kept from a sweep to our commit
         conn.execute(pg_insert(target).on_conflict_do_nothing(), rows)
     else:
         conn.execute(target.insert(), rows)

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from ledger.artifact_sweep import share_txn
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
 from ledger.exceptions import IntegrityViolation, OperationRefused
@@ -63,7 +64,8 @@ def open_replays_txn(conn: Connection, actor: Actor, keys: CheckpointKeys, copie
     opened = []
     for copy in copies:
         _check_parent(conn, actor, copy)
-        if copy.rows["artifacts"]:
+        if copy.rows["artifacts"]:  # kept from a sweep to our commit (ledger/artifact_sweep.py)
+            share_txn(conn, [row["sha256"] for row in copy.rows["artifacts"]])
             conn.execute(pg_insert(artifacts).on_conflict_do_nothing(), copy.rows["artifacts"])
         conn.execute(runs.insert(), copy.rows["runs"])
         conn.execute(checkpoints.insert(), copy.rows["checkpoints"])

@@ -19,6 +19,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ledger import compacted, signed, sql
+from ledger.artifact_sweep import ARTIFACT_LOCK
 from ledger.checkpoints import CheckpointKeys, canonical_json, covered_json, sha256_hex
 from ledger.crypto import Place, open_value, seal_value
 from ledger.exceptions import (
@@ -236,7 +237,7 @@ class EvidenceStore:
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
             "cost_usd": cost, "epoch": record.lease_epoch,
             "mac": self.keys.sign(signed.evidence(record.run_id, vars(record), digest)),
-            "request_body": self._request_body(record),
+            "request_body": self._request_body(record), "artifact_lock": ARTIFACT_LOCK,
         })
         if row is None or not row["held"]:
             raise EvidenceFenced(f"run {record.run_id}: the lease of epoch {record.lease_epoch} "

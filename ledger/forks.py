@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
 from ledger import signed, sql
+from ledger.artifact_sweep import share_txn
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
@@ -316,7 +317,13 @@ def _insert_run_txn(conn: Connection, keys: CheckpointKeys, request: ForkRequest
 
 def _insert_checkpoint_txn(conn: Connection, keys: CheckpointKeys, body: CheckpointBody,
                            digest: str) -> None:
-    """The fork checkpoint: ``body`` (no parent hash, outcome ``fork``) under ``digest``."""
+    """The fork checkpoint: ``body`` (no parent hash, outcome ``fork``) under ``digest``. A
+    state stored apart is copied as its reference: its artifact is kept from a sweep to our
+    commit (ledger/artifact_sweep.py), and must still be there once that is so."""
+    ref = artifact_ref(body.state)
+    if ref is not None:
+        share_txn(conn, [ref["sha256"]])
+        resolve_state_txn(conn, body.state)  # IntegrityViolation: gone meanwhile
     conn.execute(checkpoints.insert().values(
         run_id=body.run_id, seq=body.seq, parent_hash=None, hash=digest, key_id=keys.current,
         envelope_version=ENVELOPE_VERSION, step=body.step, next_step=body.next_step,

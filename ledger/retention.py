@@ -27,8 +27,10 @@ Runs on legal hold (``runs.legal_hold``), pinned in a corpus, or with a child ru
 replay or branch) still going are never compacted. Each compacted run gets an audit row;
 ``apply`` can stop anywhere and be run again (what is left is found by the next plan).
 Step attempts also expire by month, a partition at a time (ledger/partitions.py).
-Not done here (docs/operating.md#retention says so): artifacts a compacted row referenced
-are kept (content-addressed, possibly shared with a commit in flight).
+Artifacts (content-addressed, shared between runs) that a compaction took the last
+reference to are deleted in its transaction, and counted in its audit row; ``apply`` then
+sweeps any other unreferenced artifact (ledger/artifact_sweep.py, which says how a new
+reference in flight keeps its artifact).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ledger import compacted, signed, sql
+from ledger import artifact_sweep, compacted, signed, sql
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.bundle import DROPPED
 from ledger.checkpoints import CheckpointBody, CheckpointKeys, covered_json, sha256_hex
@@ -203,10 +205,28 @@ class Plan:
     pinned: int = 0  # due, kept: in a regression corpus
     kinds: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
     run_ids: list[UUID] = field(default_factory=list)
+    artifacts: int = 0  # artifacts nothing would reference afterwards (deleted by apply)
+    artifact_bytes: int = 0  # their sizes (not in ``bytes``)
+    states_runs: list[UUID] = field(default_factory=list)
+    evidence_runs: list[UUID] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "checkpoints": self.checkpoints, "bytes": self.bytes,
-                "held": self.held, "pinned": self.pinned, "kinds": self.kinds}
+                "held": self.held, "pinned": self.pinned, "kinds": self.kinds,
+                "artifacts": self.artifacts, "artifact_bytes": self.artifact_bytes}
+
+    def count(self, found: Candidate) -> None:
+        """Add a due run that is neither held nor pinned."""
+        self.runs += 1
+        self.checkpoints += found.checkpoints
+        self.bytes += found.bytes
+        self.run_ids.append(found.run_id)
+        for kind in found.kinds:
+            self.kinds[kind.value] += 1
+        if Kind.STATES in found.kinds:
+            self.states_runs.append(found.run_id)
+        if Kind.EVIDENCE in found.kinds:
+            self.evidence_runs.append(found.run_id)
 
 
 _LEFT = {Kind.STATES: "checkpoints", Kind.EVIDENCE: "evidence_left",
@@ -252,7 +272,7 @@ def candidates_txn(conn: Connection, policies: list[Policy], *, after: UUID | No
 
 
 def plan_txn(conn: Connection, policies: list[Policy]) -> Plan:
-    """A dry run: what ``apply`` would compact now."""
+    """A dry run: what ``apply`` would compact now, and the artifacts it would delete."""
     plan, after = Plan(), None
     while True:
         page = candidates_txn(conn, policies, after=after)
@@ -262,15 +282,13 @@ def plan_txn(conn: Connection, policies: list[Policy]) -> Plan:
             elif found.pinned:
                 plan.pinned += 1
             else:
-                plan.runs += 1
-                plan.checkpoints += found.checkpoints
-                plan.bytes += found.bytes
-                plan.run_ids.append(found.run_id)
-                for kind in found.kinds:
-                    plan.kinds[kind.value] += 1
+                plan.count(found)
         if page.next_after is None:
-            return plan
+            break
         after = page.next_after
+    freed = artifact_sweep.freed_by_txn(conn, plan.states_runs, plan.evidence_runs)
+    plan.artifacts, plan.artifact_bytes = freed.artifacts, freed.bytes
+    return plan
 
 
 def compact_run_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID,
@@ -392,13 +410,17 @@ class Applied:
     runs: int = 0
     checkpoints: int = 0
     refused: list[str] = field(default_factory=list)  # runs that did not verify
+    artifacts: int = 0  # artifacts deleted (no reference left)
+    artifact_bytes: int = 0
 
 
 def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
-          actor: Actor | None = None, batch: int = 100,
-          max_runs: int | None = None) -> Applied:
+          actor: Actor | None = None, batch: int = 100, max_runs: int | None = None,
+          tenant: str = "default") -> Applied:
     """Compact what the policies make due, ``batch`` runs per query, one run per
-    transaction with its audit row (by ``actor``, else the reaper in the run's tenant).
+    transaction with its audit row (by ``actor``, else the reaper in the run's tenant),
+    deleting the artifacts it took the last reference to; then sweep every other
+    unreferenced artifact (audited by ``actor``, else the reaper in ``tenant``).
     Resumable: a run is compacted whole or not at all, and the next call finds the rest."""
     done, after = Applied(), None
     while max_runs is None or done.runs < max_runs:
@@ -407,8 +429,11 @@ def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
         for candidate in _due(page.found):
             _compact_one(engine, keys, candidate, actor, done)
         if page.next_after is None:
-            return done
+            break
         after = page.next_after
+    swept = artifact_sweep.sweep(engine, keys, actor or Actor(REAPER_ACTOR, Role.ADMIN, tenant))
+    done.artifacts += swept.artifacts
+    done.artifact_bytes += swept.bytes
     return done
 
 
@@ -421,15 +446,21 @@ def _compact_one(engine: Engine, keys: CheckpointKeys, candidate: Candidate,
     who = actor or Actor(REAPER_ACTOR, Role.ADMIN, candidate.tenant_id)
     try:
         with wrap_driver_errors("compacting a run"), engine.begin() as conn:
+            held = artifact_sweep.referenced_txn(conn, candidate.run_id) \
+                if candidate.kinds & {Kind.STATES, Kind.EVIDENCE} else []
             count = compact_run_txn(conn, keys, candidate.run_id, candidate.kinds)
+            freed = artifact_sweep.release_txn(conn, held)
             record_txn(conn, keys, who, AuditRecord(
                 AuditAction.RETENTION, AuditOutcome.DONE, "retention policy",
                 run_id=candidate.run_id,
                 details={"checkpoints": count, "bytes": candidate.bytes,
                          "workflow": candidate.workflow,
-                         "kinds": sorted(k.value for k in candidate.kinds)}))
+                         "kinds": sorted(k.value for k in candidate.kinds),
+                         "artifacts": freed.artifacts, "artifact_bytes": freed.bytes}))
     except (IntegrityViolation, InvalidInput) as exc:
         done.refused.append(str(exc))
         return
     done.runs += 1
     done.checkpoints += count
+    done.artifacts += freed.artifacts
+    done.artifact_bytes += freed.bytes

@@ -20,6 +20,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ledger import signed, sql, states, tracing
+from ledger.artifact_sweep import ARTIFACT_LOCK
 from ledger.checkpoints import (
     ARTIFACT_KEY,
     ENVELOPE_VERSION,
@@ -373,6 +374,7 @@ def _stored_state_params(stored: states.Stored,
         "chain_bytes": stored.chain_bytes,
         "artifact_sha": artifact[0] if artifact else None,
         "artifact_body": artifact[1] if artifact else None,
+        "artifact_lock": ARTIFACT_LOCK,
     }
 
 

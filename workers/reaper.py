@@ -83,12 +83,14 @@ class Reaper:
         number of runs at a time (the next sweep goes on where this one stopped)."""
         if not self.policies or time.monotonic() < self._retention_due:
             return
-        done = retention.apply(self.engine, self.keys, self.policies, max_runs=500)
+        done = retention.apply(self.engine, self.keys, self.policies, max_runs=500,
+                               tenant=self.settings.tenant_id)
         if done.runs < 500:
             self._retention_due = time.monotonic() + self.settings.retention_interval_s
-        if done.runs or done.refused:
+        if done.runs or done.refused or done.artifacts:
             log.warning("retention compacted runs", runs=done.runs,
-                        checkpoints=done.checkpoints, kept_unverified=done.refused[:5])
+                        checkpoints=done.checkpoints, artifacts=done.artifacts,
+                        artifact_bytes=done.artifact_bytes, kept_unverified=done.refused[:5])
 
     def anchor_if_due(self) -> None:
         """Write an anchor every ONWARD_ANCHOR_INTERVAL_S (ledger/anchoring.py); a ledger

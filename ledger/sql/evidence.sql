@@ -61,12 +61,16 @@ WITH fence AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
     SELECT %(sha)s, %(size)s, 'application/json', %(body)s FROM fence
      WHERE %(sha)s::text IS NOT NULL
+       -- held shared to commit: a sweep deleting unreferenced artifacts skips this one
+       -- (ledger/artifact_sweep.py)
+       AND pg_advisory_xact_lock_shared(%(artifact_lock)s, hashtext(%(sha)s))::text = ''
     ON CONFLICT (sha256) DO NOTHING
 ), request_artifact AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
     SELECT %(request_hash)s, length(%(request_body)s::bytea), 'application/json',
            %(request_body)s::bytea FROM fence
      WHERE %(request_body)s::bytea IS NOT NULL
+       AND pg_advisory_xact_lock_shared(%(artifact_lock)s, hashtext(%(request_hash)s))::text = ''
     ON CONFLICT (sha256) DO NOTHING
 ), recorded AS (
     INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,

@@ -182,6 +182,9 @@ WITH chain AS (
     INSERT INTO onward.artifacts (sha256, size, media_type, body)
     SELECT %(artifact_sha)s, length(%(artifact_body)s::bytea), 'application/json',
            %(artifact_body)s FROM advanced WHERE %(artifact_sha)s::text IS NOT NULL
+       -- held shared to commit: a sweep deleting unreferenced artifacts skips this one
+       -- (ledger/artifact_sweep.py)
+       AND pg_advisory_xact_lock_shared(%(artifact_lock)s, hashtext(%(artifact_sha)s))::text = ''
     ON CONFLICT (sha256) DO NOTHING
 ), checkpoint AS (
     INSERT INTO onward.checkpoints (run_id, seq, parent_hash, hash, key_id, envelope_version,

@@ -1,0 +1,147 @@
+"""Artifacts nothing references any more go (issue 15 item 5; docs/operating.md#retention).
+
+Artifacts are content-addressed and shared: an answer's body stored apart (evidence
+``artifact_sha256``), a kept request (under the evidence's ``request_hash``) and a state
+stored apart (a checkpoint's ``{"$artifact": {"sha256": …}}``) may be the same bytes for
+many runs, branches, replays and imported copies. Compaction takes the run's references
+away (ledger/retention.py); an artifact is deleted once no row references it, in the same
+transaction as the compaction that took the last reference (its bytes counted in that run's
+audit row), or by ``sweep`` for one left over (a compaction by an earlier version, a body
+whose evidence row lost its insert race), a page at a time, each page audited.
+
+**Races.** A check (no reference) followed by a delete would lose an artifact to a writer
+that references it between the two without inserting it (``ON CONFLICT DO NOTHING`` finds
+it present and locks nothing). So every writer of a reference holds the artifact's advisory
+lock ``(ARTIFACT_LOCK, hashtext(sha256))`` shared to its commit: the hot statements in the
+insert's own ``WHERE`` (record_evidence, the commit), a branch or replay copying a state
+stored apart, a corpus import, opened replays through ``share_txn``. A deletion takes it
+exclusively with a try-lock (never waits, so never deadlocks with a writer), skips what it
+cannot lock, and checks the references in its DELETE statement, after the lock: a writer
+in flight keeps its artifact (left for a later pass); a writer that comes after the deletion
+commits waits for it and inserts the bytes again (its conflict check sees the row gone).
+
+Only a role that sees every tenant's rows deletes anything: ``onward_app`` has no DELETE
+policy on ``artifacts`` (migration 0027), and its reference checks would see one tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from sqlalchemy.engine import Connection, Engine
+
+from ledger import sql
+from ledger.audit import Actor, AuditRecord, record_txn
+from ledger.checkpoints import CheckpointKeys
+from ledger.db import wrap_driver_errors
+from ledger.vocabulary import AuditAction, AuditOutcome
+
+__all__ = [
+    "ARTIFACT_LOCK",
+    "Freed",
+    "free_txn",
+    "freed_by_txn",
+    "referenced_txn",
+    "release_txn",
+    "share_txn",
+    "sweep",
+]
+
+ARTIFACT_LOCK = 0x0A0DA27F
+"""The first key of an artifact's advisory lock; the second is ``hashtext(sha256)`` (a
+collision only makes a writer wait for an unrelated sweep, or a sweep skip)."""
+
+_OF_RUN = sql.text("artifacts_of_run")
+_LOCK = sql.text("artifacts_lock")
+_SHARE = sql.text("artifacts_share")
+_RELEASE = sql.text("artifacts_release")
+_UNREFERENCED = sql.text("artifacts_unreferenced")
+
+
+@dataclass
+class Freed:
+    """Artifacts deleted (or that would be), and their bytes."""
+
+    artifacts: int = 0
+    bytes: int = 0
+    shas: list[str] = field(default_factory=list)
+
+    def add(self, other: Freed) -> None:
+        self.artifacts += other.artifacts
+        self.bytes += other.bytes
+        self.shas += other.shas
+
+
+def referenced_txn(conn: Connection, run_id: UUID) -> list[str]:
+    """The artifacts ``run_id`` references now (read before compacting it)."""
+    return list(conn.execute(_OF_RUN, {"run_id": run_id}).scalars())
+
+
+def share_txn(conn: Connection, shas: Sequence[str]) -> None:
+    """Before writing references to ``shas`` outside the hot statements: hold their locks
+    shared to commit (waits for a deletion in progress, which then has committed)."""
+    if shas:
+        conn.execute(_SHARE, {"lock": ARTIFACT_LOCK, "shas": sorted(set(shas))})
+
+
+def release_txn(conn: Connection, shas: Sequence[str]) -> Freed:
+    """Delete those of ``shas`` nothing references, in the caller's transaction: each one
+    whose lock is free, checked after the lock (a writer holding it keeps its artifact)."""
+    if not shas:
+        return Freed()
+    locked = list(conn.execute(_LOCK, {"lock": ARTIFACT_LOCK,
+                                       "shas": sorted(set(shas))}).scalars())
+    if not locked:
+        return Freed()
+    gone = conn.execute(_RELEASE, {"shas": locked}).all()
+    return Freed(len(gone), sum(int(r.size) for r in gone), sorted(r.sha256 for r in gone))
+
+
+def _page(conn: Connection, after: str | None, limit: int, states_runs: Sequence[UUID] = (),
+          evidence_runs: Sequence[UUID] = ()) -> tuple[list[tuple[str, int]], str | None]:
+    """One page of artifacts by sha256: those free of references (but for the given runs'
+    states and evidence) with their sizes, and the sha the next page starts after."""
+    rows = conn.execute(_UNREFERENCED, {
+        "after": after, "limit": limit, "states_runs": list(states_runs),
+        "evidence_runs": list(evidence_runs)}).all()
+    free = [(r.sha256, int(r.size)) for r in rows if r.free]
+    return free, (rows[-1].sha256 if len(rows) == limit else None)
+
+
+def freed_by_txn(conn: Connection, states_runs: Sequence[UUID],
+                 evidence_runs: Sequence[UUID], *, page: int = 1000) -> Freed:
+    """A dry run: the artifacts nothing would reference once ``states_runs``' states and
+    ``evidence_runs``' evidence are compacted, those already unreferenced included."""
+    found, after = Freed(), None
+    while True:
+        free, after = _page(conn, after, page, states_runs, evidence_runs)
+        found.add(Freed(len(free), sum(size for _, size in free)))
+        if after is None:
+            return found
+
+
+def free_txn(conn: Connection, after: str | None, limit: int) -> tuple[Freed, str | None]:
+    """Delete one page's unreferenced artifacts; what went, and where the next page starts."""
+    free, after = _page(conn, after, limit)
+    return release_txn(conn, [sha for sha, _ in free]), after
+
+
+def sweep(engine: Engine, keys: CheckpointKeys, actor: Actor, *, batch: int = 500) -> Freed:
+    """Delete every artifact nothing references, ``batch`` read per transaction, each
+    transaction that deleted any with one audit row (by ``actor``: artifacts are shared
+    between tenants, so the row is in the sweeping actor's). Resumable: each page commits
+    on its own, and a stop leaves only unreferenced artifacts for the next sweep."""
+    done, after = Freed(), None
+    while True:
+        with wrap_driver_errors("deleting unreferenced artifacts"), engine.begin() as conn:
+            freed, after = free_txn(conn, after, batch)
+            if freed.artifacts:
+                record_txn(conn, keys, actor, AuditRecord(
+                    AuditAction.RETENTION, AuditOutcome.DONE, "unreferenced artifacts",
+                    details={"artifacts": freed.artifacts, "bytes": freed.bytes,
+                             "sha256": freed.shas[:20]}))
+        done.add(freed)
+        if after is None:
+            return done

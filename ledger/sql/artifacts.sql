@@ -1,0 +1,62 @@
+-- Artifacts (ledger/artifact_sweep.py): which content-addressed bodies nothing references
+-- any more, and the per-artifact advisory lock that orders their deletion against a new
+-- reference. The lock is (%(lock)s, hashtext(sha256)): a writer that stores or copies a
+-- reference holds it shared to its commit; a sweep try-locks it exclusively before its
+-- check and skips an artifact it cannot lock (someone is referencing it right now).
+
+
+-- name: artifacts_of_run
+-- The artifacts run_id references: its evidence's bodies stored apart and kept requests,
+-- and its checkpoints' states stored apart.
+SELECT a.sha256 FROM onward.artifacts a
+ WHERE a.sha256 IN (SELECT v.artifact_sha256 FROM onward.evidence v WHERE v.run_id = %(run_id)s
+                    UNION SELECT v.request_hash FROM onward.evidence v WHERE v.run_id = %(run_id)s
+                    UNION SELECT c.state -> '$artifact' ->> 'sha256' FROM onward.checkpoints c
+                           WHERE c.run_id = %(run_id)s AND c.state ? '$artifact')
+ ORDER BY a.sha256
+
+-- name: artifacts_lock
+-- Try to take each artifact's lock exclusively (never waits: a writer holding it shared
+-- keeps its artifact); the ones taken.
+SELECT s AS sha256 FROM unnest(CAST(%(shas)s AS text[])) s
+ WHERE pg_try_advisory_xact_lock(%(lock)s, hashtext(s))
+ ORDER BY s
+
+-- name: artifacts_share
+-- Taken by a writer outside the hot statements (a branch or replay copying a state stored
+-- apart, a corpus import, opened replays) before it writes its references: held to commit.
+SELECT count(*) FROM (SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(s))
+                        FROM unnest(CAST(%(shas)s AS text[])) s ORDER BY s) t
+
+-- name: artifacts_release
+-- Delete those of the given (locked) artifacts nothing references now: no checkpoint state,
+-- no evidence body, no request of evidence that is not compacted (a compacted answer's
+-- request is not read again); their sizes.
+DELETE FROM onward.artifacts a
+ WHERE a.sha256 = ANY(CAST(%(shas)s AS text[]))
+   AND NOT EXISTS (SELECT 1 FROM onward.checkpoints c
+                    WHERE c.state ? '$artifact' AND (c.state -> '$artifact' ->> 'sha256') = a.sha256)
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v WHERE v.artifact_sha256 = a.sha256)
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v
+                    WHERE v.request_hash = a.sha256
+                      AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted'))
+RETURNING a.sha256, a.size
+
+-- name: artifacts_unreferenced
+-- A page of artifacts after sha `after` (NULL: from the start), by sha256, saying which
+-- nothing would reference once the given runs' states and evidence are compacted (none
+-- given: which nothing references now), with their sizes; `last` is the page's last sha.
+SELECT a.sha256, a.size,
+       NOT EXISTS (SELECT 1 FROM onward.checkpoints c
+                    WHERE c.state ? '$artifact' AND (c.state -> '$artifact' ->> 'sha256') = a.sha256
+                      AND NOT c.run_id = ANY(CAST(%(states_runs)s AS uuid[])))
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v WHERE v.artifact_sha256 = a.sha256
+                      AND NOT v.run_id = ANY(CAST(%(evidence_runs)s AS uuid[])))
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v
+                    WHERE v.request_hash = a.sha256
+                      AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted')
+                      AND NOT v.run_id = ANY(CAST(%(evidence_runs)s AS uuid[]))) AS free
+  FROM onward.artifacts a
+ WHERE CAST(%(after)s AS text) IS NULL OR a.sha256 > CAST(%(after)s AS text)
+ ORDER BY a.sha256
+ LIMIT %(limit)s
