@@ -49,6 +49,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -560,13 +561,26 @@ def report(stats: BatchStats, lost: int, elapsed: float) -> list[str]:
     return problems
 
 
+def onward_command() -> str:
+    """How to type ``onward`` in the shell that ran the demo: ``make demo`` does not activate
+    ``.venv``, so unless its ``bin`` is on PATH the command is ``.venv/bin/onward`` (the
+    script beside this interpreter, relative to the working directory when under it)."""
+    script = Path(sys.executable).parent / "onward"
+    found = shutil.which("onward")
+    if not script.exists() or (found and Path(found).resolve() == script.resolve()):
+        return "onward"
+    with contextlib.suppress(ValueError):
+        return str(script.relative_to(Path.cwd()))
+    return str(script)
+
+
 def console_hint(settings: OnwardSettings) -> str:
     """How to open the console (API and web page) on the demo's data."""
     env = "" if settings.embedded else "ONWARD_DATABASE_URL=… "
     sign_in = ("it prints a login link with a fresh admin token" if settings.embedded else
                "sign in with a token from `onward tokens create NAME --role operator`")
-    return (f"console: {env}onward console   (http://127.0.0.1:8765; {sign_in}; the runs "
-            "and approvals above are there)")
+    return (f"console: {env}{onward_command()} console   (http://127.0.0.1:8765; {sign_in}; "
+            "the runs and approvals above are there)")
 
 
 @dataclass
@@ -673,12 +687,13 @@ def finish(settings: OnwardSettings, fleet: Fleet, research: Research,
     stats = research.stats
     problems = research.problems + sales_problems
     console.print(f"\ndone in {time.monotonic() - STARTED:.1f}s")
-    hint = "    stop the embedded servers: onward embedded down" if settings.embedded else ""
-    console.print(f"inspect: onward runs show {research.victim.id}{hint}")
+    onward = onward_command()
+    hint = f"    stop the embedded servers: {onward} embedded down" if settings.embedded else ""
+    console.print(f"inspect: {onward} runs show {research.victim.id}{hint}")
     console.print(console_hint(settings))
-    console.print("replay: onward corpus add demo --workflow research_agent --since 1h && onward "
-                  "corpus replay demo --code examples.research_v2   (the research runs against "
-                  "version 2 of the agent, offline; README: regression suite)")
+    console.print(f"replay: {onward} corpus add demo --workflow research_agent --since 1h && "
+                  f"{onward} corpus replay demo --code examples.research_v2   (the research "
+                  "runs against version 2 of the agent, offline; README: regression suite)")
     for problem in problems:
         console.print(f"[bold red]FAILED:[/bold red] {problem}")
     summary = {
