@@ -7,6 +7,7 @@ reaper, CLI, tests); ``onward embedded down`` stops it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,8 +32,14 @@ def home_lock(home: Path) -> Iterator[None]:
 
 
 @contextmanager
-def _quiet_platformdirs() -> Iterator[None]:
-    """pgserver asks platformdirs for a runtime dir, which warns on hosts without one."""
+def _quiet_pgserver() -> Iterator[None]:
+    """pgserver asks platformdirs for a runtime dir, which warns on hosts without one; and
+    it logs at INFO what no operator acts on (initdb skipped, the server already running,
+    its postmaster's details: three long lines before ``onward console``'s login link), so
+    its logger says warnings only unless someone set its level."""
+    quiet = logging.getLogger("pgserver")
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
         yield
@@ -41,7 +48,7 @@ def _quiet_platformdirs() -> Iterator[None]:
 def postgres_url(home: Path) -> str:
     """Start the embedded PostgreSQL if it is not running and return its SQLAlchemy URL."""
     pgdata = home / "pg"
-    with home_lock(home), _quiet_platformdirs():
+    with home_lock(home), _quiet_pgserver():
         import pgserver  # imported lazily: only the embedded default needs it
 
         server = pgserver.get_server(pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
@@ -55,7 +62,7 @@ def stop_postgres(home: Path) -> bool:
     pgdata = home / "pg"
     if not (pgdata / "postmaster.pid").exists():
         return False
-    with home_lock(home), _quiet_platformdirs():
+    with home_lock(home), _quiet_pgserver():
         import pgserver
 
         pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()  # type: ignore[attr-defined]
