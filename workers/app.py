@@ -17,6 +17,7 @@ from workers.advertise import Advertiser
 from workers.broker import broker_url
 from workers.events import FAILED_KINDS
 from workers.exceptions import StepNotCommitted
+from workers.gcfreeze import connect_freeze
 from workers.logs import unbind_step
 from workers.runtime import STEP_TASK, WorkerRuntime
 from workers.settings import WorkerSettings
@@ -143,6 +144,7 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
 
     signals.worker_process_shutdown.connect(flush_observers, weak=False)
     signals.worker_shutdown.connect(flush_observers, weak=False)
+    connect_freeze(settings.gc_freeze)
     app.onward_runtime = runtime
     return app
 

@@ -120,6 +120,13 @@ class WorkerSettings(OnwardSettings):
         "on (ONWARD_TASK_EVENTS); off saves their three publishes per eager step and hides "
         "those steps from Flower.",
     )
+    gc_freeze: bool = Field(
+        default=True,
+        description="Freeze the objects a worker holds once it has started (imports, "
+        "workflows, model clients: gc.freeze, before the pool forks and when the worker is "
+        "ready), so full garbage collections stop walking them; false leaves the collector "
+        "as Python set it.",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
