@@ -57,7 +57,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from workers.settings import WorkerSettings
 
@@ -229,7 +229,8 @@ def celery_phase(app: Any, client: redis.Redis, queue: str, model: ModelServer, 
                 raise BenchFailed("plain Celery chains did not finish in time")
             time.sleep(0.2)
         cpu = sampler.cpu() - cpu0
-    records = [r.decode().split() for r in client.lrange(done_key(queue), 0, -1)]
+    records = [r.decode().split()
+               for r in cast(list[bytes], client.lrange(done_key(queue), 0, -1))]
     finished = max(float(r[1]) for r in records)
     lost = [r for r in records if r[2] == "lost"]
     done_steps = runs * steps - sum(steps - int(r[3]) for r in lost)
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def model_clients(args: argparse.Namespace) -> int:
     """SDK clients per worker process (``--model-clients``, else one per 50 slots)."""
-    return args.model_clients or max(1, math.ceil(args.concurrency / 50))
+    return int(args.model_clients or max(1, math.ceil(args.concurrency / 50)))
 
 
 def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], queue: str,
@@ -317,10 +318,10 @@ def _measure(args: argparse.Namespace, procs: Processes, env: dict[str, str], qu
                      BENCH_QUOTA_CONCURRENCY=str(args.quota_concurrency),
                      BENCH_QUOTA_RATE=str(args.quota_rate),
                      BENCH_MODEL_CLIENTS=str(model_clients(args)))
-    settings = WorkerSettings(**{k.removeprefix("ONWARD_").lower(): v for k, v in
-                                 procs.env.items() if k in ("ONWARD_DATABASE_URL",
-                                                            "ONWARD_BROKER_URL", "ONWARD_QUEUE",
-                                                            "ONWARD_CHECKPOINT_KEY")})
+    given: dict[str, Any] = {k.removeprefix("ONWARD_").lower(): v for k, v in procs.env.items()
+                             if k in ("ONWARD_DATABASE_URL", "ONWARD_BROKER_URL",
+                                      "ONWARD_QUEUE", "ONWARD_CHECKPOINT_KEY")}
+    settings = WorkerSettings(**given)
     ledger = Ledger.from_env(settings)
     procs.start("dispatcher", ["-m", "console", "dispatcher"])
     procs.start("reaper", ["-m", "console", "reaper"])

@@ -52,7 +52,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,15 +153,17 @@ def scan_redis(client: redis.Redis, scan: Scan, moment: str) -> int:
         kind = client.type(key)
         values: list[bytes] = [key]
         if kind == b"string":
-            values.append(client.get(key) or b"")
+            values.append(cast(bytes | None, client.get(key)) or b"")
         elif kind == b"list":
-            values += client.lrange(key, 0, -1)
+            values += cast(list[bytes], client.lrange(key, 0, -1))
         elif kind == b"hash":
-            values += [b"%s=%s" % pair for pair in client.hgetall(key).items()]
+            pairs = cast(dict[bytes, bytes], client.hgetall(key))
+            values += [b"%s=%s" % pair for pair in pairs.items()]
         elif kind == b"set":
-            values += list(client.smembers(key))
+            values += list(cast(set[bytes], client.smembers(key)))
         elif kind == b"zset":
-            values += [member for member, _ in client.zrange(key, 0, -1, withscores=True)]
+            scored = cast(list[tuple[bytes, float]], client.zrange(key, 0, -1, withscores=True))
+            values += [member for member, _ in scored]
         items += len(values) - 1
         for value in values:
             scan.look(f"redis:{moment}", value)
@@ -196,6 +198,14 @@ def protected_tables(url: str) -> dict[str, str]:
     return found
 
 
+def _count(conn: psycopg.Connection[Any], query: str,
+           params: dict[str, Any] | None = None) -> int:
+    """The one number a ``SELECT count(*)`` returns."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def tenancy(url: str) -> tuple[int, int]:
     """(rows a tenant sees of others', rows a transaction without a tenant sees), as
     onward_app, over every protected table."""
@@ -204,14 +214,14 @@ def tenancy(url: str) -> tuple[int, int]:
     with psycopg.connect(libpq_conninfo(as_role(url, APP))) as conn:
         for table, kind in tables.items():
             with conn.transaction():
-                unset += conn.execute(f'SELECT count(*) FROM onward."{table}"').fetchone()[0]
+                unset += _count(conn, f'SELECT count(*) FROM onward."{table}"')
             for tenant in TENANTS:
                 with conn.transaction():
                     conn.execute("SELECT set_config('onward.tenant', %(t)s, true)",
                                  {"t": tenant})
-                    cross += conn.execute(
-                        f'SELECT count(*) FROM onward."{table}" WHERE NOT ({OWN_ROWS[kind]})',
-                        {"t": tenant}).fetchone()[0]
+                    cross += _count(
+                        conn, f'SELECT count(*) FROM onward."{table}" WHERE NOT ({OWN_ROWS[kind]})',
+                        {"t": tenant})
     return cross, unset
 
 

@@ -20,6 +20,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import uvicorn
+from sqlalchemy.engine import Connection
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,11 +52,12 @@ def log(text: str) -> None:
 
 def fill(ledger: Ledger, runs: int, approvals: int, steps: int) -> dict[str, float]:
     took: dict[str, float] = {}
-    for name, body in (
+    bodies: list[tuple[str, Callable[[Connection], None]]] = [
         ("runs", lambda c: fill_runs_txn(c, "default", runs)),
         ("approvals", lambda c: fill_approvals_txn(c, "default", approvals)),
         ("long_run", lambda c: fill_long_run_txn(c, "default", LONG_RUN, steps)),  # type: ignore[arg-type]
-    ):
+    ]
+    for name, body in bodies:
         started = time.perf_counter()
         with ledger.engine.begin() as conn:
             body(conn)
@@ -83,7 +86,7 @@ def seq_scans(engine: sa.engine.Engine, recorded: list[tuple[str, Any]]) -> list
     """Sequential scans on tables of more than 10,000 rows, from EXPLAIN of each SELECT."""
     found: list[str] = []
     with engine.connect() as conn:
-        sizes = dict(conn.execute(sa.text(
+        sizes: dict[Any, float] = dict(conn.execute(sa.text(
             "SELECT relname, reltuples FROM pg_class c JOIN pg_namespace n "
             "ON n.oid = c.relnamespace WHERE n.nspname = 'onward' AND relkind = 'r'")).all())
         raw = conn.connection.driver_connection

@@ -90,7 +90,9 @@ def expected_divergent(ledger: Ledger, run_ids: list[UUID]) -> dict[str, int]:
 
     expected = {Kind.NEXT_STEP.value: 0, Kind.REQUEST.value: 0}
     for run_id in run_ids:
-        sources = ledger.checkpoints(run_id)[1].state["sources"]
+        state = ledger.checkpoints(run_id)[1].state
+        assert state is not None
+        sources = state["sources"]
         kind = Kind.REQUEST if all(vetted(s) for s in sources) else Kind.NEXT_STEP
         expected[kind.value] += 1
     return expected

@@ -62,7 +62,8 @@ def _client(conninfo: str, seconds: float, count: bool, start: Any, results: Any
 def measure(conninfo: str, clients: int, seconds: float, count: bool) -> dict[str, float]:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(baretx._RESET)
-    start, results = mp.Event(), mp.Queue()
+    start = mp.Event()
+    results: mp.queues.Queue[list[float]] = mp.Queue()
     procs = [mp.Process(target=_client, args=(conninfo, seconds, count, start, results))
              for _ in range(clients)]
     for p in procs:
@@ -95,8 +96,9 @@ def main() -> int:
             for side in sides:
                 sides[side].append(measure(conninfo, args.clients, args.seconds,
                                            side == "with_counter"))
-        out = {side: {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
-               for side, rows in sides.items()}
+        out: dict[str, Any] = {
+            side: {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
+            for side, rows in sides.items()}
         out["tx_ratio"] = round(out["with_counter"]["tx_per_s"] / out["bare"]["tx_per_s"], 3)
         print(json.dumps(out))
     finally:

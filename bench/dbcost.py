@@ -106,12 +106,12 @@ class Counted:
         self.counting = False
         run = store.conn._run
 
-        def counted(sql: str, params: dict[str, Any], many: bool, **options: Any) -> Any:
+        def counted(sql: str, params: dict[str, Any], many: bool, binary: bool = False) -> Any:
             if self.counting:
                 name = self.names.get(sql, "other: " + " ".join(sql.split())[:40])
                 self.calls[name] += 1
                 self.first.setdefault(name, (sql, dict(params)))
-            return run(sql, params, many, **options)
+            return run(sql, params, many, binary)
 
         store.conn._run = counted  # type: ignore[method-assign]
 
@@ -127,10 +127,12 @@ def private_server() -> Iterator[tuple[str, int, Path]]:
         import pgserver
 
         where = Path(tempfile.mkdtemp(prefix="onward-dbcost-"))
-        server = pgserver.get_server(where / "pg", cleanup_mode="delete")
+        server = pgserver.get_server(where / "pg", cleanup_mode="delete")  # type: ignore[attr-defined]
     try:
         uri = server.get_uri("postgres").replace("postgresql://", "postgresql+psycopg://", 1)
-        yield uri, int(server.get_pid()), where / "pg"
+        pid = server.get_pid()
+        assert pid is not None, "pgserver started no postmaster"
+        yield uri, int(pid), where / "pg"
     finally:
         server.cleanup()  # stops it and deletes its data directory
         shutil.rmtree(where, ignore_errors=True)
@@ -150,7 +152,7 @@ def pg_cpu_s(postmaster: int | None) -> float | None:
         except psutil.NoSuchProcess:
             continue
         total += child_times.user + child_times.system
-    return total
+    return float(total)
 
 
 def snapshot(conn: psycopg.Connection[dict[str, Any]]) -> dict[str, Any]:
@@ -273,7 +275,10 @@ def summarize(args: argparse.Namespace, before: dict[str, Any], after: dict[str,
               pg_cpu: float | None, client_cpu: float, wall: float,
               private: bool) -> dict[str, Any]:
     n = args.steps
-    per = lambda value: round(value / n, 3)  # noqa: E731
+
+    def per(value: float) -> float:
+        return float(round(value / n, 3))
+
     rows: dict[str, dict[str, float]] = {}
     grown = 0
     for table, now in after["tables"].items():

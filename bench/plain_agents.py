@@ -30,7 +30,8 @@ import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import redis
 from celery import Celery
@@ -63,7 +64,9 @@ async def async_calls(run: str, n: int) -> None:
 
     await async_model_client().complete(model=MODEL, messages=messages_for(run, n))
     if writes_at(n):
-        await plain_write.call({"run": run, "n": n}, f"{run}:{n}", timeout=30.0)
+        # an async def tool (bench/agent_flow_async.py): its call is a coroutine
+        await cast(Awaitable[Any], plain_write.call({"run": run, "n": n}, f"{run}:{n}",
+                                                    timeout=30.0))
 
 
 def calls(run: str, n: int) -> None:
@@ -88,7 +91,7 @@ def make_app(broker: str, queue: str) -> Celery:
     app.conf.update(config)
     client: dict[str, Any] = {}
 
-    @app.task(name=TASK, ignore_result=True, acks_late=True)
+    @app.task(name=TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
     def step(run: str, n: int, steps: int) -> None:
         try:
             calls(run, n)

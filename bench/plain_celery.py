@@ -120,7 +120,7 @@ def make_app(broker: str, queue: str, variant: str = "default",
     held: dict[str, Any] = {}
     tuned = "tuned" in variant_flags(variant)
 
-    @app.task(name=TASK, ignore_result=True, acks_late=True)
+    @app.task(name=TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
     def plain_step(run_id: str, seq: int, steps: int) -> None:
         started = time.time()
         recorder.add(run_id, seq, started)

@@ -261,7 +261,7 @@ class OnwardSide:
         self._wait(ids, runs * steps)
         after, cpu_after = CpuMeter.sample(), self.account.sample()
         py_cpu, pg_cpu = CpuAccount.delta(cpu_before, cpu_after)
-        leftover = drain(self.queues, self.ledger.settings.queue, self.procs)
+        leftover = drain(self.queues, WorkerSettings.of(self.ledger.settings).queue, self.procs)
         with self.engine.connect() as conn:
             seconds = float(conn.execute(sa.text(
                 "SELECT extract(epoch FROM max(finished_at) - :t0) FROM onward.runs "
@@ -771,9 +771,10 @@ def main(argv: list[str] | None = None) -> int:
     queues: list[str] = []
     ok = False
     try:
-        shared = {"admin_url": admin_url, "broker": broker, "home": home, "token": token,
-                  "procs": procs, "args": args, "profile_env": profile_env, "host": host,
-                  "stacks": stacks}
+        shared: dict[str, Any] = {
+            "admin_url": admin_url, "broker": broker, "home": home, "token": token,
+            "procs": procs, "args": args, "profile_env": profile_env, "host": host,
+            "stacks": stacks}
         main_stack, pending = start_onward("onward", "console", {}, **shared)
         if args.broker_path:
             _, more = start_onward("broker", "console", {"ONWARD_EAGER_STEPS": "0"}, **shared)
@@ -782,8 +783,8 @@ def main(argv: list[str] | None = None) -> int:
             _, more = start_onward("variant", args.variant, variant_env, **shared,
                                    db_role=args.variant_db_role)
             pending += more
-        plain_shared = {"token": token, "procs": procs, "args": args,
-                        "profile_env": profile_env, "host": host}
+        plain_shared: dict[str, Any] = {"token": token, "procs": procs, "args": args,
+                                        "profile_env": profile_env, "host": host}
         plain_queue, more = start_plain("celery", "default", **plain_shared)
         pending += more
         plain_app = make_app(broker, plain_queue, "default", records)
@@ -865,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.workers * args.concurrency} worker child processes) + "
                         "`onward dispatcher` + `onward reaper`; plain Celery: "
                         f"{args.workers} x the same worker command line")
-        onward_settings = main_stack.ledger.settings
+        onward_settings = WorkerSettings.of(main_stack.ledger.settings)
         ack = onward_settings.broker_ack_emulation
         events = ("-E (task events on)" if WorkerSettings().task_events
                   else "task events off (ONWARD_TASK_EVENTS, the default)")

@@ -227,6 +227,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         drive(store, registry, cfg, long_run, args.steps)
         stored = stored_bytes(url) - before
         final = ledger.checkpoints(long_run)[-1].state
+        assert final is not None  # a state of its own (not stored apart): inline here
         content = len(canonical_json(final))
         short_run = ledger.start_run("storage_chat", start)
         early = min(10, args.steps)

@@ -182,7 +182,7 @@ class PushCounter:
 
     def _run(self) -> None:
         try:
-            with redis.Redis.from_url(self.url).monitor() as monitor:  # type: ignore[no-untyped-call]
+            with redis.Redis.from_url(self.url).monitor() as monitor:
                 self._ready.set()
                 while not self._ended.is_set():
                     command = monitor.next_command()["command"]

@@ -63,7 +63,7 @@ def config_of(a: argparse.Namespace) -> Config:
         given = getattr(a, name)
         if given is not None:
             return int(given)
-        count = max(minimum, round(PER_MINUTE[name] * window / 60.0))
+        count: int = max(minimum, round(PER_MINUTE[name] * window / 60.0))
         return min(count, DEFAULT_AT_MOST.get(name, count))
 
     return Config(
