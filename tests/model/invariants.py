@@ -53,6 +53,10 @@ class RunBook:
     compacted: dict[UUID, dict[str, int]] = field(default_factory=dict)
     # runs imported into the second ledger whose import is not checked yet
     imported: list[UUID] = field(default_factory=list)
+    # waits: the approvals the test decided (approved, rejected), and the runs made runnable
+    # at a wait in the database (the edit_wait rule), with the wait's seq
+    decisions: dict[UUID, str] = field(default_factory=dict)
+    edited: dict[UUID, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -320,6 +324,51 @@ def unreadable_control_parks(ctx: Context) -> list[str]:
     return found
 
 
+# -- waits made runnable outside onward, and continued (tests/model/wait_edits.py) ----------------
+PARKED_BEFORE_THE_WAIT = ("integrity", "attempts_exhausted", "no_worker_for_version",
+                          "incompatible_version", "invalid_state", "unknown_step")
+"""Why a run edited at a wait may be parked there: ``integrity`` (its claim found the wait
+had not ended), or what parks a claim before the wait is looked at (crashes spent its
+attempts, the code deployed cannot run it)."""
+
+
+def steps_follow_their_events(ctx: Context) -> list[str]:
+    """A step after a wait starts only once the wait ended, as the model saw it end: the
+    timer's time, a signal consumed at that seq or the timeout, the test's approval or
+    rejection or the approval's time (noted as each step body starts), however the run was
+    made runnable (an edit in the database, a continue)."""
+    return list(ctx.world.violations.get("no_event", []))
+
+
+def edited_waits_park(ctx: Context) -> list[str]:
+    """A run made runnable at a wait in the database and stopped there is parked
+    ``integrity`` (``PARKED_BEFORE_THE_WAIT``), until a continue puts it back on its wait (a
+    newer onward's control written on it since parks it ``invalid_control``: not looked at
+    here, ``unreadable_control_parks`` is)."""
+    edited = {r: s for r, s in ctx.book.edited.items() if r not in ctx.book.unreadable}
+    if not edited:
+        return []
+    runs, seqs = zip(*edited.items(), strict=True)
+    return [f"run {run_id}, made runnable at its wait (seq {seq}) in the database, is parked "
+            f"{reason!r} there, expected integrity ({message})"
+            for run_id, seq, reason, message in ctx.conn.execute(sa.text("""
+                SELECT r.id, r.seq, r.parked_reason, r.last_error->>'message'
+                  FROM onward.runs r
+                  JOIN unnest(CAST(:runs AS uuid[]), CAST(:seqs AS int[])) AS e(run_id, seq)
+                       ON e.run_id = r.id AND e.seq = r.seq
+                 WHERE r.status = 'needs_review'
+                   AND NOT (r.parked_reason = ANY(CAST(:allowed AS text[])))"""),
+                {"runs": list(runs), "seqs": list(seqs),
+                 "allowed": list(PARKED_BEFORE_THE_WAIT)})]
+
+
+def continue_rewaits(ctx: Context) -> list[str]:
+    """A continued run whose head is a wait that has not ended is back on that wait: waiting
+    for its signal (or resumed by one kept meanwhile) or its pending approval, or a timer's
+    step due at its time (noted by the continue_at_wait rule)."""
+    return list(ctx.world.violations.get("continue_wait", []))
+
+
 # -- retention (ledger/retention.py, ledger/partitions.py) ---------------------------------------
 DROPPED = "CAST('{\"$dropped\": true}' AS jsonb)"
 
@@ -555,6 +604,9 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "repeats_are_deliberate": repeats_are_deliberate,
     "verify_clean": verify_clean,
     "unreadable_control_parks": unreadable_control_parks,
+    "steps_follow_their_events": steps_follow_their_events,
+    "edited_waits_park": edited_waits_park,
+    "continue_rewaits": continue_rewaits,
     "workers_never_die_of_errors": workers_never_die_of_errors,
     "kept_runs_untouched": kept_runs_untouched,
     "compacted_holds_digests": compacted_holds_digests,

@@ -11,7 +11,9 @@ operator commands (``Ledger``) through random interleavings of:
     the model's (billed and lost) · resume a hung call (acted or not, answered, lost, or the
     worker killed) · crash at each named fault point, or after any ledger statement · reaper
     sweep · dispatcher sweep (killed before marking) · time passing · signal · approve,
-    reject, expiry · cancel · continue · replay (evidence, simulation, live) · branch ·
+    reject, expiry · cancel · continue (and continue of a run whose head is a wait) · a run
+    at a wait made runnable in the database (tests/model/wait_edits.py) · replay
+    (evidence, simulation, live) · branch ·
     an admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
     worker · a quiet stretch after which every run must have settled
 
@@ -91,6 +93,7 @@ from tests.model.harness import (
     empty_ledger,
 )
 from tests.model.invariants import CANARY, Context, RunBook, check_all, keep_fingerprints
+from tests.model.wait_edits import WaitEdits
 from tests.model.world import (
     MODEL_MODES,
     PROVIDER_MODES,
@@ -231,7 +234,7 @@ def _alias(rule_function: Any, name: str, target: Bundle[Any] | None = None) -> 
 LOCK_TIMEOUT_MS = 20_000
 
 
-class ProtocolMachine(RuleBasedStateMachine):
+class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
     runs = Bundle("runs")
 
     def __init__(self) -> None:
@@ -282,6 +285,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if row is not None:
             self.world.note("reran", f"run {ctx.run_id}: step {ctx.step} ran from seq "
                             f"{ctx.seq} on {ctx.worker}, after seq {ctx.seq + 1} committed")
+        self._event_check(ctx)
 
     def _on_call(self, collection: str, key: str, timeout: float | None) -> None:
         """As a provider or model call starts: the calling worker holds the run's lease, the
@@ -478,6 +482,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         decide = self.ledger.approve if approve else self.ledger.reject
         with contextlib.suppress(*REFUSALS):
             decide(approval.id, artifact_hash=approval.artifact_hash, comment="model test")
+            self.book.decisions[approval.id] = "approved" if approve else "rejected"
 
     @rule(pick=st.integers(0, 15), twice=st.booleans())
     def person_repeats_effect(self, pick: int, twice: bool) -> None:
@@ -558,11 +563,20 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(run=runs)
     def continue_run(self, run: UUID) -> None:
+        self._continue(run)
+
+    def _continue(self, run: UUID) -> bool:
+        """``onward runs continue``; False if refused. An edited run continued is back on
+        its wait (or past it, on its event): no longer an edited one."""
         before = self.ledger.get_run(run)
-        with contextlib.suppress(*REFUSALS):
+        try:
             self.ledger.continue_run(run, "model test: continue")
-            if before is not None and (before.last_error or {}).get("reason") == "invalid_answer":
-                self.world.model.reasked[run] += 1  # docs/operating.md: continue asks again
+        except REFUSALS:
+            return False
+        if before is not None and (before.last_error or {}).get("reason") == "invalid_answer":
+            self.world.model.reasked[run] += 1  # docs/operating.md: continue asks again
+        self.book.edited.pop(run, None)
+        return True
 
     @rule(target=runs, run=runs, pick=st.integers(0, 15),
           mode=st.sampled_from([m.value for m in (LaunchMode.EVIDENCE, LaunchMode.SIMULATION,
@@ -877,6 +891,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             raise _violation(next(iter(found)))("invariants violated:\n" + "\n".join(lines))
 
     def teardown(self) -> None:
+        for run_id, seq in self.book.edited.items():
+            row = self.env.checker.execute("SELECT status, seq, parked_reason FROM onward.runs "
+                                           "WHERE id = %s", (run_id,)).fetchone()
+            if row is not None:
+                self.env.stats[f"edited_ended_{row[2] or row[0]}"
+                               f"{'_past' if row[1] > seq else ''}"] += 1
         for worker in self.workers:
             while worker.suspended:
                 worker.resume("no_act_crash")
