@@ -20,7 +20,7 @@ API (OpenAI-compatible where it matters: the official ``openai`` client works un
                                 late_p50_ms / late_max_ms (how much longer than its latency
                                 the server took to answer: its own lag), limits
   POST /admin/config            {"latency_ms", "jitter", "max_concurrency", "rate_per_s"}
-                                (0 means no limit)
+                                (0 means no limit), "salt" (mixed into every answer)
   POST /admin/reset             zero the counters
 """
 
@@ -50,6 +50,9 @@ class Limits:
     jitter: float = 0.2  # the hold is latency * (1 ± jitter)
     max_concurrency: int = 0  # requests held at once; 0: no limit
     rate_per_s: float = 0.0  # requests admitted per second (sliding 1 s window); 0: none
+    # mixed into every answer: a test sets another to tell a later call's answer from an
+    # earlier one's (a retried step must use what was recorded, not ask again)
+    salt: str = ""
 
 
 @dataclass
@@ -154,7 +157,8 @@ class ModelServer:
                 messages, tools = _from_anthropic(messages, request.get("tools"))
             else:
                 tools = request.get("tools")
-            answer = answer_for(request.get("model", "model"), messages, tools)
+            answer = answer_for(request.get("model", "model"), messages, tools,
+                                salt=self.limits.salt)
             hold = self._hold_s(answer["id"])
             await asyncio.sleep(hold)
             self.stats.streams += bool(request.get("stream"))
@@ -182,10 +186,10 @@ def hold_s(answer_id: str, latency_ms: float, jitter: float) -> float:
 
 
 def answer_for(model: str, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The deterministic chat completion for this request."""
+               tools: list[dict[str, Any]] | None, *, salt: str = "") -> dict[str, Any]:
+    """The deterministic chat completion for this request (and the server's ``salt``)."""
     prompt = json.dumps(messages, sort_keys=True)
-    digest = hashlib.sha256(f"{model}|{prompt}|{bool(tools)}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{model}|{prompt}|{bool(tools)}{salt}".encode()).hexdigest()
     last = str(messages[-1].get("content", "")) if messages else ""
     message: dict[str, Any] = {"role": "assistant", "content": None}
     if tools and not any(m.get("role") == "tool" for m in messages):

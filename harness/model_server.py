@@ -84,7 +84,8 @@ class ModelServer:
         return dict(self.http.get("/admin/stats").raise_for_status().json())
 
     def configure(self, **limits: Any) -> None:
-        """latency_ms, jitter, max_concurrency, rate_per_s (0: no limit)."""
+        """latency_ms, jitter, max_concurrency, rate_per_s (0: no limit); salt (mixed into
+        every answer from then on)."""
         self.http.post("/admin/config", json=limits).raise_for_status()
 
     def reset(self) -> None:

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 
+from examples.model_server import answer_for
 from ledger import Ledger
 from tests.support import reads
 from tests.support.cluster import Cluster, Proc, wait_for
 from tests.support.messages import Publisher
+from tests.support.model_server import ModelServer, running_model_server
+from tests.support.provider import Provider, running_provider
 
 pytestmark = pytest.mark.acceptance
 
@@ -366,3 +371,138 @@ def test_crash__after_an_unrecordable_answer_is_refused_the_model_is_not_called_
     assert (row["used_tokens"], float(row["used_cost_usd"])) == (60, 0.6)
     assert [a["outcome"] for a in reads.attempts(ledger.engine, run_id)] == ["worker_lost",
                                                                              "failed"]
+
+
+# -- a model call whose evidence look-up was skipped (tests/workflows_lookup.py) -------------
+# The step ``ask`` is claimed by the commit of the step before it (eager continuation), which
+# found no answer at its seq: its model call sends no look-up first. The ledger must still
+# hold one answer per call, the one the step used, and the effect after it must be made once.
+
+TOPIC = "lookups skipped under crashes"
+
+
+@pytest.fixture()
+def provider(tmp_path: Path) -> Iterator[Provider]:
+    with running_provider(tmp_path / "provider") as running:
+        yield running
+
+
+def _lookup_env(model: ModelServer, provider: Provider, **extra: str) -> dict[str, str]:
+    """The call's 8 s limit and a 1 s margin fit in ask's 13 s lease (its 12 s timeout and
+    the margin): covered by the chained claim; a wide eager window, so the commit claims ask."""
+    return {"ONWARD_WORKFLOWS": "tests.workflows_lookup", "ONWARD_MODEL_URL": model.url,
+            "ONWARD_EXAMPLE_PROVIDER_URL": provider.url, "ONWARD_TEST_MODEL_TIMEOUT_S": "8",
+            "ONWARD_TOOL_LEASE_MARGIN_S": "1", "ONWARD_EAGER_WINDOW_MS": "600000", **extra}
+
+
+def _answer(salt: str) -> str:
+    """What the model server answers ask's call while its salt is ``salt``."""
+    answer = answer_for("gpt-test", [{"role": "user", "content": TOPIC}], None, salt=salt)
+    return str(answer["choices"][0]["message"]["content"])
+
+
+def _evidence(ledger: Ledger, run_id: UUID) -> list[dict[str, Any]]:
+    with ledger.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT seq, command_id, response FROM onward.evidence WHERE run_id = :id "
+            "ORDER BY seq, created_at"), {"id": run_id}).mappings()]
+
+
+def _claimed_by_the_commit(ledger: Ledger, run_id: UUID, worker: Proc) -> str:
+    """The worker that runs ask got one message (seq 0's): seq 1 was claimed by seq 0's
+    commit, as its attempt says (same holder, the next lease); that holder."""
+    assert worker.log().count("] received") == 1
+    zero, one = reads.attempts(ledger.engine, run_id)[:2]
+    assert (zero["seq"], zero["outcome"], one["seq"]) == (0, "committed", 1)
+    assert one["worker"] == zero["worker"] and one["lease_epoch"] == zero["lease_epoch"] + 1
+    return str(one["worker"])
+
+
+def _replaced(cluster: Cluster, pool: str, worker: Proc, env: dict[str, str]) -> None:
+    """On the threads pool the whole worker died: start another (prefork: Celery's parent
+    replaces its child itself)."""
+    if pool == "threads":
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to die")
+        start_worker(cluster, pool, name="worker-b", env=env)
+
+
+@POOLS
+def test_crash__sigkill_during_a_call_that_skipped_its_look_up_asks_again_records_once(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path,
+        pool: str) -> None:
+    """SIGKILL the process running ask while the model server holds its call (6 s, so a
+    busy machine still kills it inside), the call sent with no look-up before it. Nothing
+    was recorded, so the next attempt (after the reaper restores the run) asks again: the
+    server saw 2 calls, and its answer changed meanwhile (another salt). The ledger holds
+    one answer at seq 1, the second call's; the run's result is that answer; one object at
+    the provider."""
+    with running_model_server(tmp_path / "model", "--latency-ms", "6000",
+                              "--jitter", "0") as model:
+        env = _lookup_env(model, provider)
+        cluster.dispatcher(env=env)
+        cluster.reaper(env=env)
+        first = start_worker(cluster, pool, name="worker-a", env=env)
+        run_id = ledger.start_run("test_skip_chained", {"topic": TOPIC})
+        wait_for(lambda: model.stats()["inflight"] == 1, timeout=60,
+                 what="ask's model call to be held", interval=0.02)
+        _, pid, owner = lease_holder(ledger, run_id, [first])
+        os.kill(pid, signal.SIGKILL)
+        held = model.stats()
+        model.configure(salt="after the crash", latency_ms=200)
+        assert held["completed"] == 0, f"the call was answered before the kill: {held}"
+        assert _claimed_by_the_commit(ledger, run_id, first) == owner
+        _replaced(cluster, pool, first, env)
+
+        row = _completed(ledger, run_id)
+        stats = model.stats()
+        calls = stats["requests"]
+
+    assert calls == 2, stats  # killed before its answer was recorded: asked again
+    [recorded] = _evidence(ledger, run_id)
+    assert (recorded["seq"], recorded["command_id"]) == (1, "ask@1#1")
+    assert recorded["response"]["text"] == _answer("after the crash") != _answer("")
+    assert row["result"]["answer"] == recorded["response"]["text"]
+    assert provider.stats()["by_collection"] == {"skip_offers": 1}
+    lost = [(a["worker"], a["seq"]) for a in reads.attempts(ledger.engine, run_id)
+            if a["outcome"] != "committed"]
+    assert lost == [(owner, 1)]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1}
+
+
+@POOLS
+def test_crash__sigkill_after_a_skipped_look_ups_answer_is_recorded_reuses_it(
+        ledger: Ledger, cluster: Cluster, provider: Provider, settings_env: dict[str, str],
+        tmp_path: Path, pool: str) -> None:
+    """ask calls the model with no look-up before it, records the answer, makes its effect,
+    and its process is SIGKILLed before the commit (fault before_checkpoint_commit@ask).
+    The next attempt finds the answer recorded (its claim says so) and does not ask again,
+    though the server would now answer otherwise (another salt): one call, one answer at
+    seq 1, the run's result is that first answer, one object at the provider."""
+    with running_model_server(tmp_path / "model", "--latency-ms", "200",
+                              "--jitter", "0") as model:
+        env = _lookup_env(model, provider)
+        cluster.dispatcher(env=env)
+        cluster.reaper(env=env)
+        first = start_worker(cluster, pool, name="worker-a", env={
+            **env, "ONWARD_FAULTS": "before_checkpoint_commit@ask:kill:once"})
+        run_id = ledger.start_run("test_skip_chained", {"topic": TOPIC})
+        marker = Path(settings_env["ONWARD_FAULTS_DIR"])
+        wait_for(lambda: list(marker.glob("before_checkpoint_commit@*.kill.fired")),
+                 timeout=60, what="the fault to fire")
+        owner = _claimed_by_the_commit(ledger, run_id, first)
+        model.configure(salt="after the crash")
+        _replaced(cluster, pool, first, env)
+
+        row = _completed(ledger, run_id)
+        stats = model.stats()
+        calls = stats["requests"]
+
+    assert calls == 1, stats  # the recorded answer is used: no second call
+    [recorded] = _evidence(ledger, run_id)
+    assert (recorded["seq"], recorded["command_id"]) == (1, "ask@1#1")
+    assert recorded["response"]["text"] == _answer("") == row["result"]["answer"]
+    assert provider.stats()["by_collection"] == {"skip_offers": 1}
+    lost = [(a["worker"], a["seq"]) for a in reads.attempts(ledger.engine, run_id)
+            if a["outcome"] != "committed"]
+    assert lost == [(owner, 1)]
+    assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1}
