@@ -636,7 +636,18 @@ class StepStore:
                          sent: float) -> Claim:
         """The claim a chained commit took (see ``commit``): what the claim statement would
         have read back, from the checkpoint this worker just wrote and the run's row (its
-        lease counted from ``sent``, before the commit statement was sent)."""
+        lease counted from ``sent``, before the commit statement was sent).
+
+        Nothing is answered at seq + 1, by construction, so the statement does not look
+        (``answered`` False: the step's first call sends no look-up). An answer or a refusal
+        is written only under the lease of the seq the run is at (record_evidence and
+        debit_unrecorded_answer fence on ``runs.seq``), and the run reaches seq + 1 only by
+        this commit: ``runs.seq`` never goes back (a continue, restore or migration keeps
+        it; a branch or replay is a new run with no evidence of its own, an evidence replay
+        reads its source's records and never this look-up; a corpus import inserts only
+        stopped runs, not present, with the evidence their ledger held, so none past their
+        seq). Were one there all the same, the call would be made again and its record
+        would find the first answer, which stands (``EvidenceCalls._kept``)."""
         return Claim(
             run_id=claim.run_id,
             tenant_id=claim.tenant_id,
@@ -664,7 +675,7 @@ class StepStore:
             chain_bytes=stored.chain_bytes or 0,
             priority=Priority(row["priority"]),
             lease_until=sent + row["lease_s"],
-            answered=row["answered"],
+            answered=False,
         )
 
     def _approval_terms_mac(self, claim: Claim, advance: Advance,

@@ -66,7 +66,7 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
             self.model_limits, self.model_retry, model, command_id, self.model_timeout_s,
             lambda: call_model(client, model=model, messages=messages, params={
                 k: v for k, v in params.items() if k != "stream"}, stream_to=stream_to))
-        kept = self._record(EvidenceRecord(
+        kept = self._kept(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.LLM.value,
             seq=self.seq, step=self.step, source=model, source_version=response.model,
             request_hash=request_hash, response=response.as_record(),
@@ -143,7 +143,7 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
         answer = ToolResult.coerce(self._limited_call(
             tool.limits, tool.retry_policy, tool.name, command_id, self.timeout(tool),
             lambda: invoke(tool.call, params, command_id, timeout=self.timeout(tool))))
-        kept = self._record(EvidenceRecord(
+        kept = self._kept(EvidenceRecord(
             run_id=self.run_id, command_id=command_id, kind=EvidenceKind.READ.value,
             seq=self.seq, step=self.step, source=tool.name, source_version=answer.version,
             request_hash=request_hash,
@@ -221,11 +221,26 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
             self._refused(found.kind, found.source, command_id, found.reason, found.tokens,
                           float(found.cost_usd), self.spent)
             raise Suspend()
-        if found.request_hash != request_hash:
+        self._same_request(found.request_hash, command_id, request_hash)
+        return dict(found.response)
+
+    def _same_request(self, recorded_hash: str, command_id: str, request_hash: str) -> None:
+        """An answer recorded for ``command_id`` answers this call only if it was asked the
+        same request; otherwise the run parks (evidence_conflict)."""
+        if recorded_hash != request_hash:
             conflict = EffectConflict(
                 f"{command_id} was recorded for a different request (hash "
-                f"{found.request_hash[:12]}…, now {request_hash[:12]}…): the step is not "
+                f"{recorded_hash[:12]}…, now {request_hash[:12]}…): the step is not "
                 "deterministic up to this call")
             self.control.park(ParkReason.EVIDENCE_CONFLICT, conflict)
             raise conflict
-        return dict(found.response)
+
+    def _kept(self, record: EvidenceRecord) -> Evidence:
+        """``_record``, and the answer that stands for the call: this one, or one an earlier
+        attempt recorded first, which a look-up skipped on the claim's word (nothing
+        answered at this seq) would have found. That can only be if the claim was wrong
+        (ledger/steps.py, ``StepStore._successor_claim``): the call was made again, and the
+        first answer is used, checked like a looked-up one (``_same_request``)."""
+        kept = self._record(record)
+        self._same_request(kept.request_hash, record.command_id, record.request_hash)
+        return kept

@@ -1,7 +1,8 @@
 """Workflows for tests/integration/test_claim_cover.py: model calls whose time limit the
 claim's lease covers (a step ``timeout`` longer than the call's), or does not (a model whose
-time limit is longer than the lease), a step that calls twice, and a step claimed by the
-commit of the one before it (eager continuation)."""
+time limit is longer than the lease), a step that calls twice, a step claimed by the
+commit of the one before it (eager continuation), and a step whose request changes between
+attempts."""
 
 from __future__ import annotations
 
@@ -67,3 +68,15 @@ def prepare(ctx: StepContext, state: Asked) -> Any:
 @chained.step(timeout=60.0)
 def asked(ctx: StepContext, state: Asked) -> Any:
     return _ask(ctx, state)
+
+drifting = Workflow("test_cover_drifting", version=1, state=Asked, llm=QUICK, max_attempts=3)
+
+
+@drifting.step(start=True, timeout=60.0)
+def drift(ctx: StepContext, state: Asked) -> Any:
+    """Asks something else on each attempt (not deterministic up to its call), and its first
+    attempt fails after the call: a retry meets an answer recorded for another request."""
+    text = ctx.llm(model="m", messages=[{"role": "user", "content": f"a{ctx.attempt}"}]).text
+    if ctx.attempt == 1:
+        raise RuntimeError("transient failure after the call")
+    return ctx.finish(answers=[text])

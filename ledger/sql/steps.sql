@@ -126,9 +126,11 @@ RETURNING seq, status, attempt, max_attempts, workflow, workflow_version,
 -- write, and no outbox row is written (the lease stands for it). So an eager step costs one
 -- transaction, not two. A worker that dies before running the step it claimed this way
 -- leaves an expiring lease, which the reaper restores like any lost holder's (section 7).
--- Like the claim statement, a chained commit returns how long that lease lasts (lease_s)
--- and whether an answer is recorded or refused at the next seq (answered): so the claimed
--- step's first model call or read needs no look-up either (tasks/evidence_calls.py).
+-- Like the claim statement, a chained commit returns how long that lease lasts (lease_s),
+-- so the claimed step's first model call or read needs no look-up either
+-- (tasks/evidence_calls.py). Unlike it, it reads no evidence: nothing can be recorded or
+-- refused at seq + 1 before this statement moves the run there (ledger/steps.py,
+-- StepStore._successor_claim, says why).
 WITH chain AS (
     SELECT %(chain_owner)s::text IS NOT NULL AND %(status)s = 'running'
            AND %(due_at)s::timestamptz IS NULL AND %(next_max_attempts)s > 0
@@ -223,17 +225,7 @@ SELECT (SELECT count(*) FROM advanced) AS advanced,
        a.chained, a.lease_epoch, a.attempt, a.max_attempts, a.attempts_total, a.budget_attempts,
        a.budget_tokens, a.budget_cost_usd, a.deadline_at, a.used_tokens, a.used_cost_usd,
        a.created_at, a.workflow_version, a.state_schema_version, a.head_mac, a.priority,
-       a.claimed_at, a.lease_s,
-       -- as the claim reads it, for the step chained at seq + 1 only. Evidence and refusals
-       -- are written only at the run's seq under its lease, so none is expected there; read
-       -- all the same (the statement's snapshot: nothing can be written there before it ends)
-       CASE WHEN a.chained THEN
-           EXISTS (SELECT 1 FROM onward.evidence e
-                    WHERE e.run_id = %(run_id)s AND e.seq = %(seq)s + 1)
-           OR EXISTS (SELECT 1 FROM onward.refused_answers x
-                       WHERE x.run_id = %(run_id)s AND x.seq = %(seq)s + 1
-                         AND x.cleared_at IS NULL)
-       END AS answered
+       a.claimed_at, a.lease_s
   FROM (SELECT 1) AS one LEFT JOIN advanced a ON true
 
 -- name: fail

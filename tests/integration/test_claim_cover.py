@@ -16,9 +16,12 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
+import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus, sql
+from ledger.evidence import EvidenceRecord, EvidenceStore
+from ledger.exceptions import EvidenceFenced
 from ledger.steps import Claim, StepStore, lease_clock
 from tasks.executor import StepMessage, StepReport, execute_step
 from tests.support.driver import Driver, driver_fixture
@@ -179,3 +182,52 @@ def test_claim_cover__a_step_the_previous_commit_claimed_is_covered_by_that_comm
     assert QUICK.calls == 1 and left[0] >= QUICK.timeout_s + drv.config.tool_lease_margin_s - 1
     run = ledger.get_run(run_id)
     assert run is not None and run.status is RunStatus.COMPLETED
+
+
+def test_claim_cover__nothing_can_be_answered_at_a_seq_the_run_has_not_reached(
+        ledger: Ledger, drv: Driver) -> None:
+    """Why a chained commit does not look for an answer at the seq it claims (ledger/steps.py
+    ``_successor_claim``): an answer or a refusal is written only at the seq the run is at,
+    under its lease. The holder of seq 0's lease records at seq 1 (its command id and all):
+    fenced, nothing written; a refusal there: nothing written either. (A guard: passes
+    before the chained commit stopped looking as well.)"""
+    run_id = _started(ledger, "test_cover_timed")
+    claim = drv.store.claim(run_id, 0, "driver:0")
+    assert isinstance(claim, Claim)
+    store = EvidenceStore(drv.store.conn, max_artifact_bytes=drv.config.max_artifact_bytes,
+                          keys=drv.config.keys)
+    ahead = EvidenceRecord(run_id=run_id, command_id="asked@1#1", kind="llm", seq=1,
+                           step="asked", source="m", source_version="m",
+                           request_hash="0" * 64, response={"text": "early"},
+                           input_tokens=3, lease_epoch=claim.epoch)
+    with pytest.raises(EvidenceFenced):
+        store.record(ahead)
+    assert store.refuse(ahead, "refused ahead") is False
+    with ledger.engine.connect() as conn:
+        written = conn.execute(sa.text(
+            "SELECT (SELECT count(*) FROM onward.evidence WHERE run_id = :id) + "
+            "(SELECT count(*) FROM onward.refused_answers WHERE run_id = :id)"),
+            {"id": run_id}).scalar_one()
+        used = conn.execute(sa.text("SELECT used_tokens FROM onward.runs WHERE id = :id"),
+                            {"id": run_id}).scalar_one()
+    assert (written, used) == (0, 0)
+
+
+def test_claim_cover__an_answer_recorded_first_for_another_request_parks_the_run(
+        ledger: Ledger, drv: Driver) -> None:
+    """Were a claim wrong to say nothing is answered at its seq, the call is made again and
+    its record finds the first answer, which stands; it is used only if it answered the
+    same request, as a look-up checks. Here the first attempt asked "a1", recorded, failed;
+    the retry, on a claim saying nothing is answered, asks "a2": the run parks
+    evidence_conflict (before: it completed with the answer to "a1")."""
+    run_id = _started(ledger, "test_cover_drifting")
+    with lease_watch(ledger, QUICK, run_id):
+        assert _step(drv, run_id) == "retry"
+        claim = drv.store.claim(run_id, 0, "driver:0",
+                                leases=drv.registry.step_leases(drv.config.tool_lease_margin_s))
+        assert isinstance(claim, Claim) and claim.answered is True
+        _step(drv, run_id, claimed=replace(claim, answered=False))
+    assert QUICK.calls == 2
+    run = ledger.get_run(run_id)
+    assert run is not None and run.status is RunStatus.NEEDS_REVIEW, run
+    assert run.parked_reason == "evidence_conflict"
