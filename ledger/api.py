@@ -175,7 +175,8 @@ class Ledger:
         ``priority`` (high, normal, low) decides who goes first in the broker's queues and
         for a limited tool's slots (docs/limits.md). With encryption keys configured, the
         input fields the workflow's advertised state schema marks sensitive, and those named
-        in ``sensitive`` (for a workflow no worker has advertised yet), are stored sealed.
+        in ``sensitive`` (for a workflow no worker has advertised yet: without it, every
+        field), are stored sealed.
 
         Refused (``UnknownWorkflow``, listing the known ones) when no worker has advertised
         ``workflow``, and (``InvalidInput``) when every advertised version's state model
@@ -236,7 +237,8 @@ class Ledger:
             if not (self.settings.start_unadvertised if allow_unadvertised is None
                     else allow_unadvertised):
                 catalog.check_start(raw, workflow, input)
-            sealed = (catalog.sensitive_fields(raw, workflow) | frozenset(sensitive)
+            sealed = (run_ops.input_sealed(catalog.sensitive_fields(raw, workflow), sensitive,
+                                           input)
                       if self.keys.crypt is not None else frozenset())
             return run_ops.start_run_txn(raw, self.keys, request, sealed)
 

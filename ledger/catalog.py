@@ -111,9 +111,10 @@ SENSITIVE_MARK = "x-onward-sensitive"
 """What the JSON Schema of a state field marked sensitive says (tasks/sensitive.py)."""
 
 
-def sensitive_fields(raw: psycopg.Connection[Any], workflow: str) -> frozenset[str]:
+def sensitive_fields(raw: psycopg.Connection[Any], workflow: str) -> frozenset[str] | None:
     """The state fields any advertised version of ``workflow`` marks sensitive: what a new
-    run's input has sealed (ledger/crypto.py)."""
+    run's input has sealed (ledger/crypto.py); None when no worker advertised its state
+    schema (nothing is known: ``runs.input_sealed`` then seals every field)."""
     key = _key(raw.info)
     catalog = _cached(key, workflow) or _remember(
         key, catalog_of(raw.cursor(row_factory=tuple_row).execute(ADVERTISED).fetchall()))
@@ -121,7 +122,7 @@ def sensitive_fields(raw: psycopg.Connection[Any], workflow: str) -> frozenset[s
 
 
 async def sensitive_fields_async(conn: psycopg.AsyncConnection[Any],
-                                 workflow: str) -> frozenset[str]:
+                                 workflow: str) -> frozenset[str] | None:
     """``sensitive_fields`` on an asyncio connection."""
     key = _key(conn.info)
     catalog = _cached(key, workflow)
@@ -131,7 +132,9 @@ async def sensitive_fields_async(conn: psycopg.AsyncConnection[Any],
     return _sensitive_of(catalog, workflow)
 
 
-def _sensitive_of(catalog: Catalog, workflow: str) -> frozenset[str]:
+def _sensitive_of(catalog: Catalog, workflow: str) -> frozenset[str] | None:
+    if not catalog.schemas.get(workflow):
+        return None
     found: set[str] = set()
     for text in catalog.schemas.get(workflow, []):
         properties = json.loads(text).get("properties") or {}

@@ -164,8 +164,8 @@ class AsyncLedger:
                 if self.keys.crypt is None:
                     params = run_ops.start_params(self.keys, request)
                 else:  # sealing may read the tenant's data key: off the event loop
-                    sealed = (await catalog.sensitive_fields_async(conn, workflow)
-                              | frozenset(sensitive))
+                    sealed = run_ops.input_sealed(
+                        await catalog.sensitive_fields_async(conn, workflow), sensitive, input)
                     params = await asyncio.to_thread(run_ops.start_params, self.keys,
                                                      request, sealed)
                 cursor = await conn.execute(run_ops.START_RUN, params)

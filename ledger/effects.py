@@ -48,6 +48,7 @@ __all__ = [
     "list_effects_txn",
     "overran_call",
     "seal_effect_error",
+    "seal_effect_result",
     "unknown_call",
 ]
 
@@ -170,6 +171,15 @@ def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
 def effect_field(effect_type: str, effect_id: str, what: str) -> str:
     """The field a sealed payload or result of an effect is bound to (ledger/crypto.py)."""
     return f"effect:{effect_type}:{effect_id}:{what}"
+
+
+def seal_effect_result(crypt: Keyring | None, effect: Effect, result: Any) -> Any:
+    """``result`` as the effect's row stores it: sealed for the effect's result field when
+    keys are configured (also what a repeat or a person's resolution records: the
+    provider's answer may quote the payload), else as it is."""
+    return seal_value(crypt, result, Place(
+        effect.tenant_id or "", effect.run_id, effect.seq,
+        effect_field(effect.effect_type, effect.effect_id, "result")))
 
 
 ERROR_TEXT = ("message", "provider")
@@ -345,9 +355,7 @@ class EffectStore:
             raise OnwardError(f"effect {effect.effect_id[:16]}…: attempt {attempt} was not "
                               "begun by this store; it cannot be recorded (and signed) here")
         final_ref = provider_ref if provider_ref is not None else effect.provider_ref
-        result = seal_value(self.keys.crypt, result, Place(
-            effect.tenant_id or "", effect.run_id, effect.seq,
-            effect_field(effect.effect_type, effect.effect_id, "result")))
+        result = seal_effect_result(self.keys.crypt, effect, result)
         final_result = result if result is not None else self._stored_result(effect)
         terminal = status in (EffectStatus.COMPLETED, EffectStatus.FAILED)
         row = self.conn.one(_RECORD, {
@@ -380,11 +388,7 @@ class EffectStore:
     def _stored_result(self, effect: Effect) -> Any:
         """The effect's result as it is stored (sealed again when it was opened: the row
         keeps one sealed form; a re-seal binds the same place and digest)."""
-        if effect.result is None:
-            return None
-        return seal_value(self.keys.crypt, effect.result, Place(
-            effect.tenant_id or "", effect.run_id, effect.seq,
-            effect_field(effect.effect_type, effect.effect_id, "result")))
+        return seal_effect_result(self.keys.crypt, effect, effect.result)
 
     def mark_overran(self, effect: Effect, attempt: int, *, epoch: int,
                      timeout_s: float) -> bool:

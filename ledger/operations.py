@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from ledger import signed, sql, waits
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
-from ledger.effects import Effect, seal_effect_error
+from ledger.effects import Effect, seal_effect_error, seal_effect_result
 from ledger.exceptions import (
     InvalidInput,
     MalformedControl,
@@ -625,6 +625,7 @@ def finish_repeat_txn(conn: Connection, keys: CheckpointKeys, started: RepeatSta
     current = get_effect_txn(conn, effect.effect_type, effect.effect_id, lock=True)
     completes = (outcome == EffectAttemptOutcome.COMPLETED
                  and current.status is not EffectStatus.COMPLETED)
+    result = seal_effect_result(keys.crypt, effect, result)  # sealed as a worker's answer is
     conn.execute(
         effect_attempts.update()
         .where(effect_attempts.c.effect_type == effect.effect_type,
@@ -696,13 +697,16 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
     _check_resolvable(conn, run, effect, plan, finding, provider_ref)
     attempt = _resolve_attempt(conn, keys, actor, effect_type, effect_id,
                                finding=finding, provider_ref=provider_ref)
+    stored = (seal_effect_result(keys.crypt, effect, result or {})  # as a worker's answer is
+              if finding is Finding.COMPLETED else None)
     _close_resolved(conn, keys, actor, effect, finding=finding, provider_ref=provider_ref,
-                    result=result)
+                    result=stored)
     record_txn(conn, keys, actor, AuditRecord(
         AuditAction.RESOLVE_EFFECT, AuditOutcome.DONE, reason, run_id=effect.run_id,
         effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
         details={**_audited(plan, effect), "attempt": attempt,
-                 "previous_status": effect.status.value}))
+                 "previous_status": effect.status.value,
+                 **({"result": stored} if plan.get("result") is not None else {})}))
     return get_effect_txn(conn, effect_type, effect_id)
 
 
@@ -730,17 +734,16 @@ def _resolve_attempt(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
 
 def _close_resolved(conn: Connection, keys: CheckpointKeys, actor: Actor, effect: Effect, *,
                     finding: Finding, provider_ref: str | None,
-                    result: dict[str, Any] | None) -> None:
+                    result: Any) -> None:
     """Close the effect as the person found it: ``completed`` with the provider's reference
-    and result (its outcome signed), or ``unsent``."""
+    and ``result`` as stored (sealed with keys; its outcome signed), or ``unsent``."""
     effect_type, effect_id = effect.effect_type, effect.effect_id
     if finding is Finding.COMPLETED:
         values: dict[str, Any] = {
             "status": EffectStatus.COMPLETED.value, "provider_ref": provider_ref,
-            "result": result or {}, "error": None, "reconciled": True,
+            "result": result, "error": None, "reconciled": True,
             "outcome_mac": keys.sign(signed.effect_outcome(
-                effect_type, effect_id, EffectStatus.COMPLETED.value, provider_ref,
-                result or {}))}
+                effect_type, effect_id, EffectStatus.COMPLETED.value, provider_ref, result))}
     else:
         values = {"status": EffectStatus.UNSENT.value,
                   "error": {**(effect.error or {}),

@@ -48,6 +48,7 @@ __all__ = [
     "driver_connection",
     "existing_run",
     "get_run",
+    "input_sealed",
     "list_runs",
     "shown_run",
     "start_params",
@@ -311,6 +312,18 @@ def start_params(keys: CheckpointKeys, request: StartRequest,
         "outcome": OutcomeKind.START.value, "state": Jsonb(state),
         "trace_context": trace_context, "priority": Priority(request.priority).value,
     }
+
+
+def input_sealed(advertised: frozenset[str] | None, named: tuple[str, ...],
+                 input: dict[str, Any]) -> frozenset[str]:
+    """The input fields a new run's checkpoint 0 seals (with keys): those the advertised
+    state schema marks and those ``named`` (``sensitive=``); with no schema advertised and
+    none named, every field: nothing says which are not sensitive, and checkpoint 0 cannot
+    be sealed later (it is the root of the chain), so it fails closed. The first worker
+    writes the fields its model does not mark plain again from checkpoint 1 on."""
+    if advertised is None and not named:
+        return frozenset(input)
+    return (advertised or frozenset()) | frozenset(named)
 
 
 def sealed_input(keys: CheckpointKeys, request: StartRequest, run_id: UUID,

@@ -17,7 +17,7 @@ from uuid import UUID
 import structlog
 from pydantic import BaseModel
 
-from ledger.checkpoints import CheckpointKeys, sealed_envelope
+from ledger.checkpoints import CheckpointKeys
 from ledger.crypto import REQUEST_FIELD, Place, sealed_text
 from ledger.effects import Effect, EffectStore
 from ledger.evidence import EvidenceStore
@@ -269,24 +269,12 @@ class _Attempt:
         return _Ready(restored, limits, services, self._ending(restored.step.name, services),
                       signal_marks=marks or {})
 
-    def _sensitive(self) -> frozenset[str]:
-        """The sensitive fields of the claimed run's workflow, known before (or without) a
-        restore: its code's here, else those sealed in the run's head state."""
-        claim = self.claim
-        workflow = (self.registry.get(claim.workflow, claim.workflow_version)
-                    or self.registry.latest(claim.workflow))
-        if workflow is not None:
-            return sensitive_fields(workflow.state)
-        state = claim.state if isinstance(claim.state, dict) else {}
-        return frozenset(name for name, value in state.items()
-                         if sealed_envelope(value) is not None)
-
     def _sealed_error(self, error: dict[str, Any]) -> dict[str, Any]:
         """An error onward writes into the run's row and the attempt's, its message sealed
-        as a step error's is when the workflow has sensitive fields (a refusal may quote
-        the state: a validation error, a migration's exception)."""
+        as a step error's is, with keys (a refusal may quote the state: a validation error,
+        a migration's exception)."""
         claim = self.claim
-        return seal_error(self.config.keys.crypt, error, self._sensitive(),
+        return seal_error(self.config.keys.crypt, error,
                           tenant=claim.tenant_id, run_id=claim.run_id, seq=claim.seq)
 
     def _refuse(self, refusal: Refusal) -> StepReport:
@@ -463,15 +451,15 @@ class _Attempt:
 
     def _retry_or_fail(self, ready: _Ready, exc: Exception) -> StepReport:
         """A step error: retry the step later, or fail the run when the error says it is
-        final or the step's attempts are spent. Its message is recorded sealed when the
-        workflow has sensitive fields (tasks/sensitive.py ``seal_error``)."""
+        final or the step's attempts are spent. Its message is recorded sealed with keys,
+        whatever the workflow (tasks/sensitive.py ``seal_error``)."""
         claim, ending = self.claim, ready.ending
         non_retryable = isinstance(exc, StepError) and exc.non_retryable
         exhausted = claim.attempt >= claim.max_attempts
         message = credentials.redact(str(exc))  # recorded: no resolved credential in it
         error = seal_error(self.config.keys.crypt, error_record(
             type(exc).__name__, message, step=ending.step, attempt=claim.attempt,
-            max_attempts=claim.max_attempts), sensitive_fields(ready.restored.workflow.state),
+            max_attempts=claim.max_attempts),
             tenant=claim.tenant_id, run_id=claim.run_id, seq=claim.seq)
         if non_retryable or exhausted:
             self.log.error("step failed; run fails", step=ending.step, error=message,

@@ -118,15 +118,16 @@ def open_state(crypt: Keyring | None, state: dict[str, Any], *, tenant: str, run
     return (state if opened is None else opened), frozenset(foreign)
 
 
-def seal_error(crypt: Keyring | None, error: dict[str, Any], fields: frozenset[str], *,
+def seal_error(crypt: Keyring | None, error: dict[str, Any], *,
                tenant: str, run_id: UUID, seq: int) -> dict[str, Any]:
     """A step error (``ledger.steps.error_record``) with its message sealed for checkpoint
-    ``seq`` when keys are configured and the workflow has sensitive fields: a step's
-    exception text may quote them (``ValueError(f"bad address {state.address}")``, a
-    provider's "invalid email ada@…"). Its type, step and attempt stay plain: what an
-    operator triages by. Unchanged otherwise. A tenant whose keys were erased (nothing more
-    can be sealed for it) gets ``***``: the failure is still recorded, its text is not."""
-    if crypt is None or not fields or not isinstance(error.get("message"), str):
+    ``seq`` when keys are configured, whatever the workflow: a step's exception text may
+    quote its state (``ValueError(f"bad address {state.address}")``), and a provider's
+    error its request ("invalid email ada@…"), i.e. the model prompt or effect payload that
+    is sealed in every workflow. Its type, step and attempt stay plain: what an operator
+    triages by. Unchanged without keys. A tenant whose keys were erased (nothing more can be
+    sealed for it) gets ``***``: the failure is still recorded, its text is not."""
+    if crypt is None or not isinstance(error.get("message"), str):
         return error
     return {**error, "message": sealed_text(crypt, error["message"],
                                             Place(tenant, run_id, seq, ERROR_FIELD))}

@@ -152,3 +152,18 @@ def send(ctx: StepContext, state: Order) -> Any:
             ctx.effect(tool, customer=state.customer)
     ctx.effect(refusing_crm, customer=state.customer)
     return ctx.finish()
+
+
+class Unmarked(BaseModel):
+    """A state with no field marked sensitive."""
+
+    customer: str
+
+
+unmarked = Workflow("test_crypt_unmarked_error", version=1, state=Unmarked)
+
+
+@unmarked.step(start=True)
+def refuse_unmarked(ctx: StepContext, state: Unmarked) -> Any:
+    """A step whose error quotes its state (as a provider's error quoting the request)."""
+    raise StepError(f"provider said: invalid email {state.customer}", non_retryable=True)

@@ -39,6 +39,7 @@ from ledger.steps import Claim, StaleReason, StepStore, error_record
 from tasks import faults
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, StepReport, execute_step
 from tasks.llm import set_token_sink
+from tasks.sensitive import seal_error
 from tasks.workflow import Registry
 from workers.broker import broker_url, message_priority
 from workers.events import (
@@ -264,9 +265,11 @@ class WorkerRuntime:
         back (fenced by its epoch: a no-op if the attempt already ended), so the message
         published for it next runs at once instead of waiting for the lease to expire. If
         the ledger is gone, the lease expires and the reaper restores the run."""
-        assert self._store is not None
-        try:
-            self._store.release(claimed, error_record(type(exc).__name__, str(exc)))
+        assert self._store is not None and self._config is not None
+        try:  # its text may quote the state or a request: sealed with keys, as a step's is
+            self._store.release(claimed, seal_error(
+                self._config.keys.crypt, error_record(type(exc).__name__, str(exc)),
+                tenant=claimed.tenant_id, run_id=claimed.run_id, seq=claimed.seq))
         except Exception as release_error:  # the ledger went away: the reaper has it
             log.warning("could not give back an eager step's lease", run_id=str(claimed.run_id),
                         seq=claimed.seq, error=str(release_error))

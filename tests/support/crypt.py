@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from ledger import OnwardSettings, RunStatus
 from ledger.bundle import read_bundle
+from ledger.checkpoints import sealed_envelope
 from ledger.corpora import Corpora
 from ledger.corpus import Selection
+from ledger.db import libpq_conninfo
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.runner import replay_bundle
 from tests.conftest import make_settings_env
 from tests.support.driver import Driver
+from tests.support.reads import places_holding
 
-__all__ = ["MASTER", "MODULES", "record", "replayed", "settings_env"]
+__all__ = ["MASTER", "MODULES", "assert_error_sealed", "record", "replayed", "settings_env"]
 
 MASTER = secrets.token_hex(32)
 MODULES = ("tests.workflows_crypt",)
@@ -32,6 +37,26 @@ def settings_env(database: str, server_urls: dict[str, str], tmp_path: Path) -> 
     env = make_settings_env(database, server_urls, tmp_path / "faults")
     env["ONWARD_ENCRYPTION_KEYS"] = f"m1={MASTER}"
     return env
+
+
+def assert_error_sealed(drv: Driver, run_id: UUID, customer: str, said: str) -> dict[str, Any]:
+    """The run failed with a step error whose message ``said`` quotes ``customer``: the
+    value in no table, the message sealed in the run's row (type plain), ``***`` in the
+    attempt's, opened for the app and masked for a viewer. The stored error."""
+    url = drv.ledger.url
+    assert places_holding(url, customer) == []
+    with psycopg.connect(libpq_conninfo(url)) as conn:
+        [(error,)] = conn.execute("SELECT last_error FROM onward.runs WHERE id = %s",
+                                  (run_id,)).fetchall()
+        attempts = conn.execute("SELECT error_message FROM onward.step_attempts "
+                                "WHERE run_id = %s", (run_id,)).fetchall()
+    assert error["type"] == "StepError" and sealed_envelope(error["message"]) is not None
+    assert attempts == [("***",)]
+    assert drv.ledger.get_run(run_id).last_error["message"] == said  # type: ignore[union-attr,index]
+    viewer = drv.ledger.acting_as("vic", "viewer").get_run(run_id)
+    assert viewer.last_error["message"] == "***"  # type: ignore[union-attr,index]
+    stored: dict[str, Any] = error
+    return stored
 
 
 def record(drv: Driver, customer: str) -> UUID:
