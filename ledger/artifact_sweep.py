@@ -43,6 +43,7 @@ __all__ = [
     "Freed",
     "free_txn",
     "freed_by_txn",
+    "may_delete_txn",
     "referenced_txn",
     "release_txn",
     "share_txn",
@@ -58,6 +59,7 @@ _LOCK = sql.text("artifacts_lock")
 _SHARE = sql.text("artifacts_share")
 _RELEASE = sql.text("artifacts_release")
 _UNREFERENCED = sql.text("artifacts_unreferenced")
+_MAY_DELETE = sql.text("artifacts_may_delete")
 
 
 @dataclass
@@ -72,6 +74,14 @@ class Freed:
         self.artifacts += other.artifacts
         self.bytes += other.bytes
         self.shas += other.shas
+
+
+def may_delete_txn(conn: Connection) -> bool:
+    """Whether this connection's role may delete artifacts: one that sees every tenant's
+    references. As ``onward_app`` a DELETE finds no row, and a count of what nothing
+    references would leave out every other tenant's references (and so count artifacts
+    they share as going): plan and sweep count and read nothing there."""
+    return bool(conn.execute(_MAY_DELETE).scalar_one())
 
 
 def referenced_txn(conn: Connection, run_id: UUID) -> list[str]:
@@ -113,8 +123,11 @@ def _page(conn: Connection, after: str | None, limit: int, states_runs: Sequence
 def freed_by_txn(conn: Connection, states_runs: Sequence[UUID],
                  evidence_runs: Sequence[UUID], *, page: int = 1000) -> Freed:
     """A dry run: the artifacts nothing would reference once ``states_runs``' states and
-    ``evidence_runs``' evidence are compacted, those already unreferenced included."""
+    ``evidence_runs``' evidence are compacted, those already unreferenced included (none
+    for a role that may not delete them)."""
     found, after = Freed(), None
+    if not may_delete_txn(conn):
+        return found
     while True:
         free, after = _page(conn, after, page, states_runs, evidence_runs)
         found.add(Freed(len(free), sum(size for _, size in free)))
@@ -132,8 +145,12 @@ def sweep(engine: Engine, keys: CheckpointKeys, actor: Actor, *, batch: int = 50
     """Delete every artifact nothing references, ``batch`` read per transaction, each
     transaction that deleted any with one audit row (by ``actor``: artifacts are shared
     between tenants, so the row is in the sweeping actor's). Resumable: each page commits
-    on its own, and a stop leaves only unreferenced artifacts for the next sweep."""
+    on its own, and a stop leaves only unreferenced artifacts for the next sweep. Nothing
+    for a role that may not delete them (``may_delete_txn``)."""
     done, after = Freed(), None
+    with wrap_driver_errors("deleting unreferenced artifacts"), engine.connect() as conn:
+        if not may_delete_txn(conn):
+            return done
     while True:
         with wrap_driver_errors("deleting unreferenced artifacts"), engine.begin() as conn:
             freed, after = free_txn(conn, after, batch)

@@ -15,6 +15,14 @@ SELECT a.sha256 FROM onward.artifacts a
                            WHERE c.run_id = %(run_id)s AND c.state ? '$artifact')
  ORDER BY a.sha256
 
+-- name: artifacts_may_delete
+-- Whether this role sees every tenant's references, and so may delete artifacts: the
+-- operator (or a member of it), a superuser, a role with BYPASSRLS. onward_app and the
+-- tables' owner (row-level security is forced) have no policy that lets them.
+SELECT pg_has_role('onward_operator', 'USAGE')
+       OR (SELECT r.rolsuper OR r.rolbypassrls FROM pg_catalog.pg_roles r
+            WHERE r.rolname = current_user)
+
 -- name: artifacts_lock
 -- Try to take each artifact's lock exclusively (never waits: a writer holding it shared
 -- keeps its artifact); the ones taken.

@@ -240,3 +240,24 @@ def test_every_table_of_tenant_data_is_protected(database: str) -> None:
     assert not {name for name, row in tables.items() if row.owner in (APP, OPERATOR)}
     assert set(roles) == {APP, OPERATOR}
     assert not any(row.rolsuper or row.rolbypassrls for row in roles.values())
+
+
+def test_retention_as_onward_app_plans_no_artifact_it_cannot_delete(
+        tenants: Tenants, settings: OnwardSettings) -> None:
+    """A tenant's admin connected as onward_app compacts its own runs, but deletes no
+    artifact (no policy lets that role: it cannot see another tenant's references; the
+    reaper, as onward_operator, sweeps them). Its plan says so: it counts none, where it
+    counted the artifacts its tenant shares with another (same states) as going."""
+    acme = tenants.ledger(settings.model_copy(update={"retention_policies": "*/*=0"}), "acme")
+    with tenants.owner.connect() as conn:
+        before = _count(conn, "artifacts")
+
+    plan = acme.retention_plan()
+    done = acme.retention_apply()
+
+    assert plan.runs == done.runs == 1
+    with tenants.owner.connect() as conn:
+        assert _count(conn, "artifacts") == before
+    assert (done.artifacts, done.artifact_bytes) == (0, 0)
+    assert (plan.artifacts, plan.artifact_bytes) == (0, 0)
+    assert acme.verify_run(tenants.runs["acme"]) == []
