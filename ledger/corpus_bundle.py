@@ -49,7 +49,15 @@ from ledger.schema import (
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome
 
-__all__ = ["Exported", "Loaded", "check_complete", "export_txn", "load_txn", "verify_loaded_txn"]
+__all__ = [
+    "Exported",
+    "Loaded",
+    "add_keys_txn",
+    "check_complete",
+    "export_txn",
+    "load_txn",
+    "verify_loaded_txn",
+]
 
 
 @dataclass(frozen=True)
@@ -319,6 +327,19 @@ def _insert(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
     else:
         conn.execute(target.insert(), rows)
     return len(rows)
+
+
+def add_keys_txn(conn: Connection, tenant_id: str, rows: list[dict[str, Any]]) -> int:
+    """Add ``tenant_id``'s wrapped data keys from another ledger (a scratch ledger's replay:
+    ledger/corpus_replays.py) that this one lacks, retired; refused for a tenant whose keys
+    were erased here, as an import's are. The number added."""
+    held = set(conn.execute(sa.select(tenant_keys.c.key_id).where(
+        tenant_keys.c.key_id.in_([r["key_id"] for r in rows]))).scalars()) if rows else set()
+    missing = [r for r in rows if r["key_id"] not in held]
+    if not missing:
+        return 0
+    _check_not_erased(conn, tenant_id, len(missing))
+    return _insert_keys(conn, missing)
 
 
 def _insert_keys(conn: Connection, rows: list[dict[str, Any]]) -> int:

@@ -22,8 +22,9 @@ from sqlalchemy.engine import Connection
 from ledger.artifact_sweep import share_txn
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import ARTIFACT_KEY, CheckpointKeys
+from ledger.corpus_bundle import add_keys_txn
 from ledger.exceptions import IntegrityViolation, OperationRefused
-from ledger.schema import artifacts, checkpoints, runs, step_attempts
+from ledger.schema import artifacts, checkpoints, runs, step_attempts, tenant_keys
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
 
@@ -52,8 +53,13 @@ def copy_replays_txn(conn: Connection, run_ids: list[UUID]) -> list[ReplayCopy]:
             sa.select(artifacts).where(artifacts.c.sha256.in_(shas))).mappings()] if shas else []
         attempts = [dict(r) for r in conn.execute(sa.select(step_attempts).where(
             step_attempts.c.run_id == run_id).order_by(step_attempts.c.lease_epoch)).mappings()]
+        # the data keys the replay sealed its values with (the scratch ledger made its own)
+        held = [dict(r) for r in conn.execute(sa.select(tenant_keys).where(
+            tenant_keys.c.tenant_id == run["tenant_id"],
+            tenant_keys.c.state != "destroyed").order_by(tenant_keys.c.key_id)).mappings()]
         copies.append(ReplayCopy(run_id, run["parent_run_id"], run["status"], {
-            "runs": [run], "artifacts": arts, "checkpoints": cps, "step_attempts": attempts}))
+            "runs": [run], "artifacts": arts, "checkpoints": cps, "step_attempts": attempts,
+            "tenant_keys": held}))
     return copies
 
 
@@ -64,6 +70,7 @@ def open_replays_txn(conn: Connection, actor: Actor, keys: CheckpointKeys, copie
     opened = []
     for copy in copies:
         _check_parent(conn, actor, copy)
+        add_keys_txn(conn, actor.tenant_id, copy.rows.get("tenant_keys", []))
         if copy.rows["artifacts"]:  # kept from a sweep to our commit (ledger/artifact_sweep.py)
             share_txn(conn, [row["sha256"] for row in copy.rows["artifacts"]])
             conn.execute(pg_insert(artifacts).on_conflict_do_nothing(), copy.rows["artifacts"])

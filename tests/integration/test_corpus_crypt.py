@@ -293,3 +293,35 @@ def keyring_of_ledger(ledger: Ledger) -> Any:
     assert crypt is not None
     crypt.use_engine(ledger.engine)
     return crypt
+
+
+def test_replay__open_branches_from_an_encrypted_scratch_ledger(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: ``onward corpus replay c --open-branches`` of an encrypted run whose
+    candidate code diverges opens the replay under its recorded run: it verifies (with and
+    without the keys), an admin reads its states opened (the sealed values the scratch
+    ledger wrote open here), a viewer masked, and the customer is in no table in the
+    clear."""
+    from typer.testing import CliRunner
+
+    from console.cli import app
+
+    customer = f"CANARY{secrets.token_hex(6)}"
+    run_id = record(drv, customer)
+    monkeypatch.setenv("ONWARD_TEST_CRYPT_VARIANT", "echo")
+    monkeypatch.setenv("ONWARD_AUTH", "off")
+    result = CliRunner().invoke(app, [
+        "corpus", "replay", "c", "--code", "tests.workflows_crypt", "--jobs", "1",
+        "--open-branches", "--reason", "look at the echo"], env={"COLUMNS": "220"})
+    assert result.exit_code == 1, result.output
+    assert customer not in result.output
+    [child] = drv.ledger.children(run_id)
+    assert drv.ledger.verify_run(child.id) == []
+    assert Ledger.from_env(OnwardSettings(encryption_keys=None)).verify_run(child.id) == []
+    states = [c.state for c in drv.ledger.checkpoints(child.id)]
+    assert states[-1]["customer"] == customer and states[-1]["echo"] == customer + "!"  # type: ignore[index]
+    viewer = drv.ledger.acting_as("vic", "viewer").checkpoints(child.id)
+    assert viewer[-1].state["customer"] == "***"  # type: ignore[index]
+    from tests.support.reads import places_holding
+
+    assert places_holding(drv.ledger.url, customer) == []
