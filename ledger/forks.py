@@ -419,7 +419,13 @@ def preview_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID, seq: int,
 
 
 def _parent(conn: Connection, actor: Actor, run_id: UUID) -> RowMapping:
-    row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+    """The parent's row, held KEY SHARE to our commit before anything of it is read: a
+    retention compaction holds it FOR UPDATE to its commit and keeps a run with a replay or
+    branch going, so it either sees ours, or finishes first and we read what it left (a
+    compacted checkpoint is refused). The same lock the new run's foreign key takes anyway,
+    only taken before the reads; a commit's update of the parent does not conflict."""
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id)
+                       .with_for_update(key_share=True)).mappings().first()
     if row is None:
         raise UnknownRun(f"no run {run_id}")
     if row["tenant_id"] != actor.tenant_id:

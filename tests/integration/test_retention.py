@@ -7,6 +7,8 @@ in the test process against a real PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import sqlalchemy as sa
 from ledger import Ledger, RunStatus
 from ledger.corpora import Corpora
 from ledger.corpus import Selection, pin_ids_txn
-from ledger.exceptions import InvalidInput, OperationRefused
+from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.retention import compact_run_txn, parse_policies
 from tests.support import reads
 from tests.support.corpus import record_note
@@ -304,3 +306,43 @@ def test_retention__runs_kept_by_a_more_specific_policy_do_not_hide_later_due_on
 def _with_policies(admin: Ledger, policies: str) -> Ledger:
     return Ledger(admin.engine, admin.settings.model_copy(
         update={"retention_policies": policies}))
+
+
+def _wait_for_a_lock_wait(engine: sa.engine.Engine, timeout_s: float = 30.0) -> None:
+    """Until a backend of this database waits for a lock (the fork, on the parent's row)."""
+    deadline = time.monotonic() + timeout_s
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            if conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")).scalar_one():
+                return
+            conn.rollback()
+            time.sleep(0.05)
+    raise AssertionError("the fork never waited for the compaction")
+
+
+def test_retention__a_replay_racing_its_parents_compaction_is_refused(
+        drv: Driver, admin: Ledger) -> None:
+    """A compaction holds the parent's run row to its commit, and keeps a run with a replay
+    or branch going; a fork begun meanwhile must see one or the other: had it read the
+    parent before the compaction committed, it would start a replay of a compacted run
+    (whose recorded answers, and their artifacts, are gone) that the compaction did not
+    see. Refused instead, with nothing launched."""
+    run_id = finished(drv, admin)
+    launched: list[Any] = []
+    with admin.engine.connect() as compacting, compacting.begin():
+        compact_run_txn(compacting, admin.keys, run_id)
+
+        def fork() -> None:
+            try:
+                launched.append(admin.replay(run_id, 1, "evidence", "look again"))
+            except (OperationRefused, IntegrityViolation) as exc:
+                launched.append(exc)
+
+        thread = threading.Thread(target=fork)
+        thread.start()
+        _wait_for_a_lock_wait(admin.engine)
+    thread.join(30)
+    assert len(launched) == 1 and isinstance(launched[0], OperationRefused), launched
+    assert [r.id for r in admin.list_runs() if r.parent_run_id == run_id] == []
