@@ -421,6 +421,8 @@ evidence = Table(
     Index("ix_evidence_artifact_sha256", "artifact_sha256",
           postgresql_where=text("artifact_sha256 IS NOT NULL")),
     Index("ix_evidence_request_hash", "request_hash"),
+    # a claim's "answered at this seq?" (ledger/sql/steps.sql claim; migration 0045)
+    Index("ix_evidence_run_seq", "run_id", "seq"),
 )
 
 # A model answer or read result that was paid for but could not be recorded as evidence
