@@ -10,8 +10,10 @@ from uuid import UUID
 import typer
 
 from console.commands_anchor import compare_with_anchor
-from console.common import open_ledger, resolve_run
+from console.common import open_ledger, reported, resolve_run
 from console.safe import console, line
+from ledger import Ledger
+from ledger.audit_chain import UNSEALED
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
 
@@ -33,13 +35,21 @@ def verify(
     anchor: Annotated[bool, typer.Option(
         "--anchor", help="Compare your tenant's runs with an anchor (onward anchor): report "
         "runs that moved backwards, were rewritten or vanished since it was taken.")] = False,
+    seal: Annotated[bool, typer.Option(
+        "--seal", help="With --all or --audit (admin): first seal your tenant's pending audit "
+        "rows into its chain, as a reaper would (when none runs, e.g. after make demo).")]
+    = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per problem.")] = False,
 ) -> None:
     """Verify what the ledger signed: checkpoint MACs, the hash chain, the head, artifact
     hashes, recorded evidence, effects, results, and (--all, --audit) the audit chain; or
-    (--anchor) that no run moved backwards since an anchor. Exit 3 when a problem is found."""
-    if sum((run_id is not None and not anchor, all_runs, audit_only, anchor)) != 1:
-        out.print(line(("error:", "red"), " give a RUN, --all, --audit or --anchor"))
+    (--anchor) that no run moved backwards since an anchor. Exit 3 when a problem is found;
+    exit 4 when the only finding is audit rows left unsealed (no reaper running: a warning,
+    not tampering; --seal seals them)."""
+    if sum((run_id is not None and not anchor, all_runs, audit_only, anchor)) != 1 or \
+            (seal and not (all_runs or audit_only)):
+        out.print(line(("error:", "red"), " give a RUN, --all, --audit or --anchor "
+                       "(--seal goes with --all or --audit)"))
         raise typer.Exit(2)
     if anchor:
         _verify_anchor(run_id, as_json)
@@ -55,14 +65,37 @@ def verify(
         found += _report(problems, as_json)
         if not as_json and not problems and run_id is not None:
             out.print(line(("✓", "green"), f" {current}: history verifies"))
+    if seal:
+        _seal(ledger, as_json)
     audit_problems = ledger.verify_audit() if target is None else []
-    found += _report(audit_problems, as_json)
-    ledger.verified(target, checked, found)
+    unsealed = [p for p in audit_problems if p.kind == UNSEALED]
+    found += _report([p for p in audit_problems if p.kind != UNSEALED], as_json)
+    _report(unsealed, as_json, warning=True)
+    ledger.verified(target, checked, found + len(unsealed))
     if not as_json:
-        audit_note = f", the audit log: {len(audit_problems)}" if target is None else ""
+        audit_note = f", the audit log: {len(audit_problems) - len(unsealed)}" \
+            if target is None else ""
         out.print(line(f"checked {checked} run(s), {found} problem(s){audit_note}"))
+        if unsealed:
+            out.print(line(("!", "yellow"), f" {len(unsealed)} audit row(s) not sealed into "
+                           "the chain yet (no reaper running?): nothing fails a check, but a "
+                           "row can be deleted unseen until sealed; run `onward reaper`, or "
+                           "`onward verify --all --seal` (admin) to seal them now"),
+                      soft_wrap=True)
     if found:
         raise typer.Exit(3)
+    if unsealed:
+        raise typer.Exit(4)
+
+
+def _seal(ledger: Ledger, as_json: bool) -> None:
+    with reported():
+        sealed = ledger.seal_audit()
+    if not as_json:
+        out.print(line(f"sealed {sealed.rows} pending audit row(s) into the chain"))
+    for refused in sealed.refused:  # the chain's end does not verify: verify reports why
+        if not as_json:
+            out.print(line(("✗", "red"), f" not sealed: {refused}"), soft_wrap=True)
 
 
 def _verify_anchor(path: str | None, as_json: bool) -> None:
@@ -74,12 +107,13 @@ def _verify_anchor(path: str | None, as_json: bool) -> None:
         raise typer.Exit(3)
 
 
-def _report(problems: list[Problem], as_json: bool) -> int:
+def _report(problems: list[Problem], as_json: bool, *, warning: bool = False) -> int:
     for problem in problems:
         if as_json:
             print(json.dumps({"run_id": str(problem.run_id) if problem.run_id else None,
                               "seq": problem.seq, "kind": problem.kind,
-                              "detail": problem.detail}))
+                              "detail": problem.detail, "warning": warning}))
         else:
-            out.print(line(("✗", "red"), " ", str(problem)), soft_wrap=True)
+            mark = ("!", "yellow") if warning else ("✗", "red")
+            out.print(line(mark, " ", str(problem)), soft_wrap=True)
     return len(problems)

@@ -819,6 +819,26 @@ class Ledger:
             return audit_chain.verify_audit_txn(conn, self.keys, self.actor.tenant_id,
                                                 grace_s=self.settings.audit_seal_grace_s)
 
+    def seal_audit(self, batch: int = 1000) -> audit_chain.Sealed:
+        """Link the tenant's committed, unsealed audit rows into its chain now, as the
+        reaper's sealer would (admin; audited): for a deployment with no reaper running,
+        such as the embedded demo after it ends. Sealing hides nothing: an edited row still
+        fails its own MAC, and a chain whose end does not verify is refused, not extended."""
+        def body(conn: Connection) -> audit_chain.Sealed:
+            done = audit_chain.seal_txn(conn, self.keys, batch,
+                                        tenant_id=self.actor.tenant_id)
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.SEAL_AUDIT, AuditOutcome.DONE,
+                details={"sealed": done.rows, "refused": done.refused}))
+            return done
+
+        total, refused = 0, list[str]()
+        while True:
+            done = self._command(AuditAction.SEAL_AUDIT, body)
+            total, refused = total + done.rows, refused + done.refused
+            if done.rows < batch:
+                return audit_chain.Sealed(total, refused)
+
     def result_problem(self, run_id: UUID) -> str | None:
         """Why the run's recorded result does not verify against its MAC, or None (also when
         it has no result): what ``runs show`` marks."""

@@ -48,6 +48,7 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.RETENTION: Role.ADMIN,
     AuditAction.HOLD: Role.ADMIN,
     AuditAction.KEYS: Role.ADMIN,
+    AuditAction.SEAL_AUDIT: Role.ADMIN,
 }
 
 

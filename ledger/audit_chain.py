@@ -11,7 +11,9 @@ place, id, time and own MAC and the previous link; and it signs the chain's last
 So an edited row fails its own MAC at once; a deleted row, once sealed, leaves a gap (or a
 head naming rows that are gone); an edited time or id fails its link. The window: a row can
 be deleted without trace until it is sealed, normally within one reaper interval;
-``onward verify`` reports rows left unsealed longer than ``ONWARD_AUDIT_SEAL_GRACE_S``.
+``onward verify`` reports rows left unsealed longer than ``ONWARD_AUDIT_SEAL_GRACE_S`` as
+kind ``unsealed``: a warning of its own (exit 4), not tampering, since nothing there fails a
+check; it means no reaper is sealing, and ``onward verify --seal`` (an admin) seals them.
 Rolling the whole log (rows and head) back to an earlier copy is the snapshot restore the
 keys cannot see (docs/guarantees.md, "Integrity").
 """
@@ -33,13 +35,17 @@ from ledger.exceptions import IntegrityViolation
 from ledger.schema import audit, audit_heads
 from ledger.verify import Problem
 
-__all__ = ["SEAL_LOCK", "Sealed", "seal_txn", "verify_audit_txn"]
+__all__ = ["SEAL_LOCK", "UNSEALED", "Sealed", "seal_txn", "verify_audit_txn"]
 
 
 SEAL_LOCK = 0x0A_0D_17_5E
 """The advisory lock one sealer holds while it extends the chains."""
 
+UNSEALED = "unsealed"
+"""The kind of the problem verify reports for a row left unsealed past the grace period."""
+
 _UNSEALED = sql.text("unsealed_audit_rows")
+_UNSEALED_OF_TENANT = sql.text("unsealed_audit_rows_of_tenant")
 _SEAL_ROW = sql.text("seal_audit_row")
 _TRY_SEAL_LOCK = sql.text("try_seal_lock")
 
@@ -50,13 +56,17 @@ class Sealed:
     refused: list[str] = field(default_factory=list)  # tenants whose chain did not verify
 
 
-def seal_txn(conn: Connection, keys: CheckpointKeys, limit: int = 1000) -> Sealed:
-    """Link up to ``limit`` committed, unsealed rows into their tenants' chains, in id order.
+def seal_txn(conn: Connection, keys: CheckpointKeys, limit: int = 1000, *,
+             tenant_id: str | None = None) -> Sealed:
+    """Link up to ``limit`` committed, unsealed rows into their tenants' chains (only
+    ``tenant_id``'s when given: an admin's ``verify --seal``), in id order.
     Another sealer holding the lock: nothing to do now. A tenant whose chain's end does not
     verify is not extended (that would sign over a deletion): it is named in ``refused``."""
     if not conn.execute(_TRY_SEAL_LOCK, {"k": SEAL_LOCK}).scalar():
         return Sealed()
-    rows = conn.execute(_UNSEALED, {"limit": limit}).mappings().all()
+    rows = conn.execute(_UNSEALED, {"limit": limit}).mappings().all() if tenant_id is None \
+        else conn.execute(_UNSEALED_OF_TENANT, {"limit": limit, "tenant": tenant_id}
+                          ).mappings().all()
     sealed, refused = 0, []
     for tenant, group in itertools.groupby(rows, key=lambda r: str(r["tenant_id"])):
         try:
@@ -112,7 +122,8 @@ def verify_audit_txn(conn: Connection, keys: CheckpointKeys, tenant_id: str, *,
                      grace_s: float) -> list[Problem]:
     """Every problem in a tenant's audit log: rows that fail their own MAC (edited) or
     have none, gaps and broken links in the sealed chain (deleted, reordered, time or id
-    edited), a head that names rows that are gone, rows left unsealed past ``grace_s``."""
+    edited), a head that names rows that are gone, rows left unsealed past ``grace_s``
+    (kind ``unsealed``: intact as far as anyone can tell, but open to a deletion unseen)."""
     rows = conn.execute(sa.select(audit).where(audit.c.tenant_id == tenant_id)
                         .order_by(audit.c.chain_seq.nulls_last(), audit.c.id)).mappings().all()
     now = conn.execute(sa.select(sa.func.onward.now())).scalar_one()
@@ -121,7 +132,7 @@ def verify_audit_txn(conn: Connection, keys: CheckpointKeys, tenant_id: str, *,
                                                       if r["chain_seq"] is not None]))
     late = now - timedelta(seconds=grace_s)
     problems.extend(
-        Problem(row["run_id"], None, "audit",
+        Problem(row["run_id"], None, UNSEALED,
                 f"audit row {row['id']} written at {row['at']:%Y-%m-%d %H:%M:%S} is not "
                 f"sealed after {grace_s:.0f}s (is a reaper running?)")
         for row in rows if row["chain_seq"] is None and row["at"] < late)

@@ -61,8 +61,9 @@ class OnwardSettings(BaseSettings):
     )
     audit_seal_grace_s: float = Field(
         default=300.0, gt=0,
-        description="`onward verify` reports audit rows the reaper has not sealed into their "
-                    "tenant's chain after this long (is a reaper running?).",
+        description="`onward verify` warns (exit 4) about audit rows the reaper has not "
+                    "sealed into their tenant's chain after this long (is a reaper running? "
+                    "`--seal` seals them).",
     )
     checkpoint_key: str | None = Field(
         default=None,

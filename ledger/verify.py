@@ -61,7 +61,7 @@ class Problem:
     run_id: UUID | None  # None: a problem of the tenant's audit chain as a whole
     seq: int | None
     kind: str  # mac, chain, gap, head, first, artifact, key, run, beyond_head, evidence, result,
-    # approval, audit, effect, launch, signal
+    # approval, audit, effect, launch, signal; unsealed (a warning: ledger/audit_chain.py)
     detail: str
 
     def __str__(self) -> str:

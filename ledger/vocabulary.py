@@ -277,6 +277,7 @@ class AuditAction(StrEnum):
     HOLD = "hold"  # a run put on legal hold, or released from it (details say which)
     PARK = "park"  # a worker parked a run for review (written by the worker, not a command)
     KEYS = "keys"  # data keys rotated, or a tenant's erased (ledger/crypto.py, rotation.py)
+    SEAL_AUDIT = "seal_audit"  # an admin sealed the tenant's pending audit rows (verify --seal)
 
 
 class AuditOutcome(StrEnum):

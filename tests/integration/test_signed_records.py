@@ -191,8 +191,58 @@ def test_audit__rows_left_unsealed_are_reported(ops: Ledger) -> None:  # noqa: F
     assert reads.execute(ops.engine, "UPDATE onward.audit SET at = at - interval '1 hour'") == 1
     [late] = ops.verify_audit()
     assert "is not sealed after 300s" in late.detail
+    assert late.kind == "unsealed"  # a warning of its own, not the kind tampering has
     assert _seal(ops) == 1
     assert ops.verify_audit() == []
+
+
+def _verify_cli(*args: str, secret: str) -> tuple[int, str]:
+    result = CliRunner().invoke(__import__("console.cli", fromlist=["app"]).app,
+                                ["verify", *args], env={"COLUMNS": "220", "ONWARD_TOKEN": secret})
+    return result.exit_code, result.output
+
+
+SEALED_ROW_TAMPERING = {
+    "edited": "UPDATE onward.audit SET reason = 'nothing to see here' "
+              "WHERE id = (SELECT min(id) FROM onward.audit WHERE chain_seq IS NOT NULL)",
+    "deleted_from_the_end": "DELETE FROM onward.audit WHERE id = "
+                            "(SELECT max(id) FROM onward.audit WHERE chain_seq IS NOT NULL)",
+}
+
+
+@pytest.mark.parametrize("tampering", sorted(SEALED_ROW_TAMPERING))
+def test_verify_cli__unsealed_rows_warn_with_exit_4_seal_clears_them_tampering_exits_3(
+        drv: Driver, ops: Ledger, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        tampering: str) -> None:
+    """Invariant: with no reaper running (the embedded demo after it ends), rows left
+    unsealed past the grace period are a warning, exit 4, not tampering (exit 3);
+    `verify --all --seal` (an admin; a viewer is refused) seals them and verifies clean;
+    an edited or deleted sealed row still fails `verify --all` (exit 3), --seal or not."""
+    run_id = finished_note(drv, ops)
+    ops.inspected(run_id=run_id)  # what `runs show` writes after the demo's reaper stopped
+    reads.execute(ops.engine, "UPDATE onward.audit SET at = at - interval '1 hour'")
+    admin = ops.acting_as("root", Role.ADMIN)
+    secrets = {role: admin.create_token(TokenRequest(role.value, role, "default",
+                                                     timedelta(hours=1))).secret
+               for role in (Role.ADMIN, Role.VIEWER)}
+    reads.execute(ops.engine, "UPDATE onward.audit SET at = at - interval '1 hour' "
+                  "WHERE action = 'token_create'")
+    monkeypatch.setenv("ONWARD_WORKFLOWS", "tests.workflows_ops")
+
+    code, said = _verify_cli("--all", secret=secrets[Role.VIEWER])
+    assert code == 4, said
+    assert "0 problem(s), the audit log: 0" in said and "is not sealed after 300s" in said
+    assert "--seal" in said
+    assert _verify_cli("--all", "--seal", secret=secrets[Role.VIEWER])[0] == 2
+    code, said = _verify_cli("--all", "--seal", secret=secrets[Role.ADMIN])
+    assert code == 0, said
+    assert "pending audit row(s) into the chain" in said and "sealed 0 " not in said
+
+    assert reads.execute(ops.engine, SEALED_ROW_TAMPERING[tampering]) == 1
+    code, said = _verify_cli("--all", secret=secrets[Role.ADMIN])
+    assert code == 3, said
+    code, said = _verify_cli("--all", "--seal", secret=secrets[Role.ADMIN])
+    assert code == 3, said
 
 
 def test_audit__concurrent_writers_and_sealers_make_one_chain(ops: Ledger) -> None:  # noqa: F811
