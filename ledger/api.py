@@ -51,6 +51,7 @@ from ledger.db import (
     require_current_schema,
     scoped_to_tenant,
     set_tenant,
+    snapshot,
     wrap_driver_errors,
 )
 from ledger.effects import (
@@ -807,8 +808,10 @@ class Ledger:
 
     # -- verification --------------------------------------------------------------------------
     def verify_run(self, run_id: UUID) -> list[verify.Problem]:
-        """Check a run's stored history offline; an empty list means it verifies."""
-        with wrap_driver_errors("verifying a run"), self.engine.connect() as conn:
+        """Check a run's stored history offline; an empty list means it verifies. Read in
+        one snapshot: a retention compaction committing meanwhile deletes the artifacts the
+        states it compacted named, which checkpoints read before it would miss."""
+        with wrap_driver_errors("verifying a run"), snapshot(self.engine) as conn:
             self._own_run(conn, run_id)
             return verify.verify_run_txn(conn, self.keys, run_id)
 

@@ -144,3 +144,25 @@ def test_artifacts__a_reference_in_flight_keeps_its_artifact_until_it_commits(
     assert stored(admin, set(own)) == set() and admin.verify_run(run_id) == []
     assert [a.reason for a in admin.audit() if a.action == "retention"].count(
         "unreferenced artifacts") == 1
+
+
+def test_artifacts__verify_during_a_compaction_sees_one_history(
+        drv: Driver, admin: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verify that read the run's checkpoints before a compaction committed (it deleted
+    the states stored apart they name) reads the artifacts of that same moment: no
+    'missing' problem for an artifact that went with the states naming it."""
+    from ledger import verify
+
+    run_id = record_note(drv, "verified meanwhile")
+    checked = verify._check_evidence
+    compacted: list[int] = []
+
+    def compaction_commits_meanwhile(*args: object) -> object:
+        if not compacted:
+            compacted.append(1)
+            assert admin.retention_apply().runs == 1  # its own transaction, committed
+        return checked(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "_check_evidence", compaction_commits_meanwhile)
+    assert admin.verify_run(run_id) == []
+    assert compacted and admin.verify_run(run_id) == []
