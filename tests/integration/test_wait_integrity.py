@@ -9,7 +9,7 @@ in the database, as such an attacker would."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from uuid import UUID
 
 import pytest
@@ -19,7 +19,7 @@ from ledger.exceptions import OperationRefused
 from ledger.recovery import RecoveryStore
 from ledger.runs import Run
 from tasks.executor import ReportKind
-from tests.support import reads
+from tests.support import clock, reads
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver_fixture
 
@@ -238,17 +238,15 @@ def test_continue_of_a_parked_run_whose_approval_expired_with_no_step_is_refused
         drv: Driver) -> None:
     """Invariant: an approval that expired while its run was parked, with no ``on_expire``
     step, is not gone past by continue: refused, saying what to do, the run left parked.
-    Failed before: continue queued the approved step, which parked ``integrity`` again."""
-    run = waiting(drv, "test_review_strict", {"expires_s": 0.5})
+    Failed before: continue queued the approved step, which parked ``integrity`` again.
+    The approval expires by the ledger's clock moved past it once the run is parked (a
+    real half-second expiry could pass before the park under load, changing its reason)."""
+    run = waiting(drv, "test_review_strict", {"expires_s": 60})
     set_running(drv.ledger, run.id, step="done")
     parked_integrity(drv, run.id, "but that approval is pending")
-    recovery = RecoveryStore(drv.ledger.engine)
-
-    def expired() -> bool:
-        recovery.sweep(stall_after_s=60)
-        return drv.ledger.approvals(run_id=run.id)[0].status.value == "expired"
-
-    wait_for(expired, timeout=20, what="the approval to expire")
+    clock.follow_engine(drv.ledger.engine, [timedelta(seconds=120)])
+    RecoveryStore(drv.ledger.engine).sweep(stall_after_s=60)
+    assert drv.ledger.approvals(run_id=run.id)[0].status.value == "expired"
     with pytest.raises(OperationRefused, match=r"which is expired .*replay or branch it"):
         drv.ledger.continue_run(run.id, "checked the edit")
     assert drv.ledger.get_run(run.id).status is RunStatus.NEEDS_REVIEW
