@@ -46,7 +46,8 @@ __all__ = [
 
 approvals_app = typer.Typer(help="Approvals: list, approve, reject.", no_args_is_help=True)
 
-ApprovalArg = Annotated[UUID, typer.Argument(help="The approval's id.")]
+ApprovalArg = Annotated[str, typer.Argument(
+    help="The approval's id, or a unique prefix of it (6+ digits, as for runs).")]
 HashOpt = Annotated[str | None, typer.Option(
     help="The artifact hash you reviewed (needed with --yes; otherwise the one shown). It "
          "must be the hash of the artifact printed now.")]
@@ -80,13 +81,15 @@ def approvals_ls(
     out.print(table)
 
 
-def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment: str | None,
-            yes: bool) -> None:
+def _decide(approval_text: str, approve: bool, artifact_hash: str | None,
+            comment: str | None, yes: bool) -> None:
     verb = "approve" if approve else "reject"
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     ledger = open_ledger()
     with reported():
-        ledger.require(action, approval_id=approval_id)
+        # the role first (nothing is looked up for a caller refused), naming a full id
+        ledger.require(action, approval_id=_full_id(approval_text))
+        approval_id = ledger.resolve_approval(approval_text)
         approval = ledger.get_approval(approval_id)
         if not may_decide(approval, ledger.actor.name, ledger.actor.approver_roles):
             raise ledger.refuse(action, ApprovalRefused(
@@ -118,6 +121,13 @@ def _decide(approval_id: UUID, approve: bool, artifact_hash: str | None, comment
         # the hash the run bound when it asked
         decided = decide(approval_id, artifact_hash=shown, comment=comment)
     out.print(line((decided.status.value, "green"), " by ", decided.decided_by or "-"))
+
+
+def _full_id(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None
 
 
 def _interactive() -> bool:

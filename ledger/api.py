@@ -293,6 +293,12 @@ class Ledger:
         with wrap_driver_errors("finding a run"), self.engine.connect() as conn:
             return inspection.resolve_run_txn(conn, text, self.actor.tenant_id)
 
+    def resolve_approval(self, text: str) -> UUID:
+        """An approval id from its full text or a unique prefix (6+ hex digits), in the
+        actor's tenant, as ``resolve_run`` does for runs."""
+        with wrap_driver_errors("finding an approval"), self.engine.connect() as conn:
+            return inspection.resolve_approval_txn(conn, text, self.actor.tenant_id)
+
     def _own_run(self, conn: Connection, run_id: UUID) -> None:
         found = conn.execute(sa.select(runs_table.c.tenant_id)
                              .where(runs_table.c.id == run_id)).scalar()

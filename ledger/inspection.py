@@ -14,9 +14,9 @@ from sqlalchemy.engine import Connection
 
 from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.effects import Effect
-from ledger.exceptions import InvalidInput, UnknownEffect, UnknownRun
+from ledger.exceptions import InvalidInput, UnknownApproval, UnknownEffect, UnknownRun
 from ledger.runs import Run, TimelineEntry
-from ledger.schema import checkpoints, effects, evidence, runs, step_attempts
+from ledger.schema import approvals, checkpoints, effects, evidence, runs, step_attempts
 from ledger.states import checkpoint_row_txn
 from ledger.vocabulary import EffectStatus, RunStatus
 
@@ -35,6 +35,7 @@ __all__ = [
     "list_effects_txn",
     "list_runs_txn",
     "model_calls_txn",
+    "resolve_approval_txn",
     "resolve_run_txn",
     "timeline_page_txn",
 ]
@@ -87,27 +88,48 @@ def list_runs_txn(conn: Connection, where: RunFilter, *, limit: int = 50,
     return [Run.from_row(row) for row in conn.execute(query).mappings()]
 
 
-def id_range(prefix: str) -> tuple[UUID, UUID]:
+def id_range(prefix: str, noun: str = "run") -> tuple[UUID, UUID]:
     """The first and last uuid starting with ``prefix`` (hex digits, dashes ignored): a
     prefix search that the primary key's index answers."""
     digits = prefix.strip().lower().replace("-", "")
     if not re.fullmatch(r"[0-9a-f]{1,32}", digits):
-        raise InvalidInput(f"{prefix!r} is not a run id or the start of one (hex digits)")
+        raise InvalidInput(f"{prefix!r} is not {'an' if noun[0] in 'aeiou' else 'a'} {noun} "
+                           "id or the start of one (hex digits)")
     return UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f"))
 
 
 def resolve_run_txn(conn: Connection, text: str, tenant_id: str) -> UUID:
     """The one run of ``tenant_id`` whose id is ``text`` or starts with it (6+ hex digits)."""
+    try:
+        return _resolve_id(conn, runs, "run", text, tenant_id)
+    except LookupError:
+        raise UnknownRun(f"no run {text}") from None
+
+
+def resolve_approval_txn(conn: Connection, text: str, tenant_id: str) -> UUID:
+    """The one approval of ``tenant_id`` whose id is ``text`` or starts with it (6+ hex
+    digits): what ``approvals ls`` prints is enough to name it, as for runs."""
+    try:
+        return _resolve_id(conn, approvals, "approval", text, tenant_id)
+    except LookupError:
+        raise UnknownApproval(f"no approval {text}") from None
+
+
+def _resolve_id(conn: Connection, table: sa.Table, noun: str, text: str,
+                tenant_id: str) -> UUID:
+    """The one row id of ``table`` in ``tenant_id`` that is ``text`` or starts with it;
+    LookupError when none does, InvalidInput (listing them) when several do."""
     if len(text.strip().replace("-", "")) < 6:
-        raise InvalidInput(f"run id {text!r}: give the id, or at least its first 6 digits")
-    low, high = id_range(text)
+        raise InvalidInput(f"{noun} id {text!r}: give the id, or at least its first 6 digits")
+    low, high = id_range(text, noun)
     found = list(conn.execute(
-        sa.select(runs.c.id).where(runs.c.id.between(low, high), runs.c.tenant_id == tenant_id)
-        .order_by(runs.c.id).limit(3)).scalars())
+        sa.select(table.c.id).where(table.c.id.between(low, high),
+                                    table.c.tenant_id == tenant_id)
+        .order_by(table.c.id).limit(3)).scalars())
     if not found:
-        raise UnknownRun(f"no run {text}")
+        raise LookupError(text)
     if len(found) > 1:
-        raise InvalidInput(f"run id prefix {text} is ambiguous ({', '.join(map(str, found))}"
+        raise InvalidInput(f"{noun} id prefix {text} is ambiguous ({', '.join(map(str, found))}"
                            f"{', …' if len(found) > 2 else ''}): give more of it")
     return UUID(str(found[0]))
 

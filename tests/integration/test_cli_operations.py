@@ -162,6 +162,33 @@ def test_cli_cancel_approve_effects(drv: Driver) -> None:
     onward("runs", "cancel", str(running), "--reason", "stop", "--yes", code=2)
 
 
+def test_cli_approvals__a_unique_prefix_names_an_approval_an_ambiguous_one_is_refused(
+        drv: Driver) -> None:
+    """approvals approve / reject take a unique prefix of the id (6+ digits), as runs and
+    effects do; a prefix two approvals share is refused (exit 2) naming both, and decides
+    nothing."""
+    waiting = [drv.ledger.start_run("test_ops_notes", {"topic": "cli", "approve": True})
+               for _ in range(2)]
+    assert {drv.drive(r).status for r in waiting} == {RunStatus.WAITING}
+    ids = sorted(a["id"] for a in json.loads(onward("approvals", "ls", "--json")))
+    # uuid7: both begin with the time they were asked (the first 6 digits change every 4.7 h)
+    shared = next(ids[0][:n] for n in range(len(ids[0]), 0, -1) if ids[1].startswith(ids[0][:n]))
+    assert len(shared) >= 6, ids
+    refused = onward("approvals", "approve", shared, "-m", "ok", input="y\n", code=2)
+    assert "ambiguous" in refused and all(i in refused for i in ids), refused
+    onward("approvals", "approve", "zz" + shared[2:], input="y\n", code=2)  # not hex
+    out = onward("approvals", "approve", ids[0][:len(shared) + 2], "-m", "ok", input="y\n")
+    assert "approved by olga" in out
+    out = onward("approvals", "reject", ids[1][:len(shared) + 2], input="y\n")
+    assert "rejected by olga" in out
+    assert {a["status"] for a in json.loads(onward("approvals", "ls", "--status", "approved",
+                                                   "--json"))} == {"approved"}
+    decisions = json.loads(onward("audit", "ls", "--json"))
+    assert sorted((a["action"], a["outcome"], a["approval_id"]) for a in decisions
+                  if a["action"] in ("approve", "reject")) == [
+        ("approve", "done", ids[0]), ("reject", "done", ids[1])]
+
+
 def test_cli_refusals_before_the_ledger_are_audited(drv: Driver) -> None:
     """Input the CLI refuses itself (an unknown mode, a malformed patch, an unknown run) is
     audited like any refusal, and exits 2."""
