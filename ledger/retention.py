@@ -420,7 +420,8 @@ def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
     """Compact what the policies make due, ``batch`` runs per query, one run per
     transaction with its audit row (by ``actor``, else the reaper in the run's tenant),
     deleting the artifacts it took the last reference to; then sweep every other
-    unreferenced artifact (audited by ``actor``, else the reaper in ``tenant``).
+    unreferenced artifact (audited by ``actor``, else the reaper in ``tenant``) once no
+    compaction is left: a call stopped by ``max_runs`` does not read every artifact.
     Resumable: a run is compacted whole or not at all, and the next call finds the rest."""
     done, after = Applied(), None
     while max_runs is None or done.runs < max_runs:
@@ -431,6 +432,8 @@ def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
         if page.next_after is None:
             break
         after = page.next_after
+    else:  # stopped at max_runs: the reaper calls again at once, and sweeps at the last call
+        return done
     swept = artifact_sweep.sweep(engine, keys, actor or Actor(REAPER_ACTOR, Role.ADMIN, tenant))
     done.artifacts += swept.artifacts
     done.artifact_bytes += swept.bytes

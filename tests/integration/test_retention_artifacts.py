@@ -166,3 +166,24 @@ def test_artifacts__verify_during_a_compaction_sees_one_history(
     monkeypatch.setattr(verify, "_check_evidence", compaction_commits_meanwhile)
     assert admin.verify_run(run_id) == []
     assert compacted and admin.verify_run(run_id) == []
+
+
+def test_artifacts__a_pass_stopped_at_max_runs_leaves_the_sweep_to_the_last(
+        drv: Driver, admin: Ledger) -> None:
+    """The reaper applies retention 500 runs at a time and calls again at once while runs
+    are left: the sweep, which reads every artifact, runs only at the call that finishes
+    (an orphan stays through a call stopped at max_runs, and goes at the last)."""
+    from ledger import retention
+
+    record_note(drv, "first")
+    record_note(drv, "second")
+    orphan = "0" * 64
+    with admin.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO onward.artifacts (sha256, size, media_type, body) "
+                             "VALUES (:s, 2, 'application/json', '{}')"), {"s": orphan})
+    policies = retention.parse_policies("*/*=0")
+
+    stopped = retention.apply(admin.engine, admin.keys, policies, batch=1, max_runs=1)
+    assert (stopped.runs, stored(admin, {orphan})) == (1, {orphan})
+    last = retention.apply(admin.engine, admin.keys, policies, batch=1, max_runs=500)
+    assert (last.runs, stored(admin, {orphan})) == (1, set())
