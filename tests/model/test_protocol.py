@@ -80,7 +80,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
-from tests.model import flows
+from tests.model import flows, known
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -782,6 +782,8 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             self._export_import(run)
 
     def _export_import(self, run: UUID) -> None:
+        if known.UNREADABLE_CONTROL_BUNDLES_REFUSED and run in self.book.unreadable:
+            return
         self.exports += 1
         name = f"export-{self.exports}"
         corpora = Corpora(self.ledger)
