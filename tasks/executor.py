@@ -26,6 +26,7 @@ from ledger.exceptions import (
     EffectFenced,
     EvidenceFenced,
     InvalidInput,
+    SealedValueUnreadable,
     StatementRefused,
 )
 from ledger.signal_order import MARKS_KEY, marks_ref
@@ -569,6 +570,9 @@ class _Ending:
             self.log.warning("lease lost while resolving effects", error=str(exc))
             self.store.commit_refused(self.claim)
             return self._report(ReportKind.LEASE_LOST)
+        except SealedValueUnreadable as exc:  # e.g. its tenant's data keys were erased
+            return self._park_unknown(None, f"its effects' sealed values cannot be opened "
+                                            f"to settle them ({exc})")
 
     def _park_unknown(self, effect: Effect | None, why: str) -> StepReport:
         named = (f"effect {effect.effect_type} {effect.effect_id[:16]}… ({effect.status.value})"
