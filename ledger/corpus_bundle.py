@@ -46,7 +46,7 @@ from ledger.schema import (
     step_attempts,
     tenant_keys,
 )
-from ledger.verify import verify_run_txn
+from ledger.verify import Problem, verify_run_txn
 from ledger.vocabulary import AuditAction, AuditOutcome
 
 __all__ = [
@@ -72,7 +72,12 @@ class Exported:
 def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
                out: IO[bytes], drop: DropPolicy, *, audit: bool = True) -> Exported:
     """Write the corpus ``name`` of the actor's tenant to ``out``; with ``audit``, one
-    audit row records it (a replay by name reads without writing anything)."""
+    audit row records it (a replay by name reads without writing anything).
+
+    An audited export first verifies every run it writes and is refused, with nothing
+    written, if one does not verify here: a bundle is what an import into a ledger running
+    this code accepts (``verify_loaded_txn``), never a copy that laundered an edited run or
+    one this code cannot read. A replay by name restores, and so checks, each run itself."""
     actor.require(AuditAction.CORPUS_EXPORT)
     corpus = get_corpus_txn(conn, actor.tenant_id, name)
     pins = sa.select(corpus_runs.c.run_id).where(corpus_runs.c.tenant_id == actor.tenant_id,
@@ -84,6 +89,12 @@ def export_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, name: str,
     skipped = [{"run_id": str(r.id), "status": r.status} for r in conn.execute(
         sa.select(runs.c.id, runs.c.status).where(runs.c.id.in_(pins),
                                                   runs.c.status.not_in(stopped)))]
+    if audit:
+        _refuse_problems([p for (run_id,) in conn.execute(pinned)
+                          for p in verify_run_txn(conn, keys, run_id)],
+                         "in the corpus's runs, so nothing was exported",
+                         f"unpin them (onward corpus rm {name} --run RUN) or export from "
+                         "the ledger and onward version that wrote them")
     writer = BundleWriter(out)
     writer.line({
         "format": FORMAT, "version": BUNDLE_VERSION, "schema_revision": HEAD_REVISION,
@@ -226,13 +237,18 @@ def _check_not_erased(conn: Connection, tenant_id: str, carried: int) -> None:
 
 def verify_loaded_txn(conn: Connection, keys: CheckpointKeys, run_ids: list[UUID]) -> None:
     """Raise IntegrityViolation unless every run verifies with the keys configured here."""
-    problems = [p for run_id in run_ids for p in verify_run_txn(conn, keys, run_id)]
+    _refuse_problems([p for run_id in run_ids for p in verify_run_txn(conn, keys, run_id)],
+                     "in the bundle's runs, so nothing was imported",
+                     "are the MAC keys configured here those of the ledger the bundle "
+                     "came from?")
+
+
+def _refuse_problems(problems: list[Problem], what: str, hint: str) -> None:
+    """Raise IntegrityViolation naming the first problems found, if any."""
     if problems:
         shown = "; ".join(str(p) for p in problems[:3])
-        raise IntegrityViolation(
-            f"{len(problems)} problem(s) in the bundle's runs, so nothing was imported: {shown}"
-            f"{' …' if len(problems) > 3 else ''} (are the MAC keys configured here those of "
-            "the ledger the bundle came from?)")
+        raise IntegrityViolation(f"{len(problems)} problem(s) {what}: {shown}"
+                                 f"{' …' if len(problems) > 3 else ''} ({hint})")
 
 
 def _owner(table: str, row: dict[str, Any], effect_runs: dict[tuple[str, str], UUID]) -> Any:

@@ -187,14 +187,17 @@ def test_corpus_import__refuses_a_bundle_missing_a_record_a_checkpoint_names(
         drv: Driver, second_url: str, settings: OnwardSettings) -> None:
     """Invariant: a bundle is complete for what its checkpoints name under their MACs: a
     recorded model answer deleted from the ledger before the export (database access, no
-    key) makes the import refuse the bundle, naming the call; nothing is written."""
+    key) makes the export refuse, and the import refuse a bundle read all the same (a
+    replay by name reads one without verifying), naming the call; nothing is written."""
     run_id = record_note(drv, "gone")
     with drv.ledger.engine.begin() as conn:
         assert conn.execute(sa.text("DELETE FROM onward.evidence WHERE run_id = :r"),
                             {"r": run_id}).rowcount == 1
     corpora = Corpora(drv.ledger)
     corpora.add("g", Selection(run_ids=(run_id,)))
-    bundle = read_bundle(exported(corpora, "g"), drv.ledger.keys)
+    with pytest.raises(IntegrityViolation, match="nothing was exported: .*summarize@0#1"):
+        exported(corpora, "g")
+    bundle = read_bundle(corpora.snapshot("g"), drv.ledger.keys)
     with other_ledger(second_url, settings) as target:
         with pytest.raises(IntegrityViolation, match="summarize@0#1, which the bundle does not"):
             Corpora(target).import_bundle(bundle)
@@ -515,3 +518,23 @@ def test_corpus_import__the_same_bundle_imported_twice_at_once(
         [imported] = done
         assert (imported.added, imported.present) == ([], bundle.run_ids)  # type: ignore[attr-defined]
         assert [target.verify_run(run_id) for run_id in bundle.run_ids] == [[]]
+
+
+def test_corpus_export__refuses_a_pinned_run_that_does_not_verify_here(drv: Driver) -> None:
+    """Invariant: an export writes what an import running this code accepts. A pinned run
+    whose checkpoint was edited after it was pinned (its MAC no longer matches) is named
+    in a refusal and nothing is written; unpinned, the rest exports. Failed before: the
+    export wrote the edited run, and only the other ledger's import refused the bundle."""
+    edited = record_note(drv, "edited")
+    kept = record_note(drv, "kept")
+    corpora = Corpora(drv.ledger)
+    corpora.add("c", Selection(run_ids=(edited, kept)))
+    with drv.ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE onward.checkpoints SET next_step = 'elsewhere' "
+                             "WHERE run_id = :r AND seq = 0"), {"r": edited})
+    out = io.BytesIO()
+    with pytest.raises(IntegrityViolation, match=rf"nothing was exported: .*{edited}"):
+        corpora.export("c", out)
+    assert out.getvalue() == b""
+    corpora.remove("c", (edited,), "edited after it was pinned")
+    assert read_bundle(exported(corpora, "c"), drv.ledger.keys).run_ids == [kept]
