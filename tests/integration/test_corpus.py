@@ -195,7 +195,7 @@ def test_corpus_import__refuses_a_bundle_missing_a_record_a_checkpoint_names(
                             {"r": run_id}).rowcount == 1
     corpora = Corpora(drv.ledger)
     corpora.add("g", Selection(run_ids=(run_id,)))
-    with pytest.raises(IntegrityViolation, match="nothing was exported: .*summarize@0#1"):
+    with pytest.raises(IntegrityViolation, match=r"nothing was exported: .*summarize@0#1"):
         exported(corpora, "g")
     bundle = read_bundle(corpora.snapshot("g"), drv.ledger.keys)
     with other_ledger(second_url, settings) as target:
