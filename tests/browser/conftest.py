@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
+from playwright.sync_api import Browser, BrowserType, Playwright, sync_playwright
 
 from console.http.app import create_app
 from ledger import Ledger
@@ -35,6 +36,50 @@ def browser_type_launch_args() -> dict[str, Any]:
             pytest.fail(message)
         pytest.skip(message)
     return {"executable_path": str(CHROMIUM), "args": CHROMIUM_ARGS, "headless": True}
+
+
+# pytest-playwright keeps Playwright, its browser and Chromium's processes for the whole
+# session. Its sync API runs an event loop in a greenlet of the main thread, so in a serial
+# run every later test met a running loop (asyncio.run refused: test_crypt's async client,
+# test_llm_openai_clients), ast.parse a shifted recursion depth (test_migration_chain) and
+# the integration tier's child-process check Chromium's helpers (test_scratch). So they
+# are this package's and stop when its tests end (pytest-xdist had hidden this: another
+# process ran those tests).
+
+
+@pytest.fixture(scope="package")
+def playwright() -> Iterator[Playwright]:
+    running = sync_playwright().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="package")
+def browser_type(playwright: Playwright, browser_name: str) -> BrowserType:
+    return getattr(playwright, browser_name)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="package")
+def launch_browser(browser_type_launch_args: dict[str, Any],
+                   browser_type: BrowserType) -> Callable[..., Browser]:
+    def launch(**kwargs: Any) -> Browser:
+        return browser_type.launch(**{**browser_type_launch_args, **kwargs})
+
+    return launch
+
+
+@pytest.fixture(scope="package")
+def browser(launch_browser: Callable[..., Browser]) -> Iterator[Browser]:
+    launched = launch_browser()
+    yield launched
+    launched.close()
+
+
+@pytest.fixture(scope="package")
+def browser_context_args() -> dict[str, Any]:
+    """Plain contexts (pytest-playwright's reads the session's Playwright for --device,
+    --base-url and --video, which these tests do not use)."""
+    return {}
 
 
 def free_port() -> int:
