@@ -13,8 +13,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -34,6 +32,7 @@ from ledger.retention import parse_policies
 from ledger.schema import runs
 from ledger.steps import Advance, Claim, StepStore, Successor
 from tests.support import clock, reads
+from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver_fixture
 from workers.reaper import Reaper
 
@@ -239,13 +238,6 @@ def _waiting_for_keep_lock(ledger: Ledger) -> bool:
             "AND objid = :k"), {"k": retention.KEEP_LOCK}).scalar_one())
 
 
-def _until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_partitions__a_hold_committed_during_the_drop_check_keeps_the_month(
         ledger: Ledger, drv: Driver) -> None:
     """The race between a partition drop and a legal hold: a hold whose transaction is in
@@ -266,7 +258,8 @@ def test_partitions__a_hold_committed_during_the_drop_check_keeps_the_month(
             dropper = threading.Thread(target=lambda: done.setdefault(
                 "expired", partitions.expire(ledger.engine, ledger.keys, policies)))
             dropper.start()
-            _until(lambda: _waiting_for_keep_lock(ledger), "the drop to wait for the hold")
+            wait_for(lambda: _waiting_for_keep_lock(ledger), timeout=20,
+                     what="the drop to wait for the hold", interval=0.02)
         dropper.join(timeout=30)
     assert not dropper.is_alive()
     assert done["expired"].dropped == [] and "legal hold" in done["expired"].kept[month]
@@ -283,7 +276,8 @@ def test_partitions__a_hold_or_pin_waits_for_a_drop_in_progress(
             retention.keep_exclusive_txn(dropping)
             holder = threading.Thread(target=ledger.hold, args=(run_id, "litigation"))
             holder.start()
-            _until(lambda: _waiting_for_keep_lock(ledger), "the hold to wait for the drop")
+            wait_for(lambda: _waiting_for_keep_lock(ledger), timeout=20,
+                     what="the hold to wait for the drop", interval=0.02)
             assert holder.is_alive()
         holder.join(timeout=30)
     assert not holder.is_alive()
@@ -294,7 +288,8 @@ def test_partitions__a_hold_or_pin_waits_for_a_drop_in_progress(
         pinner = threading.Thread(target=lambda: Corpora(ledger).add(
             "keep-race", Selection(run_ids=(run_id,))))
         pinner.start()
-        _until(lambda: _waiting_for_keep_lock(ledger), "the pin to wait for the drop")
+        wait_for(lambda: _waiting_for_keep_lock(ledger), timeout=20,
+                 what="the pin to wait for the drop", interval=0.02)
     pinner.join(timeout=30)
     assert not pinner.is_alive()
     with ledger.engine.connect() as conn:
