@@ -13,22 +13,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import psycopg
-
 from ledger import Ledger
-from ledger.db import libpq_conninfo
-from ledger.hot import positional
 from ledger.steps import Claim, StepStore
+from tests.support.plans import explain, explaining
 
 
 def _evidence_probes(url: str, query: str, params: dict[str, Any]) -> list[str]:
     """How the plan of ``query`` (bound to ``params``, not executed) reaches onward.evidence:
     one line per probe, with its index condition."""
-    text, names = positional(query)
-    with psycopg.connect(libpq_conninfo(url), cursor_factory=psycopg.RawCursor) as conn:
-        conn.execute("SET enable_seqscan = off")
-        plan = [row[0] for row in conn.execute(b"EXPLAIN (COSTS OFF) " + text,
-                                               [params[name] for name in names])]
+    plan = explain(url, query, params, setup=("SET enable_seqscan = off",))
     probes = []
     for at, line in enumerate(plan):
         if re.search(r"Scan using \w+ on evidence\b", line):
@@ -39,14 +32,8 @@ def _evidence_probes(url: str, query: str, params: dict[str, Any]) -> list[str]:
 def test_claim__reads_answered_at_its_seq_through_the_run_seq_index(ledger: Ledger) -> None:
     store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
     probes: list[list[str]] = []
-    run_statement = store._one
-
-    def explained(query: str, params: dict[str, Any], *, binary: bool = False) -> Any:
-        if "AS answered" in query:
-            probes.append(_evidence_probes(ledger.url, query, params))
-        return run_statement(query, params, binary=binary)
-
-    store._one = explained  # type: ignore[method-assign]
+    explaining(store, "AS answered",
+               lambda query, params: probes.append(_evidence_probes(ledger.url, query, params)))
     try:
         run_id = ledger.start_run("test_chain", {"steps": 1})
         assert isinstance(store.claim(run_id, 0, "w"), Claim)

@@ -25,8 +25,6 @@ from sqlalchemy.engine import make_url
 from ledger import Ledger, OutcomeKind, RunStatus, partitions, retention
 from ledger.corpora import Corpora
 from ledger.corpus import Selection, pinned_txn
-from ledger.db import libpq_conninfo
-from ledger.hot import positional
 from ledger.migrate import downgrade, upgrade
 from ledger.retention import parse_policies
 from ledger.schema import runs
@@ -34,6 +32,7 @@ from ledger.steps import Advance, Claim, StepStore, Successor
 from tests.support import clock, reads
 from tests.support.cluster import wait_for
 from tests.support.driver import Driver, driver_fixture
+from tests.support.plans import explain, explaining
 from workers.reaper import Reaper
 
 MODULES = ["tests.workflows"]
@@ -300,10 +299,7 @@ def _partitions_probed(url: str, query: str, params: dict[str, Any]) -> list[str
     """The step_attempts partitions the plan of ``query``'s ``attempt`` CTE (the
     close_attempt fragment, ledger/sql/steps.sql) updates, as EXPLAIN shows it with
     ``params`` bound (nothing is executed)."""
-    text, names = positional(query)
-    with psycopg.connect(libpq_conninfo(url), cursor_factory=psycopg.RawCursor) as conn:
-        plan = [row[0] for row in conn.execute(b"EXPLAIN (COSTS OFF) " + text,
-                                               [params[name] for name in names])]
+    plan = explain(url, query, params)
     start = plan.index("  CTE attempt")
     section = itertools.takewhile(lambda line: line.startswith("    "), plan[start + 1:])
     return re.findall(r"Update on (step_attempts_\w+)", "\n".join(section))
@@ -318,14 +314,8 @@ def test_partitions__a_step_ends_its_attempt_in_its_month_s_partition_only(
     claim a chained commit takes."""
     store = StepStore(ledger.url, ledger.keys, lease_ttl_s=30)
     seen: list[list[str]] = []
-    run_statement = store._one
-
-    def explained(query: str, params: dict[str, Any], *, binary: bool = False) -> Any:
-        if "attempt AS (" in query:
-            seen.append(_partitions_probed(ledger.url, query, params))
-        return run_statement(query, params, binary=binary)
-
-    store._one = explained  # type: ignore[method-assign]
+    explaining(store, "attempt AS (",
+               lambda query, params: seen.append(_partitions_probed(ledger.url, query, params)))
     try:
         run_id = ledger.start_run("test_chain", {"steps": 3})
         claim = store.claim(run_id, 0, "w")
