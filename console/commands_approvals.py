@@ -7,7 +7,6 @@ import json
 import shutil
 import sys
 from typing import Annotated, Any, NoReturn
-from uuid import UUID
 
 import click
 import typer
@@ -17,6 +16,7 @@ from console.common import (
     JsonFlag,
     LimitOpt,
     YesFlag,
+    approval_of,
     confirm,
     open_ledger,
     out,
@@ -87,9 +87,8 @@ def _decide(approval_text: str, approve: bool, artifact_hash: str | None,
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
     ledger = open_ledger()
     with reported():
-        # the role first (nothing is looked up for a caller refused), naming a full id
-        ledger.require(action, approval_id=_full_id(approval_text))
-        approval_id = ledger.resolve_approval(approval_text)
+        # the role first (nothing is looked up for a caller refused), then the id or prefix
+        approval_id = approval_of(ledger, approval_text, action)
         approval = ledger.get_approval(approval_id)
         if not may_decide(approval, ledger.actor.name, ledger.actor.approver_roles):
             raise ledger.refuse(action, ApprovalRefused(
@@ -121,13 +120,6 @@ def _decide(approval_text: str, approve: bool, artifact_hash: str | None,
         # the hash the run bound when it asked
         decided = decide(approval_id, artifact_hash=shown, comment=comment)
     out.print(line((decided.status.value, "green"), " by ", decided.decided_by or "-"))
-
-
-def _full_id(text: str) -> UUID | None:
-    try:
-        return UUID(text)
-    except ValueError:
-        return None
 
 
 def _interactive() -> bool:

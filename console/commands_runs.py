@@ -28,6 +28,7 @@ from console.common import (
     print_json,
     reported,
     resolve_run,
+    run_of,
     when,
 )
 from console.render import run_detail, show_run
@@ -138,22 +139,11 @@ def _get(ledger: Ledger, text: str, action: AuditAction) -> Any:
     """The run ``text`` names (id or unique prefix), once the actor's role allows
     ``action`` (checked first); refusals are audited."""
     with reported():
-        ledger.require(action, run_id=_uuid_or_none(text))
-    try:
-        run_id = ledger.resolve_run(text)
-    except (UnknownRun, InvalidInput) as exc:
-        _refuse(ledger, action, exc, _uuid_or_none(text))
+        run_id = run_of(ledger, text, action)
     run = ledger.get_run(run_id)
     if run is None:
         _refuse(ledger, action, UnknownRun(f"no run {run_id}"), run_id)
     return run
-
-
-def _uuid_or_none(text: str) -> UUID | None:
-    try:
-        return UUID(text)
-    except ValueError:
-        return None
 
 
 def _refuse(ledger: Ledger, action: AuditAction, error: Exception,

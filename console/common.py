@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -26,7 +26,13 @@ from console.auth import cli_ledger
 from console.safe import console, visible
 from ledger import Ledger
 from ledger.api import REFUSALS
-from ledger.exceptions import OnwardError, Unauthenticated
+from ledger.exceptions import (
+    InvalidInput,
+    OnwardError,
+    Unauthenticated,
+    UnknownApproval,
+    UnknownRun,
+)
 from ledger.vocabulary import AuditAction
 
 if TYPE_CHECKING:
@@ -43,6 +49,7 @@ __all__ = [
     "ReasonOpt",
     "YesFlag",
     "announce",
+    "approval_of",
     "confirm",
     "err",
     "fail",
@@ -53,6 +60,7 @@ __all__ = [
     "print_json",
     "reported",
     "resolve_run",
+    "run_of",
     "say_error",
     "short",
     "warn_unknown_variables",
@@ -92,6 +100,42 @@ def resolve_run(ledger: Ledger, text: str) -> UUID:
     with reported():
         return ledger.resolve_run(text)
     raise AssertionError("unreachable")  # pragma: no cover - reported() exits
+
+
+def run_of(ledger: Ledger, text: str, action: AuditAction | None = None) -> UUID:
+    """The run ``text`` names: its id, or a unique prefix of it (6+ hex digits, as ``runs
+    ls`` prints). With ``action``, the role is checked first (audited), and an unknown or
+    ambiguous prefix is then an audited refusal of ``action``. The CLI and the HTTP API
+    both name runs through this."""
+    return _named(ledger, text, action, ledger.resolve_run, "run_id")
+
+
+def approval_of(ledger: Ledger, text: str, action: AuditAction | None = None) -> UUID:
+    """The approval ``text`` names: its id, or a unique prefix of it (6+ hex digits, as
+    ``approvals ls`` prints), checked as ``run_of`` checks a run."""
+    return _named(ledger, text, action, ledger.resolve_approval, "approval_id")
+
+
+def _named(ledger: Ledger, text: str, action: AuditAction | None,
+           resolve: Callable[[str], UUID], field: str) -> UUID:
+    full = _full_id(text)  # audit rows name the id only when the caller gave all of it
+    run_id = full if field == "run_id" else None
+    approval_id = full if field == "approval_id" else None
+    if action is not None:
+        ledger.require(action, run_id=run_id, approval_id=approval_id)
+    try:
+        return resolve(text)
+    except (InvalidInput, UnknownRun, UnknownApproval) as exc:
+        if action is None:
+            raise
+        raise ledger.refuse(action, exc, run_id=run_id, approval_id=approval_id) from None
+
+
+def _full_id(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None
 
 
 def worker_settings() -> WorkerSettings:

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from console.common import plain
+from console.common import approval_of, plain, run_of
 from console.render import run_detail
 from ledger import Ledger, RunStatus, UnknownRun
 from ledger.exceptions import InvalidInput, Unauthenticated
@@ -62,7 +62,6 @@ __all__ = [
     "resolve_effect",
     "router",
     "run_counts",
-    "run_of",
     "show_approval",
     "show_effect",
     "show_run",
@@ -247,25 +246,6 @@ def _approval_cursor(value: Any) -> tuple[datetime, UUID]:
 def page(items: list[Any], limit: int, cursor: Any) -> dict[str, Any]:
     return {"items": plain(items), "next_cursor": encode(cursor) if len(items) == limit
             else None}
-
-
-def run_of(ledger: Ledger, text: str, action: AuditAction | None = None) -> UUID:
-    """Check the role first (audited), then find the run by id or unique prefix."""
-    if action is not None:
-        ledger.require(action, run_id=_uuid(text))
-    try:
-        return ledger.resolve_run(text)
-    except (InvalidInput, UnknownRun) as exc:
-        if action is None:
-            raise
-        raise ledger.refuse(action, exc, run_id=_uuid(text)) from None
-
-
-def _uuid(text: str) -> UUID | None:
-    try:
-        return UUID(text)
-    except ValueError:
-        return None
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -475,29 +455,30 @@ def list_approvals(ledger: Authed, status: ApprovalStatus | None = ApprovalStatu
     return page(found, limit, last)
 
 
-@router.get("/approvals/{approval_id}", tags=["approvals"])
-def show_approval(ledger: Authed, approval_id: UUID) -> dict[str, Any]:
-    """One approval with its artifact exactly as hashed."""
-    return plain(ledger.get_approval(approval_id))
+@router.get("/approvals/{approval}", tags=["approvals"])
+def show_approval(ledger: Authed, approval: str) -> dict[str, Any]:
+    """One approval (id or unique prefix) with its artifact exactly as hashed."""
+    return plain(ledger.get_approval(approval_of(ledger, approval)))
 
 
-def _decide(ledger: Ledger, approval_id: UUID, body: DecisionBody, approve: bool) -> Any:
+def _decide(ledger: Ledger, approval: str, body: DecisionBody, approve: bool) -> Any:
     action = AuditAction.APPROVE if approve else AuditAction.REJECT
-    ledger.require(action, approval_id=approval_id)
+    approval_id = approval_of(ledger, approval, action)
     decide = ledger.approve if approve else ledger.reject
     return plain(decide(approval_id, artifact_hash=body.shown_hash, comment=body.comment))
 
 
-@router.post("/approvals/{approval_id}/approve", tags=["approvals"])
-def approve(ledger: Authed, approval_id: UUID, body: DecisionBody) -> dict[str, Any]:
-    """Approve the artifact your client showed (``shown_hash``); the run resumes."""
-    return dict(_decide(ledger, approval_id, body, True))
+@router.post("/approvals/{approval}/approve", tags=["approvals"])
+def approve(ledger: Authed, approval: str, body: DecisionBody) -> dict[str, Any]:
+    """Approve the artifact your client showed (``shown_hash``); the run resumes. The
+    approval is named by its id or a unique prefix (6+ hex digits), as in the CLI."""
+    return dict(_decide(ledger, approval, body, True))
 
 
-@router.post("/approvals/{approval_id}/reject", tags=["approvals"])
-def reject(ledger: Authed, approval_id: UUID, body: DecisionBody) -> dict[str, Any]:
+@router.post("/approvals/{approval}/reject", tags=["approvals"])
+def reject(ledger: Authed, approval: str, body: DecisionBody) -> dict[str, Any]:
     """Reject; the run goes to its rejection step or fails."""
-    return dict(_decide(ledger, approval_id, body, False))
+    return dict(_decide(ledger, approval, body, False))
 
 
 # -- audit --------------------------------------------------------------------------------

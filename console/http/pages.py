@@ -22,6 +22,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
+from console.common import approval_of
 from console.http.errors import status_of
 from ledger import Ledger, RunStatus
 from ledger.checkpoints import canonical_json, sha256_hex
@@ -497,8 +498,8 @@ def approvals_page(request: Request, mine: str = "", status: str = "pending",
                       ledger)
 
 
-@router.post("/approvals/{approval_id}/{decision}", response_class=HTMLResponse)
-def decide_page(request: Request, approval_id: UUID, decision: str, shown_hash: Text,
+@router.post("/approvals/{approval}/{decision}", response_class=HTMLResponse)
+def decide_page(request: Request, approval: str, decision: str, shown_hash: Text,
                 comment: Text, csrf: Annotated[str | None, Form()] = None) -> Response:
     """Decide on the artifact the page showed (``shown_hash``, the sha256 of the canonical
     JSON it rendered); the ledger refuses unless it is the hash the run bound."""
@@ -510,7 +511,7 @@ def decide_page(request: Request, approval_id: UUID, decision: str, shown_hash: 
             raise InvalidInput(f"no decision {decision!r}")
         approve = decision == "approve"
         action = AuditAction.APPROVE if approve else AuditAction.REJECT
-        ledger.require(action, approval_id=approval_id)
+        approval_id = approval_of(ledger, approval, action)
         if not comment.strip():
             raise ledger.refuse(action, InvalidInput("say why (the reason is audited)"),
                                 approval_id=approval_id)

@@ -128,6 +128,41 @@ def test_api__approve_with_the_tokens_approver_role(client: TestClient, drv: Dri
     assert drv.drive(run_id).status is RunStatus.COMPLETED
 
 
+def test_api__approvals_are_named_by_a_unique_prefix_as_in_the_cli(
+        client: TestClient, drv: Driver) -> None:
+    """Invariant: the approval routes take the id or a unique prefix of it (6+ digits), as
+    ``onward approvals approve`` does; a prefix two approvals share is 422 naming both and
+    an unknown one 404, each an audited refusal that decides nothing."""
+    waiting = [drv.ledger.start_run("test_ops_notes", {"topic": "http", "approve": True})
+               for _ in range(2)]
+    assert {drv.drive(r).status for r in waiting} == {RunStatus.WAITING}
+    olga = auth(token(drv.ledger, "olga", "operator"))
+    listed = client.get("/api/v1/approvals", headers=olga).json()["items"]
+    ids = sorted(a["id"] for a in listed)
+    # uuid7: both begin with the time they were asked (the first 6 digits change every 4.7 h)
+    shared = ids[0][:next(i for i, (a, b) in enumerate(zip(*ids, strict=True)) if a != b)]
+    assert len(shared) >= 6, ids
+    hashes = {a["id"]: a["artifact_hash"] for a in listed}
+    body = {"artifact_hash": hashes[ids[0]], "comment": "ok"}
+    ambiguous = client.post(f"/api/v1/approvals/{shared}/approve", json=body, headers=olga)
+    assert ambiguous.status_code == 422 and all(i in ambiguous.json()["detail"] for i in ids)
+    unknown = "0" * 8
+    assert client.post(f"/api/v1/approvals/{unknown}/reject", json=body,
+                       headers=olga).status_code == 404
+    assert client.get(f"/api/v1/approvals/{unknown}", headers=olga).status_code == 404
+    first, second = (i[:len(shared) + 2] for i in ids)
+    assert client.get(f"/api/v1/approvals/{first}", headers=olga).json()["id"] == ids[0]
+    done = client.post(f"/api/v1/approvals/{first}/approve", json=body, headers=olga)
+    assert done.status_code == 200 and done.json()["status"] == "approved", done.text
+    body = {"artifact_hash": hashes[ids[1]], "comment": "no"}
+    done = client.post(f"/api/v1/approvals/{second}/reject", json=body, headers=olga)
+    assert done.status_code == 200 and done.json()["status"] == "rejected", done.text
+    decisions = sorted((a.action, a.outcome, str(a.approval_id)) for a in drv.ledger.audit()
+                       if a.action in ("approve", "reject"))
+    assert decisions == [("approve", "done", ids[0]), ("approve", "refused", "None"),
+                         ("reject", "done", ids[1]), ("reject", "refused", "None")]
+
+
 def test_page__sign_in_csrf_and_role_aware_actions(client: TestClient, drv: Driver) -> None:
     """Invariant: the page needs a sign-in; a viewer sees no action buttons and a POST made
     anyway is 403 (audited); a POST without the CSRF value does nothing; an operator sees
