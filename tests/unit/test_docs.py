@@ -210,3 +210,39 @@ def test_docs__code_named_by_its_dotted_name_exists() -> None:
                for name in _DOTTED.findall(code)
                if not name.endswith(_FILE_TYPES) and _resolves(name, modules) is False]
     assert not missing, missing
+
+
+_SHELL_BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def _unquoted_globs(script: str) -> list[str]:
+    """Words of a shell script with ``?`` or ``*`` outside quotes and comments: the shell
+    expands them as file patterns (zsh, macOS's shell, refuses the command when nothing
+    matches: ``no matches found: http://…/runs?status=…``)."""
+    found, word, quote, comment = [], "", "", False
+    for char in script + "\n":
+        if comment:
+            comment = char != "\n"
+        elif quote:
+            quote = "" if char == quote else quote
+            word += char
+        elif char in "'\"":
+            quote, word = char, word + char
+        elif char == "#" and not word:
+            comment = True
+        elif char.isspace():
+            if re.search(r"[?*]", re.sub(r"'[^']*'|\"[^\"]*\"", "", word)):
+                found.append(word)
+            word = ""
+        else:
+            word += char
+    return found
+
+
+def test_docs__shell_commands_quote_their_patterns() -> None:
+    """A command in a shell block can be pasted as it is: a URL with a query string or any
+    other word with ``?`` or ``*`` is quoted."""
+    unquoted = [f"{markdown.relative_to(ROOT)}: {word}" for markdown in _prose()
+                for block in _SHELL_BLOCK.findall(markdown.read_text())
+                for word in _unquoted_globs(block)]
+    assert not unquoted, unquoted
