@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 from datetime import timedelta
@@ -298,3 +299,19 @@ def console_cmd(
         if issued is not None:
             with contextlib.suppress(OnwardError):
                 admin.revoke_token(str(issued.token.id), "the console stopped")
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """A command's summary in its group's ``--help`` list is its docstring's first
+    paragraph, reflowed: typer's rich help keeps that paragraph's source line breaks, which
+    printed each long summary as ragged lines at any terminal width."""
+    for command in group.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        if command.short_help is None:
+            command.short_help = " ".join(doc.split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)

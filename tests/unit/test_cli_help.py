@@ -1,0 +1,32 @@
+"""What ``onward … --help`` shows a newcomer: each command's summary in its group's list is
+one paragraph, reflowed to the terminal, not the source's line breaks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from console.cli import app
+
+__all__: list[str] = []
+
+
+def _groups() -> list[list[str]]:
+    """The argument paths of the root and every command group (``[]``, ``["runs"]``, …)."""
+    root = typer.main.get_command(app)
+    return [[], *([name] for name, command in root.commands.items()  # type: ignore[attr-defined]
+                  if hasattr(command, "commands"))]
+
+
+@pytest.mark.parametrize("group", _groups(), ids=lambda g: " ".join(["onward", *g]))
+def test_cli_help__each_summary_is_one_row_on_a_wide_terminal(group: list[str]) -> None:
+    """At 1,000 columns every summary fits on its command's row: a row of the commands panel
+    with an empty name column is a line break carried over from a docstring."""
+    shown = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "1000"})
+    assert shown.exit_code == 0, shown.output
+    panel = shown.output.partition("Commands")[2]
+    broken = [row.strip("│ ") for row in panel.splitlines() if re.match(r"│ {3,}\S", row)]
+    assert panel and not broken, broken
