@@ -3,19 +3,24 @@ reapers (or any Python module), each in its own session with its own log file.
 
 Nothing here fakes a part of onward: each process is the command an operator runs, against
 a real PostgreSQL and a real Redis. A process leads its own process group, so a Celery
-worker and its pool children can be SIGKILLed together, as when a host dies.
+worker and its pool children can be SIGKILLed together, as when a host dies. On Linux each
+is also told to stop (SIGTERM) when the process that started it dies: a test run killed
+before its teardown (pytest-xdist kills a worker whose teardown outlasts 10 s after Ctrl-C;
+a crash; SIGKILL) leaves no dispatcher, reaper or worker running against its database.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,27 @@ from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: processes start here, with it first on PYTHONPATH."""
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent SIGTERM (a warm shutdown) when this process
+    dies, by prctl(PR_SET_PDEATHSIG); kept across exec. Linux only. The signal follows the
+    death of the *thread* that forked, so it is armed only for children of the main thread
+    (a helper thread that ends would stop them early)."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 @dataclass
@@ -157,7 +183,8 @@ class Processes:
         with open(log_path, "wb") as handle:  # the child keeps its own descriptor
             popen = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env,
                                      stdout=handle, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_stop_with_parent())
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
         return proc
