@@ -26,7 +26,7 @@ from console.common import (
     when,
 )
 from console.exceptions import ArtifactNotShown
-from console.safe import add_row, json_text, line
+from console.safe import add_row, id_column, json_text, line
 from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.exceptions import ApprovalRefused, InvalidInput, OnwardError
 from ledger.vocabulary import ApprovalStatus, AuditAction
@@ -72,7 +72,7 @@ def approvals_ls(
     if as_json:
         print_json(found)
         return
-    table = Table("approval", "run", "seq", "action", "status", "approvers", "artifact",
+    table = Table(id_column("approval"), "run", "seq", "action", "status", "approvers", "artifact",
                   "expires")
     for a in found:
         add_row(table, a.id, a.run_id, a.seq, a.action, a.status.value,

@@ -33,7 +33,7 @@ from console.common import (
     short,
     when,
 )
-from console.safe import add_row, line
+from console.safe import add_row, id_column, line
 from ledger import RunStatus
 from ledger.bundle import DropPolicy, open_for_write, read_bundle
 from ledger.corpora import Corpora
@@ -125,7 +125,7 @@ def corpus_show(name: NameArg, as_json: JsonFlag = False) -> None:
         return
     out.print(line(("corpus ", "bold"), name, f": {summary.runs} run(s)",
                    f" — {summary.description}" if summary.description else ""))
-    table = Table("run", "workflow", "status", "checkpoints", "started", "pinned by")
+    table = Table(id_column("run"), "workflow", "status", "checkpoints", "started", "pinned by")
     for r in pinned:
         add_row(table, r.run_id, f"{r.workflow} v{r.workflow_version or '-'}", r.status,
                 r.seq + 1, when(r.created_at), r.pinned_by)

@@ -32,7 +32,7 @@ from console.common import (
     when,
 )
 from console.render import run_detail, show_run
-from console.safe import add_row, json_text, line
+from console.safe import add_row, id_column, json_text, line
 from ledger import Ledger, RunStatus
 from ledger.api import REFUSALS
 from ledger.exceptions import InvalidInput, UnknownRun
@@ -110,11 +110,15 @@ def runs_ls(
     if as_json:
         print_json([run_row(r) for r in found])
         return
-    table = Table("run", "workflow", "status", "seq", "step", "mode", "parent", "created")
+    # replays and branches only: two empty columns took the room the run id needs
+    lineage = any(r.parent_run_id for r in found)
+    table = Table(id_column("run"), "workflow", "status", "seq", "step",
+                  *(("mode", "parent") if lineage else ()), "created")
     for r in found:
-        lineage = f"{r.parent_run_id}@{r.parent_seq}" if r.parent_run_id else ""
+        parent = f"{r.parent_run_id}@{r.parent_seq}" if r.parent_run_id else ""
         add_row(table, r.id, f"{r.workflow} v{r.workflow_version or '-'}", r.status.value,
-                r.seq, r.step or "-", r.mode or "", lineage, when(r.created_at))
+                r.seq, r.step or "-", *((r.mode or "", parent) if lineage else ()),
+                when(r.created_at))
     out.print(table)
     if len(found) == limit:
         out.print(line(f"more: --before {found[-1].id}  (or --offset {offset + limit})"))

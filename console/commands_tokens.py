@@ -21,6 +21,7 @@ from console.common import (
     reported,
     when,
 )
+from console.safe import id_column
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import AuditAction, Role
 
@@ -93,8 +94,8 @@ def tokens_ls(
     if as_json:
         print_json(found)
         return
-    table = Table("id", "actor", "role", "approver roles", "expires", "last used", "revoked",
-                  "note")
+    table = Table(id_column("id"), "actor", "role", "approver roles", "expires", "last used",
+                  "revoked", "note")
     for t in found:
         table.add_row(str(t.id), t.actor, t.role.value, ", ".join(t.approver_roles) or "-",
                       when(t.expires_at), when(t.last_used_at),

@@ -15,10 +15,10 @@ import unicodedata
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
-__all__ = ["add_row", "cell", "console", "json_text", "line", "visible"]
+__all__ = ["add_row", "cell", "console", "id_column", "json_text", "line", "visible"]
 
 
 # Unicode categories a terminal acts on or does not show: controls, format characters
@@ -83,6 +83,14 @@ def line(*parts: str | tuple[str, str] | Text) -> Text:
 def cell(value: Any) -> Text:
     """A table cell: data, shown literally on one line."""
     return value if isinstance(value, Text) else Text(visible(value))
+
+
+def id_column(header: str) -> Column:
+    """A column of the ids a person pastes into the next command: never wrapped or cut
+    while the other columns can give up room. Rich shortens the widest column first, which
+    in ``runs ls`` below 160 columns was the run id (``01a23147-…`` at 80: a prefix every
+    run of that minute shares)."""
+    return Column(header, no_wrap=True)
 
 
 def add_row(table: Table, *values: Any) -> None:
