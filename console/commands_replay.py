@@ -88,6 +88,10 @@ _OpenBranches = Annotated[bool, typer.Option(
     "recorded run, for inspection (operator role; audited).")]
 _Reason = Annotated[str | None, typer.Option(
     "--reason", "-r", help="Why (with --open-branches: kept in the audit log).")]
+_ShowSealed = Annotated[bool, typer.Option(
+    "--show-sealed", help="Show a request that differs as a diff even where it is stored "
+    "sealed (encryption at rest), in every output and file the report goes to; otherwise "
+    "its hashes. Not for a viewer; audited.")]
 _ScratchUrl = Annotated[str | None, typer.Option(
     help="An empty database to replay in (default: a throwaway database on the ledger's "
     "server).")]
@@ -99,7 +103,7 @@ def corpus_replay(
     allow: _Allow = None, ignore_field: _IgnoreField = None, max_divergent: _MaxDivergent = "0",
     output: _Output = "table", markdown: _Markdown = None, junit: _Junit = None,
     json_file: _JsonFile = None, diffs: _Diffs = 3, open_branches: _OpenBranches = False,
-    reason: _Reason = None, scratch_url: _ScratchUrl = None,
+    reason: _Reason = None, scratch_url: _ScratchUrl = None, show_sealed: _ShowSealed = False,
 ) -> None:
     """Replay every run of a corpus (NAME) or bundle (FILE) against candidate code, offline:
     no broker, no workers, nothing sent, nothing written to the ledger. Model calls and reads
@@ -109,8 +113,12 @@ def corpus_replay(
     policy = _policy(allow, max_divergent)
     modules = _modules(code)
     ledger = open_ledger(AuditAction.REPLAY if open_branches else None)
+    if show_sealed:  # refused (audited) for a viewer before anything is read
+        with reported():
+            ledger.showing_sealed(f"corpus replay {source} --show-sealed",
+                                  {"source": source, "code": list(modules)})
     bundle, label = _bundle(ledger, source)
-    options = ReplayOptions(modules, versions, tuple(ignore_field or ()), label)
+    options = ReplayOptions(modules, versions, tuple(ignore_field or ()), label, show_sealed)
     _announce(bundle, label, modules)
     keep = (lambda o: _openable(o, policy)) if open_branches else None
     with reported():

@@ -579,6 +579,16 @@ class Ledger:
 
         self._command(AuditAction.VERIFY, body, run_id=run_id)
 
+    def showing_sealed(self, what: str, details: dict[str, Any] | None = None) -> None:
+        """Record that the actor is shown sealed values opened in ``what`` (a report:
+        ``onward corpus replay --show-sealed``), before it is made; raises PermissionDenied
+        (audited) for a viewer, who sees sealed values masked or as hashes only."""
+        def body(conn: Connection) -> None:
+            record_txn(conn, self.keys, self.actor, AuditRecord(
+                AuditAction.SHOW_SEALED, AuditOutcome.DONE, what, details=details))
+
+        self._command(AuditAction.SHOW_SEALED, body, reason=what)
+
     def start_run_command(self, workflow: str, input: dict[str, Any], *,
                           conversation_id: str | None = None,
                           idempotency_key: str | None = None,

@@ -49,6 +49,7 @@ REQUIRED_ROLE: dict[AuditAction, Role] = {
     AuditAction.HOLD: Role.ADMIN,
     AuditAction.KEYS: Role.ADMIN,
     AuditAction.SEAL_AUDIT: Role.ADMIN,
+    AuditAction.SHOW_SEALED: Role.APPROVER,  # the roles shown sealed values (not a viewer)
 }
 
 

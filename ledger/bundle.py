@@ -118,6 +118,8 @@ class DropPolicy:
 
     def apply(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` with this policy's fields of ``table`` left out."""
+        if table == "evidence" and self.drops_requests:  # a request kept sealed in its row
+            row["request"] = None
         for spec in self.fields:
             column, _, pointer = spec.partition("/")
             name, _, col = column.partition(".")

@@ -13,7 +13,11 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger.checkpoints import artifact_ref
+from ledger.checkpoints import artifact_ref, canonical_json, sha256_hex
+from ledger.crypto import Keyring, is_sealed
+from ledger.effects import effect_field
+from ledger.evidence import request_field
+from ledger.exceptions import IntegrityViolation
 from ledger.schema import artifacts, effects, evidence, runs
 from ledger.states import checkpoint_rows_txn, state_of
 
@@ -142,16 +146,41 @@ def _table_calls(conn: Connection, run_id: UUID) -> dict[int, list[Call]]:
     return calls
 
 
-def recorded_request_txn(conn: Connection, run_id: UUID, kind: str,
-                         command_id: str) -> tuple[bool, Any]:
+def recorded_request_txn(conn: Connection, run_id: UUID, kind: str, command_id: str, *,
+                         crypt: Keyring | None = None, tenant: str = "") -> tuple[bool, Any]:
     """What the recorded call ``command_id`` of ``run_id`` asked: (kept, request). A model
-    call or read is kept as the artifact its request hash names; an effect as its payload
-    (unless the tool's policy or the bundle left it out)."""
+    call or read is kept as the artifact its request hash names, or (encryption keys) sealed
+    in its evidence row; an effect as its payload (unless the tool's policy or the bundle
+    left it out). A sealed request is returned sealed, or, given ``crypt`` (a reader allowed
+    to see sealed values: ``onward corpus replay --show-sealed``), opened at its place in
+    ``tenant`` and checked against the request hash the call's MAC signs; raises
+    SealedValueUnreadable for one that does not open there (moved, edited, erased) and
+    IntegrityViolation for one that is not what its hash names."""
     if kind == "effect":
-        payload = conn.execute(sa.select(effects.c.payload).where(
-            effects.c.run_id == run_id, effects.c.command_id == command_id)).scalar()
-        return (payload is not None and payload != {"$dropped": True}), payload
-    body = conn.execute(
-        sa.select(artifacts.c.body).join(evidence, evidence.c.request_hash == artifacts.c.sha256)
-        .where(evidence.c.run_id == run_id, evidence.c.command_id == command_id)).scalar()
-    return (body is not None), (json.loads(bytes(body)) if body is not None else None)
+        found = conn.execute(sa.select(
+            effects.c.payload, effects.c.seq, effects.c.request_hash, effects.c.effect_type,
+            effects.c.effect_id).where(effects.c.run_id == run_id,
+                                       effects.c.command_id == command_id)).mappings().first()
+        if found is None or found["payload"] in (None, {"$dropped": True}):
+            return False, None
+        field = effect_field(found["effect_type"], found["effect_id"], "payload")
+    else:
+        found = conn.execute(
+            sa.select(evidence.c.request.label("payload"), evidence.c.seq,
+                      evidence.c.request_hash, artifacts.c.body)
+            .outerjoin(artifacts, evidence.c.request_hash == artifacts.c.sha256)
+            .where(evidence.c.run_id == run_id, evidence.c.command_id == command_id)
+        ).mappings().first()
+        if found is not None and found["body"] is not None:
+            return True, json.loads(bytes(found["body"]))
+        if found is None or found["payload"] is None:
+            return False, None
+        field = request_field(command_id)
+    if crypt is None or not is_sealed(found["payload"]):
+        return True, found["payload"]
+    request = crypt.open(found["payload"], tenant=tenant, run_id=run_id, field=field,
+                         seq=found["seq"])
+    if sha256_hex(canonical_json(request)) != found["request_hash"]:
+        raise IntegrityViolation(f"the sealed request of {kind} call {command_id} (run "
+                                 f"{run_id}) is not what its signed request hash names")
+    return True, request

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-HEAD_REVISION = "0045"
+HEAD_REVISION = "0046"
 """The Alembic revision this code expects; bump with every migration."""
 
 

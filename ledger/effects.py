@@ -44,6 +44,7 @@ __all__ = [
     "Intent",
     "check_effect",
     "effect_error",
+    "effect_field",
     "list_attempts_txn",
     "list_effects_txn",
     "overran_call",

@@ -32,7 +32,8 @@ from ledger.exceptions import (
 )
 from ledger.hot import HotConnection
 
-__all__ = ["INLINE_LIMIT", "Evidence", "EvidenceRecord", "EvidenceStore", "checked_response"]
+__all__ = ["INLINE_LIMIT", "Evidence", "EvidenceRecord", "EvidenceStore", "checked_response",
+           "request_field"]
 
 
 INLINE_LIMIT = 8 * 1024
@@ -72,8 +73,9 @@ class EvidenceRecord:
     output_tokens: int = 0
     cost_usd: float = 0.0
     lease_epoch: int = 0
-    # what was asked; kept as the artifact its request hash names, so a replay can show how
-    # a changed request differs (docs/corpus.md); None keeps nothing
+    # what was asked, so a replay can show how a changed request differs (docs/corpus.md):
+    # kept as the artifact its request hash names, or sealed in the row with encryption
+    # keys (``request_field``); None keeps nothing
     request: Any = None
     tenant_id: str | None = None  # the run's; binds a sealed response (ledger/crypto.py)
 
@@ -140,6 +142,11 @@ def checked_response(keys: CheckpointKeys, row: Mapping[Any, Any], *,
 def evidence_field(command_id: str) -> str:
     """The field a sealed recorded answer is bound to (ledger/crypto.py)."""
     return f"evidence:{command_id}:response"
+
+
+def request_field(command_id: str) -> str:
+    """The field a sealed recorded request (``evidence.request``) is bound to."""
+    return f"evidence:{command_id}:request"
 
 
 class EvidenceStore:
@@ -227,6 +234,8 @@ class EvidenceStore:
         else:
             big, digest = len(body) > INLINE_LIMIT, sha256_hex(body)
         cost = signed.money(record.cost_usd)
+        request = self._kept_request(record)
+        sealing = self.keys.crypt is not None and request is not None
         row = self.conn.one(_RECORD, {
             "run_id": record.run_id, "command_id": record.command_id, "kind": record.kind,
             "seq": record.seq, "step": record.step, "source": record.source,
@@ -237,7 +246,11 @@ class EvidenceStore:
             "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
             "cost_usd": cost, "epoch": record.lease_epoch,
             "mac": self.keys.sign(signed.evidence(record.run_id, vars(record), digest)),
-            "request_body": self._request_body(record), "artifact_lock": ARTIFACT_LOCK,
+            "request_body": None if sealing else request,
+            "request": Jsonb(seal_value(self.keys.crypt, record.request, Place(
+                record.tenant_id or "", record.run_id, record.seq,
+                request_field(record.command_id)))) if sealing else None,
+            "artifact_lock": ARTIFACT_LOCK,
         })
         if row is None or not row["held"]:
             raise EvidenceFenced(f"run {record.run_id}: the lease of epoch {record.lease_epoch} "
@@ -258,11 +271,13 @@ class EvidenceStore:
             cost_usd=row["cost_usd"], created_at=row["created_at"],
         )
 
-    def _request_body(self, record: EvidenceRecord) -> bytes | None:
+    def _kept_request(self, record: EvidenceRecord) -> bytes | None:
         """The request's canonical bytes when it is kept: within the artifact limit, and
-        hashing to the request hash it will be found by."""
-        if record.request is None or self.keys.crypt is not None:
-            return None  # a request is kept as a shared artifact: never when sealing
+        hashing to the request hash it will be found by. Without encryption keys they are
+        the shared artifact that hash names; with keys the request is sealed in the row
+        instead (never a shared, plain artifact)."""
+        if record.request is None:
+            return None
         try:
             body = canonical_json(record.request, max_depth=self.max_json_depth)
         except InvalidInput:

@@ -14,6 +14,7 @@ verified, in one transaction per run:
   chain of hashes, and reports an edit of the digest or the hash;
 * evidence: the response (inline or the artifact reference) becomes its digest
   (ledger/compacted.py), which the evidence MAC signs: verify still checks the MAC whole;
+  the sealed request kept beside it is dropped (the MAC signs the request hash);
 * effects: the payload is dropped (bound by the request hash the intent MAC signs), the
   recipient and the provider's error too; the result becomes its digest under a seal over
   the outcome MAC (verify accepts the outcome on the seal);
@@ -355,16 +356,19 @@ def _compact_states_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) ->
 
 
 def _compact_evidence_txn(conn: Connection, run_id: UUID) -> None:
-    """Each recorded answer becomes its digest, which the evidence MAC signs."""
+    """Each recorded answer becomes its digest, which the evidence MAC signs; its sealed
+    request goes with it (the MAC signs the request hash)."""
     for row in conn.execute(sa.select(evidence.c.command_id, evidence.c.response,
-                                      evidence.c.artifact_sha256)
+                                      evidence.c.artifact_sha256, evidence.c.request)
                             .where(evidence.c.run_id == run_id)).mappings():
-        if row["artifact_sha256"] is None and compacted.digest_of(row["response"]) is not None:
+        kept = compacted.digest_of(row["response"]) if row["artifact_sha256"] is None else None
+        if kept is not None and row["request"] is None:
             continue  # compacted already (a genuine marker-shaped response is kept as is)
-        digest = row["artifact_sha256"] or sha256_hex(covered_json(row["response"]))
+        digest = row["artifact_sha256"] or kept or sha256_hex(covered_json(row["response"]))
         conn.execute(evidence.update().where(evidence.c.run_id == run_id,
                                              evidence.c.command_id == row["command_id"])
-                     .values(response=compacted.marker(digest), artifact_sha256=None))
+                     .values(response=compacted.marker(digest), artifact_sha256=None,
+                             request=None))
 
 
 def _compact_artifacts_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> None:

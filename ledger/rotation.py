@@ -44,7 +44,7 @@ TABLES = (
            "AND e.effect_id = t.effect_id)",
            "(SELECT e.run_id FROM onward.effects e WHERE e.effect_type = t.effect_type "
            "AND e.effect_id = t.effect_id)"),
-    _Table("evidence", ("run_id", "command_id"), ("response",),
+    _Table("evidence", ("run_id", "command_id"), ("response", "request"),
            "(SELECT r.tenant_id FROM onward.runs r WHERE r.id = t.run_id)", "t.run_id"),
     _Table("approvals", ("id",), ("artifact",), "t.tenant_id", "t.run_id"),
     _Table("checkpoints", ("run_id", "seq"), ("state", "state_delta"),

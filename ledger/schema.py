@@ -414,6 +414,9 @@ evidence = Table(
     Column("lease_epoch", BigInteger, nullable=False),
     Column("created_at", TS, nullable=False, server_default=func.onward.now()),
     Column("mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py evidence
+    # the request, sealed (encryption keys configured; migration 0046): a replay report
+    # shows its diff to a reader allowed to see sealed values (ledger/evidence.py)
+    Column("request", NULLABLE_JSON, nullable=True),
     PrimaryKeyConstraint("run_id", "command_id"),
     CheckConstraint(_in("kind", EvidenceKind), name="kind"),
     CheckConstraint("(response IS NULL) <> (artifact_sha256 IS NULL)", name="one_body"),

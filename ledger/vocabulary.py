@@ -278,6 +278,7 @@ class AuditAction(StrEnum):
     PARK = "park"  # a worker parked a run for review (written by the worker, not a command)
     KEYS = "keys"  # data keys rotated, or a tenant's erased (ledger/crypto.py, rotation.py)
     SEAL_AUDIT = "seal_audit"  # an admin sealed the tenant's pending audit rows (verify --seal)
+    SHOW_SEALED = "show_sealed"  # a report showed sealed values opened (replay --show-sealed)
 
 
 class AuditOutcome(StrEnum):

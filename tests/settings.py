@@ -40,7 +40,7 @@ class WorkflowTestSettings(BaseSettings):
         default="", description="tests/workflows_corpus.py: the candidate code of a replay.")
     test_crypt_variant: str = Field(
         default="", description="tests/workflows_crypt.py: ``echo`` keeps another echo, "
-        "``amount`` asks for another amount.")
+        "``amount`` asks for another amount, ``prompt`` asks the model something else.")
     test_crm_refuses: str = Field(
         default="", description="tests/workflows_credentials.py: while set, the CRM refuses "
         "the token.")

@@ -40,8 +40,12 @@ flow = Workflow("test_crypt", version=1, state=Order, llm=FakeModel())
 
 @flow.step(start=True)
 def draft(ctx: StepContext, state: Order) -> Any:
+    """With ``ONWARD_TEST_CRYPT_VARIANT=prompt`` it asks the model something else (a replay
+    diverges: another request, which quotes the sensitive customer)."""
+    polite = ", please" if WorkflowTestSettings().test_crypt_variant == "prompt" else ""
     text = ctx.llm(model="fake-small", messages=[
-        {"role": "user", "content": f"offer for {state.customer}: {state.amount} EUR"}]).text
+        {"role": "user", "content": f"offer for {state.customer}: {state.amount} EUR{polite}"}
+    ]).text
     return ctx.goto(again, text=text)
 
 

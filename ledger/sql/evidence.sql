@@ -52,7 +52,8 @@ SELECT r.cancel_requested IS NOT NULL AS cancelling,
 -- One statement: under the live lease (the run at this seq, this lease epoch, running),
 -- insert the evidence and debit its spend from the run's budgets. A stale holder records
 -- nothing and debits nothing (``held`` = 0); an answer another attempt already recorded
--- (``recorded`` NULL) is not debited twice.
+-- (``recorded`` NULL) is not debited twice. The request is kept either as the artifact its
+-- hash names (``request_body``, no encryption keys) or sealed in the row (``request``).
 WITH fence AS (
     SELECT id FROM onward.runs
      WHERE id = %(run_id)s AND seq = %(seq)s AND lease_epoch = %(epoch)s AND status = 'running'
@@ -75,10 +76,10 @@ WITH fence AS (
 ), recorded AS (
     INSERT INTO onward.evidence (run_id, command_id, kind, seq, step, source, source_version,
                                  request_hash, response, artifact_sha256, input_tokens,
-                                 output_tokens, cost_usd, lease_epoch, mac)
+                                 output_tokens, cost_usd, lease_epoch, mac, request)
     SELECT id, %(command_id)s, %(kind)s, %(seq)s, %(step)s, %(source)s, %(source_version)s,
            %(request_hash)s, %(response)s, %(sha)s, %(input_tokens)s, %(output_tokens)s,
-           %(cost_usd)s, %(epoch)s, %(mac)s
+           %(cost_usd)s, %(epoch)s, %(mac)s, %(request)s
       FROM fence
     ON CONFLICT (run_id, command_id) DO NOTHING
     RETURNING run_id, response, input_tokens + output_tokens AS tokens, cost_usd, created_at

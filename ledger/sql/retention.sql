@@ -7,8 +7,9 @@
 -- `after` (NULL: from the start), in run id order, leaving out a run with a replay or branch
 -- still going; with its age in seconds, whether it is on legal hold or in a corpus (kept,
 -- but reported), and per kind what is left and its stored size: uncompacted checkpoints
--- (with signals' payloads), evidence responses not yet digests, effects' payloads, recipients
--- and unsealed results and approvals' artifacts not yet dropped, step attempts.
+-- (with signals' payloads), evidence responses not yet digests (or their sealed requests),
+-- effects' payloads, recipients and unsealed results and approvals' artifacts not yet
+-- dropped, step attempts.
 SELECT r.id, r.tenant_id, r.workflow, r.legal_hold IS NOT NULL AS held,
        extract(epoch FROM onward.now() - r.finished_at) AS age_s,
        EXISTS (SELECT 1 FROM onward.corpus_runs p WHERE p.run_id = r.id) AS pinned,
@@ -28,10 +29,13 @@ SELECT r.id, r.tenant_id, r.workflow, r.legal_hold IS NOT NULL AS held,
         FROM onward.signals s WHERE s.run_id = r.id AND NOT s.payload ? '$compacted'
   ) g
   CROSS JOIN LATERAL (
-      SELECT count(*) AS left_, coalesce(sum(pg_column_size(v.response)), 0) AS bytes
+      SELECT count(*) AS left_,
+             coalesce(sum(coalesce(pg_column_size(v.response), 0)
+                          + coalesce(pg_column_size(v.request), 0)), 0) AS bytes
         FROM onward.evidence v
        WHERE v.run_id = r.id
-         AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted')
+         AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted'
+              OR v.request IS NOT NULL)
   ) e
   CROSS JOIN LATERAL (
       SELECT count(*) AS left_,

@@ -18,7 +18,7 @@ from uuid import UUID
 
 from ledger.corpus_history import Call, Checkpoint, History
 from ledger.crypto import MASK, RESULT_FIELD, Keyring, is_sealed, open_value
-from ledger.exceptions import MalformedControl, SealedValueUnreadable
+from ledger.exceptions import IntegrityViolation, MalformedControl, SealedValueUnreadable
 from ledger.vocabulary import OutcomeKind, RunStatus
 from ledger.wait_control import parse_control
 from tasks.corpus.diff import json_diff, request_diff, request_text, without
@@ -27,7 +27,7 @@ from tasks.sensitive import open_state
 __all__ = [
     "Finding",
     "Kind",
-    "RequestLookup",
+    "Requests",
     "Verdict",
     "compare",
     "describe",
@@ -38,8 +38,17 @@ __all__ = [
 ]
 
 
-RequestLookup = Callable[[str, str], tuple[bool, Any]]
-"""(kind, command_id) -> (kept, request) of the recorded run's call."""
+@dataclass(frozen=True)
+class Requests:
+    """How a report quotes the requests of a call that differs. ``recorded``: (kind,
+    command_id) -> (kept, request) of the recorded run's call, opened when sealed values
+    are shown (it may raise SealedValueUnreadable or IntegrityViolation). ``replayed``:
+    (value, seq) -> the replay's request quoted at seq, opened; None when sealed values
+    are not shown (the default: a report goes to files and CI logs, which have no reader
+    role), and a sealed request is then named by its hash only."""
+
+    recorded: Callable[[str, str], tuple[bool, Any]]
+    replayed: Callable[[Any, int], Any] | None = None
 
 
 class Kind(StrEnum):
@@ -84,7 +93,7 @@ _CONTROL_KEYS = ("kind", "then", "on_reject", "on_expire", "on_timeout", "action
 
 
 def compare(rec: History, rep: History, *, ignore: tuple[str, ...] = (),
-            requests: RequestLookup | None = None, stopped_as_recorded: bool = False) -> Verdict:
+            requests: Requests | None = None, stopped_as_recorded: bool = False) -> Verdict:
     """The verdict on replay ``rep`` of recorded run ``rec``."""
     compared = 0
     effects = (_effect_keys(rec), _effect_keys(rep))
@@ -238,7 +247,7 @@ def describe(checkpoint: Checkpoint) -> str:
 
 # -- where one history ends before the other ------------------------------------------------
 def stopped_early(rec: History, rep: History, seq: int,
-                  requests: RequestLookup | None) -> Finding:
+                  requests: Requests | None) -> Finding:
     """The replay made no checkpoint ``seq + 1``, the recorded run did: why it stopped."""
     error = rep.last_error or {}
     step = rep.step
@@ -251,7 +260,7 @@ def stopped_early(rec: History, rep: History, seq: int,
                    diff=_error_lines(error))
 
 
-def diverged(error: dict[str, Any], seq: int, requests: RequestLookup | None) -> Finding:
+def diverged(error: dict[str, Any], seq: int, requests: Requests | None) -> Finding:
     """A replay the executor stopped because a call had no matching record."""
     where = error.get("where") or {}
     call, why = str(error.get("kind", "")), str(error.get("why", ""))
@@ -259,9 +268,10 @@ def diverged(error: dict[str, Any], seq: int, requests: RequestLookup | None) ->
     message = str(error.get("message", "diverged"))
     if why in ("request_differs", "artifact_differs"):
         return Finding(Kind.REQUEST, message, where.get("seq", seq), step, call, command_id,
-                       tuple(_request_lines(error, call, command_id, requests)))
+                       tuple(_request_lines(error, call, command_id, requests,
+                                            where.get("seq", seq))))
     if why == "no_record":
-        shown = error.get("request")
+        shown = _replayed(error.get("request"), requests, where.get("seq", seq))
         if shown is None:
             lines = []
         elif is_sealed(shown):  # a report goes to CI logs
@@ -273,18 +283,31 @@ def diverged(error: dict[str, Any], seq: int, requests: RequestLookup | None) ->
     return Finding(Kind.ERROR, message, where.get("seq", seq), step, call, command_id)
 
 
+def _replayed(request: Any, requests: Requests | None, seq: int) -> Any:
+    """The replay's request as the report may quote it: opened when sealed values are shown
+    (left sealed if it does not open), else as stored."""
+    if requests is None or requests.replayed is None or not is_sealed(request):
+        return request
+    try:
+        return requests.replayed(request, seq)
+    except SealedValueUnreadable:
+        return request
+
+
 def _request_lines(error: dict[str, Any], call: str, command_id: str | None,
-                   requests: RequestLookup | None) -> list[str]:
-    replayed = error.get("request")
+                   requests: Requests | None, seq: int) -> list[str]:
+    replayed = _replayed(error.get("request"), requests, seq)
+    hashes = f"request hash {error.get('recorded_request_hash')} → {error.get('request_hash')}"
     if requests is None or command_id is None or replayed is None:
-        return [f"request hash {error.get('recorded_request_hash')} → {error.get('request_hash')}"]
-    kept, recorded = requests(call, command_id)
+        return [hashes]
+    try:
+        kept, recorded = requests.recorded(call, command_id)
+    except (SealedValueUnreadable, IntegrityViolation) as exc:
+        return [f"{hashes} (stored sealed: does not open: {exc})"]
     if is_sealed(replayed) or is_sealed(recorded):  # a report goes to CI logs: not shown
-        return [f"request hash {error.get('recorded_request_hash')} → "
-                f"{error.get('request_hash')} (stored sealed: not shown)"]
+        return [f"{hashes} (stored sealed: not shown)"]
     if not kept:
-        return [f"request hash {error.get('recorded_request_hash')} → "
-                f"{error.get('request_hash')} (the recorded request was not kept, so no diff: "
+        return [f"{hashes} (the recorded request was not kept, so no diff: "
                 "recorded before onward kept requests, left out of the bundle, or a tool that "
                 "keeps no payloads)"]
     return request_diff(recorded, replayed)

@@ -21,12 +21,13 @@ from uuid import UUID
 from ledger import Ledger
 from ledger.audit import Actor
 from ledger.corpus_history import History, read_history_txn, recorded_request_txn
+from ledger.crypto import REQUEST_FIELD, open_value
 from ledger.db import wrap_driver_errors
 from ledger.forks import BudgetPolicy, ForkRequest, fork_txn
 from ledger.steps import StepStore
 from ledger.verify import verify_run_txn
 from ledger.vocabulary import LaunchMode, OutcomeKind, Role, RunStatus
-from tasks.corpus.compare import Finding, Kind, Verdict, compare, opened
+from tasks.corpus.compare import Finding, Kind, Requests, Verdict, compare, opened
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step
 from tasks.workflow import Registry
 
@@ -45,6 +46,9 @@ class ReplayOptions:
     versions: str = "recorded"  # recorded: the recorded step's version when the code has it
     ignore: tuple[str, ...] = ()  # JSON pointers left out of states and results
     label: str = ""  # what is replayed (corpus or file), for the replays' launch reason
+    # a request that differs is shown opened when sealed (``--show-sealed``: a reader allowed
+    # to see sealed values asked, audited); otherwise by its hash
+    show_sealed: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,7 +56,7 @@ class ReplayOptions:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayOptions:
         return cls(tuple(data["modules"]), data["versions"], tuple(data["ignore"]),
-                   data.get("label", ""))
+                   data.get("label", ""), bool(data.get("show_sealed", False)))
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ class Replayer:
         crypt = self.ledger.keys.crypt  # sealed values compare opened, each at its place
         rep = opened(self._history(replay_id, with_tables=False), crypt, copied_from=run_id)
         verdict = compare(opened(rec, crypt), rep, ignore=self.options.ignore,
-                          requests=lambda kind, cid: self._request(run_id, kind, cid),
+                          requests=self._requests(rec, replay_id),
                           stopped_as_recorded=stopped_as_recorded)
         return _outcome(base, rep, verdict, time.perf_counter() - started)
 
@@ -136,9 +140,21 @@ class Replayer:
         with wrap_driver_errors("reading a replay"), self.ledger.engine.connect() as conn:
             return read_history_txn(conn, run_id, with_tables=with_tables)
 
-    def _request(self, run_id: UUID, kind: str, command_id: str) -> tuple[bool, Any]:
-        with wrap_driver_errors("reading a request"), self.ledger.engine.connect() as conn:
-            return recorded_request_txn(conn, run_id, kind, command_id)
+    def _requests(self, rec: History, replay_id: UUID) -> Requests:
+        """How the report quotes the requests of a call that differs: sealed ones opened,
+        each at its place, only with ``show_sealed``."""
+        crypt = self.ledger.keys.crypt if self.options.show_sealed else None
+
+        def recorded(kind: str, command_id: str) -> tuple[bool, Any]:
+            with wrap_driver_errors("reading a request"), self.ledger.engine.connect() as conn:
+                return recorded_request_txn(conn, rec.run_id, kind, command_id, crypt=crypt,
+                                            tenant=rec.tenant_id)
+
+        def replayed(value: Any, seq: int) -> Any:
+            return open_value(crypt, value, tenant=rec.tenant_id, run_id=replay_id, seq=seq,
+                              field=REQUEST_FIELD)
+
+        return Requests(recorded, replayed if self.options.show_sealed else None)
 
     # -- the replay ---------------------------------------------------------------------------
     def _fork(self, rec: History) -> tuple[UUID, str]:

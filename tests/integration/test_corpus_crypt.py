@@ -31,19 +31,19 @@ from tests.support.corpus import empty_database, other_ledger
 from tests.support.crypt import (  # noqa: F401 - settings_env: a fixture
     MASTER,
     MODULES,
+    crypt_driver,
     record,
     replayed,
     settings_env,
 )
-from tests.support.driver import Driver, driver
+from tests.support.driver import Driver
 
 pytest.importorskip("cryptography")
 
 
 @pytest.fixture()
 def drv(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
-    monkeypatch.delenv("ONWARD_TEST_CRYPT_VARIANT", raising=False)
-    with driver(ledger, list(MODULES)) as running:
+    with crypt_driver(ledger, monkeypatch) as running:
         yield running
 
 

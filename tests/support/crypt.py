@@ -5,6 +5,8 @@ an encrypted run (test_corpus_crypt.py in tests/integration and tests/acceptance
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -12,7 +14,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from ledger import OnwardSettings, RunStatus
+from ledger import Ledger, OnwardSettings, RunStatus
 from ledger.bundle import read_bundle
 from ledger.checkpoints import sealed_envelope
 from ledger.corpora import Corpora
@@ -21,10 +23,11 @@ from ledger.db import libpq_conninfo
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.runner import replay_bundle
 from tests.conftest import make_settings_env
-from tests.support.driver import Driver
+from tests.support.driver import Driver, driver
 from tests.support.reads import places_holding
 
-__all__ = ["MASTER", "MODULES", "assert_error_sealed", "record", "replayed", "settings_env"]
+__all__ = ["MASTER", "MODULES", "assert_error_sealed", "crypt_driver", "record", "replayed",
+           "settings_env"]
 
 MASTER = secrets.token_hex(32)
 MODULES = ("tests.workflows_crypt",)
@@ -57,6 +60,15 @@ def assert_error_sealed(drv: Driver, run_id: UUID, customer: str, said: str) -> 
     assert viewer.last_error["message"] == "***"  # type: ignore[union-attr,index]
     stored: dict[str, Any] = error
     return stored
+
+
+@contextmanager
+def crypt_driver(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    """A driver of tests/workflows_crypt.py as it recorded its runs (no candidate variant
+    set: a test sets ``ONWARD_TEST_CRYPT_VARIANT`` for its replay)."""
+    monkeypatch.delenv("ONWARD_TEST_CRYPT_VARIANT", raising=False)
+    with driver(ledger, list(MODULES)) as running:
+        yield running
 
 
 def record(drv: Driver, customer: str) -> UUID:
