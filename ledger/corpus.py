@@ -26,7 +26,7 @@ from ledger.clock import TimeOrSpan, at_or_ago
 from ledger.exceptions import InvalidInput, OperationRefused, UnknownCorpus
 from ledger.retention import keep_shared_txn
 from ledger.schema import checkpoints, corpora, corpus_runs, evidence, runs
-from ledger.vocabulary import AuditAction, AuditOutcome, RunStatus
+from ledger.vocabulary import AuditAction, AuditOutcome, LaunchMode, RunStatus
 
 __all__ = [
     "PINNABLE",
@@ -212,8 +212,8 @@ def _check_explicit(conn: Connection, tenant_id: str, run_ids: tuple[UUID, ...])
             raise OperationRefused(f"no run {run_id} in tenant {tenant_id!r}")
         if row.parent_run_id is not None:
             raise OperationRefused(
-                f"run {run_id} is a {row.mode} of run {row.parent_run_id}: pin the recorded "
-                "run instead (a corpus holds runs that made their own calls)")
+                f"run {run_id} is {LaunchMode(row.mode).child} of run {row.parent_run_id}: pin "
+                "the recorded run instead (a corpus holds runs that made their own calls)")
         if RunStatus(row.status) not in PINNABLE:
             raise OperationRefused(
                 f"run {run_id} is {row.status}: pin it once it stopped (completed, failed or "

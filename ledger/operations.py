@@ -313,8 +313,8 @@ def _check_continuable(conn: Connection, run: RowMapping, status: RunStatus) -> 
     run_id = run["id"]
     if run["mode"] in {m.value for m in REPLAY_MODES}:
         raise OperationRefused(
-            f"run {run_id} is a {run['mode']} replay of {run['parent_run_id']}: continue "
-            "resumes original runs only; replay the parent again instead")
+            f"run {run_id} is {LaunchMode(run['mode']).child} of {run['parent_run_id']}: "
+            "continue resumes original runs only; replay the parent again instead")
     if status in (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.DIVERGED):
         raise OperationRefused(f"run {run_id} is {status.value}: a finished run is never "
                                "resumed; replay or branch it to take a new path")

@@ -154,6 +154,14 @@ class LaunchMode(StrEnum):
     LIVE = "live"  # real calls; irreversible effects only if explicitly allowed
     BRANCH = "branch"  # a new run from an edited state, live
 
+    @property
+    def child(self) -> str:
+        """What a run launched this way is called in a sentence: "an evidence replay",
+        "a live replay", "a branch"."""
+        if self is LaunchMode.BRANCH:
+            return "a branch"
+        return f"{'an' if self is LaunchMode.EVIDENCE else 'a'} {self.value} replay"
+
 
 # -- effects and evidence ------------------------------------------------------------------
 

@@ -70,9 +70,10 @@ def test_corpus_add__pins_stopped_recorded_runs_by_filter_and_refuses_the_rest(
     assert set(pinned.run_ids) == set(done)
     again = corpora.add("notes", Selection(statuses=(RunStatus.COMPLETED,)))
     assert (again.added, again.already) == (0, 3)
-    for bad in (running, replay):
-        with pytest.raises(OperationRefused):
-            corpora.add("notes", Selection(run_ids=(bad,)))
+    with pytest.raises(OperationRefused, match="is running"):
+        corpora.add("notes", Selection(run_ids=(running,)))
+    with pytest.raises(OperationRefused, match=f"is an evidence replay of run {done[0]}"):
+        corpora.add("notes", Selection(run_ids=(replay,)))
     with pytest.raises(OperationRefused, match="no run matches"):
         corpora.add("none", Selection(workflow="no_such_workflow"))
     assert [c.name for c in corpora.all()] == ["notes"]

@@ -251,7 +251,7 @@ def test_continue__refusals(drv: Driver, ops: Ledger) -> None:
     with pytest.raises(OperationRefused, match="completed"):
         ops.continue_run(parent, "again")
     replay = ops.replay(parent, 0, "evidence", "look").run_id
-    with pytest.raises(OperationRefused, match="evidence replay"):
+    with pytest.raises(OperationRefused, match="is an evidence replay of"):
         ops.continue_run(replay, "go on")
     waiting = ops.start_run("test_ops_notes", {"approve": True})
     assert drv.drive(waiting).status is RunStatus.WAITING
