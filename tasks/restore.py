@@ -27,6 +27,7 @@ from ledger.steps import Claim
 from ledger.verify import head_disagreement
 from ledger.vocabulary import OutcomeKind, ParkReason
 from ledger.wait_control import parse_control
+from tasks.fresh_state import validation_copies
 from tasks.sensitive import open_state
 from tasks.workflow import MigrationFn, Registry, Step, Workflow
 
@@ -164,11 +165,13 @@ def _migrated_state(workflow: Workflow[Any], path: list[MigrationFn], opened: di
                     claim: Claim) -> BaseModel | Refusal:
     """The step's state: a copy of ``opened``, migrated along ``path``, validated as the
     workflow's state model."""
-    # the step gets a copy: the claim's state (and ``opened``, which shares its containers;
-    # open_state changes neither) is what the next checkpoint is made from, and a migration
-    # or a model field typed Any could otherwise change it in place. A structural copy: a
-    # JSON round trip cost a large state's restore as much as the rest together
-    state_json = copy_json(opened)
+    # the step must not hold a container of the claim's state (and ``opened``, which shares
+    # its containers; open_state changes neither): it is what the next checkpoint is made
+    # from, and a migration or a model field typed Any could otherwise change it in place.
+    # So the step gets a copy, unless no migration runs and validating as the model builds
+    # every container anew (tasks/fresh_state.py): the copy was a tenth of a 2 MB state's
+    # restore. A structural copy: a JSON round trip cost as much as the rest together
+    state_json = copy_json(opened) if path or not validation_copies(workflow.state) else opened
     try:
         for migrate in path:
             state_json = migrate(dict(state_json))

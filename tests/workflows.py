@@ -54,6 +54,36 @@ def note(ctx: StepContext, state: Notes) -> Any:
     return ctx.goto(note, notes=notes)
 
 
+class Tally(BaseModel):
+    steps: int = 6
+    tally: list[int] = []  # validation builds every container: the step gets no copy
+    box: dict[str, list[int]] = {}
+
+
+class Boxed(BaseModel):
+    steps: int = 6
+    box: dict[str, Any] = {}  # typed Any: validation passes the stored containers through
+
+
+in_place = Workflow("test_in_place", version=1, state=Tally, max_attempts=3)
+in_place_any = Workflow("test_in_place_any", version=1, state=Boxed, max_attempts=3)
+
+
+@in_place.step(start=True)
+def change_tally(ctx: StepContext, state: Tally) -> Any:
+    """Changes the state it was given in place, as a step may (tasks/fresh_state.py)."""
+    state.tally.append(ctx.seq)
+    state.box.setdefault("seqs", []).append(ctx.seq)
+    return ctx.finish() if len(state.tally) >= state.steps else ctx.goto(change_tally)
+
+
+@in_place_any.step(start=True)
+def change_box(ctx: StepContext, state: Boxed) -> Any:
+    """Changes a container of a field typed Any in place."""
+    state.box.setdefault("seqs", []).append(ctx.seq)
+    return ctx.finish() if len(state.box["seqs"]) >= state.steps else ctx.goto(change_box)
+
+
 class Nothing(BaseModel):
     pass
 

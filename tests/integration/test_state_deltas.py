@@ -103,3 +103,22 @@ def test_deltas__verify_names_an_edited_delta(drv: Driver, ops: Ledger) -> None:
     assert problems[0] == (5, "mac")
     assert {kind for _, kind in problems} == {"mac"}
     assert {seq for seq, _ in problems} == set(range(5, 17))  # up to the next snapshot
+
+
+@pytest.mark.parametrize("workflow", ["test_in_place", "test_in_place_any"],
+                         ids=["fresh_model_uncopied", "any_field_copied"])
+def test_deltas__a_step_changing_its_state_in_place_leaves_the_parent_state_alone(
+        drv: Driver, ops: Ledger, workflow: str) -> None:
+    """Invariant: the state a step gets shares no container with the claim's state, from
+    which the next checkpoint's delta is made: a step appending in place to its state's
+    lists (one typed ``list[int]``, which restore hands over as validated, uncopied; one in
+    a field typed ``Any``, which it copies: tasks/fresh_state.py) commits each append. A
+    shared list would have changed the parent's state too: the delta would miss the append
+    and each checkpoint would store the notes of the one before it."""
+    run_id = ops.start_run(workflow, {"steps": 6})
+    assert drv.drive(run_id, max_steps=8).status is RunStatus.COMPLETED
+    for seq in range(1, 7):
+        view = ops.checkpoint(run_id, seq)
+        assert view is not None and view.state is not None
+        assert view.state["box"] == {"seqs": list(range(seq))}
+    assert ops.verify_run(run_id) == []
