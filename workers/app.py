@@ -14,6 +14,7 @@ from ledger.exceptions import LedgerUnavailable
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
 from workers.advertise import Advertiser
+from workers.allocator import connect_keep_freed
 from workers.broker import broker_url
 from workers.events import FAILED_KINDS
 from workers.exceptions import StepNotCommitted
@@ -145,6 +146,7 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
     signals.worker_process_shutdown.connect(flush_observers, weak=False)
     signals.worker_shutdown.connect(flush_observers, weak=False)
     connect_freeze(settings.gc_freeze)
+    connect_keep_freed(settings.malloc_keep_freed)
     app.onward_runtime = runtime
     return app
 

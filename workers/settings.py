@@ -127,6 +127,13 @@ class WorkerSettings(OnwardSettings):
         "ready), so full garbage collections stop walking them; false leaves the collector "
         "as Python set it.",
     )
+    malloc_keep_freed: bool = Field(
+        default=True,
+        description="Keep up to 64 MB of the memory a worker frees in its heap for the next "
+        "step (glibc's mallopt thresholds, set before the pool forks), so restoring a large "
+        "state does not have the kernel map and zero its pages again every time; false "
+        "leaves the allocator as glibc set it.",
+    )
     broker_ack_emulation: bool = Field(
         default=False,
         description="Redis ack emulation. Off by default: the outbox and the reaper redeliver.",
