@@ -20,6 +20,16 @@ cannot lock, and checks the references in its DELETE statement, after the lock: 
 in flight keeps its artifact (left for a later pass); a writer that comes after the deletion
 commits waits for it and inserts the bytes again (its conflict check sees the row gone).
 
+**A request named, not kept.** Evidence that did not keep its request as an artifact
+(sealed in its own row instead, too large, or its bytes not hashing to it) still names its
+``request_hash`` but takes no lock on it. No run can lose a request it kept that way: the
+run that kept the bytes held the lock until its own row committed, and from then on that
+row is what the DELETE's re-check finds (it keeps the bytes while *any* evidence not
+compacted names the hash, whether that row kept them or not). The bytes go only once no
+keeper is in flight and no committed row needs them; a row naming the hash without keeping
+it that commits afterwards reads as what it is: its own sealed request, or a request not
+kept (readers find a plain request by its hash: present means kept).
+
 Only a role that sees every tenant's rows deletes anything: ``onward_app`` has no DELETE
 policy on ``artifacts`` (migration 0027), and its reference checks would see one tenant.
 """

@@ -428,11 +428,15 @@ def apply(engine: Engine, keys: CheckpointKeys, policies: list[Policy], *,
     compaction is left: a call stopped by ``max_runs`` does not read every artifact.
     Resumable: a run is compacted whole or not at all, and the next call finds the rest."""
     done, after = Applied(), None
+    with wrap_driver_errors("planning retention"), engine.connect() as conn:
+        # as onward_app nothing is deleted: no artifact is read or try-locked for a run
+        # (each lock held to the compaction's commit made a writer of it wait for nothing)
+        deletes = artifact_sweep.may_delete_txn(conn)
     while max_runs is None or done.runs < max_runs:
         with wrap_driver_errors("planning retention"), engine.connect() as conn:
             page = candidates_txn(conn, policies, after=after, limit=batch)
         for candidate in _due(page.found):
-            _compact_one(engine, keys, candidate, actor, done)
+            _compact_one(engine, keys, candidate, actor, done, deletes=deletes)
         if page.next_after is None:
             break
         after = page.next_after
@@ -449,12 +453,12 @@ def _due(found: list[Candidate]) -> Iterator[Candidate]:
 
 
 def _compact_one(engine: Engine, keys: CheckpointKeys, candidate: Candidate,
-                 actor: Actor | None, done: Applied) -> None:
+                 actor: Actor | None, done: Applied, *, deletes: bool) -> None:
     who = actor or Actor(REAPER_ACTOR, Role.ADMIN, candidate.tenant_id)
     try:
         with wrap_driver_errors("compacting a run"), engine.begin() as conn:
             held = artifact_sweep.referenced_txn(conn, candidate.run_id) \
-                if candidate.kinds & {Kind.STATES, Kind.EVIDENCE} else []
+                if deletes and candidate.kinds & {Kind.STATES, Kind.EVIDENCE} else []
             count = compact_run_txn(conn, keys, candidate.run_id, candidate.kinds)
             freed = artifact_sweep.release_txn(conn, held)
             record_txn(conn, keys, who, AuditRecord(

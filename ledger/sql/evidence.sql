@@ -71,6 +71,8 @@ WITH fence AS (
     SELECT %(request_hash)s, length(%(request_body)s::bytea), 'application/json',
            %(request_body)s::bytea FROM fence
      WHERE %(request_body)s::bytea IS NOT NULL
+       -- a row that does not keep its request takes no lock: it needs no bytes, and the
+       -- run that kept them is covered (ledger/artifact_sweep.py, "A request named, not kept")
        AND pg_advisory_xact_lock_shared(%(artifact_lock)s, hashtext(%(request_hash)s))::text = ''
     ON CONFLICT (sha256) DO NOTHING
 ), recorded AS (

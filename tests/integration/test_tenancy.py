@@ -247,13 +247,25 @@ def test_retention_as_onward_app_plans_no_artifact_it_cannot_delete(
     """A tenant's admin connected as onward_app compacts its own runs, but deletes no
     artifact (no policy lets that role: it cannot see another tenant's references; the
     reaper, as onward_operator, sweeps them). Its plan says so: it counts none, where it
-    counted the artifacts its tenant shares with another (same states) as going."""
+    counted the artifacts its tenant shares with another (same states) as going. Nor does
+    it try-lock an artifact: a lock held to its commit only made writers of it wait."""
     acme = tenants.ledger(settings.model_copy(update={"retention_policies": "*/*=0"}), "acme")
     with tenants.owner.connect() as conn:
         before = _count(conn, "artifacts")
+    sent: list[str] = []
 
-    plan = acme.retention_plan()
-    done = acme.retention_apply()
+    def spy(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        sent.append(statement)
+
+    sa.event.listen(tenants.app, "before_cursor_execute", spy)
+    try:
+        plan = acme.retention_plan()
+        done = acme.retention_apply()
+    finally:
+        sa.event.remove(tenants.app, "before_cursor_execute", spy)
+
+    assert any("onward.checkpoints" in s for s in sent)  # the spy saw the compaction
+    assert [s for s in sent if "pg_try_advisory_xact_lock" in s] == []
 
     assert plan.runs == done.runs == 1
     with tenants.owner.connect() as conn:
