@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.databases import create_database, drop_database
 from ledger import OnwardSettings
 from ledger.db import database_url
 
-__all__ = ["measured_in_scratch_database"]
+__all__ = ["backend_cpu_s", "measured_in_scratch_database"]
 
 
 def measured_in_scratch_database(prefix: str,
@@ -27,3 +28,12 @@ def measured_in_scratch_database(prefix: str,
         drop_database(admin_url, name)
     load1, _, _ = os.getloadavg()
     return {**result, "load_1min": round(load1, 2), "cpus": os.cpu_count()}
+
+
+def backend_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a local PostgreSQL backend (None: not on this host)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

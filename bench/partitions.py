@@ -41,7 +41,6 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +49,7 @@ if ROOT not in sys.path:
 
 import psycopg  # noqa: E402
 
-from bench._common import measured_in_scratch_database  # noqa: E402
+from bench._common import backend_cpu_s, measured_in_scratch_database  # noqa: E402
 from ledger.db import libpq_conninfo  # noqa: E402
 
 COLUMNS = """(run_id uuid NOT NULL, lease_epoch bigint NOT NULL, seq integer NOT NULL,
@@ -97,15 +96,6 @@ def build(conn: psycopg.Connection[Any], name: str, past: int, partitioned: bool
     conn.execute(f"ANALYZE {name}")
 
 
-def _backend_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a local PostgreSQL backend (None: not on this host)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def one_block(conn: psycopg.Connection[Any], name: str, ops: int,
               backend: int) -> tuple[float, float | None]:
     """``ops`` steps' statements on one table: the claim's lost-holder UPDATE and INSERT,
@@ -113,13 +103,13 @@ def one_block(conn: psycopg.Connection[Any], name: str, ops: int,
     backend CPU microseconds per step."""
     lost, insert, close = (s.format(t=name) for s in (LOST, INSERT, CLOSE))
     runs = [uuid.uuid4() for _ in range(ops)]
-    cpu0, started = _backend_cpu_s(backend), time.perf_counter()
+    cpu0, started = backend_cpu_s(backend), time.perf_counter()
     for run in runs:
         conn.execute(lost, (run, 0), prepare=True)
         conn.execute(insert, (run, 1), prepare=True)
         conn.execute(close, (run, 1), prepare=True)
     wall = (time.perf_counter() - started) / ops * 1e6
-    cpu1 = _backend_cpu_s(backend)
+    cpu1 = backend_cpu_s(backend)
     return wall, None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / ops * 1e6
 
 

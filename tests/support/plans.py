@@ -39,4 +39,4 @@ def explaining(store: StepStore, marker: str,
             seen(query, params)
         return run_statement(query, params, binary=binary)
 
-    store._one = spied  # type: ignore[method-assign]
+    store._one = spied  # type: ignore[method-assign,assignment]
