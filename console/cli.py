@@ -23,6 +23,7 @@ from console.commands_runs import runs_app
 from console.commands_tokens import tokens_app
 from console.commands_tools import tools_app
 from console.commands_worker import worker
+from console.commands_workers import note_unserved
 from console.commands_workers import workers as workers_cmd
 from console.common import (
     EXIT_FAILED,
@@ -247,6 +248,7 @@ def start(
         run_id = ledger.start_run_command(workflow, payload, idempotency_key=idempotency_key,
                                           conversation_id=conversation, priority=priority)
     print(run_id)
+    note_unserved(ledger, workflow)
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -11,6 +11,7 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
+from console.commands_workers import note_unserved
 from console.common import (
     EXIT_REFUSED,
     JsonFlag,
@@ -176,6 +177,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
         done = ledger.continue_run(run.id, reason)
     out.print(line(("continued", "green"), f" run {done.run_id} at seq {done.seq} "
                    f"(was {done.previous_status.value})"), soft_wrap=True)
+    note_unserved(ledger, run.workflow)
     if done.due_at is not None:  # its head is a timer whose time has not come
         out.print(line(f"  its timer has not ended: step {done.step} runs at "
                        f"{done.due_at:%Y-%m-%d %H:%M:%S}"), soft_wrap=True)
@@ -218,7 +220,7 @@ def runs_replay(
         confirm("start the replay?", yes)
         launched = ledger.replay(run.id, from_seq, launch_mode, reason, budgets=budgets,
                                  allow_irreversible=allow_irreversible)
-    _launched(launched, as_json)
+    _launched(ledger, run.workflow, launched, as_json)
 
 
 _MODE_TEXT = {
@@ -232,10 +234,15 @@ _MODE_TEXT = {
 }
 
 
-def _launched(launched: Any, as_json: bool) -> None:
+def _launched(ledger: Ledger, workflow: str, launched: Any, as_json: bool) -> None:
     if as_json:
         print_json(launched)
-        return
+    else:
+        _print_launched(launched)
+    note_unserved(ledger, workflow)
+
+
+def _print_launched(launched: Any) -> None:
     out.print(line(("started", "green"), f" {launched.mode.value} run {launched.run_id} from "
                    f"{launched.parent_run_id}@{launched.parent_seq}: {launched.status.value}, "
                    "next step ", launched.step or "(start)"), soft_wrap=True)
@@ -286,7 +293,7 @@ def runs_branch(
         launched = ledger.branch(run.id, from_seq, operations, reason,
                                  allow_irreversible=allow_irreversible, budgets=budgets,
                                  check_state=state_check(ledger.settings.workflows))
-    _launched(launched, as_json)
+    _launched(ledger, run.workflow, launched, as_json)
 
 
 def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[str, Any]]:

@@ -12,13 +12,23 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from console.common import EXIT_FAILED, JsonFlag, open_ledger, out, plain, print_json, reported
+from console.common import (
+    EXIT_FAILED,
+    JsonFlag,
+    err,
+    open_ledger,
+    out,
+    plain,
+    print_json,
+    reported,
+)
 from console.safe import line, visible
+from ledger import Ledger
 from ledger.db import database_url
 from ledger.fleet import FleetStore, Unserved, WorkerRow
 from workers.settings import WorkerSettings
 
-__all__ = ["workers"]
+__all__ = ["note_unserved", "workers"]
 
 
 def _workflows(row: WorkerRow) -> str:
@@ -33,6 +43,19 @@ def _unserved_text(u: Unserved) -> str:
     else:
         why = "no live worker has this workflow: deploy workers with it (ONWARD_WORKFLOWS)"
     return f"{u.workflow}{version}: {u.runs} active run(s) unserved; {why}"
+
+
+def note_unserved(ledger: Ledger, workflow: str) -> None:
+    """After a command queued a step of ``workflow`` (start, replay, branch, continue): a
+    note on stderr when no live worker serves it, so the person knows why the run does not
+    move (it waits for one; nothing is wrong with it)."""
+    store = FleetStore(database_url(ledger.settings))
+    ttl = WorkerSettings.of(ledger.settings).worker_queue_ttl_s
+    with reported():
+        unserved = [u for u in store.unserved(within_s=ttl) if u.workflow == workflow]
+    for found in unserved:
+        err.print(line(("note:", "yellow"), " ", _unserved_text(found),
+                       "; the run waits for one (onward workers lists them)"), soft_wrap=True)
 
 
 def workers(

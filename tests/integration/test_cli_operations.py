@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from ledger import Ledger, RunStatus
+from ledger.db import database_url
+from ledger.fleet import FleetStore
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
@@ -113,6 +115,29 @@ def test_cli_replay_and_continue__exit_codes_and_lineage(drv: Driver) -> None:
     assert [(a["action"], a["outcome"], a["actor"], a["role"]) for a in reversed(audit)] == [
         ("replay", "done", "olga", "operator"), ("inspect", "done", "olga", "operator"),
         ("continue", "refused", "olga", "operator"), ("replay", "refused", "olga", "viewer")]
+
+
+def test_cli_replay_and_start__note_when_no_live_worker_serves_the_workflow(
+        drv: Driver) -> None:
+    """A replay (or start, branch, continue) of a workflow no live worker serves is done,
+    with a note on stderr saying why the run will not move; once a worker advertises the
+    workflow, no note. (After make demo, whose workers stop with it, a replay said only
+    'running, next step draft'.)"""
+    parent = finished(drv)
+    env = {"COLUMNS": "220", "ONWARD_TOKEN": TOKENS["operator"]}
+    replay = ["runs", "replay", str(parent), "--reason", "look", "--yes"]
+    unserved = CliRunner().invoke(app, replay, env=env)
+    assert unserved.exit_code == 0, unserved.output
+    assert "started evidence run" in unserved.stdout
+    assert "note: test_ops_notes" in unserved.stderr
+    assert "no live worker has this workflow" in unserved.stderr
+    started = CliRunner().invoke(app, ["start", "test_ops_notes", "--input", '{"topic": "x"}'],
+                                 env=env)
+    assert UUID(started.stdout.strip()) and "note: test_ops_notes" in started.stderr
+    FleetStore(database_url(drv.ledger.settings)).advertise(
+        None, [("onward.steps.test_ops_notes.v1", "test_ops_notes", 1, None)])
+    served = CliRunner().invoke(app, replay, env=env)
+    assert served.exit_code == 0 and "note:" not in served.stderr, served.output
 
 
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
