@@ -33,7 +33,7 @@ from ledger.bundle import Bundle, read_bundle
 from ledger.corpora import Corpora
 from ledger.corpus_replays import open_replays_txn
 from ledger.vocabulary import AuditAction
-from tasks.corpus.compare import Kind
+from tasks.corpus.compare import SEALED_REQUEST, Kind
 from tasks.corpus.replayer import ReplayOptions, RunOutcome
 from tasks.corpus.report import (
     IDENTICAL,
@@ -241,6 +241,10 @@ def _table(replay: CorpusReplay, summary: Summary, policy: Policy, diffs: int) -
     for group in found[:diffs]:
         if (group.runs[0].finding or {}).get("diff"):
             _diff(group.runs[0])
+    if any(str(shown).endswith(SEALED_REQUEST) for group in found[:diffs]
+           for shown in (group.runs[0].finding or {}).get("diff") or ()):
+        out.print(line("(a request stored sealed is shown by its hashes: --show-sealed shows "
+                       "its diff to an approver, operator or admin, audited)"))
     if found and diffs < len(found):
         out.print(line(f"({len(found) - diffs} more divergence(s): --diffs N shows more; "
                        "--markdown FILE or --format json lists every run)"))

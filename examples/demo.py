@@ -693,8 +693,8 @@ def finish(settings: OnwardSettings, fleet: Fleet, research: Research,
     console.print(console_hint(settings))
     console.print(f"replay: {onward} corpus add demo --workflow research_agent --since 1h && "
                   f"{onward} corpus replay demo --code examples.research_v2 --show-sealed   "
-                  "(the research runs against version 2 of the agent, offline, with the "
-                  "sealed prompts' diff shown to you as admin; README: regression suite)")
+                  "(the research runs against version 2 of the agent, offline; you are "
+                  "admin, so it shows the sealed prompts' diff; README: regression suite)")
     for problem in problems:
         console.print(f"[bold red]FAILED:[/bold red] {problem}")
     summary = {

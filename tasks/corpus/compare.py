@@ -25,6 +25,7 @@ from tasks.corpus.diff import json_diff, request_diff, request_text, without
 from tasks.sensitive import open_state
 
 __all__ = [
+    "SEALED_REQUEST",
     "Finding",
     "Kind",
     "Requests",
@@ -36,6 +37,10 @@ __all__ = [
     "stopped_early",
     "went_on",
 ]
+
+
+SEALED_REQUEST = "(stored sealed: not shown)"
+"""How a report names a request it does not show (it is sealed; ``Requests.replayed``)."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +280,7 @@ def diverged(error: dict[str, Any], seq: int, requests: Requests | None) -> Find
         if shown is None:
             lines = []
         elif is_sealed(shown):  # a report goes to CI logs
-            lines = ["the replay asked: (stored sealed: not shown)"]
+            lines = [f"the replay asked: {SEALED_REQUEST}"]
         else:
             lines = ["the replay asked:", *(f"+ {line}" for line in request_text(shown))]
         return Finding(Kind.UNRECORDED, message, where.get("seq", seq), step, call,
@@ -305,7 +310,7 @@ def _request_lines(error: dict[str, Any], call: str, command_id: str | None,
     except (SealedValueUnreadable, IntegrityViolation) as exc:
         return [f"{hashes} (stored sealed: does not open: {exc})"]
     if is_sealed(replayed) or is_sealed(recorded):  # a report goes to CI logs: not shown
-        return [f"{hashes} (stored sealed: not shown)"]
+        return [f"{hashes} {SEALED_REQUEST}"]
     if not kept:
         return [f"{hashes} (the recorded request was not kept, so no diff: "
                 "recorded before onward kept requests, left out of the bundle, or a tool that "

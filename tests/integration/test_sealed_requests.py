@@ -178,6 +178,7 @@ def test_cli__show_sealed_is_refused_to_a_viewer_and_audited(
     plain = replay("admin")
     assert plain.exit_code == 1, plain.output
     assert "(stored sealed: not shown)" in plain.output and customer not in plain.output
+    assert "--show-sealed shows its diff" in plain.output
     shown = replay("admin", "--show-sealed")
     assert shown.exit_code == 1, shown.output
     assert f"+offer for {customer}: 10 EUR, please" in shown.output
