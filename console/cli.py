@@ -129,6 +129,10 @@ def db_status(as_json: JsonFlag = False) -> None:
     else:
         out.print(line("database: ", found or "(empty)", "   code needs: ", HEAD_REVISION))
     if found != HEAD_REVISION:
+        if not as_json:  # revisions are zero-padded numbers: they compare as text
+            out.print(line("  run: onward db upgrade" if (found or "") < HEAD_REVISION else
+                           "  the database is newer than this code: install the onward "
+                           "version that upgraded it"))
         raise typer.Exit(EXIT_REFUSED)
 
 
