@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import socket
 import sys
 from datetime import timedelta
 from typing import Annotated
@@ -283,6 +284,7 @@ def console_cmd(
     ledger = Ledger.from_env(settings)
     with reported():
         ledger.require_current_schema()
+    _require_free_port(host, port)  # before a login token is made for a console that won't run
     issued = None
     if settings.database_url is None and owns_embedded_database(settings):
         admin = ledger.with_actor(local_admin(settings))
@@ -307,6 +309,19 @@ def console_cmd(
                 admin.revoke_token(str(issued.token.id), "the console stopped")
 
 
+def _require_free_port(host: str, port: int) -> None:
+    """Refuse, saying what to do, when ``host:port`` is taken (another console, say): uvicorn
+    would print a login link first, then fail with "address already in use", and the link
+    pointed at the other console, with a token revoked at once."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}): another onward "
+             "console may be running there; pass --port (or stop it)", EXIT_REFUSED)
+
+
 def _one_line_summaries(group: typer.Typer) -> None:
     """A command's summary in its group's ``--help`` list is its docstring's first
     paragraph, reflowed: typer's rich help keeps that paragraph's source line breaks, which
@@ -321,3 +336,4 @@ def _one_line_summaries(group: typer.Typer) -> None:
 
 
 _one_line_summaries(app)
+
