@@ -169,7 +169,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
                    f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     if run.parked_reason or run.last_error:
         out.print(line("  stopped because: ", run.parked_reason or "", " ",
-                       str((run.last_error or {}).get("message", ""))), soft_wrap=True)
+                       _error_chain(run.last_error)), soft_wrap=True)
     out.print(line("  the step runs again at the same seq; recorded model calls and effects are "
               "reused, unknown effect outcomes are reconciled first"))
     with reported():
@@ -184,6 +184,18 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
     elif done.waiting_on is not None:  # its head is a wait nothing ended
         out.print(line("  its wait has not ended: it waits again for ", done.waiting_on),
                   soft_wrap=True)
+
+
+def _error_chain(error: Any) -> str:
+    """An error's message, then each earlier error it wraps (``previous``) as ``← type:
+    message``: a run parked after its attempts ran out says '… in 3 attempts: *** (sealed:
+    see previous)', and the cause is the one before."""
+    parts: list[str] = []
+    while isinstance(error, dict):
+        message = str(error.get("message", ""))
+        parts.append(f"← {error.get('type')}: {message}" if parts else message)
+        error = error.get("previous")
+    return " ".join(parts)
 
 
 @runs_app.command("replay")

@@ -11,6 +11,7 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from console.cli import app
@@ -138,6 +139,24 @@ def test_cli_replay_and_start__note_when_no_live_worker_serves_the_workflow(
         None, [("onward.steps.test_ops_notes.v1", "test_ops_notes", 1, None)])
     served = CliRunner().invoke(app, replay, env=env)
     assert served.exit_code == 0 and "note:" not in served.stderr, served.output
+
+
+def test_cli_continue__shows_the_error_a_parking_error_wraps(drv: Driver) -> None:
+    """Before asking, continue shows why the run stopped, down to the error the parking
+    error wraps: it showed '… in 3 attempts: *** (sealed: see previous)' and not the
+    previous one (runs show has it)."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "parked"})
+    error = {"type": "NoWorkerCanRun", "message": "no worker could run step summarize at seq "
+             "0 in 3 attempts: *** (sealed: see previous)",
+             "previous": {"type": "UnknownWorkflow", "message": "no workflow 'test_ops_notes'"
+                          " is registered in this worker; check ONWARD_WORKFLOWS"}}
+    with drv.ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE onward.runs SET status = 'needs_review', parked_reason = "
+                             "'attempts_exhausted', last_error = CAST(:error AS jsonb) "
+                             "WHERE id = :id"), {"error": json.dumps(error), "id": run_id})
+    shown = onward("runs", "continue", str(run_id), "--reason", "look", input="n\n", code=1)
+    assert ("see previous) ← UnknownWorkflow: no workflow 'test_ops_notes' is registered "
+            "in this worker; check ONWARD_WORKFLOWS") in shown
 
 
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
