@@ -70,6 +70,7 @@ _SHARE = sql.text("artifacts_share")
 _RELEASE = sql.text("artifacts_release")
 _UNREFERENCED = sql.text("artifacts_unreferenced")
 _MAY_DELETE = sql.text("artifacts_may_delete")
+_FREED_BY = sql.text("artifacts_freed_by")
 
 
 @dataclass
@@ -119,30 +120,25 @@ def release_txn(conn: Connection, shas: Sequence[str]) -> Freed:
     return Freed(len(gone), sum(int(r.size) for r in gone), sorted(r.sha256 for r in gone))
 
 
-def _page(conn: Connection, after: str | None, limit: int, states_runs: Sequence[UUID] = (),
-          evidence_runs: Sequence[UUID] = ()) -> tuple[list[tuple[str, int]], str | None]:
-    """One page of artifacts by sha256: those free of references (but for the given runs'
-    states and evidence) with their sizes, and the sha the next page starts after."""
-    rows = conn.execute(_UNREFERENCED, {
-        "after": after, "limit": limit, "states_runs": list(states_runs),
-        "evidence_runs": list(evidence_runs)}).all()
+def _page(conn: Connection, after: str | None, limit: int) -> tuple[list[tuple[str, int]],
+                                                                    str | None]:
+    """One page of artifacts by sha256: those nothing references now, with their sizes, and
+    the sha the next page starts after."""
+    rows = conn.execute(_UNREFERENCED, {"after": after, "limit": limit}).all()
     free = [(r.sha256, int(r.size)) for r in rows if r.free]
     return free, (rows[-1].sha256 if len(rows) == limit else None)
 
 
 def freed_by_txn(conn: Connection, states_runs: Sequence[UUID],
-                 evidence_runs: Sequence[UUID], *, page: int = 1000) -> Freed:
+                 evidence_runs: Sequence[UUID]) -> Freed:
     """A dry run: the artifacts nothing would reference once ``states_runs``' states and
     ``evidence_runs``' evidence are compacted, those already unreferenced included (none
-    for a role that may not delete them)."""
-    found, after = Freed(), None
+    for a role that may not delete them); one statement, whatever the number of runs."""
     if not may_delete_txn(conn):
-        return found
-    while True:
-        free, after = _page(conn, after, page, states_runs, evidence_runs)
-        found.add(Freed(len(free), sum(size for _, size in free)))
-        if after is None:
-            return found
+        return Freed()
+    row = conn.execute(_FREED_BY, {"states_runs": list(states_runs),
+                                   "evidence_runs": list(evidence_runs)}).one()
+    return Freed(int(row.artifacts), int(row.bytes))
 
 
 def free_txn(conn: Connection, after: str | None, limit: int) -> tuple[Freed, str | None]:

@@ -52,19 +52,39 @@ RETURNING a.sha256, a.size
 
 -- name: artifacts_unreferenced
 -- A page of artifacts after sha `after` (NULL: from the start), by sha256, saying which
--- nothing would reference once the given runs' states and evidence are compacted (none
--- given: which nothing references now), with their sizes; `last` is the page's last sha.
+-- nothing references now, with their sizes (the sweep deletes those, locked, in
+-- artifacts_release).
 SELECT a.sha256, a.size,
        NOT EXISTS (SELECT 1 FROM onward.checkpoints c
-                    WHERE c.state ? '$artifact' AND (c.state -> '$artifact' ->> 'sha256') = a.sha256
-                      AND NOT c.run_id = ANY(CAST(%(states_runs)s AS uuid[])))
-   AND NOT EXISTS (SELECT 1 FROM onward.evidence v WHERE v.artifact_sha256 = a.sha256
-                      AND NOT v.run_id = ANY(CAST(%(evidence_runs)s AS uuid[])))
+                    WHERE c.state ? '$artifact' AND (c.state -> '$artifact' ->> 'sha256') = a.sha256)
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v WHERE v.artifact_sha256 = a.sha256)
    AND NOT EXISTS (SELECT 1 FROM onward.evidence v
                     WHERE v.request_hash = a.sha256
-                      AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted')
-                      AND NOT v.run_id = ANY(CAST(%(evidence_runs)s AS uuid[]))) AS free
+                      AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted')) AS free
   FROM onward.artifacts a
  WHERE CAST(%(after)s AS text) IS NULL OR a.sha256 > CAST(%(after)s AS text)
  ORDER BY a.sha256
  LIMIT %(limit)s
+
+-- name: artifacts_freed_by
+-- How many artifacts (and their bytes) nothing would reference once the given runs' states
+-- and evidence are compacted, those unreferenced now included: one statement over sets (the
+-- runs are hashed once, and the planner may anti-join every reference at once). Paging
+-- through the artifacts comparing each reference with the run id arrays cost artifacts x
+-- due runs: 3 to 7 s for 2,000 due runs and 17,550 artifacts, 0.03 to 0.08 s this way.
+WITH states_runs AS MATERIALIZED (
+    SELECT DISTINCT s AS run_id FROM unnest(CAST(%(states_runs)s AS uuid[])) s
+), evidence_runs AS MATERIALIZED (
+    SELECT DISTINCT s AS run_id FROM unnest(CAST(%(evidence_runs)s AS uuid[])) s
+)
+SELECT count(*) AS artifacts, coalesce(sum(a.size), 0) AS bytes
+  FROM onward.artifacts a
+ WHERE NOT EXISTS (SELECT 1 FROM onward.checkpoints c
+                    WHERE c.state ? '$artifact' AND (c.state -> '$artifact' ->> 'sha256') = a.sha256
+                      AND NOT EXISTS (SELECT 1 FROM states_runs d WHERE d.run_id = c.run_id))
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v WHERE v.artifact_sha256 = a.sha256
+                      AND NOT EXISTS (SELECT 1 FROM evidence_runs d WHERE d.run_id = v.run_id))
+   AND NOT EXISTS (SELECT 1 FROM onward.evidence v
+                    WHERE v.request_hash = a.sha256
+                      AND (v.artifact_sha256 IS NOT NULL OR NOT v.response ? '$compacted')
+                      AND NOT EXISTS (SELECT 1 FROM evidence_runs d WHERE d.run_id = v.run_id))

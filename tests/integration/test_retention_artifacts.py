@@ -20,6 +20,7 @@ from ledger.corpora import Corpora
 from ledger.corpus import Selection
 from tests.support.corpus import record_note
 from tests.support.driver import Driver, driver
+from tests.support.plans import sent_by
 
 MODULES = ["tests.workflows_ops"]
 REFERENCED = """
@@ -187,3 +188,23 @@ def test_artifacts__a_pass_stopped_at_max_runs_leaves_the_sweep_to_the_last(
     assert (stopped.runs, stored(admin, {orphan})) == (1, {orphan})
     last = retention.apply(admin.engine, admin.keys, policies, batch=1, max_runs=500)
     assert (last.runs, stored(admin, {orphan})) == (1, set())
+
+
+def test_artifacts__the_plan_counts_them_in_one_statement_whatever_their_number(
+        drv: Driver, admin: Ledger) -> None:
+    """The plan counts the artifacts a due run would free and those already unreferenced
+    (1,200 orphans: more than a page) in one set-based statement: it paged through every
+    artifact comparing each reference with every due run's id (artifacts x due runs)."""
+    run_id = record_note(drv, "counted")
+    own = referenced(admin, run_id)
+    with admin.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO onward.artifacts (sha256, size, media_type, body) "
+                             "SELECT 'orphan' || g, 2, 'application/json', '{}' "
+                             "FROM generate_series(1, 1200) g"))
+
+    with sent_by(admin.engine) as sent:
+        plan = admin.retention_plan()
+
+    assert (plan.runs, plan.artifacts, plan.artifact_bytes) == (
+        1, len(own) + 1200, sum(own.values()) + 2400)
+    assert len([s for s in sent if "FROM onward.artifacts" in s]) == 1

@@ -22,6 +22,7 @@ from ledger.exceptions import UnknownApproval, UnknownRun
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import Role
 from tests.support.driver import driver
+from tests.support.plans import sent_by
 
 APP, OPERATOR = "onward_app", "onward_operator"
 TENANTS = ("acme", "globex")
@@ -252,17 +253,9 @@ def test_retention_as_onward_app_plans_no_artifact_it_cannot_delete(
     acme = tenants.ledger(settings.model_copy(update={"retention_policies": "*/*=0"}), "acme")
     with tenants.owner.connect() as conn:
         before = _count(conn, "artifacts")
-    sent: list[str] = []
-
-    def spy(conn: object, cursor: object, statement: str, *rest: object) -> None:
-        sent.append(statement)
-
-    sa.event.listen(tenants.app, "before_cursor_execute", spy)
-    try:
+    with sent_by(tenants.app) as sent:
         plan = acme.retention_plan()
         done = acme.retention_apply()
-    finally:
-        sa.event.remove(tenants.app, "before_cursor_execute", spy)
 
     assert any("onward.checkpoints" in s for s in sent)  # the spy saw the compaction
     assert [s for s in sent if "pg_try_advisory_xact_lock" in s] == []

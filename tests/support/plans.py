@@ -1,19 +1,21 @@
 """Query plans of the ledger's own statements, read as a worker sends them: a step store
 whose statements containing a marker are also EXPLAINed (never executed twice), with the
-parameters they were sent with."""
+parameters they were sent with; and the statements an engine sends meanwhile."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 
 from ledger.db import libpq_conninfo
 from ledger.hot import positional
 from ledger.steps import StepStore
 
-__all__ = ["explain", "explaining"]
+__all__ = ["explain", "explaining", "sent_by"]
 
 
 def explain(url: str, query: str, params: dict[str, Any], *,
@@ -40,3 +42,18 @@ def explaining(store: StepStore, marker: str,
         return run_statement(query, params, binary=binary)
 
     store._one = spied  # type: ignore[method-assign,assignment]
+
+
+@contextmanager
+def sent_by(engine: sa.engine.Engine) -> Iterator[list[str]]:
+    """The statements ``engine`` sends meanwhile, as sent (a list filled as they go)."""
+    sent: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        sent.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
