@@ -28,9 +28,14 @@ def plan(as_json: JsonFlag = False) -> None:
     with reported():
         found = ledger.retention_plan()
         months = ledger.partitions_plan()
+    policies = ledger.settings.retention_policies
     if as_json:
-        print(json.dumps({**found.as_dict(), "partitions": months}))
+        print(json.dumps({**found.as_dict(), "partitions": months, "policies": policies}))
         return
+    out.print(line(f"policies: {policies}" if policies else
+                   "no policies (ONWARD_RETENTION_POLICIES is unset): every run keeps its "
+                   "payloads forever; e.g. ONWARD_RETENTION_POLICIES='*/*=90' compacts them "
+                   "90 days after a run ends (docs/operating.md#retention)"), soft_wrap=True)
     kinds = ", ".join(f"{kind} of {count}" for kind, count in found.kinds.items() if count)
     out.print(line(f"{found.runs} run(s), {found.checkpoints} checkpoint(s), "
                    f"{found.bytes:,} bytes of payloads would be compacted"

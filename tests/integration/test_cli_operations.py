@@ -159,6 +159,20 @@ def test_cli_continue__shows_the_error_a_parking_error_wraps(drv: Driver) -> Non
             "in this worker; check ONWARD_WORKFLOWS") in shown
 
 
+def test_cli_retention_plan__says_which_policies_it_applies(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """retention plan names the policies it planned with, and says when there are none (it
+    printed '0 run(s) … would be compacted' either way, with no hint that nothing ever
+    would be)."""
+    monkeypatch.delenv("ONWARD_RETENTION_POLICIES", raising=False)
+    unset = onward("retention", "plan", role="admin")
+    assert "ONWARD_RETENTION_POLICIES is unset" in unset and "forever" in unset
+    monkeypatch.setenv("ONWARD_RETENTION_POLICIES", "*/*=90")
+    assert "policies: */*=90" in onward("retention", "plan", role="admin")
+    assert json.loads(onward("retention", "plan", "--json", role="admin"))["policies"] == \
+        "*/*=90"
+
+
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
     """A branch shows the diff before asking, refuses without a reason (exit 2), and stores
     its patch on the new run."""
