@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from typing import Annotated
-from uuid import UUID
 
 import typer
 
-from console.common import JsonFlag, ReasonOpt, open_ledger, out, reported
+from console.commands_runs import RunArg
+from console.common import JsonFlag, ReasonOpt, open_ledger, out, reported, run_of
 from console.safe import line
 from ledger.vocabulary import AuditAction
 
@@ -76,11 +76,12 @@ def apply(
 
 
 @retention_app.command("hold")
-def hold(run_id: UUID, reason: ReasonOpt = None,
+def hold(run: RunArg, reason: ReasonOpt = None,
          release: Annotated[bool, typer.Option("--release", help="End the hold.")] = False
          ) -> None:
     """Put a run on legal hold (retention keeps it whatever the policy), or --release it."""
     ledger = open_ledger(AuditAction.HOLD)
+    run_id = run_of(ledger, run, AuditAction.HOLD)
     with reported():
         ledger.hold(run_id, reason, release=release)
     out.print(line(("✓", "green"), f" {run_id} {'released' if release else 'held'}"))

@@ -173,6 +173,18 @@ def test_cli_retention_plan__says_which_policies_it_applies(
         "*/*=90"
 
 
+def test_cli_retention_hold__takes_a_prefix_of_the_run_id(drv: Driver) -> None:
+    """retention hold names its run as every runs command does, by id or unique prefix (it
+    took only a whole UUID: 'invalid group count')."""
+    run_id = finished(drv)
+    held = onward("retention", "hold", str(run_id)[:-4], "--reason", "case 17", role="admin")
+    assert f"{run_id} held" in held
+    onward("retention", "hold", str(run_id)[:-4], "--release", "--reason", "closed",
+           role="admin")
+    audit = json.loads(onward("audit", "ls", "--run", str(run_id), "--json", role="admin"))
+    assert [a["action"] for a in audit if a["action"] == "hold"] == ["hold", "hold"]
+
+
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
     """A branch shows the diff before asking, refuses without a reason (exit 2), and stores
     its patch on the new run."""
