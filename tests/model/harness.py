@@ -17,7 +17,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +26,10 @@ from sqlalchemy.engine import Engine
 
 import ledger.db
 import ledger.outbox
+import ledger.steps
+import tasks.clock
+import tasks.executor
+import tasks.scope
 from ledger import schema
 from ledger.checkpoints import CheckpointKeys
 from ledger.fleet import FleetStore
@@ -44,11 +48,19 @@ OUTBOX_REPUBLISH_S = 5.0
 OUTBOX_REPUBLISH_MAX_S = 60.0
 STALL_AFTER_S = 60.0
 THREAD_PATIENCE_S = 60.0  # a worker thread that neither finishes nor suspends is stuck
+# the database's time when the clock's offset is 0 (mid-month: months_pass crosses months)
+EPOCH = datetime(2026, 1, 14, 12, 0, tzinfo=UTC)
 
 
 # -- the clock -------------------------------------------------------------------------------
 class Clock:
-    """Moves ``onward.now()`` on every connection the test and the code under test use:
+    """The only time there is: ``onward.now()`` is ``EPOCH`` plus ``offset`` (``freeze``),
+    and a worker's own clocks (a step's ``ctx.now()``, the countdown of its lease) run on
+    ``offset`` too (``install``). Real seconds never count: an example that ran slowly (a
+    busy machine) must do exactly what it did when it ran fast, or hypothesis cannot replay
+    it (``FlakyStrategyDefinition``: a precondition, or a bundle, came out otherwise).
+
+    Moves ``onward.now()`` on every connection the test and the code under test use:
     raw psycopg connections (dispatcher, the test's reads) as they are opened and whenever
     time moves, engine connections at checkout, and a worker's hot connection (a pool of
     one) before its first statement after time moved (``version`` counts the moves)."""
@@ -64,6 +76,14 @@ class Clock:
     def offset(self) -> timedelta:
         return self.box[0]
 
+    def seconds(self) -> float:
+        """The model's time in seconds: what a worker's monotonic clocks read."""
+        return self.offset.total_seconds()
+
+    def now(self) -> datetime:
+        """What ``onward.now()`` answers on a frozen database."""
+        return EPOCH + self.offset
+
     def _set(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT set_config(%s, %s, false)",
                      (test_clock.SETTING, test_clock.interval(self.offset)))
@@ -77,8 +97,22 @@ class Clock:
         return conn
 
     def install(self, monkeypatch: Any) -> None:
-        """Route the ledger's raw connections through this clock (for one test)."""
+        """Route the ledger's raw connections through this clock, and run a step's clock
+        (``StepClock``: the claim's time plus the time since) and a lease's countdown
+        (``lease_clock``) on the model's seconds (for one test)."""
         monkeypatch.setattr(ledger.outbox, "connect_raw", self.connect_raw)
+        monkeypatch.setattr(tasks.clock, "time", _ModelTime(self))
+        monkeypatch.setattr(tasks.executor, "StepClock", self._step_clock)
+        for module in (ledger.steps, tasks.scope):
+            monkeypatch.setattr(module, "lease_clock", self.seconds)
+
+    def _step_clock(self, claimed_at: datetime) -> tasks.clock.StepClock:
+        return tasks.clock.StepClock(claimed_at, self.seconds())
+
+    def freeze(self, engine: Engine) -> None:
+        """Stop the real clock of ``engine``'s database (the test's own): ``onward.now()``
+        is ``EPOCH`` plus the offset from now on."""
+        test_clock.freeze(engine, EPOCH)
 
     def setting(self) -> dict[str, Any]:
         """The statement that moves a connection's clock, for ``HotConnection.one``."""
@@ -101,6 +135,16 @@ class Clock:
             self._set(conn)
         for hook in self.on_advance:
             hook(self.offset.total_seconds())
+
+
+@dataclass(frozen=True)
+class _ModelTime:
+    """``time`` as tasks/clock.py reads it: its monotonic clock is the model's."""
+
+    clock: Clock
+
+    def monotonic(self) -> float:
+        return self.clock.seconds()
 
 
 # -- crashes ---------------------------------------------------------------------------------

@@ -24,6 +24,13 @@ catches it, the lease stays held, and the worker comes back with a new connectio
 Sizing: the ``model-ci`` profile (default) runs in tens of seconds; ``make soak`` runs the
 ``model-soak`` profile. ``ONWARD_MODEL_PROFILE``, ``ONWARD_MODEL_EXAMPLES`` and
 ``ONWARD_MODEL_STEPS`` override the choice.
+
+Replaying a run: the ``model-ci`` profile draws its examples from a seed of its own, chosen
+at random and printed with the test's summary and any failure (``ONWARD_MODEL_SEED=<seed>``
+replays that run, example for example: the model's time is the only time, harness.Clock).
+The soak keeps hypothesis's database of examples instead (``.hypothesis/``: a failure it
+found is tried first next time) unless ``ONWARD_MODEL_SEED`` is given; either prints a
+failure's shrunk example as ``@reproduce_failure`` too.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from uuid import UUID
 import psycopg
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, Phase
+from hypothesis import HealthCheck, Phase, seed
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -901,6 +908,15 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             lines = [f"{name}:\n    " + "\n    ".join(items) for name, items in found.items()]
             raise _violation(next(iter(found)))("invariants violated:\n" + "\n".join(lines))
 
+    @invariant()
+    def time_is_the_models(self) -> None:
+        """The database's time is the model's (no real second passes in it): otherwise a
+        slow example replays otherwise, and hypothesis fails it as flaky."""
+        now = self.env.checker.execute("SELECT onward.now()").fetchone()[0]
+        if now != self.env.clock.now():
+            raise _violation("time_is_the_models")(
+                f"onward.now() is {now}, the model's time {self.env.clock.now()}")
+
     def teardown(self) -> None:
         for run_id, seq in self.book.edited.items():
             row = self.env.checker.execute("SELECT status, seq, parked_reason FROM onward.runs "
@@ -917,8 +933,21 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.stats["model_calls"] += sum(self.world.model.calls.values())
 
 
+def _profile_name() -> str:
+    return os.environ.get("ONWARD_MODEL_PROFILE", "model-ci")
+
+
+def _seed() -> int | None:
+    """The seed the run's examples are drawn from: ``ONWARD_MODEL_SEED``, else a new one in
+    the CI profile (a failure in CI names it), else none (hypothesis's own, and its database
+    of examples)."""
+    if os.environ.get("ONWARD_MODEL_SEED"):
+        return int(os.environ["ONWARD_MODEL_SEED"])
+    return secrets.randbelow(2**32) if _profile_name() == "model-ci" else None
+
+
 def _profile() -> hsettings:
-    chosen = hsettings.get_profile(os.environ.get("ONWARD_MODEL_PROFILE", "model-ci"))
+    chosen = hsettings.get_profile(_profile_name())
     overrides: dict[str, Any] = {}
     if os.environ.get("ONWARD_MODEL_EXAMPLES"):
         overrides["max_examples"] = int(os.environ["ONWARD_MODEL_EXAMPLES"])
@@ -943,8 +972,10 @@ def test_protocol__invariants_hold_under_random_interleavings(
                                                          "tests.model.flows"]})
     ledger = Ledger.from_env(settings)
     clock = Clock()
+    clock.freeze(ledger.engine)  # only the model moves time (harness.Clock)
     clock.follow(ledger.engine)
     clock.install(monkeypatch)
+    _reset_partitions(ledger.engine)  # the months around the clock's epoch
     crashes = Crashes()
     config = ExecutorConfig(keys=ledger.keys, max_state_bytes=settings.max_state_bytes,
                             retry_base_s=1.0, retry_max_s=10.0)
@@ -969,9 +1000,21 @@ def test_protocol__invariants_hold_under_random_interleavings(
     ENV = Environment(ledger, clock, crashes, config, checker, stats, jitter, sealed,
                       sealed_config, target, target_sealed)
     started = time.monotonic()
+    chosen_seed = _seed()
+    replay = f"seed {chosen_seed} (ONWARD_MODEL_SEED={chosen_seed} replays this run)" \
+        if chosen_seed is not None else "hypothesis's seed"
+
+    def machine() -> ProtocolMachine:  # a factory of its own: hypothesis.seed marks it
+        return ProtocolMachine()
+
+    if chosen_seed is not None:
+        machine = seed(chosen_seed)(machine)
     try:
         with crashes.installed():
-            run_state_machine_as_test(ProtocolMachine, settings=_profile())
+            run_state_machine_as_test(machine, settings=_profile())
+    except BaseException as exc:
+        exc.add_note(f"model test: {replay}")
+        raise
     finally:
         ENV = None
         checker.close()
@@ -979,4 +1022,4 @@ def test_protocol__invariants_hold_under_random_interleavings(
         target.engine.dispose()
         dropper.drop(target_name)
         print(f"\nmodel test: {dict(sorted(stats.items()))} in "
-              f"{time.monotonic() - started:.1f}s")
+              f"{time.monotonic() - started:.1f}s, {replay}")

@@ -3,11 +3,15 @@
 
 In-process connections are moved with ``set_offset``; processes a test starts get the
 offset at connect time through libpq's ``PGOPTIONS`` (``process_env``).
+
+``freeze`` stops the clock of one test's own database: ``onward.now()`` is then a fixed
+instant plus the offset, so time passes only when the test moves it (the model-based test:
+a condition on the database's time must not depend on how fast an example ran).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +20,14 @@ from sqlalchemy.engine import Engine
 from ledger.steps import StepStore
 
 SETTING = "onward.clock_offset"
+# onward.now() as migration 0007 defines it, with now() replaced by a fixed instant
+_FROZEN = """
+CREATE OR REPLACE FUNCTION onward.now() RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT timestamptz '{at}' + coalesce(
+        nullif(current_setting('onward.clock_offset', true), '')::interval, interval '0')
+$$
+"""
 
 
 def interval(offset: timedelta) -> str:
@@ -25,6 +37,14 @@ def interval(offset: timedelta) -> str:
 def process_env(offset: timedelta) -> dict[str, str]:
     """Environment for a process whose every ledger connection runs ``offset`` ahead."""
     return {"PGOPTIONS": f"-c {SETTING}={interval(offset).replace(' ', chr(92) + ' ')}"}
+
+
+def freeze(engine: Engine, at: datetime) -> None:
+    """Stop the clock of ``engine``'s database at ``at`` (aware): ``onward.now()`` is ``at``
+    plus the connection's offset, whatever the time. Only for a database the test owns (it
+    is dropped with it): the function is the database's, every connection to it sees it."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(_FROZEN.format(at=at.isoformat())))
 
 
 def set_on_raw(conn: Any, offset: timedelta) -> None:
