@@ -246,3 +246,30 @@ def test_docs__shell_commands_quote_their_patterns() -> None:
                 for block in _SHELL_BLOCK.findall(markdown.read_text())
                 for word in _unquoted_globs(block)]
     assert not unquoted, unquoted
+
+
+def _commands_with(option: str) -> set[str]:
+    found: set[str] = set()
+
+    def walk(command: Any, path: list[str]) -> None:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+        elif any(option in p.opts for p in command.params):
+            found.add(" ".join(path))
+
+    walk(_cli(), [])
+    return found
+
+
+def test_docs__the_commands_that_ask_first_are_the_ones_named() -> None:
+    """docs/operating.md names the commands that ask before acting; they are exactly the
+    CLI's commands with ``--yes`` (it said every command that changes something asks:
+    tokens, retention and others act at once)."""
+    text = " ".join((ROOT / "docs/operating.md").read_text().split())
+    found = re.search(r"The commands that act on [^(]*\(([^)]*)\) print what they will do and "
+                      r"ask first", text)
+    assert found, "docs/operating.md no longer says which commands ask first"
+    named = {" ".join([*words[:-1], last]) for span in _SPAN.findall(found.group(1))
+             for words in [span.split()] for last in words[-1].split("|")}
+    assert named == _commands_with("--yes")
