@@ -6,12 +6,14 @@ docs/scaling.md#when-to-partition-and-which-tables).
     .venv/bin/python bench/partitions.py --ops 500 --rounds 3 --rows-per-month 2000
 
 A step touches ``step_attempts`` twice: its claim inserts the attempt (and closes the one a
-lost holder left open, by ``(run_id, lease_epoch - 1)``), its commit closes it by
-``(run_id, lease_epoch)``. Here neither names ``started_at``, the partition key, so an
-UPDATE probes the primary-key index of every partition (as the commit did before it named
-the attempt's ``started_at``: docs/scaling.md). This measures those statements
-alone, in a database of its own on the server of ``ONWARD_DATABASE_URL`` (created and
-dropped here), on three tables with the columns and keys of ``step_attempts``:
+lost holder left open, by ``(run_id, lease_epoch - 1)``, naming no ``started_at``), its
+commit closes it. Both forms of the close take turns here: as shipped, by ``(run_id,
+lease_epoch, started_at)``, the claim's ``claimed_at`` being the attempt's ``started_at``,
+so that the UPDATE prunes to the attempt's month (results named ``months_5_…``); and as
+before the commit named it, by ``(run_id, lease_epoch)``, probing the primary-key index of
+every partition (``…_by_epoch``). This measures those statements alone, in a database of
+its own on the server of ``ONWARD_DATABASE_URL`` (created and dropped here), on three
+tables with the columns and keys of ``step_attempts``:
 
 * ``flat``: unpartitioned, primary key ``(run_id, lease_epoch)`` (before migration 0038);
 * ``months_5``: partitioned as the migration leaves it (this month, three ahead, default);
@@ -21,14 +23,14 @@ dropped here), on three tables with the columns and keys of ``step_attempts``:
 Each past month holds ``--rows-per-month`` attempts (the flat table all of them). Each
 table runs ``--ops`` steps' worth of statements per round (UPDATE of the previous epoch,
 INSERT of an attempt, UPDATE closing it: each its own autocommit statement, prepared, as
-the workers run them), in turns of 100 steps, the tables taking turns (a machine that slows
-down slows them alike), with ``synchronous_commit`` off (a commit's WAL flush costs every
-layout the same and would hide the difference). Reported per table: the median over turns
-of wall microseconds per step, the backend's CPU microseconds per step (from
-``/proc/<pid>/stat`` when the server runs on this host: far steadier than wall time on a
-loaded machine), their quotients to ``flat``, and the tables the closing UPDATE scans (from
-EXPLAIN ANALYZE). FK and row-level security checks are left out: they cost every layout
-the same.
+the workers run them), in turns of 100 steps, the tables and forms taking turns (a machine
+that slows down slows them alike), with ``synchronous_commit`` off (a commit's WAL flush
+costs every layout the same and would hide the difference). Reported per table and form:
+the medians over turns of wall microseconds per step and of the backend's CPU microseconds
+per step (``bench/_common.backend_cpu_s``, when the server runs on this host: far steadier
+than wall time on a loaded machine), their quotients to ``flat`` in the same form, and the
+tables the closing UPDATE scans (from EXPLAIN ANALYZE). FK and row-level security checks are
+left out: they cost every layout the same.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ LOST = ("UPDATE {t} SET outcome = 'worker_lost', ended_at = now() "
         "WHERE run_id = %s AND lease_epoch = %s AND outcome IS NULL")
 CLOSE = ("UPDATE {t} SET ended_at = now(), outcome = 'committed', step = 'tick', "
          "error_type = NULL, error_message = NULL WHERE run_id = %s AND lease_epoch = %s")
+CLOSE_AT = CLOSE + " AND started_at = %s"
+"""The commit's close as shipped: naming the attempt's month."""
 
 
 def _month(base: datetime, delta: int) -> datetime:
@@ -96,28 +100,32 @@ def build(conn: psycopg.Connection[Any], name: str, past: int, partitioned: bool
     conn.execute(f"ANALYZE {name}")
 
 
-def one_block(conn: psycopg.Connection[Any], name: str, ops: int,
-              backend: int) -> tuple[float, float | None]:
+def one_block(conn: psycopg.Connection[Any], name: str, ops: int, backend: int,
+              close_at: bool) -> tuple[float, float | None]:
     """``ops`` steps' statements on one table: the claim's lost-holder UPDATE and INSERT,
-    the commit's closing UPDATE, each its own autocommit statement; the wall and the
-    backend CPU microseconds per step."""
-    lost, insert, close = (s.format(t=name) for s in (LOST, INSERT, CLOSE))
+    the commit's closing UPDATE (naming the attempt's ``started_at`` if ``close_at``), each
+    its own autocommit statement; the wall and the backend CPU microseconds per step."""
+    lost = LOST.format(t=name)
+    insert = INSERT.format(t=name) + (" RETURNING started_at" if close_at else "")
+    close = (CLOSE_AT if close_at else CLOSE).format(t=name)
     runs = [uuid.uuid4() for _ in range(ops)]
     cpu0, started = backend_cpu_s(backend), time.perf_counter()
     for run in runs:
         conn.execute(lost, (run, 0), prepare=True)
-        conn.execute(insert, (run, 1), prepare=True)
-        conn.execute(close, (run, 1), prepare=True)
+        inserted = conn.execute(insert, (run, 1), prepare=True)
+        at = inserted.fetchone()[0] if close_at else None  # type: ignore[index]
+        conn.execute(close, (run, 1, at) if close_at else (run, 1), prepare=True)
     wall = (time.perf_counter() - started) / ops * 1e6
     cpu1 = backend_cpu_s(backend)
     return wall, None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / ops * 1e6
 
 
-def probes(conn: psycopg.Connection[Any], name: str) -> int:
+def probes(conn: psycopg.Connection[Any], name: str, close_at: bool) -> int:
     """The tables the closing UPDATE scans (one per partition it cannot prune), each by
     its primary-key index (or a scan of an empty partition)."""
-    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLOSE.format(t=name),
-                        (uuid.uuid4(), 1)).fetchone()
+    close = (CLOSE_AT if close_at else CLOSE).format(t=name)
+    params = (uuid.uuid4(), 1, datetime.now(UTC)) if close_at else (uuid.uuid4(), 1)
+    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + close, params).fetchone()
     assert plan is not None
 
     def scans(node: dict[str, Any]) -> int:
@@ -127,6 +135,11 @@ def probes(conn: psycopg.Connection[Any], name: str) -> int:
     return scans(plan[0][0]["Plan"])
 
 
+FORMS = {"": True, "_by_epoch": False}
+"""suffix of a result's name -> whether the closing UPDATE names the attempt's started_at
+(as shipped) or only its epoch (before it did)"""
+
+
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
         # the commit's WAL flush is the same for every layout and would drown the probes
@@ -134,31 +147,35 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         for name, (past, partitioned) in LAYOUTS.items():
             build(conn, name, past, partitioned, args.rows_per_month)
         backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
-        names = list(LAYOUTS)
-        for name in names:  # warm-up: plans cached, pages in memory
-            one_block(conn, name, 100, backend)
-        wall: dict[str, list[float]] = {name: [] for name in names}  # per block
-        cpu: dict[str, list[float]] = {name: [] for name in names}
+        units = [(name, form) for form in FORMS for name in LAYOUTS]
+        for name, form in units:  # warm-up: plans cached, pages in memory
+            one_block(conn, name, 100, backend, FORMS[form])
+        wall: dict[tuple[str, str], list[float]] = {unit: [] for unit in units}  # per block
+        cpu: dict[tuple[str, str], list[float]] = {unit: [] for unit in units}
         block = min(BLOCK, args.ops)
         for r in range(args.rounds * max(1, args.ops // block)):
-            for name in names[r % 3:] + names[:r % 3]:  # the tables take turns
-                w, c = one_block(conn, name, block, backend)
-                wall[name].append(w)
+            turn = r % len(units)
+            for name, form in units[turn:] + units[:turn]:  # the tables take turns
+                w, c = one_block(conn, name, block, backend, FORMS[form])
+                wall[(name, form)].append(w)
                 if c is not None:
-                    cpu[name].append(c)
-        found = {name: probes(conn, name) for name in LAYOUTS}
+                    cpu[(name, form)].append(c)
+        found = {(name, form): probes(conn, name, FORMS[form]) for name, form in units}
     result: dict[str, Any] = {}
-    for name in names:
-        result[f"{name}_us_per_step"] = round(statistics.median(wall[name]), 1)
-        if cpu[name]:
-            result[f"{name}_backend_cpu_us_per_step"] = round(statistics.mean(cpu[name]), 1)
-        result[f"{name}_close_index_probes"] = found[name]
-    for name in names[1:]:
-        result[f"{name}_vs_flat"] = round(result[f"{name}_us_per_step"]
-                                          / result["flat_us_per_step"], 3)
-        if cpu[name] and cpu["flat"] and statistics.mean(cpu["flat"]) > 0:  # ticks seen
-            result[f"{name}_backend_cpu_vs_flat"] = round(
-                statistics.mean(cpu[name]) / statistics.mean(cpu["flat"]), 3)
+    for name, form in units:
+        key, flat = f"{name}{form}", ("flat", form)
+        result[f"{key}_us_per_step"] = round(statistics.median(wall[(name, form)]), 1)
+        if cpu[(name, form)]:
+            result[f"{key}_backend_cpu_us_per_step"] = round(
+                statistics.median(cpu[(name, form)]), 1)
+        result[f"{key}_close_index_probes"] = found[(name, form)]
+        if name == "flat":
+            continue
+        result[f"{key}_vs_flat"] = round(statistics.median(wall[(name, form)])
+                                         / statistics.median(wall[flat]), 3)
+        if cpu[(name, form)] and cpu[flat] and statistics.median(cpu[flat]) > 0:
+            result[f"{key}_backend_cpu_vs_flat"] = round(
+                statistics.median(cpu[(name, form)]) / statistics.median(cpu[flat]), 3)
     return {**result, "rounds": args.rounds, "ops": args.ops,
             "rows_per_month": args.rows_per_month}
 

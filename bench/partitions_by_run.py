@@ -32,10 +32,9 @@ in turns of 100 steps, the databases taking turns, in two forms of the claim sta
   to one partition when planned with the value: PostgreSQL then finds the generic plan
   (all partitions) dearer than a custom one and plans the whole claim again at every call.
 
-Reported per database and form: the backend's CPU microseconds per claim and per commit
-(from ``/proc/<pid>/stat``: the server must run on this host), a mean over the turns (the
-kernel counts CPU in 10 ms ticks: a mean over thousands of steps resolves it, a median of
-100-step turns would not); whether the claim and the commit ran generic or custom plans
+Reported per database and form: the backend's CPU microseconds per claim and per commit,
+the median over the turns (``bench/_common.backend_cpu_s``: the server must run on this
+host); whether the claim and the commit ran generic or custom plans
 (``pg_prepared_statements``); and how many partitions of ``checkpoints`` and ``evidence``
 the claim's plan names (EXPLAIN with the values bound, as a custom plan is made). Not
 measured: ``record_evidence`` (an INSERT ... ON CONFLICT routed to one partition, like the
@@ -247,8 +246,8 @@ def measure(urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for (name, form), stepper in steppers.items():
             prefix = f"{name}_{form}"
-            result[f"{prefix}_claim_cpu_us"] = round(statistics.mean(stepper.claim_us))
-            result[f"{prefix}_commit_cpu_us"] = round(statistics.mean(stepper.commit_us))
+            result[f"{prefix}_claim_cpu_us"] = round(statistics.median(stepper.claim_us))
+            result[f"{prefix}_commit_cpu_us"] = round(statistics.median(stepper.commit_us))
             result[f"{prefix}_plans"] = stepper.plans()
         for (name, form), stepper in steppers.items():
             result[f"{name}_{form}_claim_plan_names"] = stepper.partitions_planned()

@@ -226,12 +226,31 @@ def test_bench_storage__reports_storage_and_restore_figures(server_urls: dict[st
 
 def test_bench_partitions__reports_each_layout_and_its_probes(
         server_urls: dict[str, str]) -> None:
-    """bench/partitions.py, tiny: a cost per step for each layout of step_attempts, and
-    the closing UPDATE probes one index unpartitioned, one per partition partitioned (this
-    month, three ahead and the default; and 24 past months more)."""
+    """bench/partitions.py, tiny: a cost per step for each layout of step_attempts and each
+    form of the close; the close as shipped (naming started_at) probes one index whatever
+    the layout, by epoch one per partition (this month, three ahead and the default; and 24
+    past months more)."""
     out = _bench("partitions.py", ["--ops", "20", "--rounds", "1", "--rows-per-month", "10"],
                  server_urls)
     for layout in ("flat", "months_5", "months_28"):
         assert out[f"{layout}_us_per_step"] > 0, out
-    assert (out["flat_close_index_probes"], out["months_5_close_index_probes"],
-            out["months_28_close_index_probes"]) == (1, 5, 29)
+        assert out[f"{layout}_by_epoch_us_per_step"] > 0, out
+    assert [out[f"{layout}_close_index_probes"]
+            for layout in ("flat", "months_5", "months_28")] == [1, 1, 1]
+    assert [out[f"{layout}_by_epoch_close_index_probes"]
+            for layout in ("flat", "months_5", "months_28")] == [1, 5, 29]
+
+
+def test_bench_partitions_by_run__prunes_only_a_claim_naming_the_run(
+        server_urls: dict[str, str]) -> None:
+    """bench/partitions_by_run.py, tiny: checkpoints and evidence partitioned by month of
+    run id; the claim as shipped plans every partition of both (5, then 29), the claim
+    naming the run id one, and only that form makes PostgreSQL plan it at every call."""
+    out = _bench("partitions_by_run.py", ["--steps", "20", "--rounds", "1"], server_urls)
+    both = ("checkpoints", "evidence")
+    for layout, parts in (("flat", 1), ("months_5", 5), ("months_29", 29)):
+        assert out[f"{layout}_shipped_claim_plan_names"] == dict.fromkeys(both, parts), out
+        assert out[f"{layout}_named_claim_plan_names"] == dict.fromkeys(both, 1), out
+        assert out[f"{layout}_shipped_claim_cpu_us"] > 0, out
+        assert out[f"{layout}_shipped_plans"]["claim"] == "generic", out
+    assert out["months_5_named_plans"]["claim"] == "custom", out
