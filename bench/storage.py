@@ -34,9 +34,11 @@ four before it together, and the claim's other fields), ``restore`` (MACs, seale
 the step's copy, validation: ``copy`` and ``validate`` alone), and the CPU time of this
 process for one claim + restore (wall times on a busy machine are mostly waiting for a core).
 
-With ``--worker-allocator``, this process first sets glibc's allocator as a started worker
-sets its own (``ONWARD_MALLOC_KEEP_FREED``, workers/allocator.py), so the restores reuse
-the heap's pages as a worker's do; by default it is left as glibc sets it.
+With ``--as-worker``, this process is first set up as a started worker sets up its own:
+glibc's allocator keeps what it frees (``ONWARD_MALLOC_KEEP_FREED``, workers/allocator.py),
+so the restores reuse the heap's pages, and what its imports built is frozen out of the
+garbage collector's reach (``ONWARD_GC_FREEZE``, workers/gcfreeze.py). By default both are
+left as glibc and Python set them.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from tasks import Registry, StepContext, Workflow  # noqa: E402
 from tasks.executor import ExecutorConfig, ReportKind, StepMessage, execute_step  # noqa: E402
 from tasks.restore import Restored, restore  # noqa: E402
 from workers.allocator import keep_freed_memory  # noqa: E402
+from workers.gcfreeze import freeze_startup_objects  # noqa: E402
 from workers.settings import WorkerSettings  # noqa: E402
 
 
@@ -252,7 +255,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         ledger.engine.dispose()
     return {
         "steps": args.steps, "message_bytes": args.message_bytes,
-        "snapshot_every": args.snapshot_every, "worker_allocator": args.worker_allocator,
+        "snapshot_every": args.snapshot_every, "as_worker": args.as_worker,
         "content_bytes": content, "stored_bytes": stored,
         "stored_per_content": round(stored / content, 3),
         "snapshots": kinds[0] if kinds else None, "deltas": kinds[1] if kinds else None,
@@ -277,11 +280,12 @@ def main() -> None:
                         help="ONWARD_CHECKPOINT_SNAPSHOT_EVERY (1: every state in full)")
     parser.add_argument("--phases", action="store_true",
                         help="also time each part of the restores at the last step and step 10")
-    parser.add_argument("--worker-allocator", action="store_true",
-                        help="set this process's allocator as a worker's")
+    parser.add_argument("--as-worker", action="store_true",
+                        help="set this process's allocator and collector up as a worker's")
     args = parser.parse_args()
-    if args.worker_allocator:
+    if args.as_worker:
         keep_freed_memory()
+        freeze_startup_objects()
     structlog.configure(  # the executor's debug lines would go to stdout, the JSON's place
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
