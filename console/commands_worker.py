@@ -43,7 +43,8 @@ def worker(
         help="Replace a pool process above this resident memory, in KiB (prefork).")] = None,
     prefetch_multiplier: Annotated[int | None, typer.Option(
         help="Messages reserved per concurrency slot (default 1).")] = None,
-    workflows: Annotated[str, typer.Option(help="Comma-separated modules to import.")] = "",
+    workflows: Annotated[str, typer.Option(
+        help="Comma-separated modules to import (default: ONWARD_WORKFLOWS).")] = "",
     name: Annotated[str, typer.Option(help="Celery node name.")] = "",
     loglevel: Annotated[str | None, typer.Option(help="Default: ONWARD_LOG_LEVEL or INFO.")] = None,
 ) -> None:
@@ -54,6 +55,7 @@ def worker(
     settings = _with_workflows(worker_settings(), workflows)
     _wait_for_ledger(settings, "worker")
     celery_app, registry = _worker_app(settings, options)
+    _require_workflows(registry)
     warn_unknown_variables()  # after the workflows' modules (and their settings) are loaded
     queues = _worker_queues(settings, registry)
     node = _node_name(name)
@@ -131,6 +133,15 @@ def _worker_app(settings: WorkerSettings, options: PoolOptions) -> tuple[Celery,
     except InvalidInput as exc:
         fail(str(exc), EXIT_REFUSED)
     return celery_app, registry
+
+
+def _require_workflows(registry: Registry) -> None:
+    """Refuse a worker with no workflow (ONWARD_WORKFLOWS unset, say): it could run nothing,
+    and from the base queue it would take other workflows' steps and hand each back spending
+    an attempt, until their runs were parked attempts_exhausted."""
+    if not registry.names():
+        fail("no workflows to run: set ONWARD_WORKFLOWS (or --workflows) to the modules that "
+             "define them, e.g. ONWARD_WORKFLOWS=myapp.agents onward worker", EXIT_REFUSED)
 
 
 def _worker_queues(settings: WorkerSettings, registry: Registry) -> list[str]:

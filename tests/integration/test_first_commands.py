@@ -1,14 +1,19 @@
-"""Starting out: ``onward db status`` against a database the code does not match, and
-``onward console`` on a port that is taken, say what to do."""
+"""Starting out: ``onward db status`` against a database the code does not match,
+``onward console`` on a port that is taken and ``onward worker`` with no workflows say what
+to do."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
 from console.cli import app
 from ledger.db import HEAD_REVISION
+from tests.support.cluster import ROOT
 from workers.settings import WorkerSettings
 
 __all__: list[str] = []
@@ -35,3 +40,14 @@ def test_console__a_port_in_use_is_refused_before_anything_starts(
     assert shown.exit_code == 2, shown.output
     assert f"127.0.0.1:{port}" in shown.stderr and "--port" in shown.stderr
     assert "open http" not in shown.output
+
+
+def test_worker__with_no_workflows_is_refused(settings: WorkerSettings) -> None:
+    """``onward worker`` with ONWARD_WORKFLOWS unset exits 2 naming it, before Celery
+    starts: it started, consumed the base queue, and handed back other workflows' steps,
+    spending their runs' attempts until they were parked."""
+    env = {k: v for k, v in os.environ.items() if k != "ONWARD_WORKFLOWS"}
+    done = subprocess.run([sys.executable, "-m", "console", "worker", "-c", "1"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "no workflows to run" in done.stderr and "ONWARD_WORKFLOWS" in done.stderr
