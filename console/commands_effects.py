@@ -25,7 +25,7 @@ from console.common import (
     short,
     when,
 )
-from console.safe import add_row, json_text, line
+from console.safe import add_row, id_column, json_text, line
 from ledger import Ledger
 from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput
@@ -69,8 +69,8 @@ def effects_ls(
     if as_json:
         print_json(found)
         return
-    table = Table("effect id", "type", "run", "command", "status", "attempts", "recipient",
-                  "provider ref", "created")
+    table = Table(id_column("effect id"), "type", "run", "command", "status", "attempts",
+                  "recipient", "provider ref", "created")
     for e in found:
         add_row(table, short(e.effect_id, 16), e.effect_type, e.run_id, e.command_id,
                 e.status.value, e.attempts, e.recipient or "-", e.provider_ref or "-",

@@ -199,15 +199,20 @@ def test_cli_audit_and_lists__operator_text_is_printed_literally(drv: Driver) ->
 @pytest.mark.parametrize("columns", [80, 120])
 def test_cli_lists__ids_are_printed_whole_on_a_narrow_terminal(drv: Driver,
                                                                  columns: int) -> None:
-    """The id a person pastes into the next command is whole in runs ls and approvals ls
-    at 80 and 120 columns; the other columns give up the room (the run id was cut to
-    ``01a23147-…`` at 80 columns and lost its last digits below 160)."""
-    run_id = drv.ledger.start_run("test_display", {})
+    """The id a person pastes into the next command is whole in runs ls and approvals ls,
+    and effects ls shows its 16 digits of an effect id, at 80 and 120 columns; the other
+    columns give up the room (the run id was cut to ``01a23147-…`` at 80 columns and lost
+    its last digits below 160; the effect id to 7 digits at 100, fewer than a prefix needs)."""
+    run_id = drv.ledger.start_run("test_display", {"text": "hi", "to": "someone"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
     approval = waiting_approval(drv, {"note": "ok"})
     env = {"COLUMNS": str(columns)}
     listed = CliRunner().invoke(app, ["runs", "ls", "--workflow", "test_display"], env=env)
     approvals = CliRunner().invoke(app, ["approvals", "ls"], env=env)
-    assert listed.exit_code == 0 and approvals.exit_code == 0, (listed.output,
-                                                                approvals.output)
+    effects = CliRunner().invoke(app, ["effects", "ls", "--run", str(run_id)], env=env)
+    assert listed.exit_code == approvals.exit_code == effects.exit_code == 0, (
+        listed.output, approvals.output, effects.output)
     assert str(run_id) in listed.output and approval["run_id"] in listed.output
     assert approval["id"] in approvals.output
+    [effect] = json.loads(onward("effects", "ls", "--run", str(run_id), "--json"))
+    assert effect["effect_id"][:16] in effects.output  # as much as it shows: 8+ name one
