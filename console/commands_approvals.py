@@ -79,6 +79,9 @@ def approvals_ls(
                 ", ".join(a.approvers) or "any operator", short(a.artifact_hash),
                 when(a.expires_at))
     out.print(table)
+    if not found and status is ApprovalStatus.PENDING:
+        out.print(line("no approval is pending; decided ones: --status approved (or rejected, "
+                       "expired, invalidated)"))
 
 
 def _decide(approval_text: str, approve: bool, artifact_hash: str | None,

@@ -185,6 +185,15 @@ def test_cli_retention_hold__takes_a_prefix_of_the_run_id(drv: Driver) -> None:
     assert [a["action"] for a in audit if a["action"] == "hold"] == ["hold", "hold"]
 
 
+def test_cli_approvals_ls__an_empty_inbox_says_where_the_decided_ones_are(
+        drv: Driver) -> None:
+    """approvals ls lists pending approvals by default; with none it says how to list the
+    decided ones (after make demo, whose approvals are all decided, it printed an empty
+    table and nothing else)."""
+    shown = onward("approvals", "ls")
+    assert "no approval is pending; decided ones: --status approved" in shown
+
+
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
     """A branch shows the diff before asking, refuses without a reason (exit 2), and stores
     its patch on the new run."""
