@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import signal
 import socket
 import sys
 from datetime import timedelta
@@ -206,8 +207,6 @@ def metrics(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
 ) -> None:
     """Serve Prometheus metrics read from the ledger (runs, steps, restores, lag, effects)."""
-    import signal as signals
-
     from ledger.db import create_engine, require_current_schema
     from workers.logs import configure_logging
     from workers.metrics import serve_metrics
@@ -222,7 +221,7 @@ def metrics(
         fail(str(exc), EXIT_REFUSED)
     stop = serve_metrics(engine, port, host, worker_ttl_s=settings.worker_queue_ttl_s,
                          outbox_grace_s=settings.outbox_grace_s)
-    signals.signal(signals.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     announce(f"serving http://{host}:{port}/metrics", port=port)
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
@@ -285,6 +284,9 @@ def console_cmd(
     with reported():
         ledger.require_current_schema()
     _require_free_port(host, port)  # before a login token is made for a console that won't run
+    # uvicorn stops gracefully on SIGTERM, then raises it again for the handler it found:
+    # the default one ended the process before `finally` revoked the login token
+    signal.signal(signal.SIGTERM, _stopped)
     issued = None
     if settings.database_url is None and owns_embedded_database(settings):
         admin = ledger.with_actor(local_admin(settings))
@@ -307,6 +309,11 @@ def console_cmd(
         if issued is not None:
             with contextlib.suppress(OnwardError):
                 admin.revoke_token(str(issued.token.id), "the console stopped")
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    """SIGTERM after uvicorn's shutdown: leave through ``finally`` (exit 0, as on Ctrl-C)."""
+    raise SystemExit(0)
 
 
 def _require_free_port(host: str, port: int) -> None:

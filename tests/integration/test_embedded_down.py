@@ -1,15 +1,19 @@
 """``onward embedded down`` stops the embedded PostgreSQL even after a process that used it
 was SIGKILLed, as ``make demo`` kills workers: pgserver keeps a list of the processes using
-its server and stops it only when the last one leaves, and a killed one never leaves."""
+its server and stops it only when the last one leaves, and a killed one never leaves. And
+``onward console`` on the embedded default revokes its login token when it is stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from console.cli import app
+from tests.support.cluster import wait_for
 
 _START_THEN_DIE = """
 import os, signal, sys
@@ -67,3 +72,48 @@ def test_embedded_down__stops_postgres_a_killed_process_was_using(home: Path) ->
     assert result.exit_code == 0, result.output
     assert "postgres stopped: True" in result.stdout
     assert _postmaster(home) is None
+
+
+def test_console__sigterm_revokes_its_login_token(home: Path) -> None:
+    """Invariant (README: the login link's admin token is revoked when the console stops):
+    a console stopped by SIGTERM (kill, systemd, docker stop) revokes it, as Ctrl-C does.
+    Before, uvicorn raised SIGTERM again after its shutdown and the default handler ended
+    the process before the revocation: the 12-hour admin token stayed valid."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ONWARD_")},
+           "ONWARD_HOME": str(home)}
+    root = Path(__file__).resolve().parents[2]
+
+    def onward(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "console", *args], env=env, cwd=root,
+                              timeout=120, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        onward("db", "upgrade")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        console = subprocess.Popen([sys.executable, "-m", "console", "console", "--port",
+                                    str(port)], env=env, cwd=root, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        assert console.stdout is not None
+        link = console.stdout.readline()  # printed once the token exists
+        assert "/login?token=onw_" in link, link
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/api/docs"), timeout=60,
+                 what="the console to listen")
+        console.send_signal(signal.SIGTERM)
+        assert console.wait(timeout=60) == 0
+        [token] = [t for t in json.loads(onward("tokens", "ls", "--all", "--json"))
+                   if t["note"] == "onward console login link"]
+        assert token["revoked_at"] is not None
+    finally:
+        onward("embedded", "down")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
