@@ -11,6 +11,7 @@ the fixture fails, loudly.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import secrets
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import structlog
 from hypothesis import settings as hypothesis_settings
 
 from harness.databases import create_database
@@ -206,6 +208,19 @@ def cluster(settings_env: dict[str, str], tmp_path: Path,
         print(running.logs())
     running.stop_all()
     remove_amqp_queues(settings_env)
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A command run in-process (``CliRunner``) may configure logging onto the stream it
+    captures, which is closed once the command returns: later tests in this process would
+    then fail writing a log line. Each test leaves structlog and the root logger as found."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers, root.level = handlers, level
 
 
 @pytest.fixture(autouse=True)
