@@ -5,6 +5,7 @@ database")."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated
 
@@ -20,7 +21,7 @@ from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
 from workers.settings import WorkerSettings
 
-__all__ = ["anchor", "compare_with_anchor"]
+__all__ = ["AnchorComparison", "anchor", "compare_with_anchor"]
 
 
 def anchor(
@@ -58,16 +59,29 @@ def anchor(
                        ", ".join(str(r) for r in done.not_anchored[:5])), soft_wrap=True)
 
 
-def compare_with_anchor(ledger: Ledger, path: str | None) -> tuple[list[Problem], str]:
-    """The actor's tenant's runs compared with an anchor: the problems and a summary line."""
+@dataclass(frozen=True)
+class AnchorComparison:
+    """What ``onward verify --anchor`` found: the problems, a summary line for people, and
+    the anchor and the count of runs compared (0 when the anchor itself was refused)."""
+
+    problems: list[Problem]
+    text: str
+    anchor: str
+    runs_compared: int
+
+
+def compare_with_anchor(ledger: Ledger, path: str | None) -> AnchorComparison:
+    """The actor's tenant's runs compared with an anchor."""
     with reported():
         location = WorkerSettings.of(ledger.settings).anchor_location
         name, data, latest = find_anchor(path, location)
         try:
             found = Anchors(ledger).compare(name, data)
         except AnchorRefused as exc:
-            return [Problem(None, None, "anchor", str(exc))], f"anchor {name}: refused"
-    return found.problems, _summary(ledger, name, found, latest)
+            return AnchorComparison([Problem(None, None, "anchor", str(exc))],
+                                    f"anchor {name}: refused", name, 0)
+    return AnchorComparison(found.problems, _summary(ledger, name, found, latest), name,
+                            found.compared)
 
 
 def _summary(ledger: Ledger, name: str, found: Compared, latest: bool) -> str:

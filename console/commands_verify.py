@@ -39,7 +39,9 @@ def verify(
         "--seal", help="With --all or --audit (admin): first seal your tenant's pending audit "
         "rows into its chain, as a reaper would (when none runs, e.g. after make demo).")]
     = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per problem.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line: one per "
+                                          "problem, then always a summary (kind summary).")]
+    = False,
 ) -> None:
     """Verify what the ledger signed: checkpoint MACs, the hash chain, the head, artifact
     hashes, recorded evidence, effects, results, and (--all, --audit) the audit chain; or
@@ -65,14 +67,16 @@ def verify(
         found += _report(problems, as_json)
         if not as_json and not problems and run_id is not None:
             out.print(line(("✓", "green"), f" {current}: history verifies"))
-    if seal:
-        _seal(ledger, as_json)
+    sealed = _seal(ledger, as_json) if seal else None
     audit_problems = ledger.verify_audit() if target is None else []
     unsealed = [p for p in audit_problems if p.kind == UNSEALED]
     found += _report([p for p in audit_problems if p.kind != UNSEALED], as_json)
     _report(unsealed, as_json, warning=True)
     ledger.verified(target, checked, found + len(unsealed))
-    if not as_json:
+    if as_json:
+        _summary(run_id=str(target) if target else None, runs_checked=checked, problems=found,
+                 warnings=len(unsealed), **({} if sealed is None else {"sealed": sealed}))
+    else:
         audit_note = f", the audit log: {len(audit_problems) - len(unsealed)}" \
             if target is None else ""
         out.print(line(f"checked {checked} run(s), {found} problem(s){audit_note}"))
@@ -88,7 +92,8 @@ def verify(
         raise typer.Exit(4)
 
 
-def _seal(ledger: Ledger, as_json: bool) -> None:
+def _seal(ledger: Ledger, as_json: bool) -> int:
+    """Seal the tenant's pending audit rows; the count sealed."""
     with reported():
         sealed = ledger.seal_audit()
     if not as_json:
@@ -96,15 +101,27 @@ def _seal(ledger: Ledger, as_json: bool) -> None:
     for refused in sealed.refused:  # the chain's end does not verify: verify reports why
         if not as_json:
             out.print(line(("✗", "red"), f" not sealed: {refused}"), soft_wrap=True)
+    return sealed.rows
 
 
 def _verify_anchor(path: str | None, as_json: bool) -> None:
-    problems, summary = compare_with_anchor(open_ledger(AuditAction.VERIFY), path)
-    found = _report(problems, as_json)
-    if not as_json:
-        out.print(line(summary), soft_wrap=True)
+    compared = compare_with_anchor(open_ledger(AuditAction.VERIFY), path)
+    found = _report(compared.problems, as_json)
+    if as_json:
+        _summary(anchor=compared.anchor, runs_checked=compared.runs_compared, problems=found,
+                 warnings=0)
+    else:
+        out.print(line(compared.text), soft_wrap=True)
     if found:
         raise typer.Exit(3)
+
+
+def _summary(*, problems: int, warnings: int, **fields: object) -> None:
+    """The last line of ``--json``, printed whatever was found, so the output is never empty:
+    ``ok`` is true when no problem was found (warnings, e.g. unsealed audit rows, exit 4
+    without failing a check), with the counts the text summary gives."""
+    print(json.dumps({"kind": "summary", "ok": problems == 0, **fields, "problems": problems,
+                      "warnings": warnings}))
 
 
 def _report(problems: list[Problem], as_json: bool, *, warning: bool = False) -> int:

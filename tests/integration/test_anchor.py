@@ -87,7 +87,9 @@ def backup(drv: Driver, server_urls: dict[str, str], copies: list[str]) -> str:
 
 
 def problems_by_run(output: str) -> dict[str, str]:
-    found = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    """``verify --anchor --json``'s problems by run; its last line is the summary."""
+    *found, summary = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert summary["kind"] == "summary" and summary["problems"] == len(found), summary
     return {p["run_id"]: p["kind"] for p in found}
 
 
@@ -176,7 +178,7 @@ def test_verify_anchor__an_edited_anchor_is_refused(drv: Driver, anchors: Path) 
         output = onward("verify", "--anchor", str(target), "--json", code=3)
         kinds = [json.loads(line)["kind"] for line in output.splitlines()
                  if line.startswith("{")]
-        assert kinds == ["anchor"], (what, output)
+        assert kinds == ["anchor", "summary"], (what, output)
     truncated = path.parent / "truncated.jsonl.gz"
     truncated.write_bytes(path.read_bytes()[:-20])
     assert "not a whole gzip file" in onward("verify", "--anchor", str(truncated), code=3)

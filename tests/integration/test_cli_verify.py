@@ -1,0 +1,82 @@
+"""``onward verify --json`` against a real PostgreSQL: every check prints parseable JSON, one
+object per line (one per problem), ending with a summary, also when nothing is found."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from console.cli import app
+from ledger import Ledger
+from tests.support.driver import Driver, driver
+from workers.settings import WorkerSettings
+
+MODULES = ["tests.workflows_anchor"]
+
+
+@pytest.fixture()
+def drv(settings: WorkerSettings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[Driver]:
+    monkeypatch.setenv("ONWARD_ANCHOR_LOCATION", str(tmp_path / "anchors"))
+    monkeypatch.setenv("ONWARD_AUTH", "off")  # the CLI acts as the local admin
+    monkeypatch.delenv("ONWARD_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    with driver(Ledger.from_env(WorkerSettings()), MODULES) as running:
+        yield running
+
+
+def verify_json(*args: str, code: int = 0) -> list[dict[str, Any]]:
+    """``onward verify ARGS --json``: its stdout, each line parsed (all must parse)."""
+    result = CliRunner().invoke(app, ["verify", *args, "--json"], env={"COLUMNS": "220"})
+    assert result.exit_code == code, (result.exit_code, result.output)
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def stepped(drv: Driver) -> UUID:
+    run_id = drv.ledger.start_run("test_anchor_notes", {})
+    drv.step(run_id, 0)
+    return run_id
+
+
+def test_cli_verify__json_says_so_when_all_is_well(drv: Driver) -> None:
+    """Given runs whose history verifies, each form of ``verify --json`` (RUN, --all,
+    --audit, --anchor) prints exactly one JSON object, its summary, and exits 0; before, it
+    printed nothing, which no JSON reader accepts."""
+    run_id, _ = stepped(drv), stepped(drv)
+    assert verify_json(str(run_id)) == [
+        {"kind": "summary", "ok": True, "run_id": str(run_id), "runs_checked": 1,
+         "problems": 0, "warnings": 0}]
+    assert verify_json("--all") == [
+        {"kind": "summary", "ok": True, "run_id": None, "runs_checked": 2, "problems": 0,
+         "warnings": 0}]
+    [audit] = verify_json("--audit")
+    assert (audit["ok"], audit["runs_checked"], audit["problems"]) == (True, 0, 0)
+    [sealed] = verify_json("--audit", "--seal")
+    assert sealed["ok"] and sealed["sealed"] > 0
+    anchored = CliRunner().invoke(app, ["anchor", "--json"])
+    assert anchored.exit_code == 0, anchored.output
+    assert verify_json("--anchor") == [
+        {"kind": "summary", "ok": True, "anchor": json.loads(anchored.stdout)["anchor"],
+         "runs_checked": 2, "problems": 0, "warnings": 0}]
+
+
+def test_cli_verify__json_ends_with_the_summary_after_warnings(drv: Driver) -> None:
+    """Given audit rows left unsealed past the grace period (no reaper), ``verify --audit
+    --json`` exits 4 and prints one line per row (warning true), then the summary: ok, as
+    nothing failed a check, with the warnings counted."""
+    verify_json(str(stepped(drv)))  # an audited check: a row for the chain
+    with drv.ledger.engine.begin() as conn:
+        late = conn.execute(sa.text("UPDATE onward.audit SET at = at - interval '1 hour' "
+                                    "WHERE chain_seq IS NULL")).rowcount
+    assert late > 0
+    *rows, summary = verify_json("--audit", code=4)
+    assert [(r["kind"], r["warning"]) for r in rows] == [("unsealed", True)] * late
+    assert summary == {"kind": "summary", "ok": True, "run_id": None, "runs_checked": 0,
+                       "problems": 0, "warnings": late}
