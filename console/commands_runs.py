@@ -165,6 +165,8 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
     Finished runs, replays and waits are refused with the command to use instead."""
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CONTINUE)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.check_continue(run.id, reason)
     out.print(line(f"continue run {run.id} (", run.workflow, f"): {run.status.value} at seq "
                    f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     if run.parked_reason or run.last_error:

@@ -617,6 +617,15 @@ class Ledger:
             lambda c: operations.continue_run_txn(c, self.keys, self.actor, run_id, reason),
             reason=reason, run_id=run_id)
 
+    def check_continue(self, run_id: UUID, reason: str | None) -> None:
+        """Raise (audited, as ``continue_run`` would) the refusal ``continue_run`` would give
+        now; nothing is written when it would go ahead. A command asks this before it asks
+        the person; ``continue_run`` checks again under the run's lock, which decides."""
+        self._command(
+            AuditAction.CONTINUE,
+            lambda c: operations.check_continue_txn(c, self.actor, run_id, reason),
+            reason=reason, run_id=run_id)
+
     def replay(self, run_id: UUID, from_seq: int, mode: LaunchMode | str, reason: str | None,
                *, budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
                allow_irreversible: bool = False) -> forks.Launched:

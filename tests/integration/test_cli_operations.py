@@ -360,3 +360,52 @@ def test_cli_effects_resolve__admin_records_what_was_found_then_continue(drv: Dr
     assert run.status is RunStatus.COMPLETED and run.result == {"sent": "obj_1"}
     assert OUTSIDE.count() == 1
     OUTSIDE.reset()
+
+
+def _parked(drv: Driver) -> UUID:
+    """A run parked for review (attempts exhausted): one continue resumes."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "parked"})
+    with drv.ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE onward.runs SET status = 'needs_review', parked_reason = "
+                             "'attempts_exhausted' WHERE id = :id"), {"id": run_id})
+    return run_id
+
+
+def test_cli_continue__refused_before_the_question(drv: Driver) -> None:
+    """Given a run continue cannot resume (finished) or no --reason, continue refuses before
+    it asks, with the ledger's words and exit 2, and audits the refusal once, as before;
+    it asked first and refused only after a "y". A run it can resume is still asked about."""
+    done = finished(drv)
+    refused = onward("runs", "continue", str(done), "--reason", "again", input="y\n", code=2)
+    assert "continue?" not in refused
+    assert (f"refused: run {done} is completed: a finished run is never resumed; replay or "
+            "branch it to take a new path") in refused
+    parked = _parked(drv)
+    no_reason = onward("runs", "continue", str(parked), input="y\n", code=2)
+    assert "continue?" not in no_reason and "needs a reason (--reason)" in no_reason
+    assert "continue?" in onward("runs", "continue", str(parked), "--reason", "look",
+                                 input="n\n", code=1)
+    audit = json.loads(onward("audit", "ls", "--action", "continue", "--json"))
+    assert [(a["run_id"], a["outcome"], a["details"]["type"]) for a in reversed(audit)] == [
+        (str(done), "refused", "OperationRefused"), (str(parked), "refused", "InvalidInput")]
+
+
+def test_cli_continue__the_ledger_decides_when_the_run_changes_meanwhile(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a run that could be continued when asked about, but is cancelled while the
+    person answers, the ledger's own check (under the run's lock) still refuses the
+    continue: exit 2, nothing resumed, one refusal audited."""
+    parked = _parked(drv)
+
+    def cancelled_meanwhile(question: str, default: bool) -> bool:
+        with drv.ledger.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE onward.runs SET status = 'cancelled' WHERE id = :id"),
+                         {"id": parked})
+        return True
+
+    monkeypatch.setattr("console.common.typer.confirm", cancelled_meanwhile)
+    refused = onward("runs", "continue", str(parked), "--reason", "look", code=2)
+    assert f"refused: run {parked} is cancelled" in refused
+    assert drv.ledger.get_run(parked).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+    audit = json.loads(onward("audit", "ls", "--run", str(parked), "--json"))
+    assert [(a["action"], a["outcome"]) for a in audit] == [("continue", "refused")]
