@@ -9,9 +9,10 @@ import signal
 import socket
 import sys
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from console import commands_anchor, commands_replay, commands_verify
 from console.commands_approvals import approvals_app
@@ -342,5 +343,43 @@ def _one_line_summaries(group: typer.Typer) -> None:
             _one_line_summaries(sub.typer_instance)
 
 
-_one_line_summaries(app)
+def _as_plain_flags(params: list[Any]) -> list[Any]:
+    """Boolean options (``--json``, ``--yes``, ``--help`` …) shown as plain flags: typer's
+    rich help prints an option's type after it (``<bool>``), for flags too, as if they took
+    a value, and prints the metavar there instead when one is set; a flag's is empty (its
+    plain-text help leaves flags' types out the same way). The metavar of a flag is used
+    nowhere else."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
 
+
+class _PlainFlagsCommand(TyperCommand):
+    """A command whose ``--help`` shows boolean options as plain flags."""
+
+    def get_params(self, ctx: Any) -> Any:
+        return _as_plain_flags(super().get_params(ctx))
+
+
+class _PlainFlagsGroup(TyperGroup):
+    """A command group whose ``--help`` shows boolean options as plain flags."""
+
+    def get_params(self, ctx: Any) -> Any:
+        return _as_plain_flags(super().get_params(ctx))
+
+
+def _plain_flags(group: typer.Typer) -> None:
+    """Every command and group under ``group``, at any depth, built with the classes that
+    show flags plainly (tests/unit/test_cli_help.py walks them all)."""
+    group.info.cls = _PlainFlagsGroup
+    for command in group.registered_commands:
+        if command.cls in (None, TyperCommand):  # typer's default; a chosen class stays
+            command.cls = _PlainFlagsCommand
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _plain_flags(sub.typer_instance)
+
+
+_one_line_summaries(app)
+_plain_flags(app)

@@ -4,6 +4,7 @@ one paragraph, reflowed to the terminal, not the source's line breaks."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 import typer
@@ -30,3 +31,23 @@ def test_cli_help__each_summary_is_one_row_on_a_wide_terminal(group: list[str]) 
     panel = shown.output.partition("Commands")[2]
     broken = [row.strip("│ ") for row in panel.splitlines() if re.match(r"│ {3,}\S", row)]
     assert panel and not broken, broken
+
+
+def _commands() -> list[list[str]]:
+    """The argument path of every command: the root, each group and each command in them,
+    at any depth, as the CLI is built (no hand-kept list to forget one in)."""
+    def walk(command: object, path: list[str]) -> Iterator[list[str]]:
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: " ".join(["onward", *c]))
+def test_cli_help__flags_show_no_type(command: list[str]) -> None:
+    """A boolean option is a plain flag in ``--help``: no ``<bool>`` after it (typer's rich
+    help printed one after every flag, ``--help`` included, as if it took a value)."""
+    shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "--help" in shown.output and "<bool>" not in shown.output, shown.output
