@@ -368,8 +368,8 @@ def _check_not_scheduled(conn: Connection, run: RowMapping) -> None:
     elif waiting_on.startswith("effect:"):
         what = f"waits for the provider to finish an accepted effect; it asks again at {when}"
     elif run["handbacks"]:
-        what = (f"was handed back by a worker without its workflow version; it is queued "
-                f"again at {when}")
+        what = (f"was handed back by a worker without its workflow or workflow version; it "
+                f"is queued again at {when}")
     else:
         error = run["last_error"] or {}
         after = f" after {error.get('type')}: {str(error.get('message'))[:200]}" if error else ""

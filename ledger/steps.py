@@ -787,7 +787,7 @@ class StepStore:
         """Give the lease back without running; with ``resend_in_s``, also queue the step
         again for the dispatcher to route. ``spend_attempt`` keeps the claim counted, so
         a message no worker can run ends parked instead of circulating forever. (A run
-        bound to a version this worker lacks is handed back with ``hand_back``.)"""
+        whose workflow or version this worker lacks is handed back with ``hand_back``.)"""
         row = self._one(
             _RELEASE,
             {
@@ -807,9 +807,9 @@ class StepStore:
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
                   park: bool) -> bool:
-        """Give the step back to the fleet for a worker with the run's version, without
-        spending an attempt; ``park`` parks it ``no_worker_for_version`` instead. False
-        means the lease was lost."""
+        """Give the step back to the fleet for a worker with the run's workflow and version,
+        without spending an attempt; ``park`` parks it ``no_worker_for_version`` instead.
+        False means the lease was lost."""
         row = self._one(
             _HAND_BACK,
             {

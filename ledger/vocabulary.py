@@ -102,7 +102,9 @@ class ParkReason(StrEnum):
     UNKNOWN_STEP = "unknown_step"  # the checkpoint names a step this code does not define
     INCOMPATIBLE_VERSION = "incompatible_version"  # no compatible code, no migration path
     INVALID_STATE = "invalid_state"  # the state does not validate as the workflow's model
-    NO_WORKER_FOR_VERSION = "no_worker_for_version"  # handed back too often (handback_limit)
+    # no worker that claimed it had the run's workflow (or its version): handed back
+    # handback_limit times in a row
+    NO_WORKER_FOR_VERSION = "no_worker_for_version"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # crashes or hangs spent every attempt
     EFFECT_CONFLICT = "effect_conflict"  # a key came back with another request
     EFFECT_OUTCOME_UNKNOWN = "effect_outcome_unknown"  # a call may have reached the provider

@@ -279,34 +279,28 @@ class _Attempt:
                           tenant=claim.tenant_id, run_id=claim.run_id, seq=claim.seq)
 
     def _refuse(self, refusal: Refusal) -> StepReport:
+        if refusal.hand_back:
+            return self._hand_back(refusal)
         claim = self.claim
         error = self._sealed_error(error_record(refusal.error_type, refusal.message))
-        if refusal.resend:
-            return self._hand_back(refusal)
-        if not refusal.park:
-            self.log.error("message handed back, run left unchanged", reason=refusal.reason,
-                           detail=refusal.message)
-            self.store.release(claim, error, spend_attempt=True)
-            return self._report(ReportKind.RELEASED, refusal.message)
         self.log.error("run parked for review", reason=refusal.reason, detail=refusal.message)
         self.store.park(claim, claim.step, refusal.reason, error)
         return self._report(ReportKind.PARKED, refusal.message)
 
     def _hand_back(self, refusal: Refusal) -> StepReport:
-        """The run is bound to a version this worker lacks: give it back to the fleet without
-        spending an attempt, backing off; after ``handback_limit`` hand-backs in a row (no
-        worker with that version took it meanwhile), park it ``no_worker_for_version``."""
+        """This worker lacks the run's workflow, or the version it is bound to: give the
+        step back to the fleet without spending an attempt, backing off, for a worker that
+        has it; after ``handback_limit`` hand-backs in a row (no such worker took it
+        meanwhile: a commit resets the count), park it ``no_worker_for_version``. A
+        deploy that stops the workflow's workers for a while therefore parks none of its
+        runs, whichever other workers claim them meanwhile."""
         claim, config = self.claim, self.config
         handbacks = claim.handbacks + 1
         park = handbacks >= config.handback_limit
         delay = min(config.handback_max_delay_s, 2.0 ** min(handbacks - 1, 30))
         message = refusal.message
         if park:
-            wanted = f"{claim.workflow} v{claim.workflow_version}"
-            message = (f"no worker with {wanted} took the run: it was handed back {handbacks} "
-                       f"times in a row by workers without it (last: {refusal.message}); deploy "
-                       f"workers with {wanted} (ONWARD_WORKFLOWS), then `onward runs continue "
-                       f"{claim.run_id}`")
+            message = _no_worker_message(claim, handbacks, refusal.message)
         error = self._sealed_error(error_record(
             "NoWorkerForVersion" if park else refusal.error_type, message,
             handbacks=handbacks, workflow_version=claim.workflow_version))
@@ -316,8 +310,8 @@ class _Attempt:
             self.log.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,
                            detail=message)
             return self._report(ReportKind.PARKED, message)
-        self.log.warning("step handed back for a worker with the run's version", detail=message,
-                         handbacks=handbacks, resend_in_s=delay)
+        self.log.warning("step handed back for a worker with the run's code", detail=message,
+                         reason=refusal.reason, handbacks=handbacks, resend_in_s=delay)
         return self._report(ReportKind.RELEASED, message)
 
     def _services(self, restored: Restored, limits: Limits) -> StepServices:
@@ -529,6 +523,17 @@ class _Attempt:
                             self.worker, self.claim.epoch, config.tool_timeout_s,
                             config.tool_lease_margin_s, simulation=self.claim.launch.simulation)
         return _Ending(self.store, resolver, self.claim, step, self.log, self._sealed_error)
+
+
+def _no_worker_message(claim: Claim, handbacks: int, last: str) -> str:
+    """Why a run handed back ``handbacks`` times is parked, and what to do: the workflow
+    (and the version, for a run bound to one) that no worker which claimed it had."""
+    wanted = (f"{claim.workflow} v{claim.workflow_version}"
+              if claim.workflow_version is not None else f"workflow {claim.workflow}")
+    return (f"no worker with {wanted} took the run: it was handed back {handbacks} times "
+            f"in a row by workers without it (last: {last}); deploy workers whose "
+            f"ONWARD_WORKFLOWS includes the module defining {wanted}, then `onward runs "
+            f"continue {claim.run_id}`")
 
 
 @dataclass(frozen=True)

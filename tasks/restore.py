@@ -58,13 +58,14 @@ class Restored:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Park the run (``park=True``) or give the lease back for other code to take it."""
+    """Park the run, or (``hand_back``) give the step back to the fleet, without spending
+    an attempt, for a worker that has the run's workflow and version (tasks/executor.py
+    ``_hand_back`` parks it ``no_worker_for_version`` once none took it for too long)."""
 
     reason: ParkReason
     error_type: str
     message: str
-    park: bool = True
-    resend: bool = False
+    hand_back: bool = False
 
 
 def restore(keys: CheckpointKeys, registry: Registry,
@@ -212,7 +213,8 @@ def _choose_code(registry: Registry,
     if not versions:
         return Refusal(ParkReason.UNKNOWN_WORKFLOW, "UnknownWorkflow",
                        f"no workflow {claim.workflow!r} is registered in this worker (known: "
-                       f"{registry.names()}); check ONWARD_WORKFLOWS", park=False)
+                       f"{registry.names()}; ONWARD_WORKFLOWS): handing it back for a "
+                       "worker with it", hand_back=True)
     wanted = claim.workflow_version
     if wanted is None:
         latest = registry.latest(claim.workflow)
@@ -225,7 +227,7 @@ def _choose_code(registry: Registry,
         return Refusal(ParkReason.NEWER_VERSION, "NewerVersion",
                        f"run is at {claim.workflow} v{wanted}; this worker has only "
                        f"v{versions}: handing it back for a worker with v{wanted}",
-                       park=False, resend=True)
+                       hand_back=True)
     latest = registry.latest(claim.workflow)
     assert latest is not None
     if wanted in latest.compatible_with:

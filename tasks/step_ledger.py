@@ -72,7 +72,8 @@ class StepLedger(Protocol):
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
                   park: bool) -> bool:
-        """Give a run bound to a version this worker lacks back to the fleet (or park it)."""
+        """Give a run whose workflow or version this worker lacks back to the fleet (or
+        park it)."""
         ...
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,

@@ -66,9 +66,10 @@ class WorkerSettings(OnwardSettings):
     )
     handback_limit: int = Field(
         default=10, ge=1,
-        description="A run bound to a workflow version no worker that claims it has is handed "
-        "back (its attempts unspent, backing off 1 s, 2 s, 4 s ... up to worker_queue_ttl_s); "
-        "after this many hand-backs in a row it is parked no_worker_for_version.",
+        description="A run whose workflow, or the workflow version it is bound to, the worker "
+        "that claims it lacks is handed back (its attempts unspent, backing off 1 s, 2 s, "
+        "4 s ... up to worker_queue_ttl_s); after this many hand-backs in a row (a commit "
+        "resets the count) it is parked no_worker_for_version.",
     )
     anchor_location: str | None = Field(
         default=None,

@@ -336,10 +336,11 @@ WITH released AS (
 SELECT count(*) AS released FROM released
 
 -- name: hand_back
--- A worker that lacks the run's (newer) version gives the step back: the claim's attempt
--- is not spent (neither attempt nor attempts_total), the hand-back is counted, and the step
--- is queued again after delay for the dispatcher to route; the last allowed hand-back
--- parks the run instead (its outbox row goes with it, migration 0009's trigger).
+-- A worker that lacks the run's workflow or its (newer) version gives the step back: the
+-- claim's attempt is not spent (neither attempt nor attempts_total), the hand-back is
+-- counted, and the step is queued again after delay for the dispatcher to route; the last
+-- allowed hand-back parks the run instead (its outbox row goes with it, migration 0009's
+-- trigger).
 WITH handed AS (
     UPDATE onward.runs
        SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1,

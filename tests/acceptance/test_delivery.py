@@ -167,26 +167,32 @@ def test_delivery__malformed_messages_are_rejected_without_state_change(
     assert (row["attempts_total"], row["stale_deliveries"]) == (2, 0)
 
 
-def test_delivery__unknown_workflow_is_released_unchanged(
+def test_delivery__unknown_workflow_is_handed_back_unchanged(
         ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
-    """A run of a workflow this worker does not have is claimed, then released at once with
-    an error log naming the workflow: the run stays runnable at seq 0, no lease, no new
-    checkpoint; the attempt is recorded as 'released' and counted (attempt 1), so a run no
-    worker can ever run ends parked by the reaper instead of circulating forever; last_error
-    says what to check."""
+    """A run of a workflow this worker does not have (its own workers may be down for a
+    deploy) is claimed, then handed back at once with a warning naming the workflow: the run
+    stays runnable at seq 0, no lease, no new checkpoint, and no attempt spent (attempt and
+    attempts_total 0: the attempt is recorded as 'released', not counted); the hand-back
+    is counted and the step queued again for the dispatcher (1 s later), so a worker with
+    the workflow can take it, and only ONWARD_HANDBACK_LIMIT hand-backs in a row park it;
+    last_error says what to check."""
     run_id = ledger.start_run("no_such_workflow", {"x": 1})
     publisher.step(run_id, 0)
-    reads.wait_run(ledger.engine, run_id, timeout=30, what="the run to be released",
-                   until=lambda row: row["last_error"] is not None)
+    reads.wait_run(ledger.engine, run_id, timeout=30, what="the run to be handed back",
+                   until=lambda row: row["handbacks"] == 1 and row["lease_owner"] is None)
     wait_for(lambda: [a["outcome"] for a in reads.attempts(ledger.engine, run_id)]
              == ["released"], timeout=30, what="the attempt to be recorded as released")
 
     row = reads.run_row(ledger.engine, run_id)
-    assert (row["status"], row["seq"], row["step"], row["attempt"]) == ("running", 0, None, 1)
+    assert (row["status"], row["seq"], row["step"]) == ("running", 0, None)
+    assert (row["attempt"], row["attempts_total"], row["handbacks"]) == (0, 0, 1)
     assert (row["lease_owner"], row["lease_expires_at"]) == (None, None)
     assert row["last_error"]["type"] == "UnknownWorkflow"
     assert "'no_such_workflow'" in row["last_error"]["message"]
     assert "ONWARD_WORKFLOWS" in row["last_error"]["message"]
     assert reads.checkpoint_seqs(ledger.engine, run_id) == [0]
-    line = next(ln for ln in worker.log().splitlines() if str(run_id) in ln)
-    assert "error" in line and "'no_such_workflow'" in line and "ONWARD_WORKFLOWS" in line
+    [queued] = reads.outbox_rows(ledger.engine, run_id)
+    assert (queued["seq"], queued["published_at"]) == (0, None)
+    line = next(ln for ln in worker.log().splitlines()
+                if str(run_id) in ln and "handed back" in ln)
+    assert "warning" in line and "'no_such_workflow'" in line and "ONWARD_WORKFLOWS" in line

@@ -1,6 +1,8 @@
 """A run bound to a workflow version that no worker claiming it has (a rollback after newer
-code moved it): steps executed in the test process (tests/support/driver.py) by "v1" and
-"v2" workers against a real PostgreSQL, the database's clock moved past each backoff."""
+code moved it), and a run of a workflow the worker claiming it lacks altogether (its own
+workers down for a deploy): steps executed in the test process (tests/support/driver.py)
+by "v1", "v2" and "other" workers against a real PostgreSQL, the database's clock moved
+past each backoff."""
 
 from __future__ import annotations
 
@@ -11,12 +13,16 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
+from ledger.fleet import FleetStore
+from ledger.outbox import OutboxStore
 from ledger.runs import Budgets
 from ledger.steps import Stale
 from ledger.vocabulary import Role
 from tasks.executor import ReportKind
+from tasks.routing import route, worker_queues
 from tests.support import clock
 from tests.support.driver import Driver, driver
+from workers.settings import WorkerSettings
 
 
 @pytest.fixture()
@@ -29,6 +35,103 @@ def v1(ledger: Ledger) -> Iterator[Driver]:
 def v2(ledger: Ledger) -> Iterator[Driver]:
     with driver(ledger, ["tests.versions.v2"]) as running:
         yield running
+
+
+@pytest.fixture()
+def other(ledger: Ledger) -> Iterator[Driver]:
+    """A worker of another workflow only (test_first_step): no test_versioned at all."""
+    with driver(ledger, ["tests.versions.first_step_v1"]) as running:
+        yield running
+
+
+def _last_delay(ledger: Ledger, run_id: object) -> float:
+    """Seconds between the latest hand-back and the step's queued time (the backoff)."""
+    with ledger.engine.connect() as conn:
+        return float(conn.execute(sa.text(
+            "SELECT extract(epoch FROM o.due_at - a.ended_at) FROM onward.outbox o "
+            "JOIN onward.step_attempts a ON a.run_id = o.run_id "
+            "WHERE o.run_id = :id AND a.outcome = 'released' "
+            "ORDER BY a.lease_epoch DESC LIMIT 1"), {"id": run_id}).scalar_one())
+
+
+def test_handback__a_run_of_a_workflow_no_worker_has_parks_without_spending_its_budget(
+        ledger: Ledger, other: Driver, v1: Driver) -> None:
+    """Invariant: a run of test_versioned delivered only to workers without that workflow
+    (its own workers down for a deploy) is handed back without spending its attempt budget,
+    each time later (1 s, 2 s, 4 s ... capped), and, after ONWARD_HANDBACK_LIMIT (10)
+    hand-backs in a row, parked no_worker_for_version with a message that names the
+    workflow and says what to do, leaving no outbox row. Continued once a worker with the
+    workflow is back, it runs to completion."""
+    run_id = ledger.start_run("test_versioned", {}, budgets=Budgets(attempts=3))
+    kinds, delays = [], []
+    for delivery in range(1, 13):
+        clock.set_on_store(other.store, timedelta(minutes=delivery))  # past each backoff
+        kinds.append(other.step(run_id, 0).kind)
+        if kinds[-1] is ReportKind.RELEASED:
+            delays.append(round(_last_delay(ledger, run_id)))
+    assert kinds == [ReportKind.RELEASED] * 9 + [ReportKind.PARKED] + [ReportKind.STALE] * 2
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30, 30]
+    run = ledger.get_run(run_id)
+    assert run is not None
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "no_worker_for_version")
+    assert (run.attempts_total, run.attempt, run.handbacks) == (0, 0, 10)
+    assert run.last_error is not None
+    message = run.last_error["message"]
+    assert "no worker with workflow test_versioned" in message, message
+    assert "ONWARD_WORKFLOWS" in message and f"onward runs continue {run_id}" in message
+    with ledger.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM onward.outbox WHERE run_id = :id"),
+                            {"id": run_id}).scalar_one() == 0
+
+    ledger.acting_as("olga", Role.OPERATOR).continue_run(run_id, "test_versioned is back")
+    assert v1.drive(run_id).status is RunStatus.WAITING
+    ledger.signal(run_id, "go")
+    finished = v1.drive(run_id)
+    assert finished.status is RunStatus.COMPLETED, finished.last_error
+    assert finished.result is not None and finished.result["ran"] == ["begin@v1", "end@v1"]
+
+
+def test_handback__a_worker_of_the_workflow_back_before_the_limit_runs_the_run(
+        ledger: Ledger, settings: WorkerSettings, other: Driver, v1: Driver) -> None:
+    """Invariant: a run of a workflow whose workers are down is routed to the base queue,
+    where other workflows' workers hand it back (no attempt spent); once a worker with the
+    workflow advertises, the re-sent step is routed to the workflow's own queue, and that
+    worker runs it: its commit resets the hand-back count, and the run completes with only
+    its own steps' attempts spent."""
+    run_id = ledger.start_run("test_versioned", {}, budgets=Budgets(attempts=3))
+    base, fleet = settings.queue, FleetStore(ledger.url)
+
+    def routed() -> str:
+        """The queue the dispatcher sends the run's re-sent step to (workers/dispatcher.py)."""
+        bound = ledger.get_run(run_id)
+        assert bound is not None
+        outbox = OutboxStore(ledger.url, grace_s=settings.outbox_grace_s,
+                             republish_s=settings.outbox_republish_s,
+                             republish_max_s=settings.outbox_republish_max_s)
+        try:
+            live = outbox.live_queue_starts(within_s=settings.worker_queue_ttl_s)
+        finally:
+            outbox.close()
+        return route(base, bound.workflow, bound.workflow_version, live)
+
+    fleet.advertise(None, [(q, w, v, None) for q, w, v in worker_queues(base, other.registry)])
+    for delivery in range(1, 5):
+        clock.set_on_store(other.store, timedelta(minutes=delivery))
+        assert other.step(run_id, 0).kind is ReportKind.RELEASED
+        assert routed() == base  # no worker of test_versioned advertises its queue
+    handed = ledger.get_run(run_id)
+    assert handed is not None and (handed.handbacks, handed.attempts_total) == (4, 0)
+
+    fleet.advertise(None, [(q, w, v, None) for q, w, v in worker_queues(base, v1.registry)])
+    assert routed() == f"{base}.test_versioned"  # the workflow's queue: its workers only
+    clock.set_on_store(v1.store, timedelta(minutes=10))
+    waiting = v1.drive(run_id)
+    assert (waiting.status, waiting.handbacks, waiting.attempts_total) == (
+        RunStatus.WAITING, 0, 1)
+    ledger.signal(run_id, "go")
+    finished = v1.drive(run_id)
+    assert (finished.status, finished.handbacks, finished.attempts_total) == (
+        RunStatus.COMPLETED, 0, 2)
 
 
 def test_handback__a_run_no_live_worker_can_run_parks_without_spending_its_budget(
@@ -74,13 +177,8 @@ def test_handback__hand_backs_back_off_and_a_commit_resets_their_count(
     for delivery in range(1, 4):
         clock.set_on_store(v1.store, timedelta(minutes=delivery))
         assert v1.step(run_id, 1).kind is ReportKind.RELEASED
-        with ledger.engine.connect() as conn:
-            delays.append(conn.execute(sa.text(
-                "SELECT extract(epoch FROM o.due_at - a.ended_at) FROM onward.outbox o "
-                "JOIN onward.step_attempts a ON a.run_id = o.run_id "
-                "WHERE o.run_id = :id AND a.outcome = 'released' "
-                "ORDER BY a.lease_epoch DESC LIMIT 1"), {"id": run_id}).scalar_one())
-    assert [round(float(d)) for d in delays] == [1, 2, 4]
+        delays.append(round(_last_delay(ledger, run_id)))
+    assert delays == [1, 2, 4]
     assert ledger.get_run(run_id).handbacks == 3  # type: ignore[union-attr]
     clock.set_on_store(v2.store, timedelta(minutes=10))
     finished = v2.drive(run_id)

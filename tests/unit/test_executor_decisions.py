@@ -367,14 +367,24 @@ def test_decision__a_step_the_code_no_longer_has_parks_the_run() -> None:
     assert table.run.parked_reason is ParkReason.UNKNOWN_STEP
 
 
-def test_decision__a_workflow_this_worker_lacks_is_released_unchanged() -> None:
+def test_decision__a_workflow_this_worker_lacks_is_handed_back_then_parked() -> None:
+    """Given a run of a workflow this worker does not have (its own workers down for a
+    deploy); expect a hand-back, as for a version it lacks (no attempt spent, the run
+    unchanged), and once hand-backs reach the limit, the run parked no_worker_for_version
+    naming the workflow."""
     table = given(lambda ctx, state: ctx.finish())
     other = Registry()
     other.register(workflow(lambda ctx, state: ctx.finish(), name="other"))
     report = table.step(registry=other)
     assert report.kind is ReportKind.RELEASED
-    assert table.ledger.statements == ["claim", "release"]
+    assert table.ledger.statements == ["claim", "hand_back"]
     assert (table.run.seq, table.run.status) == (0, RunStatus.RUNNING)
+    assert (table.run.handbacks, table.run.attempt) == (1, 0)
+    table.run.handbacks = CONFIG.handback_limit - 1
+    last = table.step(registry=other)
+    assert last.kind is ReportKind.PARKED
+    assert table.run.parked_reason is ParkReason.NO_WORKER_FOR_VERSION
+    assert "no worker with workflow " in last.detail and "ONWARD_WORKFLOWS" in last.detail
 
 
 def test_decision__a_newer_version_is_handed_back_then_parked_after_the_limit() -> None:
