@@ -5,7 +5,9 @@ official ``openai`` client, which declares ``Limit("test-model", concurrency=N)`
 ``ONWARD_TEST_MODEL_CONCURRENCY`` (read at each step, so worker processes and the test
 process agree). ``test_plain``: a step with no call at all. ``test_flaky`` and
 ``test_flaky_effect``: a model client and tools whose failures the test plans (the outside
-world, faked in process for driver tests).
+world, faked in process for driver tests). ``test_limited_offer``: one irreversible create
+at the reference provider (``ONWARD_EXAMPLE_PROVIDER_URL``) under
+``Limit("test-provider", concurrency=1)``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from examples.provider_client import provider_tool
 from ledger.vocabulary import CallFailure, ToolClass
 from tasks import StepContext, Workflow
 from tasks.exceptions import ToolError
@@ -66,6 +69,19 @@ test_plain = Workflow("test_plain", version=1, state=Topic)
 @test_plain.step(start=True)
 def note(ctx: StepContext, state: Topic) -> Any:
     return ctx.finish(answer=f"noted {state.topic}")
+
+
+# a 20 s call limit: the slot and the lease cover a call that long (and the margin), so a
+# busy machine cannot let them lapse while a test holds the provider's answer
+limited_offer = provider_tool("test.limited_offer", "limited_offers", ToolClass.IRREVERSIBLE,
+                              timeout_s=20.0, limits=(Limit("test-provider", concurrency=1),))
+test_limited_offer = Workflow("test_limited_offer", version=1, state=Topic)
+
+
+@test_limited_offer.step(start=True)
+def offer(ctx: StepContext, state: Topic) -> Any:
+    created = ctx.effect(limited_offer, topic=state.topic)
+    return ctx.finish(answer=created["id"])
 
 
 # -- planned failures (driver tests, in process) --------------------------------------------

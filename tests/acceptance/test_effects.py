@@ -210,3 +210,35 @@ def test_evidence__reexecuted_step_reuses_recorded_model_answer(
     assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
     assert ledger.get_run(run_id).restore_count >= 1
     assert len(calls.read_text().splitlines()) == 2  # classify + draft, each exactly once
+
+
+@pytest.mark.parametrize(("pool", "runs"), [("threads", 4), ("gevent", 6)])
+def test_effect__worker_process_killed_with_every_steps_call_in_flight(
+        ledger: Ledger, cluster: Cluster, provider: Provider, pool: str, runs: int) -> None:
+    """Invariant: on the threads and gevent pools one process runs many steps; SIGKILLed
+    while each of its steps has an offer call in flight (the provider created every
+    offer and holds its answer), it takes them all down at once. A second worker of the
+    same pool resumes every run: each offer is found by its key, never sent again (one
+    create request per offer and per email, no duplicate), every run completes."""
+    env = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url}
+    provider.arm("offers", hold=runs, hold_s=60.0)
+    cluster.dispatcher(env=env)
+    cluster.reaper(env=env)
+    first = cluster.worker(concurrency=runs, pool=pool, env=env, name="worker-a")
+    started = [offer_run(ledger, customer=f"c-{i}") for i in range(runs)]
+    wait_for(lambda: provider.stats().get("created", 0) == runs, timeout=60,
+             what=f"all {runs} offer calls to be in flight", seen=provider.stats)
+    first.kill_tree()
+    cluster.worker(concurrency=runs, pool=pool, env=env, name="worker-b")
+
+    for run_id in started:
+        assert wait_terminal(ledger, run_id, timeout=120) is RunStatus.COMPLETED
+    stats = provider.stats()
+    assert stats["by_collection"] == {"offers": runs, "emails": runs}, stats
+    assert (stats["requests"], stats["duplicate_objects"]) == (2 * runs, 0), stats
+    for run_id in started:
+        offer = ledger.effects(run_id)[0]
+        assert offer.reconciled is True and offer.status is EffectStatus.COMPLETED
+        assert [(a.kind, a.outcome) for a in ledger.effect_attempts(offer)] == [
+            ("call", None), ("lookup", "found")]
+        assert ledger.get_run(run_id).restore_count >= 1

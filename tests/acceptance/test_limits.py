@@ -23,6 +23,7 @@ from ledger.vocabulary import Priority
 from tests.support import reads
 from tests.support.cluster import Cluster, wait_for
 from tests.support.model_server import ModelServer, running_model_server
+from tests.support.provider import running_provider
 
 pytestmark = pytest.mark.acceptance
 
@@ -216,3 +217,45 @@ def test_limits__a_429_with_retry_after_defers_the_step_without_a_worker(
             "WHERE w.outcome = 'waiting' AND w.error_message LIKE '%rate_limited%' "
             "AND w.run_id = ANY(:ids)"), {"ids": runs}).scalars().all()
     assert gaps and min(gaps) >= 0.95  # Retry-After: 1, by the database's clock
+
+
+def test_limits__a_worker_killed_holding_an_effects_slot_and_a_deferred_step_sends_once(
+        ledger: Ledger, cluster: Cluster, tmp_path: Path) -> None:
+    """Invariant (never repeat, never lost): an irreversible effect under a fleet limit
+    of one. Worker A's call for run 1 holds the slot at the reference provider, which
+    created the offer and holds its answer; run 2 finds the limit full and is deferred
+    (no lease). Worker A is then SIGKILLed, and the provider's next create answers 429
+    Retry-After: 1. On worker B run 1 finds its offer by key (no slot, nothing sent);
+    run 2 gets the slot once the dead holder's cover ran out, is refused (429, deferred
+    again) and sent once more. Both complete: two offers, three create requests, no
+    duplicate, no slot left in use."""
+    with running_provider(tmp_path / "provider") as provider:
+        provider.arm("limited_offers", hold=1, hold_s=60.0)
+        env = {"ONWARD_WORKFLOWS": "tests.workflows_limits",
+               "ONWARD_EXAMPLE_PROVIDER_URL": provider.url, "ONWARD_TOOL_LEASE_MARGIN_S": "1"}
+        cluster.dispatcher(env=env)
+        cluster.reaper(env=env)
+        first = cluster.worker(concurrency=2, pool="threads", env=env, name="worker-a")
+        run_1 = ledger.start_run("test_limited_offer", {"topic": "dies holding the slot"})
+        wait_for(lambda: provider.stats().get("created", 0) == 1, timeout=60,
+                 what="run 1's offer to be created and its answer held")
+        run_2 = ledger.start_run("test_limited_offer", {"topic": "deferred"})
+        wait_for(lambda: reads.run_row(ledger.engine, run_2)["waiting_on"]
+                 == "limit:test-provider", timeout=60, what="run 2 to wait for the slot")
+        provider.arm("limited_offers", error_429=1)
+        first.kill_tree()
+        cluster.worker(concurrency=2, pool="threads", env=env, name="worker-b")
+
+        rows = {run_id: _completed(ledger, run_id) for run_id in (run_1, run_2)}
+        stats = provider.stats()
+    assert stats["by_collection"] == {"limited_offers": 2}, stats
+    assert (stats["requests"], stats["rejected_429"], stats["duplicate_objects"]) == (3, 1, 0)
+    [held] = ledger.effects(run_1)
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(held)] == [
+        ("call", None), ("lookup", "found")]
+    [refused] = ledger.effects(run_2)
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(refused)] == [
+        ("call", "failed"), ("call", "completed")]
+    assert rows[run_1]["result"]["answer"] == held.provider_ref
+    assert rows[run_2]["result"]["answer"] == refused.provider_ref
+    assert [state.in_use for state in ledger.limits()] == [0]
