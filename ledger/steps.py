@@ -806,10 +806,12 @@ class StepStore:
         return (row is not None and row["released"] == 1) or self._lost(claim)
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool) -> bool:
+                  park: bool, unbind: bool = False) -> bool:
         """Give the step back to the fleet for a worker with the run's workflow and version,
         without spending an attempt; ``park`` parks it ``no_worker_for_version`` instead.
-        False means the lease was lost."""
+        ``unbind`` (a new run whose input this code's model rejects) undoes the binding its
+        claim made, unless a step at its seq recorded an effect or an answer. False means
+        the lease was lost."""
         row = self._one(
             _HAND_BACK,
             {
@@ -818,6 +820,7 @@ class StepStore:
                 "claimed_at": claim.claimed_at,
                 "delay": delay_s,
                 "park": park,
+                "unbind": unbind,
                 "error": Jsonb(error),
                 "step": claim.step,  # the attempt keeps the step it was claimed for
                 "attempt_outcome": AttemptOutcome.PARKED if park else AttemptOutcome.RELEASED,

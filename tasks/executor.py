@@ -300,11 +300,12 @@ class _Attempt:
         delay = min(config.handback_max_delay_s, 2.0 ** min(handbacks - 1, 30))
         message = refusal.message
         if park:
-            message = _no_worker_message(claim, handbacks, refusal.message)
+            message = _no_worker_message(claim, handbacks, refusal)
         error = self._sealed_error(error_record(
             "NoWorkerForVersion" if park else refusal.error_type, message,
             handbacks=handbacks, workflow_version=claim.workflow_version))
-        if not self.store.hand_back(claim, error, delay_s=delay, park=park):
+        if not self.store.hand_back(claim, error, delay_s=delay, park=park,
+                                    unbind=refusal.unbind):
             return self._report(ReportKind.LEASE_LOST)
         if park:
             self.log.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,
@@ -525,9 +526,18 @@ class _Attempt:
         return _Ending(self.store, resolver, self.claim, step, self.log, self._sealed_error)
 
 
-def _no_worker_message(claim: Claim, handbacks: int, last: str) -> str:
+def _no_worker_message(claim: Claim, handbacks: int, refusal: Refusal) -> str:
     """Why a run handed back ``handbacks`` times is parked, and what to do: the workflow
-    (and the version, for a run bound to one) that no worker which claimed it had."""
+    (and the version, for a run bound to one) that no worker which claimed it had, or (a
+    new run whose input no claiming worker's model accepted) a version that accepts it."""
+    last = refusal.message
+    if refusal.unbind:
+        return (f"no worker whose version of {claim.workflow} accepts the run's input took "
+                f"the run: it was handed back {handbacks} times in a row (last: {last}); "
+                f"deploy workers of the version of {claim.workflow} the run was started for "
+                f"(its state model must accept the input), then `onward runs continue "
+                f"{claim.run_id}`; if no version should accept it, `onward runs cancel "
+                f"{claim.run_id}`")
     wanted = (f"{claim.workflow} v{claim.workflow_version}"
               if claim.workflow_version is not None else f"workflow {claim.workflow}")
     return (f"no worker with {wanted} took the run: it was handed back {handbacks} times "

@@ -66,6 +66,7 @@ class Refusal:
     error_type: str
     message: str
     hand_back: bool = False
+    unbind: bool = False  # with hand_back: the run's input fits none of this code's versions
 
 
 def restore(keys: CheckpointKeys, registry: Registry,
@@ -183,10 +184,32 @@ def _migrated_state(workflow: Workflow[Any], path: list[MigrationFn], opened: di
     try:
         state: BaseModel = workflow.state.model_validate(state_json)
     except ValidationError as exc:
+        if _unbound_start(claim) and not path:
+            return _input_not_accepted(workflow, exc)
         return Refusal(ParkReason.INVALID_STATE, "InvalidState",
                        f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
                        f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
     return state
+
+
+def _unbound_start(claim: Claim) -> bool:
+    """The claim is of an ordinary run's start checkpoint, which names no version: the claim
+    itself bound the run to this code, so no code ran a step from it under that binding."""
+    checkpoint = claim.checkpoint
+    return (claim.seq == 0 and checkpoint is not None and checkpoint.workflow_version is None
+            and claim.launch.mode is None)
+
+
+def _input_not_accepted(workflow: Workflow[Any], exc: ValidationError) -> Refusal:
+    """A new run whose input this code's state model rejects was started for another version
+    of its workflow (``start_run`` accepts an input any advertised version's model accepts):
+    it is handed back unbound, for a worker of a version whose model accepts it, not parked
+    ``invalid_state`` under a version it was never meant for."""
+    return Refusal(ParkReason.NO_WORKER_FOR_VERSION, "InputNotAccepted",
+                   f"the run's input does not validate as {workflow.name} v{workflow.version}'s "
+                   f"state {workflow.state.__name__} (schema {workflow.state_schema_version}): "
+                   f"{exc}; handing it back, bound to no version, for a worker whose version "
+                   f"of {workflow.name} accepts it", hand_back=True, unbind=True)
 
 
 def _unsigned_difference(claim: Claim, head: CheckpointBody) -> str | None:

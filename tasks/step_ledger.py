@@ -71,9 +71,9 @@ class StepLedger(Protocol):
         ...
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool) -> bool:
+                  park: bool, unbind: bool = False) -> bool:
         """Give a run whose workflow or version this worker lacks back to the fleet (or
-        park it)."""
+        park it); ``unbind`` undoes the binding of a new run the claim bound."""
         ...
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,

@@ -348,7 +348,18 @@ WITH handed AS (
            status = CASE WHEN %(park)s THEN 'needs_review' ELSE status END,
            parked_reason = CASE WHEN %(park)s THEN 'no_worker_for_version'
                                 ELSE parked_reason END,
-           last_error = %(error)s, updated_at = onward.now()
+           last_error = %(error)s, updated_at = onward.now(),
+           -- a new run whose input the claiming code's model rejected goes back unbound,
+           -- for a version that accepts it, unless a step at its seq acted or was answered
+           (workflow_version, state_schema_version) = (
+               SELECT CASE WHEN unbound THEN NULL ELSE runs.workflow_version END,
+                      CASE WHEN unbound THEN NULL ELSE runs.state_schema_version END
+                 FROM (SELECT %(unbind)s::bool
+                              AND NOT EXISTS (SELECT 1 FROM onward.effects e
+                                               WHERE e.run_id = runs.id AND e.seq = runs.seq)
+                              AND NOT EXISTS (SELECT 1 FROM onward.evidence v
+                                               WHERE v.run_id = runs.id AND v.seq = runs.seq)
+                              AS unbound) u)
      WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
  RETURNING id, tenant_id, seq
 ), resend AS (

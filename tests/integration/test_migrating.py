@@ -181,3 +181,59 @@ def test_migration__evidence_replay_of_a_migrated_run_lines_up_with_its_parent(
     assert replay.status is RunStatus.COMPLETED, replay.last_error
     assert replay.result == parent.result
     assert len(calls(model_log)) == paid == 1
+
+
+def test_first_claim__input_of_an_older_schema_is_handed_back_unbound_for_its_version(
+        ledger: Ledger, v1: Driver, v2: Driver) -> None:
+    """Invariant: a new run started for v1 (its input fits v1's model, schema 1) and first
+    claimed by a v2 worker (schema 2, whose model rejects it) is not parked invalid_state
+    under a version it was never meant for: the claim's binding is undone and the step handed
+    back unspent, so the dispatcher routes it to the workflow's queue again, and a v1 worker
+    binds and runs it: its first step commits on v1, with the attempt it spent alone."""
+    run_id = ledger.start_run("test_migrating", {"customer": "c-9"})
+    assert v2.step(run_id, 0).kind is ReportKind.RELEASED
+    handed = ledger.get_run(run_id)
+    assert handed is not None
+    assert (handed.status, handed.seq, handed.workflow_version, handed.state_schema_version,
+            handed.handbacks, handed.attempts_total) == (RunStatus.RUNNING, 0, None, None, 1, 0)
+    assert handed.last_error is not None and handed.last_error["type"] == "InputNotAccepted"
+    assert "test_migrating v2" in handed.last_error["message"]
+    assert ledger.verify_run(run_id) == []
+
+    clock.set_on_store(v1.store, timedelta(minutes=1))  # past the hand-back's backoff
+    assert v1.step(run_id, 0).kind is ReportKind.COMMITTED
+    moved = ledger.get_run(run_id)
+    assert moved is not None
+    assert (moved.seq, moved.workflow_version, moved.state_schema_version, moved.handbacks,
+            moved.attempts_total) == (1, 1, 1, 0, 1)
+    assert ledger.verify_run(run_id) == []
+
+
+def test_first_claim__input_no_version_accepts_parks_naming_the_remedy_and_continues(
+        ledger: Ledger, ops: Ledger, v1: Driver, v2: Driver) -> None:
+    """Invariant: a new run whose input only v1 accepts, met only by v2 workers (v1 retired
+    while it was queued), is handed back ONWARD_HANDBACK_LIMIT (10) times, then parked
+    no_worker_for_version (not invalid_state) with a message saying which version rejected
+    the input and what to do, still bound to no version and spending no attempt; once a v1
+    worker is deployed, `runs continue` resumes it there."""
+    run_id = ledger.start_run("test_migrating", {"customer": "c-9"})
+    kinds = []
+    for delivery in range(1, 12):
+        clock.set_on_store(v2.store, timedelta(minutes=delivery))  # past each backoff
+        kinds.append(v2.step(run_id, 0).kind)
+    assert kinds == [ReportKind.RELEASED] * 9 + [ReportKind.PARKED] + [ReportKind.STALE]
+    parked = ledger.get_run(run_id)
+    assert parked is not None
+    assert (parked.status, parked.parked_reason) == (RunStatus.NEEDS_REVIEW,
+                                                     "no_worker_for_version")
+    assert (parked.workflow_version, parked.attempts_total, parked.handbacks) == (None, 0, 10)
+    assert parked.last_error is not None
+    message = parked.last_error["message"]
+    assert "accepts the run's input" in message and "test_migrating v2" in message, message
+    assert f"onward runs continue {run_id}" in message, message
+
+    ops.continue_run(run_id, "v1 workers are back")
+    assert v1.step(run_id, 0).kind is ReportKind.COMMITTED
+    moved = ledger.get_run(run_id)
+    assert moved is not None and (moved.seq, moved.workflow_version) == (1, 1)
+    assert ledger.verify_run(run_id) == []

@@ -220,10 +220,12 @@ class StubLedger:
         return True
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool) -> bool:
+                  park: bool, unbind: bool = False) -> bool:
         if not self._fenced("hand_back", claim):
             return False
         run = self._end(claim, RunStatus.NEEDS_REVIEW if park else RunStatus.RUNNING)
+        if unbind:
+            run.workflow_version = run.state_schema_version = None
         run.handbacks, run.last_error = run.handbacks + 1, error
         run.attempt -= 1  # a hand-back spends no attempt
         if park:
