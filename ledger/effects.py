@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
+from ledger.attempt_history import attempt_problems
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.crypto import MASK, Keyring, Place, is_sealed, open_value, seal_value, sealed_text
 from ledger.exceptions import (
@@ -150,6 +151,8 @@ _RECORD_LATE = sql.statement("record_late_answer")
 
 _UNRESOLVED = sql.statement("unresolved_effects")
 
+_ATTEMPTS_CHECKED = sql.statement("effect_attempts_checked")
+
 
 def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
     """Raise IntegrityViolation unless the effect's intent, and its outcome once it is
@@ -262,6 +265,22 @@ class EffectStore:
         or a replay is never answered with an edited result."""
         check_effect(self.keys, effect)
         return opened_effect(self.keys, effect)
+
+    def check_attempts(self, effect: Effect) -> None:
+        """Raise IntegrityViolation unless the effect's attempts are as onward recorded them
+        (ledger/attempt_history.py): asked before a retried step acts on an unfinished
+        effect, whose attempts decide between a lookup and a resend (one statement, off
+        the hot path: only an effect an earlier attempt of the step left unfinished)."""
+        rows = self.conn.all(_ATTEMPTS_CHECKED, {"effect_type": effect.effect_type,
+                                                 "effect_id": effect.effect_id})
+        if not rows:
+            raise IntegrityViolation(f"effect {effect.effect_type} {effect.effect_id[:16]}…: "
+                                     "its row is gone (deleted outside onward)")
+        attempts = [row for row in rows if row["attempt"] is not None]
+        for problem in attempt_problems(self.keys, effect.effect_type, effect.effect_id,
+                                        rows[0]["begun"], EffectStatus(rows[0]["effect_status"]),
+                                        attempts):
+            raise IntegrityViolation(problem)
 
     def intend(self, intent: Intent) -> tuple[Effect, bool]:
         """Insert the effect as ``pending`` (committed) or read the existing one.

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
+from ledger.attempt_history import attempt_problems
 from ledger.bundle import DROPPED
 from ledger.checkpoints import (
     CheckpointBody,
@@ -41,7 +42,7 @@ from ledger.schema import (
 )
 from ledger.signal_order import carried_marks
 from ledger.states import checkpoint_rows_txn
-from ledger.vocabulary import ApprovalStatus, EffectAttemptOutcome, EffectStatus, OutcomeKind
+from ledger.vocabulary import ApprovalStatus, OutcomeKind
 from ledger.wait_control import parse_control
 from ledger.waits import check_signal, check_terms
 
@@ -300,31 +301,9 @@ def _check_attempts(conn: Connection, keys: CheckpointKeys,
         effect_attempts.c.effect_type == effect.effect_type,
         effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
     ).mappings().all()
-    what = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
-    numbers = [row["attempt"] for row in rows]
-    if numbers != list(range(1, effect.attempts + 1)):
-        yield Problem(effect.run_id, effect.seq, "effect",
-                      f"{what}: {effect.attempts} attempt(s) were begun, the attempt rows are "
-                      f"numbered {numbers} (deleted outside onward)")
-    elif not rows and effect.status in (EffectStatus.COMPLETED, EffectStatus.FAILED):
-        yield Problem(effect.run_id, effect.seq, "effect",
-                      f"{what} is {effect.status.value} with no attempt rows (deleted "
-                      "outside onward)")
-    for row in rows:
-        if row["outcome"] is None and row["ended_at"] is None and row["mac"] is None:
-            continue  # still in flight, or its worker died before it ended
-        try:
-            keys.check(signed.effect_attempt(
-                effect.effect_type, effect.effect_id, row["attempt"], row["kind"],
-                row["idempotency_key"], row["outcome"], row["provider_ref"]),
-                row["mac"], f"{what}: attempt {row['attempt']}")
-        except IntegrityViolation as exc:
-            yield Problem(effect.run_id, effect.seq, "effect", str(exc))
-    seen_completed = any(row["outcome"] == EffectAttemptOutcome.COMPLETED for row in rows)
-    if seen_completed and effect.status not in (EffectStatus.COMPLETED, EffectStatus.FAILED):
-        yield Problem(effect.run_id, effect.seq, "effect",
-                      f"{what} is {effect.status.value}, but an attempt saw it completed "
-                      "(its status was edited outside onward)")
+    for problem in attempt_problems(keys, effect.effect_type, effect.effect_id,
+                                    effect.attempts, effect.status, rows):
+        yield Problem(effect.run_id, effect.seq, "effect", problem)
 
 
 def _check_used(conn: Connection, run: sa.RowMapping,

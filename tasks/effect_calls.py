@@ -87,6 +87,10 @@ class EffectCalls(CallLimits, ReplayAnswers):
         if created:
             faults.point("after_effect_pending", self.step)
             return self._send(tool, effect, payload)
+        # left unfinished by an earlier attempt: its attempts decide between a lookup and a
+        # resend, so they must be the ones onward recorded (an edit could make a call that
+        # landed look refused, or never made, and have it sent twice)
+        self._verified(lambda: self.effects.check_attempts(effect))
         if effect.status is EffectStatus.ACCEPTED:
             return self._poll(tool, effect)
         if not effect.outcome_unknown:

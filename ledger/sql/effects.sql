@@ -188,3 +188,13 @@ SELECT e.*, {unknown_call(e)} AS call_unknown, {overran_call(e)} AS call_overran
   FROM onward.effects e
  WHERE e.run_id = %(run_id)s AND e.status IN ('pending', 'accepted') AND {outcome_unknown}
  ORDER BY e.seq, e.created_at
+
+-- name: effect_attempts_checked
+-- The effect's attempts in order, each with the effect's count of begun attempts and its
+-- status as of the same snapshot (one row with no attempt when none was begun).
+SELECT a.*, e.attempts AS begun, e.status AS effect_status
+  FROM onward.effects e
+  LEFT JOIN onward.effect_attempts a
+         ON a.effect_type = e.effect_type AND a.effect_id = e.effect_id
+ WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
+ ORDER BY a.attempt

@@ -1,0 +1,49 @@
+"""Whether an effect's attempts are as onward recorded them (docs/guarantees.md, integrity).
+
+What a retried step does with an effect that is not finished depends on its attempts: one
+that may have reached the provider is reconciled (looked up) before anything is sent again,
+and one that saw the effect completed means it was sent. The worker checks them before it
+acts on them (``EffectStore.check_attempts``), and ``onward verify`` reports the same
+problems."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ledger import signed
+from ledger.checkpoints import CheckpointKeys
+from ledger.exceptions import IntegrityViolation
+from ledger.vocabulary import EffectAttemptOutcome, EffectStatus
+
+__all__ = ["attempt_problems"]
+
+
+def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, begun: int,
+                     status: EffectStatus, rows: Sequence[Mapping[Any, Any]]) -> Iterator[str]:
+    """What is wrong with the effect's attempt ``rows`` (in attempt order), given the
+    ``begun`` count and the ``status`` its row holds: attempts numbered other than
+    1..begun (one deleted or inserted), an attempt that ended whose MAC does not match
+    (its outcome, kind, key or provider reference edited, or a forged row), or an attempt
+    that saw the effect completed while the effect says otherwise (its outcome edited)."""
+    what = f"effect {effect_type} {effect_id[:16]}…"
+    numbers = [row["attempt"] for row in rows]
+    if numbers != list(range(1, begun + 1)):
+        yield (f"{what}: {begun} attempt(s) were begun, the attempt rows are numbered "
+               f"{numbers} (deleted outside onward)")
+    elif not rows and status in (EffectStatus.COMPLETED, EffectStatus.FAILED):
+        yield f"{what} is {status.value} with no attempt rows (deleted outside onward)"
+    for row in rows:
+        if row["outcome"] is None and row["ended_at"] is None and row["mac"] is None:
+            continue  # still in flight, or its worker died before it ended
+        try:
+            keys.check(signed.effect_attempt(
+                effect_type, effect_id, row["attempt"], row["kind"], row["idempotency_key"],
+                row["outcome"], row["provider_ref"]),
+                row["mac"], f"{what}: attempt {row['attempt']}")
+        except IntegrityViolation as exc:
+            yield str(exc)
+    seen_completed = any(row["outcome"] == EffectAttemptOutcome.COMPLETED for row in rows)
+    if seen_completed and status not in (EffectStatus.COMPLETED, EffectStatus.FAILED):
+        yield (f"{what} is {status.value}, but an attempt saw it completed (its status was "
+               "edited outside onward)")
