@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import structlog
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, StrictInt
 
 from ledger.checkpoints import CheckpointKeys
 from ledger.crypto import REQUEST_FIELD, Place, sealed_text
@@ -62,13 +62,19 @@ __all__ = [
 log = structlog.get_logger("onward.executor")
 
 
+MAX_SEQ = 2**31 - 1
+"""The largest seq a checkpoint can have (``onward.checkpoints.seq`` is an ``integer``)."""
+
+
 class StepMessage(BaseModel):
     """The whole Celery message: "execute the step that follows checkpoint ``seq``"."""
 
     model_config = {"extra": "forbid", "frozen": True}
 
     run_id: UUID
-    seq: int
+    # a JSON integer, as the outbox sends it: not "0", true or 1.0 taken for one, nor a seq
+    # no checkpoint can have (seq is a PostgreSQL integer)
+    seq: StrictInt = Field(ge=0, le=MAX_SEQ)
 
 
 class ReportKind(StrEnum):

@@ -133,7 +133,7 @@ def create_app(settings: WorkerSettings | None = None, registry: Registry | None
     # registered by a call, not as a decorator: Celery is untyped, and a decorator would
     # leave ``step`` untyped too
     app.task(name=STEP_TASK, ignore_result=True, acks_late=True, bind=True,
-             throws=(StepNotCommitted,))(step)
+             throws=(StepNotCommitted,), Strategy="workers.strategy:step_strategy")(step)
 
     def flush_observers(**_kwargs: Any) -> None:
         """A pool process (or a threads/solo worker) exits: flush its counters and the

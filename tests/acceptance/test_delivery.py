@@ -167,6 +167,65 @@ def test_delivery__malformed_messages_are_rejected_without_state_change(
     assert (row["attempts_total"], row["stale_deliveries"]) == (2, 0)
 
 
+def test_delivery__bodies_celery_cannot_unpack_are_refused_and_the_worker_goes_on(
+        ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
+    """Step messages under an ``onward.step`` task header whose JSON body is not
+    ``[args, kwargs, options]`` (a string, a number, kwargs that are not an object,
+    positional args), or whose content type kombu decodes as raw text (application/data),
+    are each refused with a log line naming what is wrong, and dropped: the worker stays up
+    (Celery's consumer raised on them and the whole worker stopped, "Unrecoverable
+    error"), nothing in the ledger changes, and the next good message runs the run."""
+    run_id = ledger.start_run("test_chain", {"steps": 2})
+    log_before = worker.log()
+    before = reads.fingerprint(ledger.engine)
+    step = {"task": "onward.step", "lang": "py"}
+    good = b'[[], {"run_id": "%s", "seq": 0}, {}]' % str(run_id).encode()
+    for body, content_type in ((b'"hello"', "application/json"), (b"5", "application/json"),
+                               (b"[[], 5, {}]", "application/json"),
+                               (b'[["%s", 0], {}, {}]' % str(run_id).encode(),
+                                "application/json"),
+                               (good, "application/data")):
+        publisher.raw(body, content_type=content_type, headers={**step, "id": str(uuid4())})
+
+    def refused() -> int:
+        log = worker.log()
+        marker = "Received invalid task message: malformed step message"
+        return log.count(marker) - log_before.count(marker)
+
+    wait_for(lambda: refused() == 5 or not worker.alive(), timeout=30,
+             what="five refusals in the worker log", seen=refused)
+    assert worker.alive(), worker.tail()
+    wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
+    assert "Unrecoverable error" not in worker.log()
+    assert reads.fingerprint(ledger.engine) == before
+
+    publisher.step(run_id, 0)
+    row = _completed(ledger, run_id)
+    assert (row["attempts_total"], row["stale_deliveries"]) == (2, 0)
+
+
+def test_delivery__a_seq_of_another_type_or_out_of_range_is_malformed(
+        ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
+    """A seq sent as a string, a boolean, a float, a negative number or one beyond what a
+    checkpoint can have is rejected as malformed: "0" or true is not taken for a seq (it
+    ran the step: the message named no seq the outbox ever sends), and nothing changes."""
+    run_id = ledger.start_run("test_chain", {"steps": 2})
+    log_before = worker.log()
+    before = reads.fingerprint(ledger.engine)
+    for seq in ("0", True, 0.0, -1, 2**31, 2**63):
+        publisher.send({"run_id": str(run_id), "seq": seq})
+
+    def rejected() -> int:
+        marker = "malformed step message rejected"
+        return worker.log().count(marker) - log_before.count(marker)
+
+    wait_for(lambda: rejected() == 6, timeout=30, what="six rejections", seen=rejected)
+    wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
+    assert reads.fingerprint(ledger.engine) == before
+    publisher.step(run_id, 0)
+    _completed(ledger, run_id)
+
+
 def test_delivery__unknown_workflow_is_handed_back_unchanged(
         ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
     """A run of a workflow this worker does not have (its own workers may be down for a
