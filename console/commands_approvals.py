@@ -99,14 +99,21 @@ def _decide(approval_text: str, approve: bool, artifact_hash: str | None,
                 f"{', '.join(approval.approvers)}; your token's approver roles: "
                 f"{', '.join(ledger.actor.approver_roles) or 'none'}"),
                 run_id=approval.run_id, approval_id=approval_id)
-    out.print(line(f"{verb} ", (approval.action, "bold"), f" for run {approval.run_id} (seq "
-                   f"{approval.seq}), as ", ledger.actor.name), soft_wrap=True)
 
     def refuse(error: OnwardError) -> NoReturn:
         with reported():
             raise ledger.refuse(action, error, run_id=approval.run_id, approval_id=approval.id)
         raise AssertionError("unreachable")  # pragma: no cover - reported() exits
 
+    decide = ledger.approve if approve else ledger.reject
+    try:
+        _, to_show = _artifact_text(approval.artifact)
+    except ArtifactNotShown as exc:
+        refuse(exc)
+    with reported():  # refused before the artifact and the question, as it would be after
+        decide(approval_id, artifact_hash=to_show, comment=comment, dry_run=True)
+    out.print(line(f"{verb} ", (approval.action, "bold"), f" for run {approval.run_id} (seq "
+                   f"{approval.seq}), as ", ledger.actor.name), soft_wrap=True)
     try:
         shown = show_artifact(approval.artifact, approval.artifact_hash, page=not yes)
     except ArtifactNotShown as exc:
@@ -118,7 +125,6 @@ def _decide(approval_text: str, approve: bool, artifact_hash: str | None,
                             f"hashes to {shown[:12]}…; review it again"))
     with reported():
         confirm(f"{verb} it?", yes)
-        decide = ledger.approve if approve else ledger.reject
         # the decision names the hash of what was shown; the ledger refuses it unless it is
         # the hash the run bound when it asked
         decided = decide(approval_id, artifact_hash=shown, comment=comment)
@@ -129,14 +135,19 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
+def _artifact_text(artifact: Any) -> tuple[str, str]:
+    """The artifact as it is printed (JSON), and the sha256 of the canonical JSON of that."""
+    text = json_text(artifact, indent=2)
+    try:
+        return text, sha256_hex(canonical_json(json.loads(text)))
+    except (ValueError, OnwardError) as exc:
+        raise ArtifactNotShown(f"the artifact could not be shown: {exc}") from exc
+
+
 def show_artifact(artifact: Any, bound_hash: str, *, page: bool) -> str:
     """Print the whole artifact as JSON (through a pager when long and interactive) and
     return the sha256 of the canonical JSON of what was printed."""
-    text = json_text(artifact, indent=2)
-    try:
-        shown = sha256_hex(canonical_json(json.loads(text)))
-    except (ValueError, OnwardError) as exc:
-        raise ArtifactNotShown(f"the artifact could not be shown: {exc}") from exc
+    text, shown = _artifact_text(artifact)
     head = (f"--- artifact {bound_hash} ({len(text)} characters) ---\n"
             if shown == bound_hash else
             f"--- artifact: bound to {bound_hash}, but what is stored hashes to {shown} ---\n")

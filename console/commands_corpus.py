@@ -145,6 +145,8 @@ def corpus_rm(
     run_ids: tuple[UUID, ...] = tuple(resolve_run(ledger, r) for r in run or ())
     what = f"unpin {len(run_ids)} run(s) from" if run_ids else "delete"
     with reported():
+        # refused before the question, as the ledger would refuse after it
+        Corpora(ledger).remove(name, run_ids, reason, dry_run=True)
         confirm(f"{what} corpus {name}?", yes)
         removed = Corpora(ledger).remove(name, run_ids, reason)
     out.print(line(("done", "green"), f": {removed} run(s) unpinned from ", name))

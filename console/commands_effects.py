@@ -5,6 +5,7 @@ continue, and the privileged resolve (admin): what a person found at the provide
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,7 @@ from console.common import (
 )
 from console.safe import add_row, id_column, json_text, line
 from ledger import Ledger
+from ledger.api import REFUSALS
 from ledger.effects import Effect, EffectAttempt
 from ledger.exceptions import InvalidInput
 from ledger.operations import Finding, resolve_plan
@@ -116,11 +118,13 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
     """PRIVILEGED (admin): call the tool again for this effect with a NEW recorded key. The
     provider will create a new object. Shows what will be sent first, and where: an effect
     of a simulation only goes to the tool's sandbox, one of an evidence replay is refused."""
-    from tasks.operator import plan_repeat, repeat_effect
+    from tasks.operator import check_repeat, plan_repeat, repeat_effect
 
     ledger = open_ledger(AuditAction.REPEAT_EFFECT)
+    effect = _effect(ledger, effect_id, effect_type, AuditAction.REPEAT_EFFECT)
     with reported():
-        plan = plan_repeat(ledger, ledger.find_effect(effect_id, effect_type))
+        plan = plan_repeat(ledger, effect)
+        check_repeat(ledger, plan, reason)  # refused before the question, as after it
     shown = plan.as_dict()
     latest = shown["latest_attempt"] or {}
     out.print(line(("repeat", "bold"), " ", shown["effect_type"], " effect ",
@@ -179,11 +183,15 @@ def effects_resolve(
     effect_stalled), then `onward runs continue` the run. Nothing is sent by this command.
     Shows what will be recorded first."""
     ledger = open_ledger(AuditAction.RESOLVE_EFFECT)
+    effect = _effect(ledger, effect_id, effect_type, AuditAction.RESOLVE_EFFECT)
     with reported():
-        effect = ledger.find_effect(effect_id, effect_type)
         finding, answer = _finding(ledger, effect, completed, not_sent, result, reason)
         attempts = ledger.effect_attempts(effect)
     plan = resolve_plan(effect, finding, provider_ref, answer)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
+                              finding=finding, provider_ref=provider_ref, result=answer,
+                              dry_run=True)
     _show_resolve(plan, attempts)
     with reported():
         confirm("record this finding?", yes)
@@ -195,6 +203,19 @@ def effects_resolve(
         return
     out.print(line(("recorded", "green"), f": effect {done.status.value}; now `onward runs "
                    f"continue {done.run_id}` to let the run go on"), soft_wrap=True)
+
+
+def _effect(ledger: Ledger, text: str, effect_type: str | None,
+            action: AuditAction) -> Effect:
+    """The effect ``text`` names (its id, or a unique prefix of 8+ characters); an unknown
+    or ambiguous one is an audited refusal of ``action`` (exit 2), as for runs."""
+    with reported():
+        try:
+            return ledger.find_effect(text, effect_type)
+        except REFUSALS as exc:
+            whole = text if re.fullmatch(r"[0-9a-f]{64}", text) else None
+            raise ledger.refuse(action, exc, effect_id=whole) from None
+    raise AssertionError("unreachable")  # pragma: no cover - reported() exits
 
 
 def _finding(ledger: Ledger, effect: Effect, completed: bool, not_sent: bool,

@@ -166,7 +166,7 @@ def runs_continue(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CONTINUE)
     with reported():  # refused before the question, as the ledger would refuse after it
-        ledger.check_continue(run.id, reason)
+        ledger.continue_run(run.id, reason, dry_run=True)
     out.print(line(f"continue run {run.id} (", run.workflow, f"): {run.status.value} at seq "
                    f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     if run.parked_reason or run.last_error:
@@ -224,6 +224,9 @@ def runs_replay(
         _refuse(ledger, AuditAction.REPLAY, InvalidInput(
             f"--mode {mode!r}: one of {', '.join(m.value for m in _MODE_TEXT)}"), run.id)
     launch_mode = LaunchMode(mode)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.replay(run.id, from_seq, launch_mode, reason, budgets=budgets,
+                      allow_irreversible=allow_irreversible, dry_run=True)
     say = err if as_json else out  # with --json, stdout carries the JSON only
     say.print(line(f"replay run {run.id} (", run.workflow, f") from checkpoint {from_seq} as a "
                    f"new {launch_mode.value} run; budgets {budgets.value}",
@@ -295,6 +298,10 @@ def runs_branch(
         diff = ledger.preview_branch(run.id, from_seq, operations)
     except REFUSALS as exc:
         _refuse(ledger, AuditAction.BRANCH, exc, run.id)
+    check_state = state_check(ledger.settings.workflows)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.branch(run.id, from_seq, operations, reason, allow_irreversible=allow_irreversible,
+                      budgets=budgets, check_state=check_state, dry_run=True)
     say = err if as_json else out  # with --json, stdout carries the JSON only
     say.print(line(f"branch run {run.id} (", run.workflow, f") from checkpoint {from_seq}, "
                    "with:"), soft_wrap=True)
@@ -306,7 +313,7 @@ def runs_branch(
         confirm("start the branch?", yes)
         launched = ledger.branch(run.id, from_seq, operations, reason,
                                  allow_irreversible=allow_irreversible, budgets=budgets,
-                                 check_state=state_check(ledger.settings.workflows))
+                                 check_state=check_state)
     _launched(ledger, run.workflow, launched, as_json)
 
 
@@ -352,6 +359,8 @@ def runs_cancel(run_id: RunArg, reason: ReasonOpt = None, yes: YesFlag = False) 
     approvals are invalidated."""
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.CANCEL)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.cancel(run.id, reason, dry_run=True)
     out.print(line(f"cancel run {run.id} (", run.workflow, f"): {run.status.value} at seq "
                    f"{run.seq}, next step ", run.step or "(start)"), soft_wrap=True)
     with reported():

@@ -105,6 +105,14 @@ def _priority(value: Priority | str) -> Priority:
         raise InvalidInput(f"priority must be one of {[p.value for p in Priority]}, "
                            f"got {value!r:.80}") from None
 
+@contextlib.contextmanager
+def _rolled_back(engine: Engine) -> Iterator[Connection]:
+    """A transaction rolled back at its end, whatever its body wrote (a dry run)."""
+    with engine.connect() as conn, conn.begin() as transaction:
+        yield conn
+        transaction.rollback()
+
+
 REFUSALS: tuple[type[Exception], ...] = (
     OperationRefused, UnknownRun, InvalidInput, IntegrityViolation, ApprovalRefused,
     UnknownApproval, UnknownToken)
@@ -440,12 +448,21 @@ class Ledger:
     # -- operator commands (docs/design.md section 8), each audited --------------------------------
     def _command(self, action: AuditAction, body: Callable[[Connection], T], *,
                  reason: str | None = None, run_id: UUID | None = None,
-                 effect_id: str | None = None, approval_id: UUID | None = None) -> T:
+                 effect_id: str | None = None, approval_id: UUID | None = None,
+                 dry_run: bool = False) -> T:
         """Check the actor's role, then run one command in one transaction (it writes its
-        own audit row); a refusal is recorded in a transaction of its own and raised again."""
+        own audit row); a refusal is recorded in a transaction of its own and raised again.
+
+        ``dry_run``: the same command, checks and locks included, in a transaction rolled
+        back at its end, so it writes nothing, its audit row included; a refusal is raised
+        and audited exactly as the command's own. A person's command asks this before it
+        asks the person, so nobody confirms what the ledger would refuse; the command
+        itself then checks again under its locks and decides, the target may have changed
+        in between. Only commands whose every write is in ``body``'s transaction offer it."""
         try:
             self.actor.require(action)
-            with wrap_driver_errors(f"{action.value}"), self.engine.begin() as conn:
+            with wrap_driver_errors(f"{action.value}"), \
+                    (_rolled_back(self.engine) if dry_run else self.engine.begin()) as conn:
                 return body(conn)
         except REFUSALS as exc:
             with wrap_driver_errors("auditing a refusal"), self.engine.begin() as conn:
@@ -607,54 +624,51 @@ class Ledger:
 
         return self._command(AuditAction.START, body)
 
-    def continue_run(self, run_id: UUID, reason: str | None) -> operations.Continued:
+    def continue_run(self, run_id: UUID, reason: str | None, *,
+                     dry_run: bool = False) -> operations.Continued:
         """Resume the original run at its current seq (parked, failed by an error, or stalled).
 
         Refused for finished runs, waits (decide or signal them), runs a worker holds, failures
-        that were decisions (budgets, rejections, ctx.fail) and replays."""
+        that were decisions (budgets, rejections, ctx.fail) and replays. ``dry_run``: refuse
+        (audited) as it would, writing nothing (``_command``)."""
         return self._command(
             AuditAction.CONTINUE,
             lambda c: operations.continue_run_txn(c, self.keys, self.actor, run_id, reason),
-            reason=reason, run_id=run_id)
-
-    def check_continue(self, run_id: UUID, reason: str | None) -> None:
-        """Raise (audited, as ``continue_run`` would) the refusal ``continue_run`` would give
-        now; nothing is written when it would go ahead. A command asks this before it asks
-        the person; ``continue_run`` checks again under the run's lock, which decides."""
-        self._command(
-            AuditAction.CONTINUE,
-            lambda c: operations.check_continue_txn(c, self.actor, run_id, reason),
-            reason=reason, run_id=run_id)
+            reason=reason, run_id=run_id, dry_run=dry_run)
 
     def replay(self, run_id: UUID, from_seq: int, mode: LaunchMode | str, reason: str | None,
                *, budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
-               allow_irreversible: bool = False) -> forks.Launched:
+               allow_irreversible: bool = False, dry_run: bool = False) -> forks.Launched:
         """A new run from a copy of checkpoint ``from_seq`` of ``run_id``: ``evidence``
         (recorded answers only), ``simulation`` (tools' sandboxes) or ``live`` (real calls;
-        irreversible effects only with ``allow_irreversible``)."""
+        irreversible effects only with ``allow_irreversible``). ``dry_run``: refuse
+        (audited) as it would, creating nothing (``_command``)."""
         request = forks.ForkRequest(run_id, from_seq, LaunchMode(mode), reason,
                                     forks.BudgetPolicy(budgets), allow_irreversible)
-        return self._fork(AuditAction.REPLAY, request)
+        return self._fork(AuditAction.REPLAY, request, dry_run=dry_run)
 
     def branch(self, run_id: UUID, from_seq: int, patch: list[dict[str, Any]],
                reason: str | None, *, allow_irreversible: bool = False,
                budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
-               check_state: forks.StateCheck | None = None) -> forks.Launched:
+               check_state: forks.StateCheck | None = None,
+               dry_run: bool = False) -> forks.Launched:
         """A new live run from checkpoint ``from_seq`` with its state edited by an RFC 6902
-        ``patch``. ``check_state`` validates the result against the workflow's model."""
+        ``patch``. ``check_state`` validates the result against the workflow's model.
+        ``dry_run``: refuse (audited) as it would, creating nothing (``_command``)."""
         request = forks.ForkRequest(run_id, from_seq, LaunchMode.BRANCH, reason,
                                     forks.BudgetPolicy(budgets), allow_irreversible, patch)
-        return self._fork(AuditAction.BRANCH, request, check_state)
+        return self._fork(AuditAction.BRANCH, request, check_state, dry_run=dry_run)
 
     def _fork(self, action: AuditAction, request: forks.ForkRequest,
-              check_state: forks.StateCheck | None = None) -> forks.Launched:
+              check_state: forks.StateCheck | None = None, *,
+              dry_run: bool = False) -> forks.Launched:
         return self._command(
             action,
             lambda c: forks.fork_txn(c, self.keys, self.actor, request,
                                      default_max_attempts=self.settings.step_max_attempts,
                                      max_state_bytes=self.settings.max_state_bytes,
                                      check_state=check_state),
-            reason=request.reason, run_id=request.parent_run_id)
+            reason=request.reason, run_id=request.parent_run_id, dry_run=dry_run)
 
     def preview_branch(self, run_id: UUID, from_seq: int,
                        patch: list[dict[str, Any]]) -> list[forks.PatchChange]:
@@ -663,21 +677,25 @@ class Ledger:
             return forks.preview_txn(conn, self.keys, run_id, from_seq, patch,
                                      self.settings.max_state_bytes)
 
-    def cancel(self, run_id: UUID, reason: str | None) -> operations.Cancelled:
-        """Stop a non-terminal run; a step in flight cannot commit afterwards."""
+    def cancel(self, run_id: UUID, reason: str | None, *,
+               dry_run: bool = False) -> operations.Cancelled:
+        """Stop a non-terminal run; a step in flight cannot commit afterwards. ``dry_run``:
+        refuse (audited) as it would, writing nothing (``_command``)."""
         return self._command(
             AuditAction.CANCEL,
             lambda c: operations.cancel_txn(c, self.keys, self.actor, run_id, reason),
-            reason=reason, run_id=run_id)
+            reason=reason, run_id=run_id, dry_run=dry_run)
 
     def begin_repeat(self, effect_type: str, effect_id: str, reason: str | None,
-                     plan: dict[str, Any]) -> operations.RepeatStarted:
-        """Record (and commit) a privileged repeat attempt with its own key, before the call."""
+                     plan: dict[str, Any], *,
+                     dry_run: bool = False) -> operations.RepeatStarted:
+        """Record (and commit) a privileged repeat attempt with its own key, before the call.
+        ``dry_run``: refuse (audited) as it would, recording nothing (``_command``)."""
         return self._command(
             AuditAction.REPEAT_EFFECT,
             lambda c: operations.begin_repeat_txn(c, self.keys, self.actor, effect_type, effect_id,
                                                   reason, plan),
-            reason=reason, effect_id=effect_id)
+            reason=reason, effect_id=effect_id, dry_run=dry_run)
 
     def finish_repeat(self, started: operations.RepeatStarted, *, outcome: EffectAttemptOutcome,
                       provider_ref: str | None = None, result: dict[str, Any] | None = None,
@@ -690,12 +708,14 @@ class Ledger:
     def resolve_effect(self, effect_type: str, effect_id: str, reason: str | None,
                        plan: dict[str, Any], *, finding: operations.Finding,
                        provider_ref: str | None = None,
-                       result: dict[str, Any] | None = None) -> Effect:
+                       result: dict[str, Any] | None = None,
+                       dry_run: bool = False) -> Effect:
         """Record what a person found at the provider for an effect whose outcome is unknown
         (admin, audited): ``completed`` with the provider's reference and result, or
         ``not_sent`` (closed ``unsent``; the run's step sends it again with the same key).
         ``plan`` is what was shown (``operations.resolve_plan``); refused if the effect
-        changed since. The run is not moved: continue it afterwards."""
+        changed since. The run is not moved: continue it afterwards. ``dry_run``: refuse
+        (audited) as it would, recording nothing (``_command``)."""
         def body(conn: Connection) -> Effect:
             self._check_result(result)
             return operations.resolve_effect_txn(
@@ -707,7 +727,7 @@ class Ledger:
         except REFUSALS:
             run_id = None
         return self._command(AuditAction.RESOLVE_EFFECT, body, reason=reason, run_id=run_id,
-                             effect_id=effect_id)
+                             effect_id=effect_id, dry_run=dry_run)
 
     def _check_result(self, result: dict[str, Any] | None) -> None:
         """A result a person gives: a JSON object within the effect payload limits."""
@@ -723,27 +743,29 @@ class Ledger:
 
     # -- approvals and signals (docs/design.md section 6) ------------------------------------------
     def approve(self, approval_id: UUID, *, artifact_hash: str,
-                comment: str | None = None) -> waits.Approval:
+                comment: str | None = None, dry_run: bool = False) -> waits.Approval:
         """Approve what ``artifact_hash`` names; resumes the run in the same transaction.
 
         Needs the approver role (or above); when the approval names approvers, the actor
         must be one of them by name or hold one of the ``role:<name>`` it names among its
-        approver roles (from its token, never from the caller)."""
-        return self._decide(approval_id, True, artifact_hash, comment)
+        approver roles (from its token, never from the caller). ``dry_run``: refuse
+        (audited) as it would, deciding nothing (``_command``)."""
+        return self._decide(approval_id, True, artifact_hash, comment, dry_run)
 
     def reject(self, approval_id: UUID, *, artifact_hash: str,
-               comment: str | None = None) -> waits.Approval:
-        """Reject; the run goes to its declared rejection step or fails (approval_rejected)."""
-        return self._decide(approval_id, False, artifact_hash, comment)
+               comment: str | None = None, dry_run: bool = False) -> waits.Approval:
+        """Reject; the run goes to its declared rejection step or fails (approval_rejected).
+        ``dry_run``: refuse (audited) as it would, deciding nothing (``_command``)."""
+        return self._decide(approval_id, False, artifact_hash, comment, dry_run)
 
     def _decide(self, approval_id: UUID, approve: bool, artifact_hash: str,
-                comment: str | None) -> waits.Approval:
+                comment: str | None, dry_run: bool) -> waits.Approval:
         return self._command(
             AuditAction.APPROVE if approve else AuditAction.REJECT,
             lambda c: operations.decide_approval_txn(c, self.keys, self.actor, approval_id,
                                                      approve=approve, artifact_hash=artifact_hash,
                                                      comment=comment),
-            reason=comment, approval_id=approval_id)
+            reason=comment, approval_id=approval_id, dry_run=dry_run)
 
     def get_approval(self, approval_id: UUID) -> waits.Approval:
         with wrap_driver_errors("reading an approval"), self.engine.connect() as conn:

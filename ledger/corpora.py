@@ -61,12 +61,13 @@ class Corpora:
             reason=description)
 
     def remove(self, name: str, run_ids: tuple[UUID, ...] = (),
-               reason: str | None = None) -> int:
-        """Unpin ``run_ids``, or delete the corpus when none are given."""
+               reason: str | None = None, *, dry_run: bool = False) -> int:
+        """Unpin ``run_ids``, or delete the corpus when none are given. ``dry_run``: refuse
+        (audited) as it would, removing nothing (``Ledger._command``)."""
         return self.ledger._command(
             AuditAction.CORPUS_REMOVE,
             lambda c: corpus.remove_txn(c, self.ledger.keys, self.actor, name, run_ids, reason),
-            reason=reason)
+            reason=reason, dry_run=dry_run)
 
     def all(self) -> list[corpus.CorpusSummary]:
         with wrap_driver_errors("listing corpora"), self.ledger.engine.connect() as conn:

@@ -62,7 +62,6 @@ __all__ = [
     "RepeatStarted",
     "begin_repeat_txn",
     "cancel_txn",
-    "check_continue_txn",
     "continue_run_txn",
     "decide_approval_txn",
     "finish_repeat_txn",
@@ -105,12 +104,8 @@ def require_reason(reason: str | None, action: AuditAction) -> str:
 
 def lock_run_txn(conn: Connection, run_id: UUID, actor: Actor) -> RowMapping:
     """The run's row, locked; refuses runs that do not exist or belong to another tenant."""
-    return _own_run_txn(conn, run_id, actor, lock=True)
-
-
-def _own_run_txn(conn: Connection, run_id: UUID, actor: Actor, *, lock: bool) -> RowMapping:
-    query = sa.select(runs).where(runs.c.id == run_id)
-    found = conn.execute(query.with_for_update() if lock else query).mappings().first()
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update()).mappings()
+    found = row.first()
     if found is None:
         raise UnknownRun(f"no run {run_id}")
     if found["tenant_id"] != actor.tenant_id:
@@ -173,18 +168,6 @@ def continue_run_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, run_i
     return Continued(run_id, run["seq"], step, status,
                      waiting_on=rewait.waiting_on if rewait else None,
                      due_at=rewait.due_at if rewait else None)
-
-
-def check_continue_txn(conn: Connection, actor: Actor, run_id: UUID,
-                       reason: str | None) -> None:
-    """Refuse now what ``continue_run_txn`` would refuse, with the same error, reading the
-    run without locking it and writing nothing: a command asks this before its prompt, so
-    nobody confirms a continue that was never possible. The run can change in between;
-    ``continue_run_txn`` checks again under the row lock and decides."""
-    actor.require(AuditAction.CONTINUE)
-    require_reason(reason, AuditAction.CONTINUE)
-    run = _own_run_txn(conn, run_id, actor, lock=False)
-    _check_continuable(conn, run, RunStatus(run["status"]))
 
 
 def _move_continued(conn: Connection, run_id: UUID, run: RowMapping, status: RunStatus,

@@ -31,6 +31,7 @@ from tasks.workflow import Registry
 __all__ = [
     "RepeatOutcome",
     "RepeatPlan",
+    "check_repeat",
     "dedup_method",
     "find_tool",
     "plan_repeat",
@@ -124,21 +125,7 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
 
     ``shown_attempts`` is the effect's attempt count as the person confirming saw it (a web
     form, an API client); by default the plan's. The ledger refuses if it changed since."""
-    effect = plan.effect
-    ledger.require(AuditAction.REPEAT_EFFECT, run_id=effect.run_id, effect_id=effect.effect_id)
-    call = _repeat_call(plan)
-    if isinstance(call, OperationRefused):
-        raise ledger.refuse(AuditAction.REPEAT_EFFECT, call, reason=reason,
-                            run_id=effect.run_id, effect_id=effect.effect_id)
-    # a sealed payload is opened here (the repeating process holds the keys) or refused,
-    # before the attempt is recorded
-    payload = _repeat_payload(ledger, effect)
-    if isinstance(payload, OperationRefused):
-        raise ledger.refuse(AuditAction.REPEAT_EFFECT, payload, reason=reason,
-                            run_id=effect.run_id, effect_id=effect.effect_id)
-    shown = plan.as_dict()
-    if shown_attempts is not None:
-        shown["attempts"] = shown_attempts
+    call, payload, shown = _ready_to_repeat(ledger, plan, reason, shown_attempts)
     started = ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason,
                                   shown)
     error: dict[str, Any] | None = None
@@ -160,6 +147,39 @@ def repeat_effect(ledger: Ledger, plan: RepeatPlan, reason: str | None, *,
     effect = ledger.finish_repeat(started, outcome=outcome, provider_ref=ref, result=result,
                                   error=error)
     return RepeatOutcome(started, outcome, ref, effect, error)
+
+
+def check_repeat(ledger: Ledger, plan: RepeatPlan, reason: str | None) -> None:
+    """Raise (audited) the refusal ``repeat_effect`` would give now, calling nothing and
+    recording nothing: a command asks this before it asks the person. ``repeat_effect``
+    checks again, the ledger under the effect's lock, and decides."""
+    _, _, shown = _ready_to_repeat(ledger, plan, reason, None)
+    ledger.begin_repeat(plan.effect.effect_type, plan.effect.effect_id, reason, shown,
+                        dry_run=True)
+
+
+def _ready_to_repeat(ledger: Ledger, plan: RepeatPlan, reason: str | None,
+                     shown_attempts: int | None
+                     ) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
+    """What a repeat calls, the payload it sends and the plan the ledger checks it against,
+    or a refusal (audited): the role, no tool or sandbox to call, a payload that does not
+    open here."""
+    effect = plan.effect
+    ledger.require(AuditAction.REPEAT_EFFECT, run_id=effect.run_id, effect_id=effect.effect_id)
+    call = _repeat_call(plan)
+    if isinstance(call, OperationRefused):
+        raise ledger.refuse(AuditAction.REPEAT_EFFECT, call, reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
+    # a sealed payload is opened here (the repeating process holds the keys) or refused,
+    # before the attempt is recorded
+    payload = _repeat_payload(ledger, effect)
+    if isinstance(payload, OperationRefused):
+        raise ledger.refuse(AuditAction.REPEAT_EFFECT, payload, reason=reason,
+                            run_id=effect.run_id, effect_id=effect.effect_id)
+    shown = plan.as_dict()
+    if shown_attempts is not None:
+        shown["attempts"] = shown_attempts
+    return call, payload, shown
 
 
 def _repeat_payload(ledger: Ledger, effect: Effect) -> dict[str, Any] | OperationRefused:

@@ -195,12 +195,15 @@ def test_cli_approvals_ls__an_empty_inbox_says_where_the_decided_ones_are(
 
 
 def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
-    """A branch shows the diff before asking, refuses without a reason (exit 2), and stores
-    its patch on the new run."""
+    """A branch shows the diff before asking, refuses without a reason (exit 2, before it
+    shows or asks anything), and stores its patch on the new run."""
     parent = finished(drv)
     out = onward("runs", "branch", str(parent), "--from", "2", "--set", "/channel=sports",
                  "--yes", code=2)
-    assert '"news"' in out and '"sports"' in out and "needs a reason" in out
+    assert "needs a reason" in out and '"sports"' not in out
+    out = onward("runs", "branch", str(parent), "--from", "2", "--set", "/channel=sports",
+                 "--reason", "look", input="n\n", code=1)
+    assert '"news"' in out and '"sports"' in out and "start the branch?" in out
     onward("runs", "branch", str(parent), "--from", "2", "--set", "/topic=5", "--reason",
            "bad", "--yes", code=2)
     out = onward("runs", "branch", str(parent), "--from", "2", "--patch",
@@ -409,3 +412,141 @@ def test_cli_continue__the_ledger_decides_when_the_run_changes_meanwhile(
     assert drv.ledger.get_run(parked).status is RunStatus.CANCELLED  # type: ignore[union-attr]
     audit = json.loads(onward("audit", "ls", "--run", str(parked), "--json"))
     assert [(a["action"], a["outcome"]) for a in audit] == [("continue", "refused")]
+
+
+def _refusals(action: str) -> list[tuple[str | None, str]]:
+    """The audited refusals of ``action``, oldest first: (run_id, the error's type)."""
+    audit = json.loads(onward("audit", "ls", "--action", action, "--outcome", "refused",
+                              "--json"))
+    return [(a["run_id"], a["details"]["type"]) for a in reversed(audit)]
+
+
+def test_cli_cancel_replay_branch__refused_before_the_question(drv: Driver) -> None:
+    """Given a cancel, replay or branch the ledger refuses (a finished run, no --reason, a
+    checkpoint that ends the run), the command refuses before it shows the run or asks,
+    with the ledger's words and exit 2, and audits the refusal once; it asked first and
+    refused only after a "y"."""
+    done = finished(drv)
+    parked = _parked(drv)
+    refused = onward("runs", "cancel", str(done), "--reason", "stop", input="y\n", code=2)
+    assert "cancel it?" not in refused and f"cancel run {done}" not in refused
+    assert f"refused: run {done} is already completed" in refused
+    no_reason = onward("runs", "cancel", str(parked), input="y\n", code=2)
+    assert "cancel it?" not in no_reason and "cancel needs a reason (--reason)" in no_reason
+    refused = onward("runs", "replay", str(done), "--from", "3", "--reason", "again",
+                     input="y\n", code=2)
+    assert "start the replay?" not in refused and f"replay run {done}" not in refused
+    assert f"refused: checkpoint 3 of run {done} ends the run (finish)" in refused
+    no_reason = onward("runs", "replay", str(done), input="y\n", code=2)
+    assert "start the replay?" not in no_reason and "replay needs a reason" in no_reason
+    no_reason = onward("runs", "branch", str(done), "--from", "2", "--set", "/channel=x",
+                       input="y\n", code=2)
+    assert "start the branch?" not in no_reason and "branch needs a reason" in no_reason
+    assert _refusals("cancel") == [(str(done), "OperationRefused"),
+                                   (str(parked), "InvalidInput")]
+    assert _refusals("replay") == [(str(done), "OperationRefused"), (str(done), "InvalidInput")]
+    assert _refusals("branch") == [(str(done), "InvalidInput")]
+    assert drv.ledger.children(done) == []
+    assert drv.ledger.get_run(parked).status is RunStatus.NEEDS_REVIEW  # type: ignore[union-attr]
+    # what the ledger allows is still shown and asked about
+    asked = onward("runs", "cancel", str(parked), "--reason", "stop", input="n\n", code=1)
+    assert f"cancel run {parked}" in asked and "cancel it?" in asked
+    asked = onward("runs", "replay", str(done), "--reason", "look", input="n\n", code=1)
+    assert "start the replay?" in asked and drv.ledger.children(done) == []
+    assert len(_refusals("cancel")) == 2 and len(_refusals("replay")) == 2
+
+
+def test_cli_effects_repeat_resolve__refused_before_the_question(drv: Driver) -> None:
+    """Given a repeat without --reason, a resolve of an effect whose outcome is known, or an
+    effect id that names none, effects repeat / resolve refuse before they show the plan or
+    ask, with the ledger's words and exit 2, each refusal audited once (an unknown id too,
+    which was refused unaudited)."""
+    run_id = finished(drv)
+    effects = json.loads(onward("effects", "ls", "--run", str(run_id), "--json"))
+    publish = next(e for e in effects if e["effect_type"] == "test.publish")["effect_id"]
+    refused = onward("effects", "repeat", publish, input="y\n", role="admin", code=2)
+    assert "repeat this effect?" not in refused and "payload:" not in refused
+    assert "repeat_effect needs a reason (--reason)" in refused
+    refused = onward("effects", "resolve", publish, "--completed", "--provider-ref", "obj_9",
+                     "--reason", "found it", input="y\n", role="admin", code=2)
+    assert "record this finding?" not in refused and "you found:" not in refused
+    assert f"refused: effect test.publish {publish[:16]}… is completed: its outcome is known" \
+        in refused
+    unknown = onward("effects", "repeat", "0123456789abcdef", "--reason", "lost", input="y\n",
+                     role="admin", code=2)
+    assert "refused: no effect 0123456789abcdef" in unknown
+    onward("effects", "resolve", publish[:7], "--not-sent", "--reason", "x", role="admin",
+           code=2)  # fewer than 8 characters
+    audit = json.loads(onward("audit", "ls", "--outcome", "refused", "--json"))
+    assert [(a["action"], a["effect_id"], a["details"]["type"]) for a in reversed(audit)] == [
+        ("repeat_effect", publish, "InvalidInput"),
+        ("resolve_effect", publish, "OperationRefused"),
+        ("repeat_effect", None, "UnknownEffect"), ("resolve_effect", None, "InvalidInput")]
+    assert [a.kind for a in drv.ledger.effect_attempts(
+        drv.ledger.find_effect(publish))] == ["call"]  # nothing repeated or resolved
+
+
+def test_cli_approvals__refused_before_the_artifact_and_the_question(drv: Driver) -> None:
+    """Given an approval already decided, approvals approve / reject refuse before they show
+    the artifact or ask, with the ledger's words and exit 2, each refusal audited once;
+    they showed the whole artifact, asked, and refused only after a "y"."""
+    waiting = drv.ledger.start_run("test_ops_notes", {"topic": "cli", "approve": True})
+    assert drv.drive(waiting).status is RunStatus.WAITING
+    [approval] = json.loads(onward("approvals", "ls", "--run", str(waiting), "--json"))
+    assert "approved by olga" in onward("approvals", "approve", approval["id"], input="y\n")
+    for verb in ("approve", "reject"):
+        refused = onward("approvals", verb, approval["id"], input="y\n", code=2)
+        assert f"{verb} it?" not in refused and "--- artifact" not in refused, refused
+        assert (f"refused: approval {approval['id']} is already approved by olga at "
+                in refused) and "a decision is taken once" in refused
+    audit = json.loads(onward("audit", "ls", "--json"))
+    assert [(a["action"], a["outcome"], a["details"].get("type")) for a in reversed(audit)
+            if a["approval_id"] == approval["id"]] == [
+        ("approve", "done", None), ("approve", "refused", "ApprovalRefused"),
+        ("reject", "refused", "ApprovalRefused")]
+
+
+def test_cli_cancel__the_ledger_decides_when_the_run_changes_meanwhile(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a run that could be cancelled when asked about, but that a worker finishes
+    while the person answers, the ledger's own check (under the run's lock) still refuses
+    the cancel: exit 2, the run stays completed, one refusal audited."""
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "meanwhile"})
+
+    def finished_meanwhile(question: str, default: bool) -> bool:
+        assert drv.drive(run_id).status is RunStatus.COMPLETED
+        return True
+
+    monkeypatch.setattr("console.common.typer.confirm", finished_meanwhile)
+    refused = onward("runs", "cancel", str(run_id), "--reason", "stop", code=2)
+    assert f"cancel run {run_id}" in refused
+    assert f"refused: run {run_id} is already completed" in refused
+    assert drv.ledger.get_run(run_id).status is RunStatus.COMPLETED  # type: ignore[union-attr]
+    audit = json.loads(onward("audit", "ls", "--run", str(run_id), "--json"))
+    assert [(a["action"], a["outcome"]) for a in audit] == [("cancel", "refused")]
+
+
+def test_cli_approve__the_ledger_decides_when_the_approval_is_decided_meanwhile(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a pending approval, rejected by someone else while the person looks at the
+    artifact and answers, the ledger's own check (under the approval's lock) refuses the
+    approval: exit 2, the rejection stands, one refusal audited after the rejection."""
+    waiting = drv.ledger.start_run("test_ops_notes", {"topic": "cli", "approve": True})
+    assert drv.drive(waiting).status is RunStatus.WAITING
+    [approval] = json.loads(onward("approvals", "ls", "--run", str(waiting), "--json"))
+    other = drv.ledger.acting_as("rita", Role.ADMIN)
+
+    def rejected_meanwhile(question: str, default: bool) -> bool:
+        other.reject(UUID(approval["id"]), artifact_hash=approval["artifact_hash"],
+                     comment="not now")
+        return True
+
+    monkeypatch.setattr("console.common.typer.confirm", rejected_meanwhile)
+    refused = onward("approvals", "approve", approval["id"], "-m", "ok", code=2)
+    assert "--- artifact" in refused
+    assert f"refused: approval {approval['id']} is already rejected by rita" in refused
+    assert drv.ledger.get_approval(UUID(approval["id"])).status.value == "rejected"
+    audit = json.loads(onward("audit", "ls", "--json"))
+    assert [(a["action"], a["outcome"], a["actor"]) for a in reversed(audit)
+            if a["approval_id"] == approval["id"]] == [
+        ("reject", "done", "rita"), ("approve", "refused", "olga")]

@@ -31,9 +31,9 @@ def drv(settings_env: dict[str, str], tmp_path: Path,
         yield running
 
 
-def onward(*args: str, code: int = 0) -> str:
+def onward(*args: str, code: int = 0, input: str | None = None) -> str:
     """Run the CLI; returns stdout (with --json, only the JSON), or all output on refusal."""
-    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "220"})
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "220"}, input=input)
     assert result.exit_code == code, (result.exit_code, result.output)
     return result.stdout if code == 0 else result.output
 
@@ -61,6 +61,22 @@ def test_corpus_cli__pin_list_export_import_remove(drv: Driver, tmp_path: Path) 
     onward("corpus", "add", "cli", "--run", str(runs[0])[:8], "--status", "running", code=2)
     onward("corpus", "rm", "copy", "--yes")
     assert "copy" not in onward("corpus", "ls")
+
+
+def test_corpus_cli_rm__refused_before_the_question(drv: Driver) -> None:
+    """Given a corpus that does not exist, corpus rm refuses before it asks, with the
+    ledger's words and exit 2, the refusal audited once; it asked "delete corpus …?" and
+    refused only after a "y". A corpus that exists is still asked about."""
+    record_note(drv, "rm")
+    onward("corpus", "add", "kept", "--workflow", "test_ops_notes")
+    refused = onward("corpus", "rm", "gone", "--reason", "tidy", input="y\n", code=2)
+    assert "delete corpus gone?" not in refused
+    assert "refused: no corpus 'gone' in tenant 'default' (onward corpus ls)" in refused
+    assert "delete corpus kept?" in onward("corpus", "rm", "kept", input="n\n", code=1)
+    assert "kept" in onward("corpus", "ls")
+    audit = json.loads(onward("audit", "ls", "--action", "corpus_remove", "--json"))
+    assert [(a["outcome"], a["details"]["type"]) for a in audit] == [
+        ("refused", "UnknownCorpus")]
 
 
 def test_corpus_cli_replay__reports_passes_fails_and_opens_divergent_runs(
