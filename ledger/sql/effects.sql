@@ -12,26 +12,30 @@
 -- own. A call that was still in flight past its time limit ('CallOverran', marked by its
 -- worker) or answered after its lease was lost ('AnswerAfterLease') is cleared only by a
 -- lookup that began after it ended: one made while it was in flight proves nothing.
+-- An attempt that has not ended counts as a call whatever its kind says: its kind is signed
+-- only as it ends, so an open call re-labelled a lookup in the database must still be
+-- reconciled (a lookup or poll left open by a dead worker costs one more lookup).
 EXISTS (SELECT 1 FROM onward.effect_attempts c
      WHERE c.effect_type = {alias}.effect_type AND c.effect_id = {alias}.effect_id
-       AND c.kind IN ('call', 'repeat')
-       AND coalesce(c.outcome, 'unknown') IN ('unknown', 'accepted')
+       AND ((c.kind IN ('call', 'repeat') AND c.outcome IN ('unknown', 'accepted'))
+            OR c.outcome IS NULL)
        AND NOT EXISTS (
             SELECT 1 FROM onward.effect_attempts l
              WHERE l.effect_type = c.effect_type AND l.effect_id = c.effect_id
                AND l.attempt > c.attempt
                AND (l.kind = 'resolve'
-                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind = 'call'
+                    OR (l.kind = 'lookup' AND l.outcome = 'missing' AND c.kind <> 'repeat'
                         AND (c.error->>'type' IS NULL OR c.error->>'type' NOT IN ('CallOverran', 'AnswerAfterLease')
                              OR l.started_at >= c.ended_at)))))
 
 -- fragment: overran_call
 -- A call of effect {alias} still in flight past its time limit: its worker marked it
 -- ('CallOverran') and it has not ended, nor has a person resolved the effect since. While
--- it may still land, a lookup cannot tell whether it did.
+-- it may still land, a lookup cannot tell whether it did (whatever kind an open attempt
+-- says it is: see unknown_call).
 EXISTS (SELECT 1 FROM onward.effect_attempts o
      WHERE o.effect_type = {alias}.effect_type AND o.effect_id = {alias}.effect_id
-       AND o.kind = 'call' AND o.outcome IS NULL AND o.error->>'type' = 'CallOverran'
+       AND o.outcome IS NULL AND o.error->>'type' = 'CallOverran'
        AND NOT EXISTS (SELECT 1 FROM onward.effect_attempts r
                         WHERE r.effect_type = o.effect_type AND r.effect_id = o.effect_id
                           AND r.attempt > o.attempt AND r.kind = 'resolve'))

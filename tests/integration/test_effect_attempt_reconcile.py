@@ -1,0 +1,76 @@
+"""A call whose outcome is unknown is looked up before anything is sent again, even when
+its attempt is edited in SQL without the key (docs/guarantees.md, integrity): counted at the
+reference provider (examples/provider.py, in a thread of the test process) with its
+idempotency window closed (``key_ttl_s`` 0), so a resend under the same key creates a second
+object, as a provider whose window passed would. Steps run in the test process against a
+real PostgreSQL (tests/support/driver.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from tasks import faults
+from tests.support import reads
+from tests.support.driver import Driver, driver_fixture
+from tests.support.provider import Provider, provider_in_thread
+
+drv = driver_fixture(["tests.workflows_effects"])
+
+_OPEN_CALL = ("FROM onward.effects e WHERE e.run_id = :r AND a.effect_type = e.effect_type "
+              "AND a.effect_id = e.effect_id AND a.kind = 'call' AND a.outcome IS NULL")
+EDITS = {
+    "none": None,
+    # the open call made to look like a lookup that was under way: no call left to reconcile
+    "kind_lookup": f"UPDATE onward.effect_attempts a SET kind = 'lookup' {_OPEN_CALL}",
+    "kind_status": f"UPDATE onward.effect_attempts a SET kind = 'status' {_OPEN_CALL}",
+    # the open call made to look refused by the provider (its MAC cannot be made)
+    "outcome_failed": (f"UPDATE onward.effect_attempts a SET outcome = 'failed', "
+                       f"ended_at = now() {_OPEN_CALL}"),
+}
+
+
+@pytest.fixture()
+def provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
+    with provider_in_thread(tmp_path) as running:
+        monkeypatch.setenv("ONWARD_EXAMPLE_PROVIDER_URL", running.url)
+        running.configure(key_ttl_s=0)  # no provider-side dedupe: a resend is a duplicate
+        yield running
+
+
+@pytest.fixture()
+def answer_lost(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The act step fails once right after the provider answered, before the answer is
+    recorded: its call attempt stays open (the outcome is unknown)."""
+    monkeypatch.setenv("ONWARD_FAULTS", "after_provider_response@act:raise:once")
+    faults.arm_from_env()
+    yield
+    monkeypatch.delenv("ONWARD_FAULTS")
+    faults.arm_from_env()
+
+
+@pytest.mark.parametrize("case", sorted(EDITS))
+def test_effect_attempts__an_unknown_call_is_looked_up_not_sent_again(
+        drv: Driver, ledger: Ledger, provider: Provider, answer_lost: None,
+        case: str) -> None:
+    """Invariant: the provider holds one object for the effect whatever was edited: an
+    unedited or re-kinded open call attempt is reconciled by lookup (found, the run
+    completes with it), and an attempt whose outcome was forged parks the run `integrity`
+    before anything is sent."""
+    run_id = ledger.start_run("test_effect_chain", {"steps": 1})
+    drv.step(run_id, 0)
+    assert provider.stats()["created"] == 1
+    edit = EDITS[case]
+    if edit is not None:
+        assert reads.execute(ledger.engine, edit, r=run_id) == 1
+
+    run = drv.drive(run_id)
+
+    assert provider.stats()["created"] == 1  # never sent a second time
+    if case == "outcome_failed":
+        assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    else:
+        assert run.status is RunStatus.COMPLETED
