@@ -17,7 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ledger import signed
 from ledger.api import Ledger
+from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect, EffectAttempt, opened_effect
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.forks import StateCheck
@@ -185,12 +187,23 @@ def _ready_to_repeat(ledger: Ledger, plan: RepeatPlan, reason: str | None,
 def _repeat_payload(ledger: Ledger, effect: Effect) -> dict[str, Any] | OperationRefused:
     """The payload a repeat sends: opened (a plan made through ``Ledger`` shows it opened
     already), or why it cannot be: it does not open, or it reads ``***`` (a reader who may
-    not see it; its tenant's keys erased, ``*** (unreadable)``)."""
+    not see it; its tenant's keys erased, ``*** (unreadable)``), or it is not what the step
+    asked for: the request's MAC does not verify, or the payload does not hash to it."""
+    try:  # the request (shown opened, so its outcome's MAC over the stored result is not
+        # checked here: a repeat does not send the result)
+        ledger.keys.check(signed.effect_intent(vars(effect)), effect.intent_mac,
+                          f"effect {effect.effect_type} {effect.effect_id[:16]}…'s request")
+    except IntegrityViolation as exc:
+        return OperationRefused(f"{exc}: nothing was repeated")
     try:
         payload = opened_effect(ledger.keys, effect).payload
     except IntegrityViolation as exc:
         return OperationRefused(f"effect {effect.effect_id[:16]}…: its payload does not open "
                                 f"({exc}): nothing was repeated")
+    if isinstance(payload, dict) and sha256_hex(canonical_json(payload)) != effect.request_hash:
+        return OperationRefused(f"effect {effect.effect_id[:16]}…: its stored payload is not "
+                                "what its signed request hash names (edited outside onward): "
+                                "nothing was repeated")
     if payload is not None and not isinstance(payload, dict):
         return OperationRefused(f"effect {effect.effect_id[:16]}…: its payload reads "
                                 f"{str(payload)[:40]!r} here (sealed, and its tenant's keys "

@@ -135,3 +135,41 @@ def test_effect_attempts__an_unedited_retry_still_reconciles_and_completes(
 
     assert run.status is RunStatus.COMPLETED
     assert ops.verify_run(run_id) == []
+
+
+REPEAT_EDITS = {
+    # the stored payload alone: its signed request hash no longer names it
+    "payload": ["UPDATE onward.effects SET payload = jsonb_set(payload, '{channel}', "
+                "'\"mallory\"') WHERE run_id = :r AND effect_type = 'test.publish'"],
+    # and the request hash made to match it: the intent's MAC no longer verifies
+    "payload_and_hash": [
+        "UPDATE onward.effects SET payload = jsonb_set(payload, '{channel}', '\"mallory\"') "
+        "WHERE run_id = :r AND effect_type = 'test.publish'",
+        "UPDATE onward.effects SET request_hash = encode(sha256(convert_to("
+        "'{\"channel\":\"mallory\",\"text\":' || (payload->'text')::text || '}', 'UTF8')), "
+        "'hex') WHERE run_id = :r AND effect_type = 'test.publish'"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPEAT_EDITS))
+def test_repeat_effect__an_edited_stored_payload_is_not_sent(
+        drv: Driver, ledger_ops: Ledger, logs: dict[str, Path], case: str) -> None:  # noqa: F811
+    """Invariant: an admin's repeat sends the payload the step asked for, or nothing: a
+    stored payload edited in SQL (a plain one: no encryption keys configured), with or
+    without its request hash made to match, is refused before the attempt is recorded, and
+    the provider receives nothing."""
+    from ledger.exceptions import OperationRefused
+    from tasks.operator import plan_repeat, repeat_effect
+
+    admin = ledger_ops.acting_as("ada", "admin")
+    run_id = admin.start_run("test_ops_notes", {"topic": "pricing"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    _edit(admin, run_id, REPEAT_EDITS[case])
+    effect = next(e for e in admin.effects(run_id) if e.effect_type == "test.publish")
+    sent = outside(logs)
+
+    with pytest.raises(OperationRefused, match="edited outside onward"):
+        repeat_effect(admin, plan_repeat(admin, effect), "the customer lost the post")
+
+    assert outside(logs) == sent
+    assert [a.kind for a in admin.effect_attempts(effect)] == ["call"]
