@@ -43,7 +43,7 @@ from console.common import (
 )
 from console.safe import line
 from ledger import Ledger, OnwardSettings
-from ledger.exceptions import InvalidInput, OnwardError
+from ledger.exceptions import InvalidInput, OnwardError, SchemaMismatch
 from ledger.vocabulary import AuditAction, Priority
 
 __all__ = [
@@ -117,7 +117,10 @@ def db_upgrade() -> None:
     from ledger.migrate import upgrade
 
     ledger = Ledger.from_env(_settings())
-    upgrade(ledger.engine)
+    try:
+        upgrade(ledger.engine)
+    except SchemaMismatch as exc:  # a newer release upgraded it: never downgraded
+        fail(str(exc), EXIT_REFUSED)
     out.print(line("ledger schema at revision ", str(current_revision(ledger.engine))))
 
 

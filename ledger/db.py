@@ -32,6 +32,8 @@ __all__ = [
     "database_url",
     "engine_of_its_own",
     "libpq_conninfo",
+    "newer_schema",
+    "newer_than_code",
     "normalize_url",
     "require_current_schema",
     "revision_changed",
@@ -178,12 +180,30 @@ def current_revision(engine: Engine) -> str | None:
 def require_current_schema(engine: Engine) -> None:
     """Refuse to start a worker, dispatcher or reaper on a database at another revision."""
     found = current_revision(engine)
+    if found is not None and newer_than_code(found):
+        raise newer_schema(found)
     if found != HEAD_REVISION:
         state = "has no onward schema" if found is None else f"is at revision {found}"
         raise SchemaMismatch(
             f"the ledger database {state}, this code needs {HEAD_REVISION}: "
             "run `onward db upgrade` first"
         )
+
+
+def newer_than_code(found: str) -> bool:
+    """Whether the stored revision ``found`` is later than this code's (revisions are
+    zero-padded numbers: they compare as text)."""
+    return found > HEAD_REVISION
+
+
+def newer_schema(found: str) -> SchemaMismatch:
+    """The error for a ledger a newer onward release upgraded: this code must not run on
+    it, and `onward db upgrade` cannot help (it never downgrades)."""
+    return SchemaMismatch(
+        f"the ledger database is at revision {found}, newer than this code's "
+        f"{HEAD_REVISION} (a newer onward release upgraded it): run the onward release "
+        "that upgraded it; onward never downgrades the ledger (to go back, restore a "
+        "backup taken before the upgrade)")
 
 
 def stored_revision(url: str) -> str | None:

@@ -11,7 +11,7 @@ from alembic.config import Config
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from ledger.checkpoints import CheckpointKeys
-from ledger.db import wrap_driver_errors
+from ledger.db import current_revision, newer_schema, newer_than_code, wrap_driver_errors
 from ledger.settings import OnwardSettings
 
 __all__ = ["MIGRATIONS", "alembic_config", "downgrade", "sign_existing", "upgrade"]
@@ -28,7 +28,11 @@ def alembic_config(engine: Engine) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the database to ``revision`` (idempotent; safe to run from several processes)."""
+    """Bring the database to ``revision`` (idempotent; safe to run from several processes).
+    A database a newer release upgraded is refused (``SchemaMismatch``), untouched."""
+    found = current_revision(engine)
+    if found is not None and newer_than_code(found):
+        raise newer_schema(found)
     with wrap_driver_errors("migrating the ledger"):
         command.upgrade(alembic_config(engine), revision)
 

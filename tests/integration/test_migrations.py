@@ -10,7 +10,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
+from typer.testing import CliRunner
 
+from console.cli import app
 from ledger.db import HEAD_REVISION, current_revision, require_current_schema
 from ledger.exceptions import SchemaMismatch
 from ledger.migrate import downgrade, upgrade
@@ -68,11 +70,26 @@ def test_migrations__upgrade_twice_and_round_trip_through_base(empty_engine: Eng
     assert current_revision(empty_engine) == HEAD_REVISION
 
 
-def test_schema_check__unknown_revision_is_refused(empty_engine: Engine) -> None:
-    """A database at a revision this code does not know (e.g. migrated by newer code) is
-    refused with a message naming the revision found and the command to run."""
+def test_schema_check__a_newer_revision_is_refused_naming_the_release_not_an_upgrade(
+        empty_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database at a revision later than this code's (a newer release upgraded it) is
+    refused by processes with a message naming the revision found and that a newer release
+    upgraded it, not `onward db upgrade` (which cannot help: it never downgrades); and
+    `onward db upgrade` of this older code refuses it with exit 2 and that message, the
+    stored revision untouched, instead of failing in Alembic ("Can't locate revision")."""
     upgrade(empty_engine)
     with empty_engine.begin() as conn:
         conn.execute(sa.text(f"UPDATE {SCHEMA}.{VERSION_TABLE} SET version_num = '9999'"))
-    with pytest.raises(SchemaMismatch, match=r"is at revision 9999.*`onward db upgrade`"):
+    with pytest.raises(SchemaMismatch, match=r"at revision 9999, newer than this code's") as err:
         require_current_schema(empty_engine)
+    assert "onward db upgrade" not in str(err.value)
+    with pytest.raises(SchemaMismatch, match="never downgrades"):
+        upgrade(empty_engine)
+
+    monkeypatch.setenv("ONWARD_DATABASE_URL", empty_engine.url.render_as_string(
+        hide_password=False))
+    result = CliRunner().invoke(app, ["db", "upgrade"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    said = " ".join(result.output.split())
+    assert "at revision 9999, newer than this code's" in said and "never downgrades" in said
+    assert current_revision(empty_engine) == "9999"
