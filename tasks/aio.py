@@ -11,6 +11,15 @@ connections), one job at a time, in the order the calls were made, so their comm
 stay deterministic. A tool or model client whose calls are coroutines is awaited on the
 loop (``resolve``), so the loop keeps serving the other steps while this one waits.
 
+A call without ``key=`` is named by its position among the step's calls (its ordinal), so
+only calls whose position cannot depend on timing may leave the key out (``ordered``):
+those the body's own task awaits, and those the body hands straight to ``asyncio.gather``
+or ``create_task``, which start in the order given. One made in a task the body started
+around a coroutine of its own (a helper gathered with others) is refused before it is
+queued: such tasks interleave by what else they wait on, so their calls may come in
+another order on a retry, and the ordinals an earlier attempt recorded would name other
+calls (docs/steps.md, "Async steps").
+
 At the step's timeout the body is cancelled on the loop; a ``ctx`` call in flight then
 cancels the coroutine it awaits (its attempt is recorded with an unknown outcome) and the
 body is only let go once the call's bookkeeping is done.
@@ -34,8 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tasks.deadline import StepDeadline
+from tasks.exceptions import OutcomeError
 
-__all__ = ["StepThread", "offload", "process_loop", "resolve", "run"]
+__all__ = ["StepThread", "offload", "ordered", "process_loop", "resolve", "run"]
 
 
 T = TypeVar("T")
@@ -101,6 +111,7 @@ class StepThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._open = True
         self._running: _Job | None = None
+        self.body: asyncio.Task[Any] | None = None  # the task the step's body runs in
 
     # -- on the loop ------------------------------------------------------------------------
     async def call(self, fn: Callable[[], T]) -> T:
@@ -230,9 +241,52 @@ async def offload(fn: Callable[[], T]) -> T:
     return await thread.call(fn)
 
 
+def ordered(fn: Callable[[], T], call: str) -> Coroutine[Any, Any, T]:
+    """``offload`` for a ``ctx`` call without ``key=`` (``call`` names it for the refusal):
+    its command id is its position among the step's calls, so it is refused unless that
+    position is fixed by the body's code alone. Which task wrote the call is taken here,
+    where the body writes it; whether it runs there, or in a task of its own, when awaited.
+    """
+    return _ordered(fn, call, _current_task())
+
+
+async def _ordered(fn: Callable[[], T], call: str, written_in: asyncio.Task[Any] | None) -> T:
+    thread = _step_thread.get()
+    if thread is not None and not _fixed_position(thread.body, written_in):
+        raise OutcomeError(
+            f"{call} without key= in a task the async step started around a coroutine of "
+            "its own (asyncio.gather or create_task of a helper): such calls can reach the "
+            "step in another order on a retry, and a call without a key is named by its "
+            "position, so a retry would take another call's recorded answer or effect for "
+            "its own. Pass key= naming what the call is for, unique in the step (e.g. "
+            "key=f\"offer:{customer}\"); nothing was called (docs/steps.md, \"Async steps\")")
+    return await offload(fn)
+
+
+def _fixed_position(body: asyncio.Task[Any] | None, written_in: asyncio.Task[Any] | None) -> bool:
+    """Whether a call written in ``written_in`` and running in the current task takes a
+    position the body's code alone decides: written by the body's own task, and run there
+    or in a task around this very call (the body handed the call itself to gather,
+    create_task or wait_for: such tasks start in the order they were made, before the body
+    goes on). A task's top coroutine that is an ``ordered`` call's is this call's."""
+    if written_in is not body:
+        return False
+    running = asyncio.current_task()
+    return running is body or getattr(running.get_coro() if running else None, "cr_code",
+                                      None) is _ordered.__code__
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no loop running in this thread: offload refuses when awaited
+        return None
+
+
 async def _body(thread: StepThread, body: Coroutine[Any, Any, T],
                 deadline: StepDeadline | None) -> T:
     _step_thread.set(thread)  # this task's context; tasks the body starts copy it
+    thread.body = asyncio.current_task()
     try:
         if deadline is None:
             return await body

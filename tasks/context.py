@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -144,23 +144,34 @@ class StepContext(BaseContext):
 
 class AsyncStepContext(BaseContext):
     """What an ``async def`` step is given: the same calls, awaited (tasks/aio.py). They run
-    one at a time in the order they are made; calls made concurrently (``asyncio.gather``)
-    keep a deterministic order when the body starts them in one, or give each a ``key``."""
+    one at a time in the order they are made. A call without ``key`` is named by that order,
+    so it may be made only where the order is fixed by the body's code: awaited by the body
+    itself, or handed straight to ``asyncio.gather``/``create_task`` by the body; in a task
+    the body started around a helper coroutine it is refused (``OutcomeError``): pass a key.
 
-    async def effect(self, tool: Tool, /, key: str | None = None,
-                     **payload: Any) -> dict[str, Any]:
+    ``effect``, ``llm`` and ``read`` are plain methods returning the awaitable, so that
+    where the call is written is known (``aio.ordered``)."""
+
+    def effect(self, tool: Tool, /, key: str | None = None,
+               **payload: Any) -> Coroutine[Any, Any, dict[str, Any]]:
         """``StepContext.effect``, awaited."""
-        return await aio.offload(lambda: _effect(self.services, tool, key, payload))
+        def call() -> dict[str, Any]:
+            return _effect(self.services, tool, key, payload)
+        return aio.offload(call) if key is not None else aio.ordered(call, "ctx.effect")
 
-    async def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
-                  **params: Any) -> LLMResponse:
+    def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
+            **params: Any) -> Coroutine[Any, Any, LLMResponse]:
         """``StepContext.llm``, awaited (the model client may be sync or async)."""
-        return await aio.offload(lambda: _llm(self.services, model, messages, key, params))
+        def call() -> LLMResponse:
+            return _llm(self.services, model, messages, key, params)
+        return aio.offload(call) if key is not None else aio.ordered(call, "ctx.llm")
 
-    async def read(self, tool: Tool, /, key: str | None = None,
-                   **params: Any) -> dict[str, Any]:
+    def read(self, tool: Tool, /, key: str | None = None,
+             **params: Any) -> Coroutine[Any, Any, dict[str, Any]]:
         """``StepContext.read``, awaited."""
-        return await aio.offload(lambda: _read(self.services, tool, key, params))
+        def call() -> dict[str, Any]:
+            return _read(self.services, tool, key, params)
+        return aio.offload(call) if key is not None else aio.ordered(call, "ctx.read")
 
     async def heartbeat(self) -> None:
         """``StepContext.heartbeat``, awaited."""

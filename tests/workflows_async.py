@@ -122,3 +122,42 @@ def wait_for_release(ctx: StepContext, state: Hang) -> Any:
         time.sleep(0.05)
     mark(ctx, "released")
     return ctx.finish(attempt=ctx.attempt)
+
+
+# -- concurrent calls of one async step (docs/steps.md, "Async steps": Order) ---------------
+
+class Pair(BaseModel):
+    calls: str = "effects"  # what the two branches call: effects, mixed (llm, effect), models
+    keyed: bool = False  # each branch names its call with key=
+    late_s: float = 0.5  # how long the late branch waits before its call
+
+
+pair = Workflow("test_async_pair", version=1, state=Pair, llm=_Model(), max_attempts=3)
+BRANCH_CALLS = {"effects": ("effect", "effect"), "mixed": ("llm", "effect"),
+                "models": ("llm", "llm")}
+
+
+@pair.step(start=True)
+async def fan_out(ctx: AsyncStepContext, state: Pair) -> Any:
+    """Two branches, gathered, each waiting on something outside ``ctx`` first (as a rate
+    limiter or a fetch of its own would) before its call: branch a waits the longer on the
+    first attempt, branch b on every retry, so their calls reach ``ctx`` in the opposite
+    order on a retry. With ``calls="models"`` an effect follows (keyed ``final``)."""
+
+    async def branch(name: str, call: str) -> str:
+        late = (name == "a") == (ctx.attempt == 1)
+        await asyncio.sleep(state.late_s if late else 0.0)
+        key = name if state.keyed else None
+        if call == "effect":
+            made = await ctx.effect(async_offer, key=key, customer=name)
+            return str(made["id"])
+        answer = await ctx.llm(model=MODEL, key=key, messages=[
+            {"role": "user", "content": f"Greet customer {name}."}])
+        return answer.text[:40]
+
+    first, second = BRANCH_CALLS[state.calls]
+    a, b = await asyncio.gather(branch("a", first), branch("b", second))
+    mark(ctx, "gathered")
+    if state.calls == "models":
+        await ctx.effect(async_offer, key="final", customer="both")
+    return ctx.finish(a=a, b=b)
