@@ -4,7 +4,8 @@ Celery's consumer unpacks a task message's body (``[args, kwargs, embed]`` in pr
 ``{"args", "kwargs", ...}`` in protocol 1) without checking it; a JSON body of another
 shape under a ``task`` header (a string, a number, a two-element list) raised from the
 consumer itself, and Celery 5 treats that as "Unrecoverable error": the whole worker
-stopped, whatever steps it was running. The check raises ``InvalidTaskError`` instead,
+stopped, whatever steps it was running. A body over ``MAX_STEP_MESSAGE_BYTES`` is refused
+before it is decoded. The check raises ``InvalidTaskError`` instead,
 which the consumer logs ("Received invalid task message: malformed step message ...") and
 answers by dropping that one message; the ledger is untouched and the worker goes on.
 Selected with the task's ``Strategy`` option (``workers/app.py``).
@@ -18,7 +19,11 @@ from typing import Any
 from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default
 
-__all__ = ["message_shape_problem", "step_strategy"]
+__all__ = ["MAX_STEP_MESSAGE_BYTES", "message_shape_problem", "step_strategy"]
+
+MAX_STEP_MESSAGE_BYTES = 64 * 1024
+"""The largest step message body a worker decodes: one names a run and a seq (about 150
+bytes as the outbox sends it); anything larger is refused unread."""
 
 
 def step_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -26,6 +31,11 @@ def step_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable
     handle: Callable[..., Any] = default(task, app, consumer, **kwargs)
 
     def checked(message: Any, body: Any, *args: Any, **more: Any) -> Any:
+        size = len(message.body or b"")
+        if size > MAX_STEP_MESSAGE_BYTES:  # refused before it is decoded
+            raise InvalidTaskError(
+                f"malformed step message: its body is {size} bytes, over the "
+                f"{MAX_STEP_MESSAGE_BYTES} a step message may have (it names a run and a seq)")
         # body is None for protocol 2 (decoded here, as the default strategy would: a
         # content type outside accept_content raises ContentDisallowed, refused as before)
         problem = message_shape_problem(message.payload if body is None else body)
