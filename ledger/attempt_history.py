@@ -14,18 +14,25 @@ from typing import Any
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation
-from ledger.vocabulary import EffectAttemptOutcome, EffectStatus
+from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 
 __all__ = ["attempt_problems"]
 
 
+_SAW_REF = (EffectAttemptOutcome.ACCEPTED, EffectAttemptOutcome.FOUND,
+            EffectAttemptOutcome.COMPLETED)
+
+
 def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, begun: int,
-                     status: EffectStatus, rows: Sequence[Mapping[Any, Any]]) -> Iterator[str]:
+                     status: EffectStatus, rows: Sequence[Mapping[Any, Any]],
+                     provider_ref: str | None = None) -> Iterator[str]:
     """What is wrong with the effect's attempt ``rows`` (in attempt order), given the
-    ``begun`` count and the ``status`` its row holds: attempts numbered other than
-    1..begun (one deleted or inserted), an attempt that ended whose MAC does not match
-    (its outcome, kind, key or provider reference edited, or a forged row), or an attempt
-    that saw the effect completed while the effect says otherwise (its outcome edited)."""
+    ``begun`` count, the ``status`` and the ``provider_ref`` its row holds: attempts
+    numbered other than 1..begun (one deleted or inserted), an attempt that ended whose MAC
+    does not match (its outcome, kind, key or provider reference edited, or a forged row),
+    an attempt that saw the effect completed while the effect says otherwise (its outcome
+    edited), or an accepted effect whose provider reference (the job its status is polled
+    at) is not the one its latest attempt to learn one was given (edited)."""
     what = f"effect {effect_type} {effect_id[:16]}…"
     numbers = [row["attempt"] for row in rows]
     if numbers != list(range(1, begun + 1)):
@@ -47,3 +54,11 @@ def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, beg
     if seen_completed and status not in (EffectStatus.COMPLETED, EffectStatus.FAILED):
         yield (f"{what} is {status.value}, but an attempt saw it completed (its status was "
                "edited outside onward)")
+    if status is EffectStatus.ACCEPTED:
+        refs = [row["provider_ref"] for row in rows
+                if row["kind"] != EffectAttemptKind.REPEAT  # a repeat's job is its own
+                and row["outcome"] in _SAW_REF and row["provider_ref"] is not None]
+        if not refs or refs[-1] != provider_ref:
+            yield (f"{what} is accepted at the provider's reference {provider_ref!r}, which "
+                   f"no attempt was given{f' (the latest: {refs[-1]!r})' if refs else ''}: "
+                   "edited outside onward")

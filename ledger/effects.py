@@ -279,7 +279,7 @@ class EffectStore:
         attempts = [row for row in rows if row["attempt"] is not None]
         for problem in attempt_problems(self.keys, effect.effect_type, effect.effect_id,
                                         rows[0]["begun"], EffectStatus(rows[0]["effect_status"]),
-                                        attempts):
+                                        attempts, rows[0]["effect_provider_ref"]):
             raise IntegrityViolation(problem)
 
     def intend(self, intent: Intent) -> tuple[Effect, bool]:

@@ -302,7 +302,8 @@ def _check_attempts(conn: Connection, keys: CheckpointKeys,
         effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
     ).mappings().all()
     for problem in attempt_problems(keys, effect.effect_type, effect.effect_id,
-                                    effect.attempts, effect.status, rows):
+                                    effect.attempts, effect.status, rows,
+                                    effect.provider_ref):
         yield Problem(effect.run_id, effect.seq, "effect", problem)
 
 

@@ -195,8 +195,10 @@ SELECT e.*, {unknown_call(e)} AS call_unknown, {overran_call(e)} AS call_overran
 
 -- name: effect_attempts_checked
 -- The effect's attempts in order, each with the effect's count of begun attempts and its
--- status as of the same snapshot (one row with no attempt when none was begun).
-SELECT a.*, e.attempts AS begun, e.status AS effect_status
+-- status and provider reference as of the same snapshot (one row with no attempt when
+-- none was begun).
+SELECT a.*, e.attempts AS begun, e.status AS effect_status,
+       e.provider_ref AS effect_provider_ref
   FROM onward.effects e
   LEFT JOIN onward.effect_attempts a
          ON a.effect_type = e.effect_type AND a.effect_id = e.effect_id

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import wait_for
 from ledger import Ledger, RunStatus
 from tasks import faults
 from tests.support import reads
@@ -74,3 +75,40 @@ def test_effect_attempts__an_unknown_call_is_looked_up_not_sent_again(
         assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
     else:
         assert run.status is RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_effect_attempts__an_accepted_effect_is_polled_at_its_own_reference_only(
+        drv: Driver, ledger: Ledger, provider: Provider, edited: bool) -> None:
+    """Invariant: an effect the provider accepted is completed only with what the provider
+    says about the job it accepted: its provider reference edited in SQL to another object
+    (one the attacker made, completed, with a body of their choosing) parks the run
+    `integrity` before any poll, and the effect is not recorded with the other object;
+    unedited, the job's own completion completes it."""
+    from examples import provider_client
+
+    provider.configure(async_complete_s=60 if edited else 0.3)
+    run_id = ledger.start_run("test_effect_chain", {"steps": 1})
+    drv.step(run_id, 0)
+    [effect] = ledger.effects(run_id)
+    assert effect.status.value == "accepted" and effect.provider_ref is not None
+    if edited:
+        provider.configure(async_complete_s=0)
+        other = provider_client.create("chained", {"n": 0, "run": "mallory"}, "mallory-key")
+        assert reads.execute(ledger.engine, "UPDATE onward.effects SET provider_ref = :ref "
+                             "WHERE run_id = :r", ref=other.provider_ref, r=run_id) == 1
+    else:
+        wait_for(lambda: all(o["status"] == "completed" for o in provider.objects()),
+                 timeout=10, what="the provider completing the accepted job")
+
+    run = drv.drive(run_id)
+
+    [after] = ledger.effects(run_id)
+    if not edited:
+        assert run.status is RunStatus.COMPLETED
+        assert (after.status.value, after.provider_ref) == ("completed", effect.provider_ref)
+        assert ledger.verify_run(run_id) == []
+        return
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert after.status.value == "accepted"  # not completed with the other object
+    assert {p.kind for p in ledger.verify_run(run_id)} >= {"effect"}
