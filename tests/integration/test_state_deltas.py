@@ -122,3 +122,24 @@ def test_deltas__a_step_changing_its_state_in_place_leaves_the_parent_state_alon
         assert view is not None and view.state is not None
         assert view.state["box"] == {"seqs": list(range(seq))}
     assert ops.verify_run(run_id) == []
+
+
+@pytest.mark.parametrize("seq", [5, 9], ids=["an_ancestor", "the_head"])
+def test_deltas__a_worker_does_not_restore_an_edited_delta(
+        drv: Driver, ops: Ledger, seq: int) -> None:
+    """Invariant: a running run whose head is rebuilt from deltas is not resumed from a
+    state edited in SQL, whether the edited delta is the head's own or an ancestor's in its
+    chain (its MAC signs the state rebuilt, not the delta): the claim parks the run
+    `integrity` before the step runs, and no checkpoint is added."""
+    run_id = ops.start_run("test_notes_chain", {"steps": STEPS, "sleep_ms": 0, "notes": []})
+    for at in range(9):
+        drv.step(run_id, at)
+    assert reads.checkpoint_kinds(ops.engine, run_id)[seq] == "delta"
+    assert reads.execute(ops.engine, "UPDATE onward.checkpoints SET state_delta = state_delta "
+                         "|| '[{\"op\": \"replace\", \"path\": \"/steps\", \"value\": 3}]' "
+                         "WHERE run_id = :run AND seq = :seq", run=run_id, seq=seq) == 1
+
+    run = drv.drive(run_id)
+
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
+    assert reads.checkpoint_seqs(ops.engine, run_id)[-1] == 9
