@@ -22,6 +22,7 @@ from ledger.crypto import Keyring, Place
 from ledger.db import libpq_conninfo
 from ledger.exceptions import SealedValueUnreadable
 from ledger.settings import OnwardSettings
+from tests.support import clock
 from tests.support.crypt import MASTER, assert_error_sealed, settings_env  # noqa: F401 - a fixture
 from tests.support.driver import Driver, driver, driver_fixture
 from tests.support.reads import places_holding
@@ -638,21 +639,27 @@ def test_a_compacted_encrypted_run_verifies_and_rotation_and_erasure_pass_over_i
 
 
 def test_a_refusal_quoting_a_sensitive_value_is_sealed(drv: Driver) -> None:
-    """Given a workflow with sensitive fields whose run's state does not validate at its
-    restore (pydantic's error quotes the value); expect the park onward writes to keep its
-    type plain and its message sealed in the run's row, ``***`` in the attempt's, the value
-    in no table, the message opened for the app, masked for a viewer, ``verify`` clean."""
+    """Given a workflow with sensitive fields whose run's input does not validate at its
+    restore (pydantic's error quotes the value: handed back for a version that accepts it,
+    then parked once none did); expect the hand-backs and the park onward writes to keep
+    their type plain and their message sealed in the run's row, ``***`` in the attempts',
+    the value in no table, the message opened for the app, masked for a viewer, ``verify``
+    clean."""
     customer = f"CANARY{secrets.token_hex(6)}"
     run_id = drv.ledger.start_run("test_crypt_invalid", {"customer": customer},
                                   sensitive=("customer",))
-    run = drv.drive(run_id)
-    assert run.status is RunStatus.NEEDS_REVIEW and run.parked_reason == "invalid_state"
+    for delivery in range(1, 11):  # ONWARD_HANDBACK_LIMIT, each past the last one's backoff
+        clock.set_on_store(drv.store, timedelta(minutes=delivery))
+        drv.step(run_id, 0)
+    run = drv.ledger.get_run(run_id)
+    assert run is not None
+    assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "no_worker_for_version")
     url = drv.ledger.url
     assert places_holding(url, customer) == []
     [(error,)] = rows(url, "SELECT last_error FROM onward.runs WHERE id = %s", run_id)
-    assert error["type"] == "InvalidState" and sealed_envelope(error["message"]) is not None
+    assert error["type"] == "NoWorkerForVersion" and sealed_envelope(error["message"]) is not None
     assert rows(url, "SELECT error_message FROM onward.step_attempts WHERE run_id = %s",
-                run_id) == [("***",)]
+                run_id) == [("***",)] * 10
     assert customer in run.last_error["message"]  # type: ignore[index]
     [parked] = drv.ledger.audit(run_id=run_id, action="park")
     assert customer in parked.details["message"]  # type: ignore[index]
