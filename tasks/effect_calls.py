@@ -76,7 +76,8 @@ class EffectCalls(CallLimits, ReplayAnswers):
             conflict = EffectConflict(
                 f"effect {effect.effect_id[:16]}… ({tool.name}, {command_id}) was first "
                 f"requested with a different payload (hash {effect.request_hash[:12]}…, now "
-                f"{request_hash[:12]}…); a key must not change its request")
+                f"{request_hash[:12]}…); a key must not change its request"
+                f"{self.position_note(command_id)}")
             self.control.park(ParkReason.EFFECT_CONFLICT, conflict)
             raise conflict
         if effect.status is EffectStatus.COMPLETED:

@@ -231,7 +231,7 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
             conflict = EffectConflict(
                 f"{command_id} was recorded for a different request (hash "
                 f"{recorded_hash[:12]}…, now {request_hash[:12]}…): the step is not "
-                "deterministic up to this call")
+                f"deterministic up to this call{self.position_note(command_id)}")
             self.control.park(ParkReason.EVIDENCE_CONFLICT, conflict)
             raise conflict
 

@@ -152,6 +152,19 @@ class StepScope:
             self._last_command = f"{self.step}@{self.seq}#{self._ordinal}"
         return self._last_command
 
+    def position_note(self, command_id: str) -> str:
+        """For a call without ``key=`` whose record is for another request: why (it is named
+        by its position) and what to do; nothing for a keyed call."""
+        prefix = f"{self.step}@{self.seq}#"
+        if not command_id.startswith(prefix):
+            return ""
+        return (f"; this call has no key=, so it is named by its position in the step "
+                f"(#{command_id.removeprefix(prefix)}): an earlier attempt made another call "
+                "there, its calls came in another order or number (code that changed, an "
+                "order that depends on time or on concurrent tasks); give each call whose "
+                "order can change a key= naming what it is for (docs/steps.md, \"Async "
+                "steps\")")
+
     def refs(self, spent: dict[str, Any]) -> dict[str, Any]:
         """What the checkpoint this step commits binds under its MAC (docs/design.md section 9):
         the evidence and effects the step used, and the budgets it started with."""

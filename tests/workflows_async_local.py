@@ -144,3 +144,25 @@ def send_and_hang(ctx: StepContext, state: Job) -> Any:
         time.sleep(state.hang_s)
         LOCAL.woke.append(ctx.attempt)
     return ctx.finish(offer_id=offer["id"])
+
+
+class Order(BaseModel):
+    calls: str = "effects"  # effects, or models
+
+
+reordered = Workflow("local_reordered", version=1, state=Order, llm=AsyncModel(),
+                     max_attempts=3)
+
+
+@reordered.step(start=True)
+def two_calls(ctx: StepContext, state: Order) -> Any:
+    """Two calls without a key whose order the retry reverses (as a step that depends on
+    time, or whose code changed, would); attempt 1 fails after both."""
+    for name in ("a", "b") if ctx.attempt == 1 else ("b", "a"):
+        if state.calls == "effects":
+            ctx.effect(sync_tool, customer=name)
+        else:
+            ctx.llm(model="m", messages=[{"role": "user", "content": f"greet {name}"}])
+    if ctx.attempt == 1:
+        raise StepError("attempt 1 fails after its calls")
+    return ctx.finish()
