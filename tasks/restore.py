@@ -187,9 +187,24 @@ def _migrated_state(workflow: Workflow[Any], path: list[MigrationFn], opened: di
         if _unbound_start(claim) and not path:
             return _input_not_accepted(workflow, exc)
         return Refusal(ParkReason.INVALID_STATE, "InvalidState",
-                       f"checkpoint {claim.seq} does not validate as {workflow.state.__name__} "
-                       f"(v{workflow.version}, schema {workflow.state_schema_version}): {exc}")
+                       f"checkpoint {claim.seq} does not validate as {workflow.name} "
+                       f"v{workflow.version}'s state {workflow.state.__name__} (schema "
+                       f"{workflow.state_schema_version}): {exc}\n{_invalid_remedy(claim, path)}")
     return state
+
+
+def _invalid_remedy(claim: Claim, path: list[MigrationFn]) -> str:
+    """What a person does about a stored state this code's model rejects."""
+    version = "" if claim.workflow_version is None else f" v{claim.workflow_version}"
+    stored = f"{claim.workflow}{version}, schema {_run_schema(claim)}"
+    if path:
+        return (f"The migrations from schema {_run_schema(claim)} ({stored}) do not produce "
+                f"a valid state: fix them, then `onward runs continue {claim.run_id}`.")
+    return (f"The run's state was written under {stored}, and this code's model no longer "
+            "accepts it: if the model changed, ship the change under a new "
+            f"state_schema_version with a migration from schema {_run_schema(claim)} "
+            "(docs/versioning.md), or restore the model; then `onward runs continue "
+            f"{claim.run_id}`.")
 
 
 def _unbound_start(claim: Claim) -> bool:

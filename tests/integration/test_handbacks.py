@@ -242,3 +242,26 @@ def test_first_step__an_unbound_run_is_bound_by_its_first_claim_and_still_verifi
     assert v1.store.release(claim, {"type": "Test", "message": "let go"})
     assert ledger.verify_run(run_id) == []
     assert v1.drive(run_id).status is RunStatus.WAITING
+
+
+def test_restore__a_model_changed_under_the_same_version_parks_naming_the_remedy(
+        ledger: Ledger, v1: Driver) -> None:
+    """Invariant: a worker whose v1 state model changed incompatibly without a new version
+    or state schema (tests/versions/v1_changed.py) meets a run v1 moved to seq 1: the step
+    does not run, the run is parked invalid_state at seq 1 with a message that names the
+    version and schema, says the model changed, and says what to do (a new
+    state_schema_version with a migration, or the model restored, then continue)."""
+    run_id = ledger.start_run("test_versioned", {"name": "grace"})
+    assert v1.drive(run_id).status is RunStatus.WAITING
+    ledger.signal(run_id, "go")
+    with driver(ledger, ["tests.versions.v1_changed"]) as changed:
+        assert changed.step(run_id, 1).kind is ReportKind.PARKED
+    run = ledger.get_run(run_id)
+    assert run is not None
+    assert (run.status, run.parked_reason, run.seq) == (RunStatus.NEEDS_REVIEW,
+                                                        "invalid_state", 1)
+    assert run.last_error is not None
+    message = run.last_error["message"]
+    assert "test_versioned v1" in message and "schema 1" in message, message
+    assert "state_schema_version" in message and "migration" in message, message
+    assert f"onward runs continue {run_id}" in message, message
