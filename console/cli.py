@@ -35,6 +35,8 @@ from console.common import (
     announce,
     err,
     fail,
+    json_error,
+    json_errors,
     open_ledger,
     out,
     reported,
@@ -358,31 +360,60 @@ def _as_plain_flags(params: list[Any]) -> list[Any]:
     return params
 
 
-class _PlainFlagsCommand(TyperCommand):
-    """A command whose ``--help`` shows boolean options as plain flags."""
+try:  # typer 0.29 vendors click: the usage errors it raises are its own copy's
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - an earlier typer, on click itself
+    from click.exceptions import UsageError  # type: ignore[assignment]
+
+
+def _json_flag(command: TyperCommand) -> bool:
+    """Whether ``command`` has the ``--json`` flag that prints its answer as JSON (not
+    ``corpus replay``'s ``--json FILE``)."""
+    return any(isinstance(p, TyperOption) and p.name == "as_json" and p.is_flag
+               for p in command.params)
+
+
+class _OnwardCommand(TyperCommand):
+    """A command whose ``--help`` shows boolean options as plain flags, and whose errors,
+    run with ``--json``, are also one JSON object on stdout (console/common.py): its usage
+    errors too (a missing argument, an unknown option, a bad value), which click raises
+    while it reads the command line, before the command runs, and prints on stderr."""
 
     def get_params(self, ctx: Any) -> Any:
         return _as_plain_flags(super().get_params(ctx))
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # click consumes them
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:
+            if "--json" in given and _json_flag(self):
+                json_error("usage", exc.format_message(), exc.exit_code)
+            raise
 
-class _PlainFlagsGroup(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:
+        with json_errors(ctx.params.get("as_json") is True and _json_flag(self)):
+            return super().invoke(ctx)
+
+
+class _OnwardGroup(TyperGroup):
     """A command group whose ``--help`` shows boolean options as plain flags."""
 
     def get_params(self, ctx: Any) -> Any:
         return _as_plain_flags(super().get_params(ctx))
 
 
-def _plain_flags(group: typer.Typer) -> None:
-    """Every command and group under ``group``, at any depth, built with the classes that
-    show flags plainly (tests/unit/test_cli_help.py walks them all)."""
-    group.info.cls = _PlainFlagsGroup
+def _onward_classes(group: typer.Typer) -> None:
+    """Every command and group under ``group``, at any depth, built with the classes above
+    (tests/unit/test_cli_help.py walks them all)."""
+    group.info.cls = _OnwardGroup
     for command in group.registered_commands:
         if command.cls in (None, TyperCommand):  # typer's default; a chosen class stays
-            command.cls = _PlainFlagsCommand
+            command.cls = _OnwardCommand
     for sub in group.registered_groups:
         if sub.typer_instance is not None:
-            _plain_flags(sub.typer_instance)
+            _onward_classes(sub.typer_instance)
 
 
 _one_line_summaries(app)
-_plain_flags(app)
+_onward_classes(app)

@@ -9,6 +9,7 @@ import re
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from console.common import (
@@ -18,6 +19,7 @@ from console.common import (
     ReasonOpt,
     YesFlag,
     confirm,
+    err,
     open_ledger,
     out,
     plain,
@@ -127,19 +129,20 @@ def effects_repeat(effect_id: EffectArg, effect_type: TypeOpt = None, reason: Re
         check_repeat(ledger, plan, reason)  # refused before the question, as after it
     shown = plan.as_dict()
     latest = shown["latest_attempt"] or {}
-    out.print(line(("repeat", "bold"), " ", shown["effect_type"], " effect ",
+    say = err if as_json else out  # with --json, stdout carries the JSON only
+    say.print(line(("repeat", "bold"), " ", shown["effect_type"], " effect ",
                    shown["effect_id"]), soft_wrap=True)
-    out.print(line("  recipient:      ", shown["recipient"] or "-"), soft_wrap=True)
-    out.print(line("  payload:        ", json_text(shown["payload"])), soft_wrap=True)
-    out.print(line("  status:         ", shown["status"], " (provider ref ",
+    say.print(line("  recipient:      ", shown["recipient"] or "-"), soft_wrap=True)
+    say.print(line("  payload:        ", json_text(shown["payload"])), soft_wrap=True)
+    say.print(line("  status:         ", shown["status"], " (provider ref ",
                    shown["provider_ref"] or "-", ")"), soft_wrap=True)
-    out.print(line("  latest attempt: ", str(latest.get("kind", "-")),
+    say.print(line("  latest attempt: ", str(latest.get("kind", "-")),
                    f" #{latest.get('attempt', '-')} → ", latest.get("outcome") or "unknown"))
-    out.print(line("  dedup method:   ", shown["dedup"]))
-    out.print(line("  run mode:       ", shown["run_mode"], " (sends to: ", shown["sends_to"], ")"))
-    out.print(line("  attempts now:   ", str(shown["attempts"]),
+    say.print(line("  dedup method:   ", shown["dedup"]))
+    say.print(line("  run mode:       ", shown["run_mode"], " (sends to: ", shown["sends_to"], ")"))
+    say.print(line("  attempts now:   ", str(shown["attempts"]),
                    " (the repeat is refused if this changes before it starts)"))
-    out.print("  this sends the payload again under a NEW key: the provider will not "
+    say.print("  this sends the payload again under a NEW key: the provider will not "
               "deduplicate it against the original")
     with reported():
         confirm("repeat this effect?", yes)
@@ -192,7 +195,7 @@ def effects_resolve(
         ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
                               finding=finding, provider_ref=provider_ref, result=answer,
                               dry_run=True)
-    _show_resolve(plan, attempts)
+    _show_resolve(plan, attempts, err if as_json else out)  # with --json, stdout: the JSON
     with reported():
         confirm("record this finding?", yes)
         done = ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
@@ -238,23 +241,23 @@ def _finding(ledger: Ledger, effect: Effect, completed: bool, not_sent: bool,
     return (Finding.COMPLETED if completed else Finding.NOT_SENT), answer
 
 
-def _show_resolve(plan: dict[str, Any], attempts: list[EffectAttempt]) -> None:
-    out.print(line(("resolve", "bold"), " ", plan["effect_type"], " effect ",
+def _show_resolve(plan: dict[str, Any], attempts: list[EffectAttempt], say: Console) -> None:
+    say.print(line(("resolve", "bold"), " ", plan["effect_type"], " effect ",
                    plan["effect_id"]), soft_wrap=True)
-    out.print(line("  run:            ", plan["run_id"], f" seq {plan['seq']} command ",
+    say.print(line("  run:            ", plan["run_id"], f" seq {plan['seq']} command ",
                    plan["command_id"]), soft_wrap=True)
-    out.print(line("  recipient:      ", plan["recipient"] or "-"), soft_wrap=True)
-    out.print(line("  payload:        ", json_text(plan["payload"])), soft_wrap=True)
-    out.print(line("  status now:     ", plan["status"]), soft_wrap=True)
+    say.print(line("  recipient:      ", plan["recipient"] or "-"), soft_wrap=True)
+    say.print(line("  payload:        ", json_text(plan["payload"])), soft_wrap=True)
+    say.print(line("  status now:     ", plan["status"]), soft_wrap=True)
     for a in attempts:
-        out.print(line(f"  attempt {a.attempt}:      ", a.kind, " by ", a.worker, " → ",
+        say.print(line(f"  attempt {a.attempt}:      ", a.kind, " by ", a.worker, " → ",
                        a.outcome or "unknown", f" {a.provider_ref}" if a.provider_ref else ""),
                   soft_wrap=True)
-    out.print(line("  you found:      ", (plan["finding"], "bold"),
+    say.print(line("  you found:      ", (plan["finding"], "bold"),
                    f" (provider ref {plan['provider_ref']})" if plan["provider_ref"] else ""),
               soft_wrap=True)
     if plan["result"] is not None:
-        out.print(line("  result:         ", json_text(plan["result"])), soft_wrap=True)
-    out.print(line("  then:           ", plan["then"]), soft_wrap=True)
-    out.print(line("  attempts now:   ", str(plan["attempts"]),
+        say.print(line("  result:         ", json_text(plan["result"])), soft_wrap=True)
+    say.print(line("  then:           ", plan["then"]), soft_wrap=True)
+    say.print(line("  attempts now:   ", str(plan["attempts"]),
                    " (refused if this changes before it is recorded)"))

@@ -13,7 +13,17 @@ from typing import Annotated, Any
 
 import typer
 
-from console.common import EXIT_FAILED, EXIT_REFUSED, JsonFlag, YesFlag, err, fail, out, print_json
+from console.common import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    JsonFlag,
+    YesFlag,
+    confirm,
+    err,
+    fail,
+    out,
+    print_json,
+)
 from console.safe import line
 from ledger.exceptions import InvalidInput, OnwardError
 
@@ -70,10 +80,7 @@ def tools_check(
     console.print(line(("tools check ", "bold"), tool.name, f" ({tool.tool_class.value}): ",
                        ("this CALLS THE TOOL FOR REAL and creates objects at its provider; "
                         "use a test environment only", "yellow")), soft_wrap=True)
-    if not yes and not typer.confirm("is the provider a test environment?", default=False,
-                                     err=as_json):
-        err.print("nothing done")
-        raise typer.Exit(EXIT_FAILED)
+    confirm("is the provider a test environment?", yes)
     try:
         report = check_tool(tool, sample, other_payload=other, status_timeout_s=status_timeout)
     except OnwardError as exc:

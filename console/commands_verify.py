@@ -10,7 +10,7 @@ from uuid import UUID
 import typer
 
 from console.commands_anchor import compare_with_anchor
-from console.common import open_ledger, reported, resolve_run
+from console.common import EXIT_REFUSED, fail, open_ledger, reported, resolve_run
 from console.safe import console, line
 from ledger import Ledger
 from ledger.audit_chain import UNSEALED
@@ -50,9 +50,8 @@ def verify(
     not tampering; --seal seals them)."""
     if sum((run_id is not None and not anchor, all_runs, audit_only, anchor)) != 1 or \
             (seal and not (all_runs or audit_only)):
-        out.print(line(("error:", "red"), " give a RUN, --all, --audit or --anchor "
-                       "(--seal goes with --all or --audit)"))
-        raise typer.Exit(2)
+        fail("give a RUN, --all, --audit or --anchor (--seal goes with --all or --audit)",
+             EXIT_REFUSED)
     if anchor:
         _verify_anchor(run_id, as_json)
         return

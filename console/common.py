@@ -4,6 +4,10 @@ error reporting, JSON output, confirmation, and time filters.
 Exit codes: 0 done, 1 failed (or declined at the prompt: nothing was done), 2 refused
 (the command was not allowed: no valid token, role, state, input; a refusal by a known actor
 is in the audit log). Each command checks the actor's role before it shows or asks anything.
+
+A command run with ``--json`` that ends in an error says so on stdout too, as one JSON
+object (``json_error``), besides the line on stderr: a script reading stdout never meets
+text, nor nothing at all.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -53,6 +58,8 @@ __all__ = [
     "confirm",
     "err",
     "fail",
+    "json_error",
+    "json_errors",
     "open_ledger",
     "out",
     "parse_since",
@@ -170,9 +177,40 @@ def announce(message: str, **fields: object) -> None:
         print(message, flush=True)
 
 
-def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    say_error("error:", message)
+_JSON_ERRORS: ContextVar[bool] = ContextVar("onward_json_errors", default=False)
+
+
+@contextmanager
+def json_errors(on: bool) -> Iterator[None]:
+    """While a command runs with ``--json`` (console/cli.py sets it for every command that
+    has the flag), its errors are also printed as JSON on stdout (``json_error``)."""
+    token = _JSON_ERRORS.set(on)
+    try:
+        yield
+    finally:
+        _JSON_ERRORS.reset(token)
+
+
+def json_error(error: str, message: object, code: int, kind: str | None = None) -> None:
+    """The one object a ``--json`` command prints on stdout when it ends in an error:
+    ``{"kind": "error", "ok": false, "error": refused|not_authenticated|failed|declined|
+    usage, "type": the error's class or null, "message": …, "exit_code": …}``."""
+    print(json.dumps({"kind": "error", "ok": False, "error": error, "type": kind,
+                      "message": str(message), "exit_code": code}))
+
+
+def _stop(label: str, message: object, code: int, *, error: str,
+          kind: str | None = None) -> NoReturn:
+    """Say ``label`` and ``message`` on stderr (and as JSON on stdout with ``--json``),
+    then exit with ``code``."""
+    say_error(label, message)
+    if _JSON_ERRORS.get():
+        json_error(error, message, code, kind)
     raise typer.Exit(code)
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    _stop("error:", message, code, error="refused" if code == EXIT_REFUSED else "failed")
 
 
 def say_error(label: str, message: object) -> None:
@@ -187,21 +225,24 @@ def reported() -> Iterator[None]:
     try:
         yield
     except Unauthenticated as exc:
-        say_error("not authenticated:", exc)
-        raise typer.Exit(EXIT_REFUSED) from exc
+        _stop("not authenticated:", exc, EXIT_REFUSED, error="not_authenticated",
+              kind=type(exc).__name__)
     except REFUSALS as exc:
-        say_error("refused:", exc)
-        raise typer.Exit(EXIT_REFUSED) from exc
+        _stop("refused:", exc, EXIT_REFUSED, error="refused", kind=type(exc).__name__)
     except OnwardError as exc:
-        fail(f"{type(exc).__name__}: {exc}")
+        _stop("error:", f"{type(exc).__name__}: {exc}", EXIT_FAILED, error="failed",
+              kind=type(exc).__name__)
 
 
 def confirm(question: str, yes: bool) -> None:
     """Ask before a change; declining does nothing and exits 1."""
     if yes:
         return
-    if not typer.confirm(question, default=False):
+    ask: dict[str, Any] = {"err": True} if _JSON_ERRORS.get() else {}  # stdout: the JSON
+    if not typer.confirm(question, default=False, **ask):
         err.print("nothing done")
+        if _JSON_ERRORS.get():
+            json_error("declined", "nothing done", EXIT_FAILED)
         raise typer.Exit(EXIT_FAILED)
 
 

@@ -550,3 +550,36 @@ def test_cli_approve__the_ledger_decides_when_the_approval_is_decided_meanwhile(
     assert [(a["action"], a["outcome"], a["actor"]) for a in reversed(audit)
             if a["approval_id"] == approval["id"]] == [
         ("reject", "done", "rita"), ("approve", "refused", "olga")]
+
+
+def test_cli_json__every_error_is_one_json_object_on_stdout(drv: Driver) -> None:
+    """Given --json, a command that ends in an error (refused, not authenticated, a usage
+    error, declined at the prompt) prints one JSON object on stdout, ``{"kind": "error",
+    "ok": false, "error", "type", "message", "exit_code"}``, the text on stderr as before,
+    and exits as before; stdout was empty (or text), which no JSON reader accepts. The plan
+    a command shows before asking goes to stderr with --json."""
+    done = finished(drv)
+    cases = [
+        (("runs", "show", "0123456789ab", "--json"), "operator", 2, "refused", "no run"),
+        (("runs", "ls", "--json"), None, 2, "not_authenticated", "ONWARD_TOKEN"),
+        (("runs", "ls", "--status", "bogus", "--json"), "operator", 2, "usage", "bogus"),
+        (("runs", "replay", str(done), "--reason", "look", "--json"), "operator", 1,
+         "declined", "nothing done"),
+        (("runs", "replay", str(done), "--from", "3", "--reason", "x", "--json"), "operator",
+         2, "refused", "ends the run")]
+    for args, role, code, error, words in cases:
+        [answer] = _json_lines(onward(*args, role=role, input="n\n", code=code))
+        assert (answer["kind"], answer["ok"], answer["error"], answer["exit_code"]) == (
+            "error", False, error, code), (args, answer)
+        assert words in answer["message"], (args, answer)
+    effects = json.loads(onward("effects", "ls", "--run", str(done), "--json"))
+    publish = next(e for e in effects if e["effect_type"] == "test.publish")["effect_id"]
+    declined = onward("effects", "repeat", publish, "--reason", "lost", "--json", role="admin",
+                      input="n\n", code=1)
+    assert [a["error"] for a in _json_lines(declined)] == ["declined"]
+
+
+def _json_lines(stdout: str) -> list[dict[str, object]]:
+    """Each line of ``stdout`` parsed, but the answer typed at a prompt, which CliRunner
+    echoes to stdout (a terminal echoes it itself; the prompt went to stderr)."""
+    return [json.loads(line) for line in stdout.splitlines() if line.strip() not in ("", "n")]

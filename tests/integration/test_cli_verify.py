@@ -80,3 +80,22 @@ def test_cli_verify__json_ends_with_the_summary_after_warnings(drv: Driver) -> N
     assert [(r["kind"], r["warning"]) for r in rows] == [("unsealed", True)] * late
     assert summary == {"kind": "summary", "ok": True, "run_id": None, "runs_checked": 0,
                        "problems": 0, "warnings": late}
+
+
+def test_cli_verify__json_reports_a_usage_error_or_refusal_as_one_json_object(
+        drv: Driver, tmp_path: Path) -> None:
+    """Given options that do not go together, an option verify does not have, a run id
+    that names no run, or an anchor that is not there, ``verify --json`` prints one JSON
+    object on stdout, ``{"kind": "error", "ok": false, …}`` with the message and the exit
+    code, which is unchanged (2); it printed text (the option error on stdout itself)."""
+    stepped(drv)
+    cases = {("--all", "--audit"): ("refused", "give a RUN, --all, --audit or --anchor"),
+             ("--seal",): ("refused", "--seal goes with --all or --audit"),
+             ("--everything",): ("usage", "No such option: --everything"),
+             ("0123456789ab",): ("refused", "no run"),
+             ("--anchor", str(tmp_path / "none.json")): ("refused", "none.json")}
+    for args, (error, words) in cases.items():
+        [answer] = verify_json(*args, code=2)
+        assert (answer["kind"], answer["ok"], answer["error"], answer["exit_code"]) == (
+            "error", False, error, 2), (args, answer)
+        assert words in answer["message"], (args, answer)
