@@ -276,4 +276,8 @@ def _choose_code(registry: Registry,
     return Refusal(ParkReason.INCOMPATIBLE_VERSION, "IncompatibleVersion",
                    f"run is at {claim.workflow} v{wanted} (state schema {_run_schema(claim)}); "
                    f"this code has v{versions} (schema {latest.state_schema_version}), does not "
-                   f"declare v{wanted} compatible and has no complete migration path")
+                   f"declare v{wanted} compatible and has no complete migration path. Deploy "
+                   f"workers with {claim.workflow} v{wanted} again (run both versions until "
+                   f"v{wanted}'s runs drain), or give v{latest.version} a migration from schema "
+                   f"{_run_schema(claim)} (or compatible_with={{{wanted}}} if the state means "
+                   f"the same); then `onward runs continue {claim.run_id}`")

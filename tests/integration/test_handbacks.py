@@ -265,3 +265,30 @@ def test_restore__a_model_changed_under_the_same_version_parks_naming_the_remedy
     assert "test_versioned v1" in message and "schema 1" in message, message
     assert "state_schema_version" in message and "migration" in message, message
     assert f"onward runs continue {run_id}" in message, message
+
+
+def test_restore__a_run_of_an_older_version_met_only_by_newer_code_parks_naming_the_remedy(
+        ledger: Ledger, v1: Driver, v2: Driver) -> None:
+    """Invariant: a run v1 moved to seq 1, delivered only to a v2 worker (v1 retired; v2
+    declares no compatibility and has no migration), is not run on v2: it is parked
+    incompatible_version at seq 1, still bound to v1, with a message that names both
+    versions and what to do (deploy v1 again, or a migration or compatible_with, then
+    continue); continued once a v1 worker is back, it completes on v1."""
+    run_id = ledger.start_run("test_versioned", {})
+    assert v1.drive(run_id).status is RunStatus.WAITING
+    ledger.signal(run_id, "go")
+    assert v2.step(run_id, 1).kind is ReportKind.PARKED
+    run = ledger.get_run(run_id)
+    assert run is not None
+    assert (run.status, run.parked_reason, run.seq, run.workflow_version) == (
+        RunStatus.NEEDS_REVIEW, "incompatible_version", 1, 1)
+    assert run.last_error is not None
+    message = run.last_error["message"]
+    assert "test_versioned v1" in message and "v[2]" in message, message
+    assert "compatible_with" in message and "migration" in message, message
+    assert f"onward runs continue {run_id}" in message, message
+
+    ledger.acting_as("olga", Role.OPERATOR).continue_run(run_id, "v1 workers are back")
+    finished = v1.drive(run_id)
+    assert finished.status is RunStatus.COMPLETED, finished.last_error
+    assert finished.result is not None and finished.result["ran"] == ["begin@v1", "end@v1"]
