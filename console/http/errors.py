@@ -22,7 +22,7 @@ from ledger.exceptions import (
     UnknownToken,
 )
 
-__all__ = ["PROBLEM", "STATUS", "install", "problem", "status_of"]
+__all__ = ["PROBLEM", "STATUS", "install", "problem", "status_of", "unreadable_body"]
 
 
 PROBLEM = "application/problem+json"
@@ -69,4 +69,18 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and cause is not None:  # FastAPI could not read the body
+            return problem(400, str(exc.detail), unreadable_body(cause))
         return problem(exc.status_code, str(exc.detail), str(exc.detail))
+
+
+def unreadable_body(cause: BaseException) -> str:
+    """Why a request body could not be read as JSON, in words a client can act on."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the request body is not UTF-8 (byte {cause.start}: {cause.reason}); send "
+                "JSON encoded as UTF-8")
+    if isinstance(cause, RecursionError):
+        return ("the request body nests objects and arrays too deeply to parse; flatten it "
+                "(a run's input may nest ONWARD_MAX_JSON_DEPTH levels)")
+    return f"the request body is not JSON onward can read: {str(cause)[:200]}"

@@ -17,6 +17,7 @@ from console.http.pages import COOKIE, csrf_of
 from ledger import Ledger, RunStatus
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import Role
+from tests.support import reads
 from tests.support.driver import Driver, driver
 
 MODULES = ["tests.workflows_ops", "tests.workflows_waits"]
@@ -283,3 +284,25 @@ def test_api_and_page__resolve_an_effect_whose_outcome_is_unknown(
     rows = [(a.actor, a.outcome) for a in reversed(drv.ledger.audit(action="resolve_effect"))]
     assert rows == [("olga", "refused"), ("ada", "refused"), ("ada", "done"), ("ada", "done")]
     OUTSIDE.reset()
+
+
+def test_api__an_unreadable_body_is_named_and_writes_nothing(client: TestClient,
+                                                             drv: Driver) -> None:
+    """A start request whose body is not UTF-8, nests past what the parser takes, or holds
+    an integer Python refuses to read is answered 400 with a problem document that says
+    which (it said only "There was an error parsing the body"); no run is started."""
+    headers = {**auth(token(drv.ledger, "ann", "operator")),
+               "content-type": "application/json"}
+    start = b'{"workflow": "test_ops_notes", "input": {"topic": '
+    bodies = {
+        start + b'"\xff\xfe"}}': "not UTF-8",
+        start + b"[" * 100_000 + b"]" * 100_000 + b"}}": "nests objects and arrays too deeply",
+        start + b"1" + b"0" * 5000 + b"}}": "not JSON onward can read",
+    }
+    before = reads.fingerprint(drv.ledger.engine)
+    for body, said in bodies.items():
+        answer = client.post("/api/v1/runs", content=body, headers=headers)
+        assert answer.status_code == 400, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert said in answer.json()["detail"], answer.text
+    assert reads.fingerprint(drv.ledger.engine) == before
