@@ -129,7 +129,7 @@ def _recheck_approval(claim: Claim, control: ApprovalControl, waits: WaitStore,
     if (approval is not None and status == ApprovalStatus.APPROVED
             and claim.step == control.then):
         return _recheck_approved(claim, control, approval)
-    return _recheck_decided(claim, control, status)
+    return _recheck_decided(claim, control, status, approval)
 
 
 def _approval_status(approval: dict[str, Any] | None) -> str:
@@ -158,10 +158,21 @@ def _check_approval_macs(keys: CheckpointKeys, approval: dict[str, Any] | None,
     return None
 
 
-def _recheck_decided(claim: Claim, control: ApprovalControl, status: str) -> ParkFor | None:
-    """A run not at an approved ``then``: only the step its decision names is allowed."""
+def _recheck_decided(claim: Claim, control: ApprovalControl, status: str,
+                     approval: dict[str, Any] | None) -> ParkFor | None:
+    """A run not at an approved ``then``: only the step its decision names is allowed, and
+    the expiry step only once the expiry its terms sign has passed (the ``expired`` status
+    is the reaper's, unsigned: set early in the database, on a pending or even an approved
+    approval, it would turn a person's decision into its expiry)."""
     decided: dict[str, Any] = {ApprovalStatus.REJECTED: control.on_reject,
                                ApprovalStatus.EXPIRED: control.on_expire}
+    if status == ApprovalStatus.EXPIRED and approval is not None and approval["unexpired"] \
+            and not claim.launch.evidence:  # a replay follows its source's past decision
+        expires = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
+        return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
+                       f"approval {approval['id']} is marked expired, but it expires only at "
+                       f"{expires} (its signed terms): the run was routed to step "
+                       f"{claim.step!r} outside onward, and the step did not run")
     if status in decided and claim.step == decided[status]:
         return None
     if claim.step == control.then:  # only approve resumes it there: nobody decided

@@ -58,6 +58,26 @@ def done(ctx: StepContext, state: Review) -> Any:
     return ctx.finish()
 
 
+expiring_review = Workflow("test_review_expiring", version=1, state=Review)
+
+
+@expiring_review.step(start=True)
+def ask_expiring(ctx: StepContext, state: Review) -> Any:
+    """An expiry step declared: the run goes on to ``lapsed`` once the approval expires."""
+    return ctx.ask_approval("send_offer", artifact={"doc": state.doc}, then=send_offer,
+                            on_expire=lapsed, expires_in=timedelta(seconds=state.expires_s))
+
+
+@expiring_review.step
+def send_offer(ctx: StepContext, state: Review) -> Any:
+    return ctx.finish(decided_by=ctx.decision["decided_by"])
+
+
+@expiring_review.step
+def lapsed(ctx: StepContext, state: Review) -> Any:
+    return ctx.finish(decided_by="nobody: it expired")
+
+
 class Waiter(BaseModel):
     timeout_s: float | None = None
 

@@ -250,3 +250,38 @@ def test_continue_of_a_parked_run_whose_approval_expired_with_no_step_is_refused
     with pytest.raises(OperationRefused, match=r"which is expired .*replay or branch it"):
         drv.ledger.continue_run(run.id, "checked the edit")
     assert drv.ledger.get_run(run.id).status is RunStatus.NEEDS_REVIEW
+
+
+EXPIRED = "UPDATE onward.approvals SET status = 'expired' WHERE run_id = :r"
+
+
+@pytest.mark.parametrize("decided", [False, True], ids=["pending", "approved"])
+def test_an_approval_marked_expired_early_does_not_run_its_expiry_step(
+        drv: Driver, decided: bool) -> None:
+    """Invariant: an approval's ``on_expire`` step runs only once the expiry its terms sign
+    has passed: the approval marked ``expired`` in the database an hour early, pending or
+    already approved by alice, with the run set running at ``lapsed``, parks integrity
+    before the step runs (a person's approval is not turned into its expiry). Failed
+    before: the run completed through ``lapsed`` with the approval's hour still to run."""
+    run = waiting(drv, "test_review_expiring", {"expires_s": 3600})
+    [asked] = drv.ledger.approvals(run_id=run.id)
+    if decided:
+        drv.ledger.acting_as("alice", "approver").approve(
+            asked.id, artifact_hash=asked.artifact_hash)
+    assert reads.execute(drv.ledger.engine, EXPIRED, r=run.id) == 1
+    set_running(drv.ledger, run.id, step="lapsed")
+    parked_integrity(drv, run.id, "expires only at")
+
+
+def test_an_approval_that_expired_runs_its_expiry_step(drv: Driver) -> None:
+    """Invariant: the reaper's expiry of an approval whose signed time has passed still goes
+    on to ``on_expire``, and the run completes there."""
+    run = waiting(drv, "test_review_expiring", {"expires_s": 0.2})
+    wait_for(lambda: RecoveryStore(drv.ledger.engine).sweep(
+        stall_after_s=600).waits.approvals_expired == 1, timeout=10,
+        what="the reaper expiring the approval")
+    done = drv.drive(run.id)
+    assert done.status is RunStatus.COMPLETED, done
+    assert done.result["decided_by"] == "nobody: it expired"
+    [expired] = drv.ledger.approvals(run_id=run.id)
+    assert expired.status.value == "expired"
