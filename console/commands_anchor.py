@@ -16,6 +16,7 @@ from console.safe import line
 from ledger import Ledger
 from ledger.anchor_store import find_anchor, open_store
 from ledger.anchoring import Anchors, Compared
+from ledger.api import REFUSALS
 from ledger.exceptions import AnchorRefused, InvalidInput
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
@@ -74,7 +75,10 @@ def compare_with_anchor(ledger: Ledger, path: str | None) -> AnchorComparison:
     """The actor's tenant's runs compared with an anchor."""
     with reported():
         location = WorkerSettings.of(ledger.settings).anchor_location
-        name, data, latest = find_anchor(path, location)
+        try:
+            name, data, latest = find_anchor(path, location)
+        except REFUSALS as exc:  # no anchor there: an audited refusal of the verify
+            raise ledger.refuse(AuditAction.VERIFY, exc) from None
         try:
             found = Anchors(ledger).compare(name, data)
         except AnchorRefused as exc:

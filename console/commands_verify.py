@@ -10,10 +10,10 @@ from uuid import UUID
 import typer
 
 from console.commands_anchor import compare_with_anchor
-from console.common import EXIT_REFUSED, fail, open_ledger, reported, resolve_run
+from console.common import EXIT_REFUSED, fail, open_ledger, reported, run_of
 from console.safe import console, line
 from ledger import Ledger
-from ledger.audit_chain import UNSEALED
+from ledger.audit_chain import UNSEALED, Sealed
 from ledger.verify import Problem
 from ledger.vocabulary import AuditAction
 
@@ -56,7 +56,8 @@ def verify(
         _verify_anchor(run_id, as_json)
         return
     ledger = open_ledger(AuditAction.VERIFY)
-    target = resolve_run(ledger, run_id) if run_id is not None else None
+    with reported():  # an unknown or ambiguous prefix: an audited refusal, exit 2
+        target = run_of(ledger, run_id, AuditAction.VERIFY) if run_id is not None else None
     results: Iterable[tuple[UUID | None, list[Problem]]] = (
         [(target, ledger.verify_run(target))] if target is not None
         else [] if audit_only else ledger.verify_all())
@@ -71,10 +72,13 @@ def verify(
     unsealed = [p for p in audit_problems if p.kind == UNSEALED]
     found += _report([p for p in audit_problems if p.kind != UNSEALED], as_json)
     _report(unsealed, as_json, warning=True)
-    ledger.verified(target, checked, found + len(unsealed))
+    ledger.verified(target, checked, found + len(unsealed),
+                    mode="run" if target else "audit" if audit_only else "all")
     if as_json:
         _summary(run_id=str(target) if target else None, runs_checked=checked, problems=found,
-                 warnings=len(unsealed), **({} if sealed is None else {"sealed": sealed}))
+                 warnings=len(unsealed),
+                 **({} if sealed is None else {"sealed": sealed.rows,
+                                               "not_sealed": sealed.refused}))
     else:
         audit_note = f", the audit log: {len(audit_problems) - len(unsealed)}" \
             if target is None else ""
@@ -91,16 +95,16 @@ def verify(
         raise typer.Exit(4)
 
 
-def _seal(ledger: Ledger, as_json: bool) -> int:
-    """Seal the tenant's pending audit rows; the count sealed."""
+def _seal(ledger: Ledger, as_json: bool) -> Sealed:
+    """Seal the tenant's pending audit rows; what was sealed, and why a chain was not
+    extended (its end does not verify: the audit check below reports what)."""
     with reported():
         sealed = ledger.seal_audit()
-    if not as_json:
+    if not as_json:  # with --json, the summary says both (sealed, not_sealed)
         out.print(line(f"sealed {sealed.rows} pending audit row(s) into the chain"))
-    for refused in sealed.refused:  # the chain's end does not verify: verify reports why
-        if not as_json:
+        for refused in sealed.refused:
             out.print(line(("✗", "red"), f" not sealed: {refused}"), soft_wrap=True)
-    return sealed.rows
+    return sealed
 
 
 def _verify_anchor(path: str | None, as_json: bool) -> None:

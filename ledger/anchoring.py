@@ -258,15 +258,27 @@ class Anchors:
         return self.ledger._command(AuditAction.ANCHOR, body, reason=reason)
 
     def compare(self, name: str, data: bytes) -> Compared:
-        """Compare the actor's tenant's runs with an anchor (viewer; audited as a verify)."""
-        def body(conn: Connection) -> Compared:
-            found = check_against(self.ledger.engine, self.ledger.keys, name, data,
-                                  self.ledger.actor.tenant_id)
+        """Compare the actor's tenant's runs with an anchor (viewer; audited as a verify of
+        mode ``anchor``, as ``Ledger.verified`` records the others). An anchor that does
+        not verify raises AnchorRefused, nothing compared, audited as a verify done that
+        found that one problem: what ``onward verify --anchor`` reports (exit 3)."""
+        def body(conn: Connection) -> Compared | AnchorRefused:
+            found: Compared | AnchorRefused
+            try:
+                found = check_against(self.ledger.engine, self.ledger.keys, name, data,
+                                      self.ledger.actor.tenant_id)
+            except AnchorRefused as exc:
+                found = exc
+            counts = ({"checked": 0, "problems": 1, "error": str(found)}
+                      if isinstance(found, AnchorRefused)
+                      else {"checked": found.compared, "problems": len(found.problems)})
             record_txn(conn, self.ledger.keys, self.ledger.actor, AuditRecord(
-                AuditAction.VERIFY, AuditOutcome.DONE, details={
-                    "anchor": name, "checked": found.compared,
-                    "problems": len(found.problems)}))
+                AuditAction.VERIFY, AuditOutcome.DONE,
+                details={"mode": "anchor", "anchor": name, **counts}))
             return found
 
-        return self.ledger._command(AuditAction.VERIFY, body)
+        found = self.ledger._command(AuditAction.VERIFY, body)
+        if isinstance(found, AnchorRefused):
+            raise found
+        return found
 

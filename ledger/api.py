@@ -587,12 +587,15 @@ class Ledger:
             self._command(action, lambda conn: None, run_id=run_id, effect_id=effect_id,
                           approval_id=approval_id)
 
-    def verified(self, run_id: UUID | None, checked: int, problems: int) -> None:
-        """Record that the actor verified ``run_id`` (None: every run of the tenant)."""
+    def verified(self, run_id: UUID | None, checked: int, problems: int, *,
+                 mode: str) -> None:
+        """Record that the actor verified ``run_id`` (None: every run of the tenant, or its
+        audit log), ``mode`` saying which check (``run``, ``all``, ``audit``; ``anchor`` is
+        recorded by ``Anchors.compare``), with the runs checked and the problems found."""
         def body(conn: Connection) -> None:
             record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.VERIFY, AuditOutcome.DONE, run_id=run_id,
-                details={"checked": checked, "problems": problems}))
+                details={"mode": mode, "checked": checked, "problems": problems}))
 
         self._command(AuditAction.VERIFY, body, run_id=run_id)
 

@@ -372,7 +372,7 @@ def verify_run(ledger: Authed, run: str) -> dict[str, Any]:
     """Check the run's stored history (MACs, chain, head, artifacts); audited."""
     run_id = run_of(ledger, run, AuditAction.VERIFY)
     problems = ledger.verify_run(run_id)
-    ledger.verified(run_id, 1, len(problems))
+    ledger.verified(run_id, 1, len(problems), mode="run")
     return {"run_id": str(run_id), "verifies": not problems,
             "problems": [{"seq": p.seq, "kind": p.kind, "detail": p.detail}
                          for p in problems]}

@@ -393,7 +393,7 @@ def verify_fragment(request: Request, run: str,
         ledger.require(AuditAction.VERIFY)
         run_id = ledger.resolve_run(run)
         problems = ledger.verify_run(run_id)
-        ledger.verified(run_id, 1, len(problems))
+        ledger.verified(run_id, 1, len(problems), mode="run")
         return render(request, "_verify.html", ledger, problems=problems)
     except OnwardError as exc:
         return failed(request, exc, ledger)

@@ -99,3 +99,61 @@ def test_cli_verify__json_reports_a_usage_error_or_refusal_as_one_json_object(
         assert (answer["kind"], answer["ok"], answer["error"], answer["exit_code"]) == (
             "error", False, error, 2), (args, answer)
         assert words in answer["message"], (args, answer)
+
+
+def _verify_rows(ledger: Ledger) -> list[tuple[str, str | None, dict[str, Any]]]:
+    """The verify audit rows, oldest first: (outcome, run_id, details)."""
+    return [(a.outcome, str(a.run_id) if a.run_id else None, a.details or {})
+            for a in reversed(ledger.audit(action="verify", limit=100))]
+
+
+def test_cli_verify__every_mode_leaves_one_verified_row(drv: Driver, tmp_path: Path) -> None:
+    """Given runs, each form of verify (RUN, --all, --audit, --anchor, and --anchor with an
+    anchor that does not verify: a problem, exit 3) leaves exactly one audit row, action
+    verify, outcome done, saying which check it was (mode; the anchor's name), the runs it
+    checked and the problems it found; the anchor that does not verify was audited as a
+    refused verify, and no row said which check --all or --audit had been. An unknown run
+    and a missing anchor are audited refusals (exit 2); they were not audited at all."""
+    run_id, _ = stepped(drv), stepped(drv)
+    anchored = CliRunner().invoke(app, ["anchor", "--json"])
+    assert anchored.exit_code == 0, anchored.output
+    anchor = json.loads(anchored.stdout)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(Path(anchor["where"]).read_bytes()[:-20])
+    verify_json(str(run_id))
+    verify_json("--all")
+    verify_json("--audit")
+    verify_json("--anchor")
+    verify_json("--anchor", str(broken), code=3)
+    verify_json("0123456789ab", code=2)
+    verify_json("--anchor", str(tmp_path / "none"), code=2)
+    rows = _verify_rows(drv.ledger)
+    assert [(outcome, run, {k: v for k, v in details.items() if k not in ("anchor", "error")})
+            for outcome, run, details in rows] == [
+        ("done", str(run_id), {"mode": "run", "checked": 1, "problems": 0}),
+        ("done", None, {"mode": "all", "checked": 2, "problems": 0}),
+        ("done", None, {"mode": "audit", "checked": 0, "problems": 0}),
+        ("done", None, {"mode": "anchor", "checked": 2, "problems": 0}),
+        ("done", None, {"mode": "anchor", "checked": 0, "problems": 1}),
+        ("refused", None, {"type": "UnknownRun"}), ("refused", None, {"type": "InvalidInput"})]
+    assert [details.get("anchor") for *_, details in rows[3:5]] == [anchor["anchor"],
+                                                                   broken.name]
+    assert "not a whole gzip file" in rows[4][2]["error"]
+    assert "no run" in rows[5][2]["error"] and "none" in rows[6][2]["error"]
+
+
+def test_cli_verify__json_names_what_seal_could_not_seal(drv: Driver) -> None:
+    """Given a tenant whose audit chain's head was edited (its end does not verify), ``verify
+    --audit --seal --json`` seals nothing there and says why in its summary (not_sealed,
+    as the text output's "not sealed:" line does), then reports the chain's problem (exit
+    3); the JSON summary left it out."""
+    verify_json(str(stepped(drv)))
+    [summary] = verify_json("--audit", "--seal")
+    assert summary["sealed"] > 0 and summary["not_sealed"] == []
+    verify_json(str(stepped(drv)))  # a row left to seal
+    with drv.ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE onward.audit_heads SET chain_seq = chain_seq + 5"))
+    *problems, summary = verify_json("--audit", "--seal", code=3)
+    assert summary["sealed"] == 0 and problems
+    [refused] = summary["not_sealed"]
+    assert "tenant 'default': the audit chain's head" in refused, refused
