@@ -67,6 +67,8 @@ def erase_tenant(reason: ReasonOpt = None, yes: YesFlag = False) -> None:
     """Destroy your tenant's data keys: its sealed values can no longer be read by anyone,
     nothing more is sealed for it, and `onward verify` still passes. Irreversible."""
     ledger = open_ledger(AuditAction.KEYS)
+    with reported():  # refused before the question, as the ledger would refuse after it
+        ledger.erase_tenant_keys(reason, dry_run=True)
     if not yes and not typer.confirm(
             f"destroy the data keys of tenant {ledger.actor.tenant_id}? Its sealed values "
             "become unreadable for good"):

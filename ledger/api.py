@@ -458,7 +458,8 @@ class Ledger:
         and audited exactly as the command's own. A person's command asks this before it
         asks the person, so nobody confirms what the ledger would refuse; the command
         itself then checks again under its locks and decides, the target may have changed
-        in between. Only commands whose every write is in ``body``'s transaction offer it."""
+        in between. Only commands whose every write is in ``body``'s transaction offer it
+        (or that leave out, in a dry run, a write made elsewhere: ``erase_tenant_keys``)."""
         try:
             self.actor.require(action)
             with wrap_driver_errors(f"{action.value}"), \
@@ -499,18 +500,24 @@ class Ledger:
                 AuditAction.KEYS, AuditOutcome.DONE, "rotate", details=report.as_dict()))
         return report
 
-    def erase_tenant_keys(self, reason: str | None = None) -> int:
+    def erase_tenant_keys(self, reason: str | None = None, *, dry_run: bool = False) -> int:
         """Destroy the data keys of the actor's tenant (admin; audited): its sealed values
         can no longer be read by anyone, nothing more is sealed for it, and every MAC and
-        chain still verifies. Returns how many keys were destroyed."""
+        chain still verifies. Returns how many keys were destroyed. ``dry_run``: refuse
+        (audited) as it would, e.g. with no keys configured, erasing nothing (``_command``;
+        the keyring writes on its own connection, so its erase is left out, not rolled
+        back)."""
         def body(conn: Connection) -> int:
-            erased = self._keyring().erase_tenant(self.actor.tenant_id)
+            keyring = self._keyring()
+            if dry_run:
+                return 0
+            erased = keyring.erase_tenant(self.actor.tenant_id)
             record_txn(conn, self.keys, self.actor, AuditRecord(
                 AuditAction.KEYS, AuditOutcome.DONE, reason or "erase tenant",
                 details={"erased_keys": erased}))
             return erased
 
-        return self._command(AuditAction.KEYS, body, reason=reason)
+        return self._command(AuditAction.KEYS, body, reason=reason, dry_run=dry_run)
 
     # -- retention (ledger/retention.py) ----------------------------------------------------------
     def retention_plan(self) -> retention.Plan:

@@ -583,3 +583,15 @@ def _json_lines(stdout: str) -> list[dict[str, object]]:
     """Each line of ``stdout`` parsed, but the answer typed at a prompt, which CliRunner
     echoes to stdout (a terminal echoes it itself; the prompt went to stderr)."""
     return [json.loads(line) for line in stdout.splitlines() if line.strip() not in ("", "n")]
+
+
+def test_cli_keys_erase_tenant__refused_before_the_question(drv: Driver) -> None:
+    """Given no encryption keys configured, keys erase-tenant refuses before it asks, with
+    the ledger's words and exit 2, audited once; it asked "destroy the data keys …?" and
+    refused only after a "y"."""
+    refused = onward("keys", "erase-tenant", "--reason", "leaving", role="admin", input="y\n",
+                     code=2)
+    assert "destroy the data keys" not in refused
+    assert "refused: no encryption keys are configured" in refused
+    audit = json.loads(onward("audit", "ls", "--action", "keys", "--json"))
+    assert [(a["outcome"], a["details"]["type"]) for a in audit] == [("refused", "InvalidInput")]

@@ -414,6 +414,21 @@ def test_a_repeat_of_an_effect_whose_keys_were_erased_is_refused_before_anything
         == ["refused"]
 
 
+def test_a_dry_run_of_erasing_a_tenants_keys_erases_nothing(drv: Driver) -> None:
+    """Invariant: ``erase_tenant_keys(dry_run=True)``, what ``onward keys erase-tenant``
+    asks before its question, destroys no key (the keyring erases on a connection of its
+    own, which no rollback would undo) and writes no audit row; the erase itself then
+    destroys them."""
+    run = run_one(drv, "ada@example.com")
+    (effect,) = drv.ledger.effects(run.id)
+    assert drv.ledger.erase_tenant_keys("check first", dry_run=True) == 0
+    assert drv.ledger.effects(run.id)[0].payload == effect.payload  # still opens
+    assert "ada@example.com" in json.dumps(effect.payload)
+    assert drv.ledger.audit(action="keys") == []
+    assert drv.ledger.erase_tenant_keys("gdpr request") >= 1
+    assert "ada@example.com" not in json.dumps(drv.ledger.effects(run.id)[0].payload)
+
+
 def test_a_replay_from_a_wait_asks_again_about_the_artifact_opened(drv: Driver) -> None:
     """Given a run waiting for approval of a sealed artifact; expect a live replay from that
     wait to ask its own approval about the same artifact, sealed for the new run: the
