@@ -5,9 +5,11 @@ Celery's consumer unpacks a task message's body (``[args, kwargs, embed]`` in pr
 shape under a ``task`` header (a string, a number, a two-element list) raised from the
 consumer itself, and Celery 5 treats that as "Unrecoverable error": the whole worker
 stopped, whatever steps it was running. A body over ``MAX_STEP_MESSAGE_BYTES`` is refused
-before it is decoded. The check raises ``InvalidTaskError`` instead,
-which the consumer logs ("Received invalid task message: malformed step message ...") and
-answers by dropping that one message; the ledger is untouched and the worker goes on.
+before it is decoded; a header of the wrong type (``timelimit: [1]``), on which Celery
+raises as it builds or hands over the request, is refused the same way. The check raises
+``InvalidTaskError`` instead, which the consumer logs ("Received invalid task message:
+malformed step message ...") and answers by dropping that one message; the ledger is
+untouched and the worker goes on.
 Selected with the task's ``Strategy`` option (``workers/app.py``).
 """
 
@@ -41,9 +43,21 @@ def step_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable
         problem = message_shape_problem(message.payload if body is None else body)
         if problem is not None:
             raise InvalidTaskError(f"malformed step message: {problem}")
-        return handle(message, body, *args, **more)
+        try:
+            return handle(message, body, *args, **more)
+        except MALFORMED_HEADERS as exc:
+            # a header Celery reads without checking it (timelimit [1], a number for a
+            # string...): the message is dropped, never the worker; the outbox re-sends a
+            # step whose message is lost, so dropping one is always safe
+            raise InvalidTaskError(
+                f"malformed step message: Celery could not read its headers "
+                f"({type(exc).__name__}: {str(exc)[:200]})") from exc
 
     return checked
+
+
+MALFORMED_HEADERS = (TypeError, ValueError, KeyError, AttributeError, OverflowError)
+"""What Celery's own handling raises on a header of the wrong type or shape."""
 
 
 def message_shape_problem(payload: Any) -> str | None:
