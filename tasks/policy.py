@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import signed
+from ledger.approval_start import recorded_signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation, MalformedControl
 from ledger.runs import Budgets
@@ -128,7 +129,7 @@ def _recheck_approval(claim: Claim, control: ApprovalControl, waits: WaitStore,
         return refused
     if (approval is not None and status == ApprovalStatus.APPROVED
             and claim.step == control.then):
-        return _recheck_approved(claim, control, approval)
+        return _recheck_approved(claim, control, approval, waits, keys)
     return _recheck_decided(claim, control, status, approval)
 
 
@@ -188,8 +189,8 @@ def _recheck_decided(claim: Claim, control: ApprovalControl, status: str,
                    "outside onward)")
 
 
-def _recheck_approved(claim: Claim, control: ApprovalControl,
-                      approval: dict[str, Any]) -> FailFor | ParkFor | None:
+def _recheck_approved(claim: Claim, control: ApprovalControl, approval: dict[str, Any],
+                      waits: WaitStore, keys: CheckpointKeys) -> FailFor | ParkFor | None:
     if approval["artifact_hash"] != control.artifact_hash:
         return ParkFor(ParkReason.INTEGRITY, "IntegrityViolation",
                        f"approval {approval['id']} is for artifact "
@@ -208,6 +209,18 @@ def _recheck_approved(claim: Claim, control: ApprovalControl,
                        f"step {claim.step} first started (at {started:%Y-%m-%d %H:%M:%S}); "
                        "nothing it would do was done: replay or branch the run from its "
                        "approval wait to ask again", {})
+    # When the first attempt began is unsigned (step_attempts): a retry after the expiry
+    # also needs what an attempt in time left signed at this seq (ledger/approval_start.py)
+    if claim.claimed_at >= approval["expires_at"] and \
+            not recorded_signed(waits.conn, keys, claim.run_id, claim.seq):
+        expired_at = f"{approval['expires_at']:%Y-%m-%d %H:%M:%S}"
+        return FailFor(FailReason.APPROVAL_EXPIRED,
+                       f"approval {approval['id']} expired at {expired_at}; the approved step "
+                       f"{claim.step} is recorded as first started in time (at "
+                       f"{started:%Y-%m-%d %H:%M:%S}) but recorded no answer or effect that "
+                       "verifies, so nothing it did is lost and it does not begin again "
+                       "after the expiry: replay or branch the run from its approval wait "
+                       "to ask again", {})
     return None
 
 

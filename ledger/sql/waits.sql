@@ -154,3 +154,16 @@ SELECT id, run_id, tenant_id, seq, workflow_version, step, action, status,
 -- The signal name that ended the run's wait at seq: its payload and MAC (check it first).
 SELECT id, run_id, name, payload, mac FROM onward.signals
  WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq = %(seq)s
+
+-- name: effects_at_seq
+-- The effects the step at seq of run_id requested. Read only for an approved step retried
+-- after its approval expired (with evidence_at_seq): what its attempt in time recorded.
+SELECT * FROM onward.effects WHERE run_id = %(run_id)s AND seq = %(seq)s
+
+-- name: evidence_at_seq
+-- The answers the step at seq of run_id recorded, with the body of one stored as an
+-- artifact (as checked_response needs them).
+SELECT e.*, a.body AS artifact_body
+  FROM onward.evidence e
+  LEFT JOIN onward.artifacts a ON a.sha256 = e.artifact_sha256
+ WHERE e.run_id = %(run_id)s AND e.seq = %(seq)s

@@ -252,6 +252,33 @@ def test_expired_approval__a_step_first_started_after_expiry_is_refused(
     assert ops.effects(run_id) == [] and OUTSIDE.count() == 0
 
 
+def test_expired_approval__a_first_start_forged_in_step_attempts_does_not_run_the_step(
+        drv: Driver, ops: Ledger) -> None:
+    """Invariant: when the approved step's first attempt began is read from step_attempts,
+    which nothing signs; a row inserted there with a start before the expiry (the step
+    never ran: the worker was down until the approval expired) does not let the step begin
+    after the expiry: with nothing signed recorded at its seq by an attempt in time, the run
+    fails ``approval_expired`` and nothing is sent. Sent once before."""
+    run_id = drv.ledger.start_run("test_outcome_approved_send", {})
+    assert drv.drive(run_id).status is RunStatus.WAITING
+    [asked] = ops.approvals(run_id=run_id)
+    ops.approve(asked.id, artifact_hash=asked.artifact_hash)
+    with ops.engine.begin() as conn:  # the attacker's first attempt, a second after the ask
+        assert conn.execute(sa.text(
+            "INSERT INTO onward.step_attempts (run_id, lease_epoch, seq, attempt, step, worker,"
+            " started_at, ended_at, outcome) SELECT :r, 0, 1, 1, 'send_approved', 'mallory:1', "
+            "created_at + interval '1 second', created_at + interval '2 seconds', 'failed' "
+            "FROM onward.approvals WHERE id = :a"), {"r": run_id, "a": asked.id}).rowcount == 1
+    wait_for(lambda: approval_expired(ops, asked.id), timeout=10,
+             what="the approval to expire")
+
+    run = drv.drive(run_id)
+
+    assert run.status is RunStatus.FAILED, run
+    assert run.last_error is not None and run.last_error["reason"] == "approval_expired"
+    assert ops.effects(run_id) == [] and OUTSIDE.count() == 0
+
+
 def test_failed_run__never_sent_effect_is_closed_unsent_and_sent_once_after_continue(
         drv: Driver) -> None:
     """Invariant: an effect whose every call was refused (nothing landed) is closed
