@@ -1,7 +1,8 @@
 """At-least-once delivery made safe: duplicates, stale and hostile messages are no-ops.
 
 One real ``onward worker`` serves every test of this module, once on the prefork pool (2
-children) and once on the threads pool (4 threads in one process); there
+children), once on the threads pool (4 threads in one process) and once on the gevent
+pool (4 greenlets); there
 is no dispatcher and no reaper, so the only messages are the ones a test publishes itself
 (through the product's own Celery app) and the ones the worker publishes after a commit.
 Each test asserts on its own runs, and on whole-ledger counts where "nothing changed" is
@@ -32,7 +33,7 @@ def settings_env(module_env: dict[str, str]) -> dict[str, str]:
     return module_env
 
 
-@pytest.fixture(scope="module", params=["prefork", "threads"])
+@pytest.fixture(scope="module", params=["prefork", "threads", "gevent"])
 def worker(module_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Proc]:
     proc = module_cluster.worker(concurrency=2 if request.param == "prefork" else 4,
                                  pool=request.param, name=f"worker-{request.param}")
@@ -65,6 +66,23 @@ def test_delivery__same_message_twice_commits_once(ledger: Ledger, publisher: Pu
     wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
     log = worker.log()
     assert f"run_id={run_id}" in log and "stale delivery" in log
+
+
+def test_delivery__many_copies_at_once_commit_each_seq_once(
+        ledger: Ledger, publisher: Publisher, shared_cluster: Cluster, worker: Proc) -> None:
+    """Thundering duplicates: 20 copies of seq 0 for each of 4 runs, published back to back
+    and taken by every thread, greenlet or child at once: each seq commits once, every other
+    copy is one counted stale delivery (19 per run), nothing is left queued."""
+    runs = [ledger.start_run("test_chain", {"steps": 3}) for _ in range(4)]
+    for _ in range(20):
+        for run_id in runs:
+            publisher.step(run_id, 0)
+    for run_id in runs:
+        row = _completed(ledger, run_id, stale_deliveries=19)
+        assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1, 2: 1}
+        assert (row["attempts_total"], row["seq"]) == (3, 3)
+    wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
+    assert worker.alive()
 
 
 def test_delivery__stale_seq_is_a_noop(ledger: Ledger, publisher: Publisher,
