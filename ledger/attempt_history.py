@@ -9,14 +9,21 @@ problems."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation
+from ledger.schema import effect_attempts
 from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 
-__all__ = ["attempt_problems"]
+if TYPE_CHECKING:
+    from ledger.effects import Effect
+
+__all__ = ["attempt_problems", "check_attempts_txn"]
 
 
 _SAW_REF = (EffectAttemptOutcome.ACCEPTED, EffectAttemptOutcome.FOUND,
@@ -62,3 +69,17 @@ def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, beg
             yield (f"{what} is accepted at the provider's reference {provider_ref!r}, which "
                    f"no attempt was given{f' (the latest: {refs[-1]!r})' if refs else ''}: "
                    "edited outside onward")
+
+
+def check_attempts_txn(conn: Connection, keys: CheckpointKeys, effect: Effect) -> None:
+    """Raise IntegrityViolation unless ``effect``'s attempts (read in the caller's
+    transaction, ``effect`` as its row was read there) are as onward recorded them: what
+    an operator's repeat relies on (its key's number counts the repeats before it)."""
+    rows = conn.execute(sa.select(effect_attempts).where(
+        effect_attempts.c.effect_type == effect.effect_type,
+        effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
+    ).mappings().all()
+    for problem in attempt_problems(keys, effect.effect_type, effect.effect_id,
+                                    effect.attempts, effect.status, rows,
+                                    effect.provider_ref):
+        raise IntegrityViolation(f"{problem}: nothing was repeated")

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from ledger import signed, sql, waits
+from ledger.attempt_history import check_attempts_txn
 from ledger.audit import Actor, AuditRecord, record_txn
 from ledger.checkpoints import CheckpointKeys
 from ledger.effects import Effect, seal_effect_error, seal_effect_result
@@ -559,6 +560,7 @@ def begin_repeat_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effec
     ).scalar_one() != actor.tenant_id:
         raise OperationRefused(f"effect {effect_id[:16]}… belongs to another tenant")
     _check_repeat_plan(conn, effect, plan)
+    check_attempts_txn(conn, keys, effect)  # a deleted repeat would reuse its key
     if effect.payload is None:
         raise OperationRefused(f"effect {effect_type} {effect_id[:16]}… has no stored payload "
                                "(its tool keeps payloads out of the ledger): nothing to repeat")

@@ -173,3 +173,29 @@ def test_repeat_effect__an_edited_stored_payload_is_not_sent(
 
     assert outside(logs) == sent
     assert [a.kind for a in admin.effect_attempts(effect)] == ["call"]
+
+
+def test_repeat_effect__a_deleted_repeat_is_not_sent_again_under_its_key(
+        drv: Driver, ledger_ops: Ledger, logs: dict[str, Path]) -> None:  # noqa: F811
+    """Invariant: each repeat is sent under a key of its own (its number counts the repeats
+    before it): with an earlier repeat's attempt deleted in SQL (the effect still counting
+    it), a new repeat would reuse that repeat's key, and a provider that deduplicates by key
+    would answer with the earlier object instead of making the new one. It is refused
+    before anything is recorded or sent."""
+    from ledger.exceptions import IntegrityViolation
+    from tasks.operator import plan_repeat, repeat_effect
+
+    admin = ledger_ops.acting_as("ada", "admin")
+    run_id = admin.start_run("test_ops_notes", {"topic": "pricing"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    effect = next(e for e in admin.effects(run_id) if e.effect_type == "test.publish")
+    repeat_effect(admin, plan_repeat(admin, effect), "the customer lost the post")
+    _edit(admin, run_id, [f"DELETE FROM onward.effect_attempts a USING {_OF_POST[5:]} "
+                          "AND a.kind = 'repeat'"])
+    effect = next(e for e in admin.effects(run_id) if e.effect_type == "test.publish")
+    sent = outside(logs)
+
+    with pytest.raises(IntegrityViolation, match="nothing was repeated"):
+        repeat_effect(admin, plan_repeat(admin, effect), "and lost it again")
+
+    assert outside(logs) == sent
