@@ -806,12 +806,14 @@ class StepStore:
         return (row is not None and row["released"] == 1) or self._lost(claim)
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool, unbind: bool = False) -> bool:
+                  park: bool, unbind: bool = False,
+                  bind_to: tuple[int, int] | None = None) -> bool:
         """Give the step back to the fleet for a worker with the run's workflow and version,
         without spending an attempt; ``park`` parks it ``no_worker_for_version`` instead.
         ``unbind`` (a new run whose input this code's model rejects) undoes the binding its
-        claim made, unless a step at its seq recorded an effect or an answer. False means
-        the lease was lost."""
+        claim made (binding it to ``bind_to``'s version and state schema instead, when
+        given), unless a step at its seq recorded an effect or an answer. False means the
+        lease was lost."""
         row = self._one(
             _HAND_BACK,
             {
@@ -821,6 +823,8 @@ class StepStore:
                 "delay": delay_s,
                 "park": park,
                 "unbind": unbind,
+                "bind_version": bind_to[0] if bind_to else None,
+                "bind_schema": bind_to[1] if bind_to else None,
                 "error": Jsonb(error),
                 "step": claim.step,  # the attempt keeps the step it was claimed for
                 "attempt_outcome": AttemptOutcome.PARKED if park else AttemptOutcome.RELEASED,

@@ -311,7 +311,7 @@ class _Attempt:
             "NoWorkerForVersion" if park else refusal.error_type, message,
             handbacks=handbacks, workflow_version=claim.workflow_version))
         if not self.store.hand_back(claim, error, delay_s=delay, park=park,
-                                    unbind=refusal.unbind):
+                                    unbind=refusal.unbind, bind_to=refusal.bind_to):
             return self._report(ReportKind.LEASE_LOST)
         if park:
             self.log.error("run parked for review", reason=ParkReason.NO_WORKER_FOR_VERSION,

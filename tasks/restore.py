@@ -67,6 +67,7 @@ class Refusal:
     message: str
     hand_back: bool = False
     unbind: bool = False  # with hand_back: the run's input fits none of this code's versions
+    bind_to: tuple[int, int] | None = None  # with unbind: an older version here accepts it
 
 
 def restore(keys: CheckpointKeys, registry: Registry,
@@ -90,7 +91,7 @@ def restore(keys: CheckpointKeys, registry: Registry,
     fields, foreign = opened
     state = _migrated_state(workflow, path, fields, claim)
     if isinstance(state, Refusal):
-        return state
+        return _older_version_accepting(registry, workflow, fields, state)
     migrated = Migrated(claim.workflow_version or 0, _run_schema(claim)) if path else None
     return Restored(workflow, step, state, migrated, fields, foreign)
 
@@ -213,6 +214,29 @@ def _unbound_start(claim: Claim) -> bool:
     checkpoint = claim.checkpoint
     return (claim.seq == 0 and checkpoint is not None and checkpoint.workflow_version is None
             and claim.launch.mode is None)
+
+
+def _older_version_accepting(registry: Registry, newest: Workflow[Any],
+                             opened: dict[str, Any], refusal: Refusal) -> Refusal:
+    """For a new run whose input ``newest`` rejected (``refusal`` unbinds it): bind it to the
+    newest older version of its workflow in this worker whose model accepts the input, if
+    any (several versions side by side in one worker), so that version runs it; else the
+    refusal as it is."""
+    if not refusal.unbind:
+        return refusal
+    for version in reversed(registry.versions(newest.name)):
+        older = registry.get(newest.name, version)
+        if older is None or older.version >= newest.version:
+            continue
+        try:
+            older.state.model_validate(copy_json(opened))
+        except ValidationError:
+            continue
+        return Refusal(refusal.reason, refusal.error_type,
+                       f"{refusal.message}; {older.name} v{older.version} here accepts it: "
+                       f"handing it back bound to v{older.version}", hand_back=True,
+                       unbind=True, bind_to=(older.version, older.state_schema_version))
+    return refusal
 
 
 def _input_not_accepted(workflow: Workflow[Any], exc: ValidationError) -> Refusal:

@@ -71,9 +71,11 @@ class StepLedger(Protocol):
         ...
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool, unbind: bool = False) -> bool:
+                  park: bool, unbind: bool = False,
+                  bind_to: tuple[int, int] | None = None) -> bool:
         """Give a run whose workflow or version this worker lacks back to the fleet (or
-        park it); ``unbind`` undoes the binding of a new run the claim bound."""
+        park it); ``unbind`` undoes the binding of a new run the claim bound (binding it to
+        ``bind_to``'s version and schema instead, when given)."""
         ...
 
     def defer(self, claim: Claim, step: str, *, delay_s: float, waiting_on: str,

@@ -349,11 +349,14 @@ WITH handed AS (
            parked_reason = CASE WHEN %(park)s THEN 'no_worker_for_version'
                                 ELSE parked_reason END,
            last_error = %(error)s, updated_at = onward.now(),
-           -- a new run whose input the claiming code's model rejected goes back unbound,
-           -- for a version that accepts it, unless a step at its seq acted or was answered
+           -- a new run whose input the claiming code's model rejected goes back unbound
+           -- (or bound to an older version that accepts it, bind_version), unless a step
+           -- at its seq acted or was answered
            (workflow_version, state_schema_version) = (
-               SELECT CASE WHEN unbound THEN NULL ELSE runs.workflow_version END,
-                      CASE WHEN unbound THEN NULL ELSE runs.state_schema_version END
+               SELECT CASE WHEN unbound THEN %(bind_version)s::int
+                           ELSE runs.workflow_version END,
+                      CASE WHEN unbound THEN %(bind_schema)s::int
+                           ELSE runs.state_schema_version END
                  FROM (SELECT %(unbind)s::bool
                               AND NOT EXISTS (SELECT 1 FROM onward.effects e
                                                WHERE e.run_id = runs.id AND e.seq = runs.seq)

@@ -237,3 +237,26 @@ def test_first_claim__input_no_version_accepts_parks_naming_the_remedy_and_conti
     moved = ledger.get_run(run_id)
     assert moved is not None and (moved.seq, moved.workflow_version) == (1, 1)
     assert ledger.verify_run(run_id) == []
+
+
+def test_first_claim__a_worker_with_both_versions_runs_the_input_on_the_one_it_fits(
+        ledger: Ledger, model_log: Path) -> None:
+    """Invariant: one worker with v1 and v2 side by side (both modules in ONWARD_WORKFLOWS)
+    binds a new run to v2, its newest; when v2's model rejects the input and v1's accepts
+    it, the step is handed back bound to v1 (no attempt spent), and the same worker then
+    runs it on v1, instead of handing it back unbound to itself until it is parked."""
+    run_id = ledger.start_run("test_migrating", {"customer": "c-9"})
+    with driver(ledger, V1 + V2) as both:
+        assert both.step(run_id, 0).kind is ReportKind.RELEASED
+        handed = ledger.get_run(run_id)
+        assert handed is not None
+        assert (handed.workflow_version, handed.state_schema_version, handed.handbacks,
+                handed.attempts_total) == (1, 1, 1, 0)
+        assert handed.last_error is not None and "bound to v1" in handed.last_error["message"]
+        clock.set_on_store(both.store, timedelta(minutes=1))  # past the hand-back's backoff
+        assert both.step(run_id, 0).kind is ReportKind.COMMITTED
+    moved = ledger.get_run(run_id)
+    assert moved is not None
+    assert (moved.seq, moved.workflow_version, moved.handbacks, moved.attempts_total) == (
+        1, 1, 0, 1)
+    assert ledger.verify_run(run_id) == []

@@ -220,12 +220,13 @@ class StubLedger:
         return True
 
     def hand_back(self, claim: Claim, error: dict[str, Any], *, delay_s: float,
-                  park: bool, unbind: bool = False) -> bool:
+                  park: bool, unbind: bool = False,
+                  bind_to: tuple[int, int] | None = None) -> bool:
         if not self._fenced("hand_back", claim):
             return False
         run = self._end(claim, RunStatus.NEEDS_REVIEW if park else RunStatus.RUNNING)
         if unbind:
-            run.workflow_version = run.state_schema_version = None
+            run.workflow_version, run.state_schema_version = bind_to or (None, None)
         run.handbacks, run.last_error = run.handbacks + 1, error
         run.attempt -= 1  # a hand-back spends no attempt
         if park:
