@@ -39,6 +39,7 @@ from console.common import (
     json_errors,
     open_ledger,
     out,
+    parse_json,
     reported,
     warn_unknown_variables,
     worker_settings,
@@ -247,7 +248,7 @@ def start(
     ledger = open_ledger(AuditAction.START)
     with reported():
         try:
-            payload = json.loads(input_json)
+            payload = parse_json(input_json)
         except ValueError as exc:
             raise ledger.refuse(AuditAction.START, InvalidInput(
                 f"--input must be JSON, an object such as '{{\"topic\": \"x\"}}' ({exc})"

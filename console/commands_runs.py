@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from uuid import UUID
@@ -24,6 +23,7 @@ from console.common import (
     fail,
     open_ledger,
     out,
+    parse_json,
     parse_since,
     plain,
     print_json,
@@ -321,9 +321,9 @@ def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[st
     operations: list[dict[str, Any]] = []
     try:
         if text is not None:
-            operations.extend(json.loads(text))
+            operations.extend(parse_json(text))
         if path is not None:
-            operations.extend(json.loads(path.read_text()))
+            operations.extend(parse_json(path.read_text()))
         for item in sets:
             pointer, sep, value = item.partition("=")
             if not sep or not pointer.startswith("/"):
@@ -338,7 +338,7 @@ def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[st
 
 def _json(value: str) -> Any:
     try:
-        return json.loads(value)
+        return parse_json(value)
     except ValueError:
         return value  # a bare word is a string
 
@@ -417,7 +417,7 @@ def runs_signal(run_id: RunArg, name: Annotated[str, typer.Argument(help="The si
     ledger = open_ledger()
     run = _get(ledger, run_id, AuditAction.SIGNAL)
     try:
-        value = json.loads(payload)
+        value = parse_json(payload)
     except ValueError as exc:
         _refuse(ledger, AuditAction.SIGNAL, InvalidInput(f"--payload must be JSON ({exc})"),
                 run.id)

@@ -62,6 +62,7 @@ __all__ = [
     "json_errors",
     "open_ledger",
     "out",
+    "parse_json",
     "parse_since",
     "plain",
     "print_json",
@@ -207,6 +208,15 @@ def _stop(label: str, message: object, code: int, *, error: str,
     if _JSON_ERRORS.get():
         json_error(error, message, code, kind)
     raise typer.Exit(code)
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads``, with a value nested too deeply for the parser refused like any other
+    bad JSON (``ValueError``) instead of ending the command with a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("it nests objects and arrays too deeply to parse") from None
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:

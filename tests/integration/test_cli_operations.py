@@ -595,3 +595,20 @@ def test_cli_keys_erase_tenant__refused_before_the_question(drv: Driver) -> None
     assert "refused: no encryption keys are configured" in refused
     audit = json.loads(onward("audit", "ls", "--action", "keys", "--json"))
     assert [(a["outcome"], a["details"]["type"]) for a in audit] == [("refused", "InvalidInput")]
+
+
+def test_cli_start_and_signal__input_nested_past_the_parser_is_refused_not_a_traceback(
+        drv: Driver) -> None:
+    """--input (start), --payload (signal) and --patch (branch) nesting 100,000 arrays are
+    refused with exit 2 and a message saying the JSON nests too deeply (they ended the
+    command with a RecursionError traceback, exit 1); nothing is started or sent."""
+    deep = "[" * 100_000 + "]" * 100_000
+    said = onward("start", "test_ops_notes", "--input", '{"topic": ' + deep + "}", code=2)
+    assert "nests objects and arrays too deeply" in " ".join(said.split()), said
+    run_id = finished(drv)
+    for args in (["runs", "signal", str(run_id), "go", "--payload", deep],
+                 ["runs", "branch", str(run_id), "--from", "0", "--patch", deep,
+                  "--reason", "r", "--yes"]):
+        said = onward(*args, code=2)
+        assert "nests objects and arrays too deeply" in " ".join(said.split()), (args, said)
+    assert len(drv.ledger.list_runs()) == 1
