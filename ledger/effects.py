@@ -151,6 +151,8 @@ _RECORD_LATE = sql.statement("record_late_answer")
 
 _UNRESOLVED = sql.statement("unresolved_effects")
 
+_CLOSE_UNSENT = sql.statement("close_unsent_effects")
+
 _ATTEMPTS_CHECKED = sql.statement("effect_attempts_checked")
 
 
@@ -441,6 +443,12 @@ class EffectStore:
                 effect.effect_type, effect.effect_id, attempt, EffectAttemptKind.CALL.value,
                 effect.effect_id, "unknown", provider_ref)),
         })
+
+    def close_unsent(self, run_id: UUID, seq: int, *, epoch: int) -> int:
+        """Close the step's effects known never to have reached the provider (``unsent``),
+        as failing the run does; fenced on the lease of ``epoch``. How many were closed."""
+        return len(self.conn.all(_CLOSE_UNSENT, {"run_id": run_id, "seq": seq,
+                                                 "epoch": epoch}))
 
     def unresolved(self, run_id: UUID) -> list[Effect]:
         """The run's effects whose outcome at the provider is unknown (``OUTCOME_UNKNOWN``)."""

@@ -480,6 +480,10 @@ class _Attempt:
     def commit_and_continue(self, ready: _Ready, advance: Advance) -> StepReport:
         """The one commit statement; then say whether a message for the next step goes out."""
         step = ready.step.name
+        if self.claim.attempt > 1:  # a retry: what an earlier attempt left is resolved first
+            refused = self._resolve_left(ready)
+            if refused is not None:
+                return refused
         faults.point("before_checkpoint_commit", step)
         successor = self.successor() if self.successor is not None else None
         try:
@@ -500,6 +504,31 @@ class _Attempt:
             faults.point("after_chained_commit", step)
             report = replace(report, next_claim=committed)
         return report
+
+    def _resolve_left(self, ready: _Ready) -> StepReport | None:
+        """A retry never commits past an effect an earlier attempt left with an unknown
+        outcome (its worker died after the provider acted) that this attempt did not call
+        again (its body took another path). As failing does (docs/effects.md, "When a run
+        ends: resolve first"), the run's effects of unknown outcome are looked up first:
+        found, recorded ``completed`` (reconciled); missing, the call never landed and the
+        step's never-landed effects are closed ``unsent``; still unknown, the run parks
+        ``effect_outcome_unknown`` naming it. None: the step may commit. A retry pays one
+        read (and what it finds costs a lookup each); a first attempt pays nothing: every
+        effect it made it settled itself, or it would not be committing (``settle``)."""
+        ending = ready.ending
+        unknown = ending.unresolved()
+        if isinstance(unknown, StepReport):
+            return unknown
+        if unknown is not None:
+            return ending.park_unknown(unknown, f"step {ready.step.name} was to commit "
+                                                "without the call an earlier attempt made")
+        # fenced on the lease: if it was lost, nothing is closed and the commit says so
+        closed = self.effects.close_unsent(self.claim.run_id, self.claim.seq,
+                                           epoch=self.claim.epoch)
+        if closed:
+            self.log.warning("effects an earlier attempt left never landed; closed unsent",
+                             step=ready.step.name, closed=closed)
+        return None
 
     def _continue(self, ready: _Ready, advance: Advance) -> StepReport:
         workflow, migrated = ready.restored.workflow, ready.restored.migrated
@@ -584,7 +613,9 @@ class _Ending:
             return self._report(ReportKind.LEASE_LOST)
         return self._report(ReportKind.PARKED, message)
 
-    def _unknown(self) -> Effect | StepReport | None:
+    def unresolved(self) -> Effect | StepReport | None:
+        """Resolve the run's effects of unknown outcome: the first that stays unknown, a
+        report if the lease was lost or the run parked, or None (none is left)."""
         try:
             return self.resolver.first_unknown(self.claim.run_id)
         except EffectFenced as exc:
@@ -592,10 +623,10 @@ class _Ending:
             self.store.commit_refused(self.claim)
             return self._report(ReportKind.LEASE_LOST)
         except SealedValueUnreadable as exc:  # e.g. its tenant's data keys were erased
-            return self._park_unknown(None, f"its effects' sealed values cannot be opened "
+            return self.park_unknown(None, f"its effects' sealed values cannot be opened "
                                             f"to settle them ({exc})")
 
-    def _park_unknown(self, effect: Effect | None, why: str) -> StepReport:
+    def park_unknown(self, effect: Effect | None, why: str) -> StepReport:
         named = (f"effect {effect.effect_type} {effect.effect_id[:16]}… ({effect.status.value})"
                  if effect is not None else "an effect")
         return self.park(ParkReason.EFFECT_OUTCOME_UNKNOWN, "EffectOutcomeUnknown",
@@ -605,7 +636,7 @@ class _Ending:
 
     def fail(self, error: dict[str, Any], detail: str) -> StepReport:
         """Fail the run for good, its never-sent effects closed in the same statement."""
-        unknown = self._unknown()
+        unknown = self.unresolved()
         if isinstance(unknown, StepReport):
             return unknown
         if unknown is None:
@@ -615,11 +646,11 @@ class _Ending:
             if ended is Ended.ENDED:
                 self.log.error("run stopped", reason=error.get("reason"), detail=detail)
                 return self._report(ReportKind.FAILED, detail)
-        return self._park_unknown(unknown, f"the run was to fail ({detail})")
+        return self.park_unknown(unknown, f"the run was to fail ({detail})")
 
     def cancel(self, message: str) -> StepReport:
         """Honour an operator's cancel request once no effect's outcome is unknown."""
-        unknown = self._unknown()
+        unknown = self.unresolved()
         if isinstance(unknown, StepReport):
             return unknown
         if unknown is None:
@@ -629,5 +660,5 @@ class _Ending:
             if ended is Ended.ENDED:
                 self.log.warning("run cancelled", detail=message)
                 return self._report(ReportKind.CANCELLED, message)
-        return self._park_unknown(unknown, f"the run was to be cancelled ({message}); "
+        return self.park_unknown(unknown, f"the run was to be cancelled ({message}); "
                                            "cancel it again once the provider was checked")

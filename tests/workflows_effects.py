@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -67,3 +68,35 @@ def act(ctx: StepContext, state: Chain) -> Any:
     if done >= state.steps:
         return ctx.finish(done=done)
     return ctx.goto(act, done=done)
+
+
+orphaned = provider_tool("test.orphaned", "orphaned", ToolClass.IRREVERSIBLE)
+orphaned_blind = provider_tool("test.orphaned_blind", "orphaned_blind", ToolClass.IRREVERSIBLE,
+                               lookup=False)
+
+
+class Orphan(BaseModel):
+    marker: str  # a file: absent, the step sends (and creates it); present, it does not
+    blind: bool = False  # send through a tool with no lookup
+    finish: bool = False  # the step ends the run rather than going on to after_send
+    sent: bool = False
+
+
+orphan = Workflow("test_effect_orphan", version=1, state=Orphan)
+
+
+@orphan.step(start=True)
+def maybe_send(ctx: StepContext, state: Orphan) -> Any:
+    """A step whose body is not deterministic: its first attempt sends, a retry (the
+    marker file is there by then) takes another path and never makes that call."""
+    marker = Path(state.marker)
+    sent = not marker.exists()
+    if sent:
+        marker.write_text("sent once")
+        ctx.effect(orphaned_blind if state.blind else orphaned, note="made by attempt 1 only")
+    return ctx.finish(sent=sent) if state.finish else ctx.goto(after_send, sent=sent)
+
+
+@orphan.step()
+def after_send(ctx: StepContext, state: Orphan) -> Any:
+    return ctx.finish()

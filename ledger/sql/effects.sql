@@ -186,6 +186,21 @@ UPDATE onward.effect_attempts
    AND lease_epoch = %(epoch)s AND outcome IS NULL
 RETURNING attempt
 
+-- name: close_unsent_effects
+-- A step about to commit, its retry having resolved what an earlier attempt left: close
+-- its effects known never to have reached the provider, as failing the run closes them
+-- (docs/effects.md, "When a run ends"): the step moves on without them. Fenced on the
+-- caller's live lease; an unsent effect asked for again is reopened (record_intent).
+UPDATE onward.effects e
+   SET status = 'unsent', completed_at = onward.now(), updated_at = onward.now(),
+       error = coalesce(e.error, '{}'::jsonb)
+               || jsonb_build_object('closed_by', 'step committed without it')
+ WHERE e.run_id = %(run_id)s AND e.seq = %(seq)s AND {never_landed}
+   AND EXISTS (SELECT 1 FROM onward.runs
+                WHERE id = %(run_id)s AND lease_epoch = %(epoch)s AND status = 'running'
+                  AND lease_expires_at > onward.now())
+RETURNING e.effect_id
+
 -- name: unresolved_effects
 -- The run's effects whose outcome at the provider is unknown.
 SELECT e.*, {unknown_call(e)} AS call_unknown, {overran_call(e)} AS call_overran

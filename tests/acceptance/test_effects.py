@@ -242,3 +242,59 @@ def test_effect__worker_process_killed_with_every_steps_call_in_flight(
         assert [(a.kind, a.outcome) for a in ledger.effect_attempts(offer)] == [
             ("call", None), ("lookup", "found")]
         assert ledger.get_run(run_id).restore_count >= 1
+
+
+@pytest.mark.parametrize("finish", [False, True], ids=["goto", "finish"])
+def test_effect__retry_that_skips_the_call_resolves_it_before_commit(
+        finish: bool, ledger: Ledger, cluster: Cluster, provider: Provider,
+        tmp_path: Path) -> None:
+    """Invariant: a step never commits past an effect of its own whose outcome is unknown.
+    Attempt 1 sends, the provider creates the object, the worker dies before recording it;
+    the retry takes another path (a file outside ctx says so) and never calls again. Before
+    its commit, as failing would, the effect is looked up by key: found, it is recorded
+    ``completed`` (reconciled), and the run goes on, with no second object."""
+    start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
+    run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent"),
+                                                     "finish": finish})
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    [effect] = ledger.effects(run_id)
+    assert effect.status is EffectStatus.COMPLETED
+    assert effect.reconciled is True
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
+        ("call", None), ("lookup", "found")]
+    stats = provider.stats()
+    assert stats["by_collection"] == {"orphaned": 1}
+    assert stats["requests"] == 1  # one call (a lookup is not counted): nothing sent again
+
+
+def test_effect__retry_that_skips_a_call_without_lookup_parks(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path) -> None:
+    """Invariant: the same, through a tool with no lookup: onward cannot learn whether the
+    write happened, so the run parks ``effect_outcome_unknown`` naming the effect, instead
+    of committing past it; nothing is sent again."""
+    start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
+    run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent"),
+                                                     "blind": True})
+    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    run = ledger.get_run(run_id)
+    assert run.parked_reason == "effect_outcome_unknown"
+    assert run.seq == 0  # the step did not commit
+    [effect] = ledger.effects(run_id)
+    assert effect.status is EffectStatus.PENDING
+    assert effect.effect_id[:16] in run.last_error["message"]
+    assert provider.stats()["by_collection"] == {"orphaned_blind": 1}
+    assert provider.stats()["requests"] == 1
+
+
+def test_effect__retry_that_skips_a_never_sent_effect_closes_it_unsent(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path) -> None:
+    """Invariant: an intent an earlier attempt recorded but never sent (its worker died
+    before the call), which the retry does not ask for again, is closed ``unsent`` when the
+    step commits without it, as failing the run closes it: not left ``pending`` for good."""
+    start_fleet(cluster, provider, faults="after_effect_pending@maybe_send:kill:once")
+    run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")})
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    [effect] = ledger.effects(run_id)
+    assert effect.status is EffectStatus.UNSENT
+    assert ledger.effect_attempts(effect) == []
+    assert provider.stats().get("requests", 0) == 0
