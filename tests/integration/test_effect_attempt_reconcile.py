@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -101,6 +102,8 @@ def test_effect_attempts__an_accepted_effect_is_polled_at_its_own_reference_only
         wait_for(lambda: all(o["status"] == "completed" for o in provider.objects()),
                  timeout=10, what="the provider completing the accepted job")
 
+    # the status poll is deferred (the step's wait): a claim before it is due is stale
+    wait_for(lambda: _polled(drv, ledger, run_id), timeout=10, what="the deferred poll")
     run = drv.drive(run_id)
 
     [after] = ledger.effects(run_id)
@@ -112,3 +115,13 @@ def test_effect_attempts__an_accepted_effect_is_polled_at_its_own_reference_only
     assert (run.status, run.parked_reason) == (RunStatus.NEEDS_REVIEW, "integrity")
     assert after.status.value == "accepted"  # not completed with the other object
     assert {p.kind for p in ledger.verify_run(run_id)} >= {"effect"}
+
+
+def _polled(drv: Driver, ledger: Ledger, run_id: UUID) -> bool:
+    """Step the run once; whether that claim was taken (not stale: the poll was due)."""
+    before = ledger.get_run(run_id)
+    assert before is not None
+    drv.step(run_id, before.seq)
+    after = ledger.get_run(run_id)
+    assert after is not None
+    return after.stale_deliveries == before.stale_deliveries
