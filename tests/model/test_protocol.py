@@ -88,7 +88,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
-from tests.model import flows
+from tests.model import conditions, flows
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -377,7 +377,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.stats["runs"] += 1
         return run_id
 
-    @precondition(lambda self: self.refs > 0 and any(w.idle for w in self.workers))
+    @precondition(conditions.idle_worker_and_refs)
     @rule(worker=st.integers(0, 1), pick=st.integers(0, 63), keep=st.booleans(),
           eager=st.sampled_from([0, 0, 1, 4]),
           provider=st.lists(st.sampled_from(PROVIDER_MODES), max_size=2),
@@ -400,7 +400,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.crashes.after_statement = crash if isinstance(crash, int) else None
         self._record(chosen, chosen.deliver(self.broker.take(pick, keep), eager))
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(messages=st.integers(1, 6))
     def fleet_works(self, messages: int) -> None:
         """A quiet stretch: the dispatcher sweeps, idle workers take messages in order, the
@@ -418,13 +418,12 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             self.env.crashes.point = self.env.crashes.after_statement = None
             self._record(idle[0], idle[0].deliver(self.broker.take(0, keep=False), 0))
 
-    @precondition(lambda self: self.broker.messages)
+    @precondition(conditions.has_messages)
     @rule(pick=st.integers(0, 63))
     def lose_message(self, pick: int) -> None:
         self.broker.take(pick, keep=False)
 
-    @precondition(lambda self: any(w.suspended for w in self.workers)
-                  and any(w.idle for w in self.workers))
+    @precondition(conditions.suspended_and_idle)
     @rule(provider=st.lists(st.sampled_from(PROVIDER_MODES[:-1]), max_size=2))
     def lease_expires_under_a_hung_call(self, provider: list[str]) -> None:
         """A call slower than the lease: the lease expires, the reaper gives the step back,
@@ -446,7 +445,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
                 return
             self._record(other, other.deliver(self.broker.messages.pop(index), 0))
 
-    @precondition(lambda self: any(w.suspended for w in self.workers))
+    @precondition(conditions.suspended_worker)
     @rule(worker=st.integers(0, 1), action=st.sampled_from(RESUME_ACTIONS))
     def resume_call(self, worker: int, action: str) -> None:
         """End a hung provider call: acted or not, answered, lost, or its worker killed."""
@@ -466,7 +465,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         self.env.clock.advance(seconds)
 
-    @precondition(lambda self: any(w.idle for w in self.workers))
+    @precondition(conditions.idle_worker)
     @rule(worker=st.integers(0, 1), code=st.sampled_from(sorted(CODE)))
     def deploy(self, worker: int, code: str) -> None:
         """Restart an idle worker with other code: v2 migrates schema-1 runs; v1 after v2 is
@@ -522,7 +521,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             self.world.note("repeat", f"effect {effect.effect_id[:16]}… of a {plan.run_mode} "
                             "run was repeated at the real provider")
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(pick=st.integers(0, 15), how=st.sampled_from(sorted(UNREADABLE)),
           signal_now=st.booleans())
     def newer_control(self, pick: int, how: str, signal_now: bool) -> None:
@@ -622,7 +621,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         return launched.run_id
 
     # -- rules: retention, corpus bundles, encryption keys ------------------------------------
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(run=runs, how=st.sampled_from(["hold", "release", "pin", "unpin"]))
     def keep(self, run: UUID, how: str) -> None:
         """A person keeps a run from retention (a legal hold, a pin in a corpus) or lets it
@@ -695,7 +694,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             return "a replay or branch of it is still going"
         return ""
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(policy=st.sampled_from(COMPACT_POLICIES), race=st.sampled_from(RACES),
           pick=st.integers(0, 15), work=st.booleans())
     def compact(self, policy: str, race: str | None, pick: int, work: bool) -> None:
@@ -733,7 +732,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             self.book.verified.pop(run_id, None)
             self.book.opened.pop(run_id, None)
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(policy=st.sampled_from(EXPIRE_POLICIES), race=st.sampled_from(RACES),
           pick=st.integers(0, 15), work=st.booleans())
     def months_pass(self, policy: str, race: str | None, pick: int, work: bool) -> None:
@@ -780,7 +779,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
     def _target(self) -> Ledger:
         return self.env.target_sealed if self.book.sealed else self.env.target
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(run=runs)
     def export_import(self, run: UUID) -> None:
         """An operator pins a finished run in a corpus of its own, exports the corpus as a
@@ -822,7 +821,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.stats["imports"] += 1
         self.book.imported.append(run)
 
-    @precondition(lambda self: self.book.sealed)
+    @precondition(conditions.sealed_book)
     @rule(how=st.sampled_from(["rotate", "rotate", "resume", "erase"]))
     def keys(self, how: str) -> None:
         """An admin rotates the encryption keys (a new data key for the tenant, every sealed
@@ -842,7 +841,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.book.verified.clear()
         self.book.opened.clear()
 
-    @precondition(lambda self: not self.settled)
+    @precondition(conditions.unsettled)
     @rule()
     def everything_settles(self) -> None:
         """Liveness: with no more crashes or faults, and time passing, every run ends

@@ -36,6 +36,7 @@ from ledger.wait_control import (
     TimerControl,
     parse_control,
 )
+from tests.model import conditions
 
 __all__ = ["WaitEdits", "event_missing"]
 
@@ -128,7 +129,7 @@ class WaitEdits:
                       key=lambda r: self._rank(r[0]))  # type: ignore[attr-defined]
 
     # -- rules ---------------------------------------------------------------------------------
-    @precondition(lambda self: self.refs > 0 and any(w.idle for w in self.workers))
+    @precondition(conditions.idle_worker_and_refs)
     @rule(target=Bundle("runs"), pick=st.integers(0, 15), other=st.booleans(),
           direct=st.booleans(), prepare=st.sampled_from([None, *WAIT_OPS]))
     def edit_wait(self, pick: int, other: bool, direct: bool, prepare: str | None) -> Any:
@@ -190,7 +191,7 @@ class WaitEdits:
             self.broker.publish(run_id, seq)
         self.book.edited[run_id] = seq
 
-    @precondition(lambda self: self.refs > 0)
+    @precondition(conditions.has_refs)
     @rule(pick=st.integers(0, 15))
     def continue_at_wait(self, pick: int) -> None:
         """An operator continues a run whose head is a wait (parked, failed, or runnable with
