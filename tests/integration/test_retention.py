@@ -8,7 +8,6 @@ in the test process against a real PostgreSQL."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ledger.corpus import Selection, pin_ids_txn
 from ledger.exceptions import IntegrityViolation, InvalidInput, OperationRefused
 from ledger.retention import compact_run_txn, parse_policies
 from tests.support import reads
+from tests.support.cluster import wait_for
 from tests.support.corpus import record_note
 from tests.support.driver import Driver, driver, driver_fixture
 
@@ -310,16 +310,13 @@ def _with_policies(admin: Ledger, policies: str) -> Ledger:
 
 def _wait_for_a_lock_wait(engine: sa.engine.Engine, timeout_s: float = 30.0) -> None:
     """Until a backend of this database waits for a lock (the fork, on the parent's row)."""
-    deadline = time.monotonic() + timeout_s
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:
-            if conn.execute(sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'")).scalar_one():
-                return
-            conn.rollback()
-            time.sleep(0.05)
-    raise AssertionError("the fork never waited for the compaction")
+    def lock_waits() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'")).scalar_one())
+
+    wait_for(lock_waits, timeout=timeout_s, what="the fork to wait for the compaction")
 
 
 def test_retention__a_replay_racing_its_parents_compaction_is_refused(
