@@ -11,19 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger import signed
+from ledger import signed, sql
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation
-from ledger.schema import effect_attempts
 from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus
 
 if TYPE_CHECKING:
     from ledger.effects import Effect
 
-__all__ = ["attempt_problems", "check_attempts_txn"]
+__all__ = ["attempt_problems", "attempt_problems_txn", "check_attempts_txn",
+           "checked_rows_problems"]
+
+_ATTEMPTS_CHECKED = sql.text("effect_attempts_checked")
 
 
 _SAW_REF = (EffectAttemptOutcome.ACCEPTED, EffectAttemptOutcome.FOUND,
@@ -71,15 +72,33 @@ def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, beg
                    "edited outside onward")
 
 
+def checked_rows_problems(keys: CheckpointKeys, effect_type: str, effect_id: str,
+                          rows: Sequence[Mapping[Any, Any]]) -> Iterator[str]:
+    """What is wrong with the effect as ``rows`` of statement ``effect_attempts_checked``
+    show it (its attempts, each with the effect's begun count, status and provider
+    reference as of the same snapshot; no row at all: the effect's row is gone)."""
+    if not rows:
+        yield f"effect {effect_type} {effect_id[:16]}…: its row is gone (deleted outside onward)"
+        return
+    yield from attempt_problems(keys, effect_type, effect_id, rows[0]["begun"],
+                                EffectStatus(rows[0]["effect_status"]),
+                                [row for row in rows if row["attempt"] is not None],
+                                rows[0]["effect_provider_ref"])
+
+
+def attempt_problems_txn(conn: Connection, keys: CheckpointKeys,
+                         effect: Effect) -> Iterator[str]:
+    """What is wrong with ``effect``'s attempts, read in the caller's transaction with the
+    statement the worker's check runs (``effect_attempts_checked``): what an operator's
+    repeat relies on and what ``onward verify`` reports."""
+    rows = conn.execute(_ATTEMPTS_CHECKED, {"effect_type": effect.effect_type,
+                                            "effect_id": effect.effect_id}).mappings().all()
+    yield from checked_rows_problems(keys, effect.effect_type, effect.effect_id, rows)
+
+
 def check_attempts_txn(conn: Connection, keys: CheckpointKeys, effect: Effect) -> None:
     """Raise IntegrityViolation unless ``effect``'s attempts (read in the caller's
-    transaction, ``effect`` as its row was read there) are as onward recorded them: what
+    transaction, with the effect's row locked there) are as onward recorded them: what
     an operator's repeat relies on (its key's number counts the repeats before it)."""
-    rows = conn.execute(sa.select(effect_attempts).where(
-        effect_attempts.c.effect_type == effect.effect_type,
-        effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
-    ).mappings().all()
-    for problem in attempt_problems(keys, effect.effect_type, effect.effect_id,
-                                    effect.attempts, effect.status, rows,
-                                    effect.provider_ref):
+    for problem in attempt_problems_txn(conn, keys, effect):
         raise IntegrityViolation(f"{problem}: nothing was repeated")

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
-from ledger.attempt_history import attempt_problems
+from ledger.attempt_history import checked_rows_problems
 from ledger.checkpoints import CheckpointKeys, canonical_json, sha256_hex
 from ledger.crypto import MASK, Keyring, Place, is_sealed, open_value, seal_value, sealed_text
 from ledger.exceptions import (
@@ -275,13 +275,8 @@ class EffectStore:
         the hot path: only an effect an earlier attempt of the step left unfinished)."""
         rows = self.conn.all(_ATTEMPTS_CHECKED, {"effect_type": effect.effect_type,
                                                  "effect_id": effect.effect_id})
-        if not rows:
-            raise IntegrityViolation(f"effect {effect.effect_type} {effect.effect_id[:16]}…: "
-                                     "its row is gone (deleted outside onward)")
-        attempts = [row for row in rows if row["attempt"] is not None]
-        for problem in attempt_problems(self.keys, effect.effect_type, effect.effect_id,
-                                        rows[0]["begun"], EffectStatus(rows[0]["effect_status"]),
-                                        attempts, rows[0]["effect_provider_ref"]):
+        for problem in checked_rows_problems(self.keys, effect.effect_type, effect.effect_id,
+                                             rows):
             raise IntegrityViolation(problem)
 
     def intend(self, intent: Intent) -> tuple[Effect, bool]:

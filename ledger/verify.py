@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import compacted, signed, sql
-from ledger.attempt_history import attempt_problems
+from ledger.attempt_history import attempt_problems_txn
 from ledger.bundle import DROPPED
 from ledger.checkpoints import (
     CheckpointBody,
@@ -33,7 +33,6 @@ from ledger.schema import (
     approvals,
     artifacts,
     audit,
-    effect_attempts,
     effects,
     evidence,
     refused_answers,
@@ -297,13 +296,7 @@ def _check_effects(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iter
 
 def _check_attempts(conn: Connection, keys: CheckpointKeys,
                     effect: Effect) -> Iterator[Problem]:
-    rows = conn.execute(sa.select(effect_attempts).where(
-        effect_attempts.c.effect_type == effect.effect_type,
-        effect_attempts.c.effect_id == effect.effect_id).order_by(effect_attempts.c.attempt)
-    ).mappings().all()
-    for problem in attempt_problems(keys, effect.effect_type, effect.effect_id,
-                                    effect.attempts, effect.status, rows,
-                                    effect.provider_ref):
+    for problem in attempt_problems_txn(conn, keys, effect):
         yield Problem(effect.run_id, effect.seq, "effect", problem)
 
 

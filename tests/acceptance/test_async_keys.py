@@ -8,7 +8,6 @@ provider and the model server saw is counted there."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -19,8 +18,8 @@ from ledger import Ledger
 from ledger.vocabulary import Role
 from tests.support import reads
 from tests.support.cluster import Cluster, Proc, wait_for
-from tests.support.model_server import ModelServer, running_model_server
-from tests.support.provider import Provider, running_provider
+from tests.support.model_server import ModelServer, model_fixture
+from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
@@ -29,16 +28,8 @@ KILL = "after_provider_response@fan_out:kill:once"
 CALLS = pytest.mark.parametrize("calls", ["effects", "mixed", "models"])
 
 
-@pytest.fixture()
-def provider(tmp_path: Path) -> Iterator[Provider]:
-    with running_provider(tmp_path / "provider") as running:
-        yield running
-
-
-@pytest.fixture()
-def model(tmp_path: Path) -> Iterator[ModelServer]:
-    with running_model_server(tmp_path / "model", "--latency-ms", "50") as server:
-        yield server
+provider = provider_fixture()
+model = model_fixture("--latency-ms", "50")
 
 
 def _env(provider: Provider, model: ModelServer, tmp_path: Path) -> dict[str, str]:

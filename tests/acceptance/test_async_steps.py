@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -21,8 +20,8 @@ from ledger.vocabulary import Role
 from tests.support import reads
 from tests.support.cluster import Cluster, Proc, wait_for
 from tests.support.messages import Publisher
-from tests.support.model_server import ModelServer, running_model_server
-from tests.support.provider import Provider, running_provider
+from tests.support.model_server import ModelServer, model_fixture
+from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
@@ -30,16 +29,8 @@ POOLS = pytest.mark.parametrize("pool", ["prefork", "threads"])
 WORKFLOWS = "tests.workflows_async"
 
 
-@pytest.fixture()
-def provider(tmp_path: Path) -> Iterator[Provider]:
-    with running_provider(tmp_path / "provider") as running:
-        yield running
-
-
-@pytest.fixture()
-def model(tmp_path: Path) -> Iterator[ModelServer]:
-    with running_model_server(tmp_path / "model", "--latency-ms", "50") as server:
-        yield server
+provider = provider_fixture()
+model = model_fixture("--latency-ms", "50")
 
 
 def fleet_env(provider: Provider, marks: Path, model: ModelServer | None = None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -26,7 +25,7 @@ from tests.support import reads
 from tests.support.cluster import Cluster, Proc, wait_for
 from tests.support.messages import Publisher
 from tests.support.model_server import ModelServer, running_model_server
-from tests.support.provider import Provider, running_provider
+from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
@@ -382,10 +381,7 @@ def test_crash__after_an_unrecordable_answer_is_refused_the_model_is_not_called_
 TOPIC = "lookups skipped under crashes"
 
 
-@pytest.fixture()
-def provider(tmp_path: Path) -> Iterator[Provider]:
-    with running_provider(tmp_path / "provider") as running:
-        yield running
+provider = provider_fixture()
 
 
 def _lookup_env(model: ModelServer, provider: Provider, **extra: str) -> dict[str, str]:

@@ -4,15 +4,17 @@ subprocess for acceptance tests, beside the workers they start."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.model_server import ModelServer
 from harness.processes import Processes
 
-__all__ = ["ModelServer", "model_server_in_thread", "running_model_server"]
+__all__ = ["ModelServer", "model_fixture", "model_server_in_thread", "running_model_server"]
 
 
 @contextmanager
@@ -36,3 +38,14 @@ def running_model_server(tmp: Path, *options: str) -> Iterator[ModelServer]:
         yield server
     finally:
         server.stop()
+
+
+def model_fixture(*options: str) -> Callable[..., Iterator[ModelServer]]:
+    """An acceptance module's ``model`` fixture: ``running_model_server`` with ``options``
+    (``"--latency-ms", "50"``) for one test, its log in ``tmp_path / "model"``."""
+    @pytest.fixture()
+    def model(tmp_path: Path) -> Iterator[ModelServer]:
+        with running_model_server(tmp_path / "model", *options) as server:
+            yield server
+
+    return model

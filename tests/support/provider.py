@@ -4,14 +4,16 @@ subprocess for acceptance tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from harness.processes import Processes
 from harness.provider import ReferenceProvider
 
-__all__ = ["Provider", "provider_in_thread", "running_provider"]
+__all__ = ["Provider", "provider_fixture", "provider_in_thread", "running_provider"]
 
 Provider = ReferenceProvider
 
@@ -35,3 +37,15 @@ def running_provider(tmp: Path) -> Iterator[Provider]:
         yield provider
     finally:
         provider.stop()
+
+
+def provider_fixture() -> Callable[..., Iterator[Provider]]:
+    """An acceptance module's ``provider`` fixture: the provider as a real subprocess for
+    one test, its store and log in ``tmp_path / "provider"``. A module writes
+    ``provider = provider_fixture()``, not its own copy of the four lines."""
+    @pytest.fixture()
+    def provider(tmp_path: Path) -> Iterator[Provider]:
+        with running_provider(tmp_path / "provider") as running:
+            yield running
+
+    return provider
