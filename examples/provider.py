@@ -15,17 +15,25 @@ API
   GET  /admin/stats                objects, keys, duplicate objects per key, requests
   GET  /admin/objects              every object
   POST /admin/config               {"key_ttl_s", "async_complete_s", "lookup", "slow_s"}
-  POST /admin/faults               {"collection", "drop_response": n, "error_500": n,
-                                   "error_429": n} — the next n creates in that collection act
-                                   then drop the response / answer 500 / answer 429 with
-                                   Retry-After (setting retry_after_s) without acting;
+  POST /admin/faults               {"collection", "drop_response": n, "commit_error_500": n,
+                                   "error_500": n, "error_429": n} — the next n creates in
+                                   that collection act, then drop the connection without
+                                   answering / act, then answer 500 (the object exists: a
+                                   write's 5xx proves nothing) / answer 500 without acting /
+                                   answer 429 with Retry-After (setting retry_after_s) without
+                                   acting;
                                    {"collection", "slow": n, "slow_s": s} — the next n
                                    creates wait s seconds before acting (a call longer than
                                    the caller's lease); {"collection", "hold": n, "hold_s": s}
                                    — the next n creates act, then hold their answer s seconds
-                                   (a call that landed while its caller gave up)
+                                   (a call that landed while its caller gave up);
+                                   {"collection", "lookup_error_500": n, "lookup_slow": n,
+                                   "lookup_slow_s": s, "status_error_500": n,
+                                   "status_slow": n, "status_slow_s": s} — the next n
+                                   lookups by key / status reads (GET of one object) in that
+                                   collection answer 500, or wait s seconds before answering
   POST /admin/reset                forget everything
-A request may also carry ``X-Fault: drop-response | error-500 | slow=<s>``.
+A create may also carry ``X-Fault: drop-response | commit-error-500 | error-500 | slow=<s>``.
 
 With ``ONWARD_EXAMPLE_PROVIDER_TOKEN`` set, every ``/v1`` request must carry
 ``Authorization: Bearer <that token>`` (401 otherwise); the client reads its copy by
@@ -70,6 +78,11 @@ DEFAULTS: dict[str, Any] = {
     "slow_s": 0.0,  # delay every create
     "retry_after_s": 1,  # the Retry-After header of an injected 429
 }
+
+
+FAULTS = ("drop_response", "commit_error_500", "error_500", "error_429", "slow", "hold",
+          "lookup_error_500", "lookup_slow", "status_error_500", "status_slow")
+"""What ``POST /admin/faults`` arms, each for the next n requests of one collection."""
 
 
 class DropResponse(Exception):
@@ -119,26 +132,35 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)",
                         (f"fault:{collection}:{fault}", count))
 
+    def take_delay(self, collection: str, fault: str, counter: str) -> float:
+        """Seconds an armed delay ``fault`` (``slow``, ``hold``, ``lookup_slow``,
+        ``status_slow``) holds this request, counted in ``counter``; 0 when none is armed."""
+        with self.lock:
+            if not self.take_fault(collection, fault):
+                return 0.0
+            self.bump(counter)
+            row = self.db.execute("SELECT value FROM counters WHERE name = ?",
+                                  (f"fault:{collection}:{fault}_ms",)).fetchone()
+            return (row[0] if row else 0) / 1000.0
+
     def take_slow(self, collection: str) -> float:
         """Seconds to hold this create before acting: an armed ``slow`` fault, or 0."""
-        with self.lock:
-            if not self.take_fault(collection, "slow"):
-                return 0.0
-            self.bump("slow_requests")
-            row = self.db.execute("SELECT value FROM counters WHERE name = ?",
-                                  (f"fault:{collection}:slow_ms",)).fetchone()
-            return (row[0] if row else 0) / 1000.0
+        return self.take_delay(collection, "slow", "slow_requests")
 
     def take_hold(self, collection: str) -> float:
         """Seconds to hold this create's answer after acting: an armed ``hold`` fault, or 0
         (the object exists while the caller still waits: a call that "may have landed")."""
+        return self.take_delay(collection, "hold", "held_responses")
+
+    def take_read_fault(self, collection: str, read: str) -> tuple[float, bool]:
+        """What an armed fault does to this ``read`` (``lookup`` or ``status``): seconds to
+        wait before answering, and whether to answer 500 instead of the object."""
+        delay = self.take_delay(collection, f"{read}_slow", f"{read}_slow_requests")
         with self.lock:
-            if not self.take_fault(collection, "hold"):
-                return 0.0
-            self.bump("held_responses")
-            row = self.db.execute("SELECT value FROM counters WHERE name = ?",
-                                  (f"fault:{collection}:hold_ms",)).fetchone()
-            return (row[0] if row else 0) / 1000.0
+            failing = self.take_fault(collection, f"{read}_error_500")
+            if failing:
+                self.bump(f"{read}_errors_500")
+        return delay, failing
 
     def view(self, row: tuple[Any, ...]) -> dict[str, Any]:
         object_id, collection, key, _hash, body, status, created, complete_at = row
@@ -186,6 +208,9 @@ class Store:
             self.bump("created")
             obj = self.get(collection, object_id)
             assert obj is not None
+            if fault == "commit-error-500" or self.take_fault(collection, "commit_error_500"):
+                self.bump("committed_errors_500")  # acted, then failed: the object exists
+                return 500, {"error": "internal error (injected) after the write committed"}
             if fault == "drop-response" or self.take_fault(collection, "drop_response"):
                 self.bump("dropped_responses")
                 raise DropResponse()
@@ -259,6 +284,14 @@ class Handler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
+    def _read_fault(self, collection: str, read: str) -> bool:
+        """Apply an armed ``lookup`` / ``status`` fault: wait its delay (a read slower than
+        its caller's time limit); True when the read must answer 500."""
+        delay, failing = self.store.take_read_fault(collection, read)
+        if delay:
+            time.sleep(delay)
+        return failing
+
     def do_GET(self) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         if not self._authorized(parts):
@@ -270,9 +303,13 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) == 4 and parts[0] == "v1" and parts[2] == "by-key":
             if not self.store.setting("lookup"):
                 return self._send(501, {"error": "lookup by key is not supported"})
+            if self._read_fault(parts[1], "lookup"):
+                return self._send(500, {"error": "internal error (injected) in a lookup"})
             found = self.store.by_key(parts[1], parts[3])
             return self._send(200, found) if found else self._send(404, {"error": "no object"})
         if len(parts) == 3 and parts[0] == "v1":
+            if self._read_fault(parts[1], "status"):
+                return self._send(500, {"error": "internal error (injected) in a status read"})
             found = self.store.get(parts[1], parts[2])
             return self._send(200, found) if found else self._send(404, {"error": "no object"})
         return self._send(404, {"error": "no route"})
@@ -291,10 +328,10 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 return self._send(400, {"error": str(exc)})
         if parts == ["admin", "faults"]:
-            for fault in ("drop_response", "error_500", "error_429", "slow", "hold"):
+            for fault in FAULTS:
                 if fault in body:
                     self.store.arm_fault(body["collection"], fault, int(body[fault]))
-            for delay in ("slow_s", "hold_s"):
+            for delay in ("slow_s", "hold_s", "lookup_slow_s", "status_slow_s"):
                 if delay in body:
                     self.store.arm_fault(body["collection"], f"{delay[:-2]}_ms",
                                          round(float(body[delay]) * 1000))

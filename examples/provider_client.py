@@ -155,16 +155,51 @@ def _http() -> httpx.Client:
     return _client
 
 
-def _answer(response: httpx.Response) -> ToolResult:
+class WriteOutcomeUnknown(Exception):
+    """A create the provider may have committed: it answered 5xx (a provider can commit,
+    then fail before it answers). Not a ``ToolError``, so onward records the call's outcome
+    as unknown and reconciles it by a lookup with the idempotency key before anything is
+    sent again (docs/effects.md). ``status_code`` and ``retry_after_s`` are the provider's,
+    for a tool's retry policy."""
+
+    def __init__(self, message: str, *, status_code: int,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+def _answer(response: httpx.Response, *, write: bool = False) -> ToolResult:
+    """What the provider said. A refusal that proves nothing happened is a ``ToolError``:
+    any 4xx (a 400, a 409 for a key reused with another body, a 429 rate limit, which the
+    provider answers before it acts), or a 5xx to a read. A 5xx to a ``write`` proves
+    nothing (``WriteOutcomeUnknown``)."""
     if response.status_code in (200, 201, 202):
         obj: dict[str, Any] = response.json()
         accepted = response.status_code == 202 or obj.get("status") == "processing"
         return ToolResult("accepted" if accepted else "completed", obj["id"], obj)
     message = (f"provider answered {response.status_code}: "
                f"{credentials.redact(response.text[:200])}")
+    retry_after_s = parse_retry_after(response.headers.get("retry-after"))
+    if write and response.status_code >= 500:
+        raise WriteOutcomeUnknown(f"{message} (the write may have been committed before the "
+                                  "error: its outcome is unknown)",
+                                  status_code=response.status_code, retry_after_s=retry_after_s)
     retryable = response.status_code >= 500 or response.status_code == 429
     raise ToolError(message, retryable=retryable, status_code=response.status_code,
-                    retry_after_s=parse_retry_after(response.headers.get("retry-after")))
+                    retry_after_s=retry_after_s)
+
+
+@contextlib.contextmanager
+def _unreachable_is_refusal() -> Iterator[None]:
+    """A connection that could not be made (refused, or not made in time) sent nothing: a
+    refusal onward may send again after. Anything later (a dropped connection, a read
+    timeout) may follow a request the provider received: an unknown outcome."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise ToolError(f"provider unreachable, nothing was sent: {exc}",
+                        retryable=True) from exc
 
 
 CREDENTIAL = credentials.reference("example_provider_token")
@@ -190,8 +225,10 @@ def _request(method: str, url: str, timeout: float | None, *,
 def create(collection: str, payload: dict[str, Any], idempotency_key: str,
            *, send_key: bool = True, timeout: float | None = None) -> ToolResult:
     headers = {"Idempotency-Key": idempotency_key} if send_key else {}
-    return _answer(_request("POST", f"{provider_url()}/v1/{collection}", timeout,
-                            json=payload, headers=headers))
+    with _unreachable_is_refusal():
+        response = _request("POST", f"{provider_url()}/v1/{collection}", timeout,
+                            json=payload, headers=headers)
+    return _answer(response, write=True)
 
 
 def find_by_key(collection: str, key: str, *, timeout: float | None = None) -> ToolResult | None:
@@ -275,9 +312,11 @@ def async_provider_tool(name: str, collection: str, tool_class: ToolClass, *,
 
     async def call(payload: dict[str, Any], key: str, *,
                    timeout: float | None = None) -> ToolResult:
-        return _answer(await _request_async("POST", f"{provider_url()}/v1/{collection}",
+        with _unreachable_is_refusal():
+            response = await _request_async("POST", f"{provider_url()}/v1/{collection}",
                                             timeout, json=payload,
-                                            headers={"Idempotency-Key": key}))
+                                            headers={"Idempotency-Key": key})
+        return _answer(response, write=True)
 
     async def find(key: str, *, timeout: float | None = None) -> ToolResult | None:
         response = await _request_async(

@@ -77,8 +77,10 @@ class ReferenceProvider:
         self.http.post("/admin/config", json=values).raise_for_status()
 
     def arm(self, collection: str, **faults: float) -> None:
-        """The next creates in ``collection`` misbehave: drop_response, error_500, slow,
-        hold (with slow_s / hold_s)."""
+        """The next requests in ``collection`` misbehave: creates with drop_response,
+        commit_error_500, error_500, error_429, slow, hold (with slow_s / hold_s); lookups
+        and status reads with lookup_error_500, lookup_slow, status_error_500, status_slow
+        (with lookup_slow_s / status_slow_s). examples/provider.py says what each does."""
         self.http.post("/admin/faults",
                        json={"collection": collection, **faults}).raise_for_status()
 

@@ -67,9 +67,15 @@ class LeaseLost(OnwardError):
 # tools and effects (tasks/tools.py, tasks/effect_calls.py, tasks/toolcheck.py)
 
 class ToolError(OnwardError):
-    """The provider answered and refused. ``retryable`` says whether trying again can help
-    (HTTP 5xx, 429) or not (4xx, a conflict); ``retry_after_s`` is the provider's
-    ``Retry-After``, which the tool's retry policy honours (tasks/retry.py)."""
+    """The provider answered and refused: nothing happened. ``retryable`` says whether
+    trying again can help (a 429 answered before the provider acted, a connection that was
+    never made, a 5xx to a read) or not (4xx, a conflict); ``retry_after_s`` is the
+    provider's ``Retry-After``, which the tool's retry policy honours (tasks/retry.py).
+
+    A 5xx to a write is not a refusal: the provider may have committed, then failed. Raise
+    anything else for it (examples/provider_client.py raises ``WriteOutcomeUnknown``): the
+    outcome is unknown, and onward reconciles it by a lookup with the key (docs/effects.md).
+    """
 
     def __init__(self, message: str, *, retryable: bool, status_code: int | None = None,
                  retry_after_s: float | None = None) -> None:

@@ -152,10 +152,12 @@ def test_replay_live__irreversible_blocked_unless_allowed_and_branch(
 
 def test_continue__after_a_provider_outage(
         ops: Ledger, provider: Provider) -> None:
-    """Invariant: a run that gave up during a provider outage (every call refused: nothing
-    landed) closes its effect ``unsent`` in the statement that fails it; continued at the
-    same seq, the step sends it once with the same key, no lookup needed; one object."""
-    provider.arm("poisoned", error_500=3)
+    """Invariant: a run that gave up during a provider outage (every call refused with a
+    429, which the provider answers before it acts: nothing landed) closes its effect
+    ``unsent`` in the statement that fails it; continued at the same seq, the step sends it
+    once with the same key, no lookup needed; one object. (A 500 to a create would not do:
+    the provider may have committed before it failed, so each is looked up.)"""
+    provider.arm("poisoned", error_429=3)
     run_id = ops.start_run("test_effect_poison", {})
     assert wait_stopped(ops, run_id) is RunStatus.FAILED
     assert ops.effects(run_id)[0].status is EffectStatus.UNSENT
