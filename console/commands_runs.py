@@ -200,6 +200,13 @@ def _error_chain(error: Any) -> str:
     return " ".join(parts)
 
 
+AllowUnresolved = Annotated[bool, typer.Option(
+    "--allow-unresolved",
+    help="Live replays and branches: start even though the parent has effects whose outcome "
+         "at the provider is unknown, which the new run may make a second time.")]
+_UNRESOLVED_TEXT = "; the parent's effects of unknown outcome MAY be made a second time"
+
+
 @runs_app.command("replay")
 def runs_replay(
     run_id: RunArg,
@@ -214,6 +221,7 @@ def runs_replay(
     allow_irreversible: Annotated[bool, typer.Option(
         "--allow-irreversible", help="Live only: let irreversible effects be sent for real.")]
     = False,
+    allow_unresolved: AllowUnresolved = False,
     yes: YesFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -226,17 +234,20 @@ def runs_replay(
     launch_mode = LaunchMode(mode)
     with reported():  # refused before the question, as the ledger would refuse after it
         ledger.replay(run.id, from_seq, launch_mode, reason, budgets=budgets,
-                      allow_irreversible=allow_irreversible, dry_run=True)
+                      allow_irreversible=allow_irreversible,
+                      allow_unresolved=allow_unresolved, dry_run=True)
     say = err if as_json else out  # with --json, stdout carries the JSON only
     say.print(line(f"replay run {run.id} (", run.workflow, f") from checkpoint {from_seq} as a "
                    f"new {launch_mode.value} run; budgets {budgets.value}",
-                   "; irreversible effects WILL be sent" if allow_irreversible else ""),
+                   "; irreversible effects WILL be sent" if allow_irreversible else "",
+                   _UNRESOLVED_TEXT if allow_unresolved else ""),
               soft_wrap=True)
     say.print(line(_MODE_TEXT[launch_mode]))
     with reported():
         confirm("start the replay?", yes)
         launched = ledger.replay(run.id, from_seq, launch_mode, reason, budgets=budgets,
-                                 allow_irreversible=allow_irreversible)
+                                 allow_irreversible=allow_irreversible,
+                                 allow_unresolved=allow_unresolved)
     _launched(ledger, run.workflow, launched, as_json)
 
 
@@ -279,6 +290,7 @@ def runs_branch(
     reason: ReasonOpt = None,
     allow_irreversible: Annotated[bool, typer.Option(
         "--allow-irreversible", help="Let the branch send irreversible effects.")] = False,
+    allow_unresolved: AllowUnresolved = False,
     budgets: Annotated[BudgetPolicy, typer.Option(help="inherited or reset")]
     = BudgetPolicy.INHERITED,
     yes: YesFlag = False,
@@ -301,19 +313,21 @@ def runs_branch(
     check_state = state_check(ledger.settings.workflows)
     with reported():  # refused before the question, as the ledger would refuse after it
         ledger.branch(run.id, from_seq, operations, reason, allow_irreversible=allow_irreversible,
-                      budgets=budgets, check_state=check_state, dry_run=True)
+                      budgets=budgets, check_state=check_state,
+                      allow_unresolved=allow_unresolved, dry_run=True)
     say = err if as_json else out  # with --json, stdout carries the JSON only
     say.print(line(f"branch run {run.id} (", run.workflow, f") from checkpoint {from_seq}, "
                    "with:"), soft_wrap=True)
     say.print(diff_table(diff))
     say.print(line("  the branch calls for real under its own keys"
                    + ("; irreversible effects WILL be sent" if allow_irreversible
-                      else "; irreversible effects are refused (--allow-irreversible to send)")))
+                      else "; irreversible effects are refused (--allow-irreversible to send)")
+                   + (_UNRESOLVED_TEXT if allow_unresolved else "")))
     with reported():
         confirm("start the branch?", yes)
         launched = ledger.branch(run.id, from_seq, operations, reason,
                                  allow_irreversible=allow_irreversible, budgets=budgets,
-                                 check_state=check_state)
+                                 check_state=check_state, allow_unresolved=allow_unresolved)
     _launched(ledger, run.workflow, launched, as_json)
 
 

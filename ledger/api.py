@@ -648,25 +648,31 @@ class Ledger:
 
     def replay(self, run_id: UUID, from_seq: int, mode: LaunchMode | str, reason: str | None,
                *, budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
-               allow_irreversible: bool = False, dry_run: bool = False) -> forks.Launched:
+               allow_irreversible: bool = False, allow_unresolved: bool = False,
+               dry_run: bool = False) -> forks.Launched:
         """A new run from a copy of checkpoint ``from_seq`` of ``run_id``: ``evidence``
         (recorded answers only), ``simulation`` (tools' sandboxes) or ``live`` (real calls;
-        irreversible effects only with ``allow_irreversible``). ``dry_run``: refuse
-        (audited) as it would, creating nothing (``_command``)."""
+        irreversible effects only with ``allow_irreversible``; refused while the parent has
+        an effect of unknown outcome it would make again, unless ``allow_unresolved``).
+        ``dry_run``: refuse (audited) as it would, creating nothing (``_command``)."""
         request = forks.ForkRequest(run_id, from_seq, LaunchMode(mode), reason,
-                                    forks.BudgetPolicy(budgets), allow_irreversible)
+                                    forks.BudgetPolicy(budgets), allow_irreversible,
+                                    allow_unresolved=allow_unresolved)
         return self._fork(AuditAction.REPLAY, request, dry_run=dry_run)
 
     def branch(self, run_id: UUID, from_seq: int, patch: list[dict[str, Any]],
                reason: str | None, *, allow_irreversible: bool = False,
                budgets: forks.BudgetPolicy | str = forks.BudgetPolicy.INHERITED,
-               check_state: forks.StateCheck | None = None,
+               check_state: forks.StateCheck | None = None, allow_unresolved: bool = False,
                dry_run: bool = False) -> forks.Launched:
         """A new live run from checkpoint ``from_seq`` with its state edited by an RFC 6902
         ``patch``. ``check_state`` validates the result against the workflow's model.
-        ``dry_run``: refuse (audited) as it would, creating nothing (``_command``)."""
+        Refused while the parent has an effect of unknown outcome it would make again,
+        unless ``allow_unresolved``. ``dry_run``: refuse (audited) as it would, creating
+        nothing (``_command``)."""
         request = forks.ForkRequest(run_id, from_seq, LaunchMode.BRANCH, reason,
-                                    forks.BudgetPolicy(budgets), allow_irreversible, patch)
+                                    forks.BudgetPolicy(budgets), allow_irreversible, patch,
+                                    allow_unresolved)
         return self._fork(AuditAction.BRANCH, request, check_state, dry_run=dry_run)
 
     def _fork(self, action: AuditAction, request: forks.ForkRequest,

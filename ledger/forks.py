@@ -106,6 +106,7 @@ class ForkRequest:
     budgets: BudgetPolicy = BudgetPolicy.INHERITED
     allow_irreversible: bool = False
     patch: list[dict[str, Any]] | None = None  # branches only
+    allow_unresolved: bool = False  # live replays and branches: see _unresolved_txn
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     and the audit row, in the caller's transaction."""
     action, reason = _check_request(actor, request)
     source = _source_txn(conn, keys, actor, request, max_state_bytes, check_state)
+    unresolved = _unresolved_txn(conn, request, source)
     run_id = uuid7()
     start = _start(conn, keys, source.parent, source.cp, request.mode, run_id)
     state = _sealed_for(conn, keys, source, run_id)
@@ -196,7 +198,7 @@ def fork_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, request: Fork
     record_txn(conn, keys, actor, AuditRecord(
         action, AuditOutcome.DONE, reason, run_id=source.parent["id"], new_run_id=run_id,
         before_seq=source.parent["seq"], after_seq=source.cp["seq"],
-        details=_audit_details(conn, request, source, start)))
+        details=_audit_details(conn, request, source, start, unresolved)))
     return Launched(run_id, source.parent["id"], source.cp["seq"], request.mode, start.status,
                     start.step, start.last_error)
 
@@ -211,6 +213,9 @@ def _check_request(actor: Actor, request: ForkRequest) -> tuple[AuditAction, str
     reason = require_reason(request.reason, action)
     if not branch and request.allow_irreversible and request.mode is not LaunchMode.LIVE:
         raise InvalidInput("allow_irreversible applies to live replays and branches only: an "
+                           f"{request.mode.value} replay sends nothing real")
+    if request.allow_unresolved and request.mode not in _CALLS_AGAIN:
+        raise InvalidInput("allow_unresolved applies to live replays and branches only: an "
                            f"{request.mode.value} replay sends nothing real")
     if not branch and request.mode not in REPLAY_MODES:
         raise InvalidInput(f"replay mode must be one of {[m.value for m in REPLAY_MODES]}")
@@ -344,13 +349,20 @@ def _ask_again_txn(conn: Connection, keys: CheckpointKeys, approval: dict[str, A
 
 
 def _audit_details(conn: Connection, request: ForkRequest, source: _Source,
-                   start: _Start) -> dict[str, Any]:
+                   start: _Start, unresolved: list[RowMapping]) -> dict[str, Any]:
     """What the audit row says of the new run: how it was launched and where it starts, a
-    branch's patch and the diff it made, an evidence replay's divergence."""
+    branch's patch and the diff it made, an evidence replay's divergence, and the parent's
+    effects of unknown outcome it was allowed to start beside."""
     details: dict[str, Any] = {
         "mode": request.mode.value, "budgets": request.budgets.value,
         "allow_irreversible": request.allow_irreversible, "status": start.status.value,
         "step": start.step, "workflow": source.workflow}
+    if request.mode in _CALLS_AGAIN:
+        details["allow_unresolved"] = request.allow_unresolved
+    if unresolved:
+        details["unresolved_effects"] = [
+            {"effect_type": e["effect_type"], "effect_id": e["effect_id"], "seq": e["seq"],
+             "status": e["status"]} for e in unresolved]
     if request.mode is LaunchMode.BRANCH and request.patch is not None:
         details["patch"] = request.patch
         details["diff"] = [c.__dict__ for c in describe_patch(
@@ -358,6 +370,47 @@ def _audit_details(conn: Connection, request: ForkRequest, source: _Source,
     if start.last_error is not None:
         details["divergence"] = start.last_error
     return details
+
+
+_CALLS_AGAIN = (LaunchMode.LIVE, LaunchMode.BRANCH)
+"""The launches whose steps call the world again (under the new run's keys): an evidence
+replay answers from records, a simulation sends to the tools' sandboxes."""
+
+_UNRESOLVED = sql.statement("unresolved_effects")
+
+
+def _unresolved_txn(conn: Connection, request: ForkRequest,
+                    source: _Source) -> list[RowMapping]:
+    """The parent's effects of unknown outcome that a live replay or branch would make
+    again: a step at or after the fork checkpoint's seq made them (the new run runs those
+    steps again) and the provider may have acted on them (pending after a call whose
+    answer was lost or is still in flight, or accepted). The new run's effect ids differ
+    from the parent's (its run id does), so nothing deduplicates its call against the
+    parent's: the same payment or message could be made twice. Refused unless the
+    operator says so (``allow_unresolved``); what was allowed is audited. None for an
+    evidence or simulation replay, which sends nothing real."""
+    if request.mode not in _CALLS_AGAIN:
+        return []
+    rows = conn.exec_driver_sql(_UNRESOLVED, {"run_id": source.parent["id"]}).mappings()
+    unresolved = [row for row in rows if row["seq"] >= source.cp["seq"]]
+    if unresolved and not request.allow_unresolved:
+        raise OperationRefused(_unresolved_message(request, source.parent["id"], unresolved))
+    return unresolved
+
+
+def _unresolved_message(request: ForkRequest, parent_id: UUID,
+                        unresolved: list[RowMapping]) -> str:
+    what = "branch" if request.mode is LaunchMode.BRANCH else "live replay"
+    named = "; ".join(
+        f"{e['effect_type']} {e['effect_id']} (seq {e['seq']}, step {e['step']}, "
+        f"{e['status']})" for e in unresolved[:10])
+    more = f"; and {len(unresolved) - 10} more" if len(unresolved) > 10 else ""
+    return (f"run {parent_id} has {len(unresolved)} effect(s) whose outcome at the provider "
+            f"is unknown: {named}{more}. A {what} from checkpoint {request.from_seq} runs "
+            "those steps again under its own keys, so the provider may make the same write "
+            "a second time. Find out first (onward effects resolve EFFECT_ID, or let the "
+            f"parent's retry look it up: onward runs continue {parent_id}), or start it "
+            "anyway with --allow-unresolved (allow_unresolved in the API)")
 
 
 def _signed_workflow(parent: RowMapping, cp: Mapping[str, Any]) -> str:

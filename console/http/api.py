@@ -152,6 +152,9 @@ class ReplayBody(Strict):
     mode: Literal["evidence", "simulation", "live"] = "evidence"
     budgets: BudgetPolicy = BudgetPolicy.INHERITED
     allow_irreversible: bool = False
+    allow_unresolved: bool = Field(
+        default=False, description="Start even though the parent has effects whose outcome "
+        "is unknown that the new run would make again (live replays and branches)")
 
 
 class PatchBody(Strict):
@@ -164,6 +167,9 @@ class BranchBody(PatchBody):
     reason: Reason
     budgets: BudgetPolicy = BudgetPolicy.INHERITED
     allow_irreversible: bool = False
+    allow_unresolved: bool = Field(
+        default=False, description="Start even though the parent has effects whose outcome "
+        "is unknown that the new run would make again (live replays and branches)")
 
 
 class SignalBody(Strict):
@@ -331,7 +337,8 @@ def replay_run(ledger: Authed, run: str, body: ReplayBody) -> dict[str, Any]:
     run_id = run_of(ledger, run, AuditAction.REPLAY)
     return plain(ledger.replay(run_id, body.from_seq, LaunchMode(body.mode), body.reason,
                                budgets=body.budgets,
-                               allow_irreversible=body.allow_irreversible))
+                               allow_irreversible=body.allow_irreversible,
+                               allow_unresolved=body.allow_unresolved))
 
 
 @router.post("/runs/{run}/branch/preview", tags=["runs"])
@@ -349,6 +356,7 @@ def branch_run(ledger: Authed, run: str, body: BranchBody) -> dict[str, Any]:
     run_id = run_of(ledger, run, AuditAction.BRANCH)
     return plain(ledger.branch(run_id, body.from_seq, body.patch, body.reason,
                                allow_irreversible=body.allow_irreversible,
+                               allow_unresolved=body.allow_unresolved,
                                budgets=body.budgets,
                                check_state=state_check(ledger.settings.workflows)))
 

@@ -612,3 +612,67 @@ def test_cli_start_and_signal__input_nested_past_the_parser_is_refused_not_a_tra
         said = onward(*args, code=2)
         assert "nests objects and arrays too deeply" in " ".join(said.split()), (args, said)
     assert len(drv.ledger.list_runs()) == 1
+
+
+def test_cli_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_outcome(
+        drv: Driver) -> None:
+    """Invariant: a live replay or a branch runs the parent's steps again under new keys,
+    so while the parent has an effect whose outcome at the provider is unknown (its answer
+    lost), starting one could make the same write twice. Given such a parent, runs replay
+    --mode live and runs branch are refused (exit 2, the effect named, nothing created,
+    audited); an evidence replay, which calls nothing, starts; with --allow-unresolved each
+    starts (audited with the effect it was allowed beside); once the effect is resolved, a
+    live replay starts without it."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    OUTSIDE.reset()
+    try:
+        with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
+            OUTSIDE.lose_answers = 1
+            parent = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
+            assert outcomes.drive(parent).parked_reason == "effect_outcome_unknown"
+        [effect] = json.loads(onward("effects", "ls", "--run", str(parent), "--json"))
+        key = effect["effect_id"]
+        live = ["runs", "replay", str(parent), "--mode", "live", "--reason", "again", "--yes"]
+        branch = ["runs", "branch", str(parent), "--set", '/tool="blind"', "--reason",
+                  "again", "--yes"]
+        for command in (live, branch):
+            refused = onward(*command, code=2)
+            assert "refused:" in refused and key in refused, refused
+            assert "outcome at the provider is unknown" in refused
+            assert "--allow-unresolved" in refused
+        assert drv.ledger.children(parent) == []
+        assert _refusals("replay") == [(str(parent), "OperationRefused")]
+        assert _refusals("branch") == [(str(parent), "OperationRefused")]
+        onward("runs", "replay", str(parent), "--mode", "evidence", "--reason", "look",
+               "--yes")
+        assert [c.mode for c in drv.ledger.children(parent)] == ["evidence"]
+        # --allow-unresolved with a mode that sends nothing is a usage mistake
+        onward("runs", "replay", str(parent), "--mode", "evidence", "--allow-unresolved",
+               "--reason", "look", "--yes", code=2)
+        assert "started live run" in onward(*live, "--allow-unresolved")
+        assert "started branch run" in onward(*branch, "--allow-unresolved")
+        assert sorted(c.mode for c in drv.ledger.children(parent)) == [
+            "branch", "evidence", "live"]
+        audit = json.loads(onward("audit", "ls", "--run", str(parent), "--json"))
+        allowed = [a["details"]["unresolved_effects"] for a in audit
+                   if a["action"] in ("replay", "branch") and a["outcome"] == "done"
+                   and a["details"].get("allow_unresolved")]
+        assert [[e["effect_id"] for e in found] for found in allowed] == [[key], [key]]
+        onward("effects", "resolve", key, "--completed", "--provider-ref", "obj_1",
+               "--reason", "found it", "--yes", role="admin")
+        assert "started live run" in onward(*live)
+        assert len(drv.ledger.children(parent)) == 4
+    finally:
+        OUTSIDE.reset()
+
+
+def test_cli_replay_branch__a_parent_with_its_effects_settled_is_replayed_live(
+        drv: Driver) -> None:
+    """A parent whose effects all have a known outcome is replayed live and branched with
+    no extra flag (the guard above only counts effects of unknown outcome)."""
+    parent = finished(drv)
+    onward("runs", "replay", str(parent), "--mode", "live", "--reason", "again", "--yes")
+    onward("runs", "branch", str(parent), "--from", "2", "--set", "/channel=sports",
+           "--reason", "again", "--yes")
+    assert sorted(c.mode for c in drv.ledger.children(parent)) == ["branch", "live"]

@@ -306,3 +306,40 @@ def test_api__an_unreadable_body_is_named_and_writes_nothing(client: TestClient,
         assert answer.headers["content-type"] == "application/problem+json"
         assert said in answer.json()["detail"], answer.text
     assert reads.fingerprint(drv.ledger.engine) == before
+
+
+def test_api_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_outcome(
+        client: TestClient, drv: Driver) -> None:
+    """Invariant (as ``runs replay --mode live`` / ``runs branch``): while the parent has an
+    effect whose outcome at the provider is unknown, POST .../replay (live) and .../branch
+    are refused (409, the effect named, nothing created); with ``allow_unresolved`` they
+    start (201); an evidence replay starts without it."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    OUTSIDE.reset()
+    try:
+        with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
+            OUTSIDE.lose_answers = 1
+            parent = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
+            assert outcomes.drive(parent).parked_reason == "effect_outcome_unknown"
+        [effect] = drv.ledger.effects(parent)
+        headers = auth(token(drv.ledger, "olga", "operator"))
+        replay = {"reason": "again", "mode": "live"}
+        branch = {"reason": "again",
+                  "patch": [{"op": "replace", "path": "/tool", "value": "blind"}]}
+        for path, body in (("replay", replay), ("branch", branch)):
+            answer = client.post(f"/api/v1/runs/{parent}/{path}", json=body, headers=headers)
+            assert answer.status_code == 409, answer.text
+            assert effect.effect_id in answer.json()["detail"]
+        assert drv.ledger.children(parent) == []
+        evidence = client.post(f"/api/v1/runs/{parent}/replay", headers=headers,
+                               json={"reason": "look", "mode": "evidence"})
+        assert evidence.status_code == 201, evidence.text
+        for path, body in (("replay", replay), ("branch", branch)):
+            answer = client.post(f"/api/v1/runs/{parent}/{path}", headers=headers,
+                                 json={**body, "allow_unresolved": True})
+            assert answer.status_code == 201, answer.text
+        assert sorted(c.mode for c in drv.ledger.children(parent)) == [
+            "branch", "evidence", "live"]
+    finally:
+        OUTSIDE.reset()
