@@ -191,7 +191,8 @@ def test_delivery__bodies_celery_cannot_unpack_are_refused_and_the_worker_goes_o
     ``[args, kwargs, options]`` (a string, a number, kwargs that are not an object,
     positional args), whose content type kombu decodes as raw text (application/data),
     that is over 64 KiB (a step message names a run and a seq), or with a header Celery
-    reads without checking it (``timelimit: [1]``), are each refused with a
+    reads without checking it (``timelimit: [1]``, a retries that is text...), are each
+    refused before Celery's handling reads them, with a
     log line naming what is wrong, and dropped: the worker stays up (Celery's consumer
     raised on them and the whole worker stopped, "Unrecoverable error"), nothing in the
     ledger changes, and the next good message runs the run."""
@@ -207,16 +208,19 @@ def test_delivery__bodies_celery_cannot_unpack_are_refused_and_the_worker_goes_o
                                (good, "application/data")):
         publisher.raw(body, content_type=content_type, headers={**step, "id": str(uuid4())})
     publisher.send({"run_id": str(run_id), "seq": 0, "pad": "x" * 1024 * 1024})
-    publisher.raw(good, content_type="application/json",
-                  headers={**step, "id": str(uuid4()), "timelimit": [1]})
+    for header in ({"timelimit": [1]}, {"timelimit": [None, "x"]}, {"retries": "1"},
+                   {"ignore_result": "yes"}, {"root_id": 7}):
+        publisher.raw(good, content_type="application/json",
+                      headers={**step, "id": str(uuid4()), **header})
 
     def refused() -> int:
         log = worker.log()
         marker = "Received invalid task message: malformed step message"
         return log.count(marker) - log_before.count(marker)
 
-    wait_for(lambda: refused() == 7 or not worker.alive(), timeout=30,
-             what="seven refusals in the worker log", seen=refused)
+    wait_for(lambda: refused() == 11 or not worker.alive(), timeout=30,
+             what="eleven refusals in the worker log", seen=refused)
+    assert "its timelimit header must be [hard, soft]" in worker.log()
     assert "over the 65536 a step message may have" in worker.log()
     assert worker.alive(), worker.tail()
     wait_for(lambda: publisher.queued() == 0, timeout=30, what="the queue to drain")
