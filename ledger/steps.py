@@ -164,6 +164,10 @@ class Claim:
     # before it while the lease covers it (tasks/evidence_calls.py). None: not known.
     lease_until: float | None = None
     answered: bool | None = None
+    # Whether an effect at this seq was left pending or accepted by an earlier execution of
+    # the step that did not spend an attempt (a deferral, a continue after a park): the step
+    # then resolves the run's unknown effects before it commits, as a retry does.
+    effects_open: bool = False
 
     def __post_init__(self) -> None:
         inline = self.checkpoint is not None and artifact_ref(self.checkpoint.state) is None
@@ -226,6 +230,7 @@ class Claim:
             lease_until=(sent + row["lease_s"] if sent is not None
                          and row.get("lease_s") is not None else None),
             answered=row.get("answered"),
+            effects_open=bool(row.get("effects_open")),
         )
 
 

@@ -480,7 +480,9 @@ class _Attempt:
     def commit_and_continue(self, ready: _Ready, advance: Advance) -> StepReport:
         """The one commit statement; then say whether a message for the next step goes out."""
         step = ready.step.name
-        if self.claim.attempt > 1:  # a retry: what an earlier attempt left is resolved first
+        # a retry, or a step that ran before without spending an attempt (deferred, continued)
+        # and left an effect unsettled: what an earlier execution left is resolved first
+        if self.claim.attempt > 1 or self.claim.effects_open:
             refused = self._resolve_left(ready)
             if refused is not None:
                 return refused
@@ -508,13 +510,17 @@ class _Attempt:
     def _resolve_left(self, ready: _Ready) -> StepReport | None:
         """A retry never commits past an effect an earlier attempt left with an unknown
         outcome (its worker died after the provider acted) that this attempt did not call
-        again (its body took another path). As failing does (docs/effects.md, "When a run
+        again (its body took another path); nor does a re-run claimed as attempt 1 whose
+        claim found an effect of its seq unsettled (``effects_open``: the step deferred, to
+        poll an accepted job say, or was continued after a park, and neither spends an
+        attempt). As failing does (docs/effects.md, "When a run
         ends: resolve first"), the run's effects of unknown outcome are looked up first:
         found, recorded ``completed`` (reconciled); missing, the call never landed and the
         step's never-landed effects are closed ``unsent``; still unknown, the run parks
         ``effect_outcome_unknown`` naming it. None: the step may commit. A retry pays one
         read (and what it finds costs a lookup each); a first attempt pays nothing: every
-        effect it made it settled itself, or it would not be committing (``settle``)."""
+        effect it made it settled itself, or it would not be committing (``settle``), and
+        its claim statement said no earlier execution left one unsettled."""
         ending = ready.ending
         unknown = ending.unresolved()
         if isinstance(unknown, StepReport):

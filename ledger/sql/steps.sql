@@ -18,8 +18,9 @@ attempt AS (
 -- name: claim
 -- Take the lease of run_id at seq (docs/design.md section 4.1), consume its outbox row,
 -- end the attempt a lost holder left open, open this one, and read the checkpoint to
--- restore from with its parent's hash, how long the lease lasts (lease_s) and whether an
--- answer is recorded or refused at this seq (answered).
+-- restore from with its parent's hash, how long the lease lasts (lease_s), whether an
+-- answer is recorded or refused at this seq (answered) and whether an effect at this seq is
+-- left unsettled (effects_open).
 WITH claimed AS (
     UPDATE onward.runs
        SET lease_owner = %(owner)s,
@@ -81,7 +82,14 @@ SELECT c.*, cp.hash AS cp_hash, cp.parent_hash AS cp_parent_hash, cp.key_id AS c
        (EXISTS (SELECT 1 FROM onward.evidence e WHERE e.run_id = c.id AND e.seq = c.seq)
         OR EXISTS (SELECT 1 FROM onward.refused_answers x
                     WHERE x.run_id = c.id AND x.seq = c.seq AND x.cleared_at IS NULL))
-           AS answered
+           AS answered,
+       -- an effect an earlier execution of this seq left pending or accepted: a step that
+       -- deferred (to poll a job, for a limit's slot, to retry a call) or was continued
+       -- after a park is claimed as attempt 1 again, so with this set it resolves the run's
+       -- unknown effects before it commits, as a retry does (tasks/executor.py)
+       EXISTS (SELECT 1 FROM onward.effects e
+                WHERE e.run_id = c.id AND e.seq = c.seq AND e.status IN ('pending', 'accepted'))
+           AS effects_open
   FROM claimed c
   LEFT JOIN onward.checkpoints cp ON cp.run_id = c.id AND cp.seq = c.seq
   LEFT JOIN onward.checkpoints parent ON parent.run_id = c.id AND parent.seq = c.seq - 1

@@ -284,6 +284,15 @@ def test_effect__retry_that_skips_a_call_without_lookup_parks(
     assert effect.effect_id[:16] in run.last_error["message"]
     assert provider.stats()["by_collection"] == {"orphaned_blind": 1}
     assert provider.stats()["requests"] == 1
+    # continued without anyone resolving it, the step is attempt 1 again: it parks again
+    ran = run.attempts_total
+    ledger.continue_run(run_id, "continued before the provider was checked")
+    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    run = ledger.get_run(run_id)
+    assert run.attempts_total == ran + 1
+    assert (run.parked_reason, run.seq) == ("effect_outcome_unknown", 0)
+    assert ledger.effects(run_id)[0].status is EffectStatus.PENDING
+    assert provider.stats()["requests"] == 1
 
 
 def test_effect__retry_that_skips_a_never_sent_effect_closes_it_unsent(
@@ -298,3 +307,47 @@ def test_effect__retry_that_skips_a_never_sent_effect_closes_it_unsent(
     assert effect.status is EffectStatus.UNSENT
     assert ledger.effect_attempts(effect) == []
     assert provider.stats().get("requests", 0) == 0
+
+
+def test_effect__deferred_poll_rerun_that_skips_the_call_resolves_it_before_commit(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path) -> None:
+    """Invariant: a step re-run after it deferred to poll an accepted effect never commits
+    past that effect. A deferral gives its attempt back, so the re-run is claimed as attempt
+    1 again, not as a retry; its body takes another path (a file outside ctx says so) and
+    never polls. Before its commit the job is polled, as a retry's would be: done by then,
+    the effect is recorded ``completed`` and the run goes on, nothing sent again."""
+    provider.configure(async_complete_s=0.1)  # 202 first; done before the 0.25 s poll
+    start_fleet(cluster, provider)
+    run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")})
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    [effect] = ledger.effects(run_id)
+    assert effect.status is EffectStatus.COMPLETED
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
+        ("call", "accepted"), ("status", "completed")]
+    stats = provider.stats()
+    assert stats["by_collection"] == {"orphaned": 1}
+    assert stats["requests"] == 1
+
+
+def test_effect__continued_run_that_skips_the_call_resolves_it_before_commit(
+        ledger: Ledger, cluster: Cluster, provider: Provider, tmp_path: Path) -> None:
+    """Invariant: the same after `onward runs continue`: a step of one attempt
+    (max_attempts 1) dies after the provider acted; the reaper parks the run
+    (attempts_exhausted); continuing it gives the step its attempts back, so the re-run is
+    attempt 1 again. Its body skips the call; before its commit the effect is looked up by
+    its key: found, ``completed`` (reconciled), one object, the run completes."""
+    start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
+    run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")},
+                              max_attempts=1)
+    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert ledger.get_run(run_id).parked_reason == "attempts_exhausted"
+    ledger.continue_run(run_id, "the worker was killed; try the step again")
+    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    [effect] = ledger.effects(run_id)
+    assert effect.status is EffectStatus.COMPLETED
+    assert effect.reconciled is True
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
+        ("call", None), ("lookup", "found")]
+    stats = provider.stats()
+    assert stats["by_collection"] == {"orphaned": 1}
+    assert stats["requests"] == 1
