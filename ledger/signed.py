@@ -219,7 +219,8 @@ def effect_intent(fields: Mapping[Any, Any]) -> dict[str, Any]:
     """An effect as it was requested, before any call: which run, step and call asked for
     what. The payload is bound through its request hash (``onward verify`` checks a stored
     payload against it), so a bundle may leave the payload out and still verify; the
-    recipient, derived from the payload for display, is not signed."""
+    recipient, derived from the payload for display, is not signed (docs/security.md, "What
+    is not signed: an effect's recipient")."""
     return {"mac": "effect_intent", **{name: _plain(fields[name]) for name in INTENT_FIELDS}}
 
 
