@@ -42,8 +42,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ledger.exceptions import EffectFenced, EvidenceFenced
 from tasks.deadline import StepDeadline
-from tasks.exceptions import OutcomeError
+from tasks.exceptions import LeaseLost, OutcomeError
 
 __all__ = ["StepThread", "offload", "ordered", "process_loop", "resolve", "run"]
 
@@ -112,6 +113,9 @@ class StepThread:
         self._open = True
         self._running: _Job | None = None
         self.body: asyncio.Task[Any] | None = None  # the task the step's body runs in
+        # the first call refused before it was queued (``ordered``): it ends the step even
+        # if the body caught it (asyncio.gather(..., return_exceptions=True), try/except)
+        self.refused: OutcomeError | None = None
 
     # -- on the loop ------------------------------------------------------------------------
     async def call(self, fn: Callable[[], T]) -> T:
@@ -253,13 +257,16 @@ def ordered(fn: Callable[[], T], call: str) -> Coroutine[Any, Any, T]:
 async def _ordered(fn: Callable[[], T], call: str, written_in: asyncio.Task[Any] | None) -> T:
     thread = _step_thread.get()
     if thread is not None and not _fixed_position(thread.body, written_in):
-        raise OutcomeError(
+        refused = OutcomeError(
             f"{call} without key= in a task the async step started around a coroutine of "
             "its own (asyncio.gather or create_task of a helper): such calls can reach the "
             "step in another order on a retry, and a call without a key is named by its "
             "position, so a retry would take another call's recorded answer or effect for "
             "its own. Pass key= naming what the call is for, unique in the step (e.g. "
             "key=f\"offer:{customer}\"); nothing was called (docs/steps.md, \"Async steps\")")
+        if thread.refused is None:
+            thread.refused = refused
+        raise refused
     return await offload(fn)
 
 
@@ -304,9 +311,21 @@ async def _body(thread: StepThread, body: Coroutine[Any, Any, T],
 
 def run(body: Coroutine[Any, Any, T], deadline: StepDeadline | None) -> T:
     """Run an async step's ``body`` on the process loop, serving its ``ctx`` calls on this
-    thread until it is over; its result, or what it raised."""
+    thread until it is over; its result, or what it raised. A call refused before it was
+    queued (``ordered``) is raised whatever the body did with it: a step whose code made a
+    refused call never commits."""
     loop = process_loop()
     thread = StepThread(loop)
     done = asyncio.run_coroutine_threadsafe(_body(thread, body, deadline), loop)
     thread.serve()
-    return done.result()
+    try:
+        outcome = done.result()
+    except (LeaseLost, EffectFenced, EvidenceFenced):
+        raise  # the attempt is over whatever it did: nothing of it is recorded
+    except Exception as exc:
+        if thread.refused is not None and exc is not thread.refused:
+            raise thread.refused from exc  # the refusal, not what the body made of it
+        raise
+    if thread.refused is not None:  # the body caught the refusal and went on: it stands
+        raise thread.refused
+    return outcome

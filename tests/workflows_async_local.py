@@ -166,3 +166,46 @@ def two_calls(ctx: StepContext, state: Order) -> Any:
     if ctx.attempt == 1:
         raise StepError("attempt 1 fails after its calls")
     return ctx.finish()
+
+
+class Gathered(BaseModel):
+    sent: int = 0
+
+
+async def _send_for(ctx: AsyncStepContext, customer: str) -> dict[str, Any]:
+    """A helper coroutine making a call without a key (refused when gathered as a task)."""
+    return await ctx.effect(async_tool, customer=customer)
+
+
+swallowed = Workflow("local_swallowed_refusal", version=1, state=Gathered, max_attempts=3)
+
+
+@swallowed.step(start=True)
+async def gather_swallowing(ctx: AsyncStepContext, state: Gathered) -> Any:
+    """Keyless calls in helper tasks, gathered with ``return_exceptions=True``: the refusal
+    comes back as a value, and the body goes on as if nothing had to be sent."""
+    results = await asyncio.gather(_send_for(ctx, "a"), _send_for(ctx, "b"),
+                                   return_exceptions=True)
+    return ctx.finish(sent=sum(not isinstance(r, BaseException) for r in results))
+
+
+cancelled_queued = Workflow("local_cancelled_queued", version=1, state=Gathered,
+                            max_attempts=3)
+
+
+@cancelled_queued.step(start=True)
+async def cancel_the_second(ctx: AsyncStepContext, state: Gathered) -> Any:
+    """Two calls without a key handed to create_task in order: the first is held by the
+    provider, the second waits in the step's queue behind it and is cancelled there."""
+    LOCAL.hold_s = 0.5
+    first = asyncio.create_task(ctx.effect(async_tool, customer="first"))
+    second = asyncio.create_task(ctx.effect(async_tool, customer="second"))
+    while LOCAL.sends < 1:  # the first is at the provider; the second is queued
+        await asyncio.sleep(0.01)
+    second.cancel()
+    await first
+    try:
+        await second
+    except asyncio.CancelledError:
+        return ctx.finish(sent=1)
+    return ctx.finish(sent=2)

@@ -1,0 +1,51 @@
+"""An async step's calls without a key: one cancelled while it waits in the step's queue is
+never made, and a refusal the body's gather swallowed still stops the step (docs/steps.md,
+"Async steps"); executed in the test process against the real ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ledger import Ledger, RunStatus
+from ledger.vocabulary import EffectStatus
+from tests.support.driver import Driver, driver_fixture
+from tests.workflows_async_local import LOCAL
+
+drv = driver_fixture(["tests.workflows_async_local"])
+
+
+@pytest.fixture()
+def local() -> Iterator[None]:
+    LOCAL.reset()
+    yield
+    LOCAL.reset()
+
+
+def test_async_call__cancelled_while_queued_is_never_made(
+        ledger: Ledger, drv: Driver, local: None) -> None:
+    """Invariant: a keyless ctx.effect cancelled before the step's thread took it records
+    no intent and sends nothing: the run completes with the one effect that was made,
+    ``completed``, and no effect row left ``pending``."""
+    run_id = ledger.start_run("local_cancelled_queued", {})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.COMPLETED
+    assert run.result == {"sent": 1}
+    assert LOCAL.sends == 1
+    assert [(e.status, e.command_id) for e in ledger.effects(run_id)] == [
+        (EffectStatus.COMPLETED, "cancel_the_second@0#1")]
+
+
+def test_async_call__a_refusal_swallowed_by_gather_still_stops_the_step(
+        ledger: Ledger, drv: Driver, local: None) -> None:
+    """Invariant: a call refused (a keyless call in a helper task) does not become a commit
+    because the body gathered with ``return_exceptions=True`` and went on: the run fails
+    with the refusal, as when it is raised, and nothing is sent."""
+    run_id = ledger.start_run("local_swallowed_refusal", {})
+    run = drv.drive(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.last_error["type"] == "OutcomeError"
+    assert run.seq == 0
+    assert LOCAL.sends == 0
+    assert ledger.effects(run_id) == []
