@@ -4,7 +4,6 @@ continue, and the privileged resolve (admin): what a person found at the provide
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any
 
@@ -22,6 +21,7 @@ from console.common import (
     err,
     open_ledger,
     out,
+    parse_json,
     plain,
     print_json,
     reported,
@@ -232,7 +232,7 @@ def _finding(ledger: Ledger, effect: Effect, completed: bool, not_sent: bool,
     answer: Any = None
     if problem is None and result is not None:
         try:
-            answer = json.loads(result)
+            answer = parse_json(result)
         except ValueError as exc:
             problem = f"--result is not JSON: {exc}"
     if problem is not None:

@@ -39,6 +39,7 @@ from ledger.api import REFUSALS
 from ledger.exceptions import InvalidInput, UnknownRun
 from ledger.forks import BudgetPolicy, PatchChange
 from ledger.inspection import RunFilter
+from ledger.json_input import NotPlainJson, unstorable
 from ledger.vocabulary import AuditAction, LaunchMode
 
 __all__ = [
@@ -353,8 +354,14 @@ def _patch(text: str | None, path: Path | None, sets: list[str]) -> list[dict[st
 def _json(value: str) -> Any:
     try:
         return parse_json(value)
+    except NotPlainJson:
+        raise  # NaN, a NUL...: refused, not taken for a word
     except ValueError:
-        return value  # a bare word is a string
+        pass
+    problem = unstorable(value)  # a bare word is a string, one onward can store
+    if problem is not None:
+        raise NotPlainJson(problem)
+    return value
 
 
 def diff_table(changes: list[PatchChange]) -> Table:

@@ -7,7 +7,6 @@ prompt: nothing was called), 2 refused (no such tool, no sample payload, bad JSO
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +21,7 @@ from console.common import (
     err,
     fail,
     out,
+    parse_json,
     print_json,
 )
 from console.safe import line
@@ -106,7 +106,7 @@ def _sample(text: str | None, path: Path | None) -> dict[str, Any] | None:
 
 def _object(text: str, flag: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError as exc:
         raise InvalidInput(f"{flag} is not JSON: {exc}") from exc
     if not isinstance(value, dict):

@@ -38,6 +38,7 @@ from ledger.exceptions import (
     UnknownApproval,
     UnknownRun,
 )
+from ledger.json_input import read_json
 from ledger.vocabulary import AuditAction
 
 if TYPE_CHECKING:
@@ -211,12 +212,11 @@ def _stop(label: str, message: object, code: int, *, error: str,
 
 
 def parse_json(text: str) -> Any:
-    """``json.loads``, with a value nested too deeply for the parser refused like any other
-    bad JSON (``ValueError``) instead of ending the command with a RecursionError."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("it nests objects and arrays too deeply to parse") from None
+    """JSON a person gave (an option, a file), read strictly (ledger/json_input.py): a
+    value nested past the parser, NaN or Infinity, a giant integer, a NUL or a lone
+    surrogate is refused like any other bad JSON (a ``ValueError`` saying which), never a
+    traceback or a value the ledger fails on later."""
+    return read_json(text)
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:

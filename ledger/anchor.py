@@ -33,6 +33,7 @@ from uuid import UUID
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys, canonical_json
 from ledger.exceptions import AnchorRefused, IntegrityViolation, InvalidInput
+from ledger.json_input import read_json
 
 __all__ = ["FORMAT", "Anchor", "Head", "decode", "encode", "merkle_root"]
 
@@ -135,7 +136,7 @@ _HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
 
 def _header(keys: CheckpointKeys, name: str, first: bytes) -> dict[str, Any]:
     try:
-        found = json.loads(first)
+        found = read_json(first)
         header, mac = found["anchor"], found["mac"]
     except (ValueError, TypeError, KeyError):
         raise _refused(name, "its first line is not an anchor's header") from None
@@ -158,7 +159,7 @@ def _header(keys: CheckpointKeys, name: str, first: bytes) -> dict[str, Any]:
 
 def _head(name: str, number: int, line: bytes) -> Head:
     try:
-        run_id, tenant_id, seq, head_hash = json.loads(line)
+        run_id, tenant_id, seq, head_hash = read_json(line)
         head = Head(UUID(run_id), tenant_id, seq, head_hash)
     except (ValueError, TypeError, AttributeError):
         raise _refused(name, f"line {number} is not a run's head") from None

@@ -33,6 +33,7 @@ from sqlalchemy.dialects.postgresql import UUID as PgUUID
 from ledger import signed
 from ledger.checkpoints import CheckpointKeys
 from ledger.exceptions import IntegrityViolation, InvalidInput
+from ledger.json_input import read_json
 from ledger.schema import metadata
 
 __all__ = [
@@ -283,7 +284,7 @@ def _lines(source: Path | bytes) -> list[bytes]:
 
 def _json(data: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(data)
+        value = read_json(data)
     except ValueError as exc:
         raise InvalidInput(f"the bundle's {what} is not JSON: {exc}") from exc
     if not isinstance(value, dict):

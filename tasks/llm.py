@@ -155,12 +155,12 @@ def _call_model(client: LLMClient, model: str, messages: list[dict[str, Any]],
 
 def parse_arguments(raw: Any) -> dict[str, Any]:
     """A tool call's arguments as a dict (models send JSON text; keep it when it is not)."""
-    import json
+    from ledger.json_input import read_json
 
     if isinstance(raw, dict):
         return {"arguments": raw}
     try:
-        parsed = json.loads(raw or "{}")
+        parsed = read_json(raw or "{}")
     except ValueError:
         return {"arguments": {}, "arguments_raw": raw}
     return {"arguments": parsed} if isinstance(parsed, dict) else \

@@ -25,6 +25,7 @@ from ledger import Ledger, RunStatus, UnknownRun
 from ledger.exceptions import InvalidInput, Unauthenticated
 from ledger.forks import BudgetPolicy
 from ledger.inspection import RunFilter
+from ledger.json_input import NotPlainJson, read_json
 from ledger.operations import Finding, resolve_plan
 from ledger.vocabulary import ApprovalStatus, AuditAction, EffectStatus, LaunchMode, Priority
 
@@ -98,14 +99,18 @@ async def without_nul(request: Request, ledger: Annotated[Ledger, Depends(authen
     server error. Path, query and the JSON body are checked, keys included."""
     found = _nul_in(request.path_params, "path") or _nul_in(
         dict(request.query_params.multi_items()), "query")
-    if found is None and await request.body():
-        try:
-            found = _nul_in(await request.json(), "body")
-        except (ValueError, RecursionError):
-            found = None  # not JSON: the body's own validation answers 422
     if found is not None:
         raise InvalidInput(f"{found} holds a NUL character (\\u0000), which onward cannot "
                            "store: remove or replace it")
+    body = await request.body()
+    if body:
+        try:
+            read_json(body)
+        except NotPlainJson as exc:
+            raise InvalidInput(f"the request body is not JSON onward can store: {exc}") \
+                from None
+        except ValueError:
+            pass  # not JSON: the body's own validation answers 422
     return ledger
 
 
@@ -222,7 +227,7 @@ def decode(cursor: str | None, parse: Callable[[Any], T]) -> T | None:
     if cursor is None:
         return None
     try:
-        return parse(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
+        return parse(read_json(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
         raise InvalidInput("cursor: pass back the next_cursor a list answered") from exc
 

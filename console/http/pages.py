@@ -29,6 +29,7 @@ from ledger.checkpoints import canonical_json, sha256_hex
 from ledger.effects import Effect
 from ledger.exceptions import InvalidInput, OnwardError, PermissionDenied, Unauthenticated
 from ledger.inspection import RunFilter
+from ledger.json_input import read_json
 from ledger.operations import Finding, resolve_plan
 from ledger.vocabulary import ApprovalStatus, AuditAction, LaunchMode
 
@@ -307,7 +308,7 @@ def diff_fragment(request: Request, run: str, a: int, b: int) -> Response:
 
 def _patch(text: str) -> list[dict[str, Any]]:
     try:
-        patch = json.loads(text)
+        patch = read_json(text)
     except ValueError as exc:
         raise InvalidInput(f"the patch must be a JSON list of RFC 6902 operations: {exc}") \
             from None
@@ -456,7 +457,7 @@ def _resolution(ledger: Ledger, effect: Effect, confirm: str | None, finding: st
         problem = "say what you found: completed or not_sent"
     elif (result or "").strip():
         try:
-            answer = json.loads(result or "")
+            answer = read_json(result or "")
         except ValueError as exc:
             problem = f"the result is not JSON: {exc}"
     if problem is None and finding == Finding.NOT_SENT.value and answer is not None:

@@ -695,3 +695,74 @@ def test_cli_verify__an_edited_effect_recipient_is_reported(drv: Driver) -> None
                      {"t": publish.effect_type, "i": publish.effect_id})
     reported = onward("verify", str(run_id), role="admin", code=3)
     assert publish.effect_id[:16] in reported and "recipient" in reported
+
+
+# JSON json.loads reads but onward cannot store, and the words it is refused with
+NOT_PLAIN = {
+    "nested": ("[" * 100_000 + "]" * 100_000, "nests objects and arrays too deeply"),
+    "nan": ("NaN", "holds NaN, which is not JSON"),
+    "infinity": ("1e400", "a number too large to be finite"),
+    "nul": ('"a\\u0000b"', "holds a NUL character"),
+    "lone_surrogate": ('"\\ud800"', "holds a lone surrogate (\\ud800)"),
+    "giant_integer": ("1" + "0" * 5000, "an integer of thousands of digits"),
+}
+# each CLI option that reads JSON a person gives: its arguments around the value (an
+# object's member, a patch operation's value); the nested cases 7939afa covers are left out
+ENTRY_POINTS = {
+    "start --input": lambda run, v, f: ["start", "test_ops_notes", "--input",
+                                        '{"topic": ' + v + "}"],
+    "runs signal --payload": lambda run, v, f: ["runs", "signal", run, "go", "--payload", v],
+    "runs branch --patch": lambda run, v, f: [
+        "runs", "branch", run, "--from", "0", "--reason", "r", "--yes", "--patch",
+        '[{"op": "replace", "path": "/topic", "value": ' + v + "}]"],
+    "runs branch --patch-file": lambda run, v, f: [
+        "runs", "branch", run, "--from", "0", "--reason", "r", "--yes", "--patch-file",
+        f('[{"op": "replace", "path": "/topic", "value": ' + v + "}]")],
+    "runs branch --set": lambda run, v, f: [
+        "runs", "branch", run, "--from", "0", "--reason", "r", "--yes", "--set", "/topic=" + v],
+    "effects resolve --result": lambda run, v, f: [
+        "effects", "resolve", run, "--completed", "--provider-ref", "obj_1", "--reason", "r",
+        "--yes", "--result", '{"id": ' + v + "}"],
+    "tools check --payload": lambda run, v, f: [
+        "tools", "check", "examples.sales:create_offer", "--payload", '{"amount": ' + v + "}"],
+    "tools check --payload-file": lambda run, v, f: [
+        "tools", "check", "examples.sales:create_offer", "--payload-file",
+        f('{"amount": ' + v + "}")],
+}
+# refused in these words before: nested, by 7939afa's parse_json (the nested_past test);
+# a NUL, by the ledger's own check of the value
+BEFORE = {(entry, "nested") for entry in ("start --input", "runs signal --payload",
+                                          "runs branch --patch", "runs branch --patch-file")
+          } | {(entry, "nul") for entry in ENTRY_POINTS if not entry.startswith("tools")}
+
+
+@pytest.mark.parametrize("case", [(entry, bad) for entry in ENTRY_POINTS for bad in NOT_PLAIN
+                                  if (entry, bad) not in BEFORE], ids="-".join)
+def test_cli_json_options__json_onward_cannot_store_is_refused_with_what_and_where(
+        drv: Driver, tmp_path: Path, case: tuple[str, str]) -> None:
+    """Every option that reads JSON a person gives (start's input, a signal's payload, a
+    branch's patch, its file and its --set values, a resolve's result, a tool check's
+    sample) refuses, exit 2 and a message saying what, JSON that json.loads reads but
+    onward cannot store: nested past the parser (a RecursionError traceback, exit 1),
+    NaN, a float too large to be finite, a NUL, a lone surrogate, an integer of 5,001
+    digits (refused later, if at all, in other words, or, for tools check, not before the
+    tool was about to be called). Nothing is started, sent, branched or resolved."""
+    entry, bad = case
+    value, said = NOT_PLAIN[bad]
+    run_id = finished(drv)
+    publish = next(e.effect_id for e in drv.ledger.effects(run_id)
+                   if e.effect_type == "test.publish")
+
+    def written(text: str) -> str:
+        path = tmp_path / "given.json"
+        path.write_text(text, errors="surrogatepass")
+        return str(path)
+
+    target = publish if entry.startswith("effects") else str(run_id)
+    answer = CliRunner().invoke(app, ENTRY_POINTS[entry](target, value, written),
+                                env={"COLUMNS": "220", "ONWARD_TOKEN": TOKENS["admin"]})
+    assert answer.exit_code == 2, (answer.exit_code, answer.output[-2000:])
+    assert said in " ".join(answer.output.split()), answer.output[-2000:]
+    assert len(drv.ledger.list_runs()) == 1
+    assert [a.kind for a in drv.ledger.effect_attempts(drv.ledger.find_effect(publish))] == [
+        "call"]

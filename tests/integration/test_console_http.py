@@ -343,3 +343,79 @@ def test_api_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_ou
             "branch", "evidence", "live"]
     finally:
         OUTSIDE.reset()
+
+
+# what json.loads reads in a request body but onward cannot store (a NUL, nesting past the
+# parser and a giant integer were already refused: without_nul, 885d4fe), and its words
+NOT_PLAIN_VALUES = {
+    "nan": ("NaN", "holds NaN, which is not JSON"),
+    "infinity": ("-1e400", "a number too large to be finite"),
+    "lone_surrogate": ('"\\udfff"', "holds a lone surrogate (\\udfff)"),
+}
+
+
+@pytest.mark.parametrize("bad", NOT_PLAIN_VALUES)
+def test_api__a_body_json_onward_cannot_store_is_422_with_what_and_where(
+        client: TestClient, drv: Driver, bad: str) -> None:
+    """Every API body that carries a person's JSON or text (a start's input, a signal's
+    payload, a branch preview's patch, a resolve's result, a cancel's reason, an approval's
+    comment) holding NaN, a float too large to be finite or a lone surrogate is 422 with a
+    problem document saying what and where, before anything is read or written: NaN reached
+    the ledger's checks (other words, or a 409 where the run's state refused first) and a
+    lone surrogate in a text field ended in a server error when it was written."""
+    value, said = NOT_PLAIN_VALUES[bad]
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "http"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    effect_id = drv.ledger.effects(run_id)[0].effect_id
+    ada = auth(token(drv.ledger, "ada", "admin"))
+    requests = {
+        "/api/v1/runs": '{"workflow": "test_ops_notes", "input": {"topic": %s}}',
+        f"/api/v1/runs/{run_id}/signals": '{"name": "go", "payload": {"v": %s}}',
+        f"/api/v1/runs/{run_id}/branch/preview":
+            '{"patch": [{"op": "replace", "path": "/topic", "value": %s}]}',
+        f"/api/v1/effects/{effect_id}/resolve":
+            '{"reason": "r", "finding": "completed", "result": {"id": %s}, "attempts": 1}',
+        f"/api/v1/runs/{run_id}/cancel": '{"reason": %s}',
+        f"/api/v1/approvals/{run_id}/approve": '{"shown_hash": "' + "0" * 64
+                                                + '", "comment": %s}',
+    }
+    before = reads.fingerprint(drv.ledger.engine)
+    with TestClient(create_app(Ledger.from_env()), raise_server_exceptions=False) as http:
+        for path, body in requests.items():
+            answer = http.post(path, content=body % value,
+                               headers={**ada, "content-type": "application/json"})
+            assert answer.status_code == 422, (path, answer.status_code, answer.text)
+            assert answer.headers["content-type"] == "application/problem+json"
+            assert said in answer.json()["detail"], (path, answer.text)
+    assert reads.fingerprint(drv.ledger.engine) == before
+
+
+def test_api_and_page__json_nested_past_the_parser_in_a_cursor_or_a_form_is_refused(
+        client: TestClient, drv: Driver) -> None:
+    """A list cursor, the run page's branch-preview patch and the resolve form's result
+    nesting past the parser are refused (422, "nests ... too deeply"), not a server error
+    (json's RecursionError reached the client as a 500)."""
+    import base64
+
+    deep = "[" * 100_000 + "]" * 100_000
+    run_id = drv.ledger.start_run("test_ops_notes", {"topic": "deep"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    effect = drv.ledger.effects(run_id)[0]
+    ada = token(drv.ledger, "ada", "admin")
+    past = "[" * 5_000 + "]" * 5_000  # past the parser (about 1,000), within a URL's length
+    cursor = base64.urlsafe_b64encode(past.encode()).decode().rstrip("=")
+    before = reads.fingerprint(drv.ledger.engine)
+    with TestClient(create_app(Ledger.from_env()), raise_server_exceptions=False) as http:
+        answer = http.get("/api/v1/audit", params={"cursor": cursor}, headers=auth(ada))
+        assert answer.status_code == 422 and "cursor" in answer.json()["detail"], answer.text
+        http.cookies.set(COOKIE, ada)
+        form = {"from_seq": "0", "csrf": csrf_of(ada), "reason": "r", "confirm": "yes",
+                "finding": "completed", "attempts": "1"}
+        preview = http.post(f"/runs/{run_id}/branch/preview", data={**form, "patch": deep})
+        assert preview.status_code == 422, preview.status_code
+        assert "nests objects and arrays too deeply" in preview.text
+        resolved = http.post(f"/effects/{effect.effect_type}/{effect.effect_id}/resolve",
+                             data={**form, "result": deep})
+        assert resolved.status_code == 422, resolved.status_code
+        assert "nests objects and arrays too deeply" in resolved.text
+    assert reads.fingerprint(drv.ledger.engine) == before
