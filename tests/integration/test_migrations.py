@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -93,3 +97,23 @@ def test_schema_check__a_newer_revision_is_refused_naming_the_release_not_an_upg
     said = " ".join(result.output.split())
     assert "at revision 9999, newer than this code's" in said and "never downgrades" in said
     assert current_revision(empty_engine) == "9999"
+
+
+def test_db_upgrade__two_at_once_on_an_empty_database_both_succeed_and_migrate_once(
+        empty_engine: Engine) -> None:
+    """Two deploy jobs running ``onward db upgrade`` at the same moment on a database with
+    no schema: both exit 0, the catalog is exactly ledger.schema at HEAD_REVISION (one of
+    them migrated under the advisory lock, the other then found head and did nothing)
+    instead of one failing on a duplicate table or the version row being written twice."""
+    url = empty_engine.url.render_as_string(hide_password=False)
+    env = {**os.environ, "ONWARD_DATABASE_URL": url}
+    onward = str(Path(sys.executable).parent / "onward")
+    jobs = [subprocess.Popen([onward, "db", "upgrade"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [job.communicate(timeout=300)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outputs
+    assert current_revision(empty_engine) == HEAD_REVISION
+    assert _schema_diff(empty_engine) == []
+    with empty_engine.connect() as conn:
+        assert conn.execute(sa.text(
+            f"SELECT count(*) FROM {SCHEMA}.{VERSION_TABLE}")).scalar_one() == 1
