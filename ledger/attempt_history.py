@@ -59,7 +59,11 @@ def attempt_problems(keys: CheckpointKeys, effect_type: str, effect_id: str, beg
         except IntegrityViolation as exc:
             yield str(exc)
     seen_completed = any(row["outcome"] == EffectAttemptOutcome.COMPLETED for row in rows)
-    if seen_completed and status not in (EffectStatus.COMPLETED, EffectStatus.FAILED):
+    # a lookup or a person that found the object (or the job: then it may be accepted)
+    seen_found = any(row["outcome"] == EffectAttemptOutcome.FOUND for row in rows)
+    if (seen_completed and status not in (EffectStatus.COMPLETED, EffectStatus.FAILED)) or (
+            seen_found and status not in (EffectStatus.COMPLETED, EffectStatus.FAILED,
+                                          EffectStatus.ACCEPTED)):
         yield (f"{what} is {status.value}, but an attempt saw it completed (its status was "
                "edited outside onward)")
     if status is EffectStatus.ACCEPTED:
