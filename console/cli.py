@@ -44,6 +44,7 @@ from console.common import (
     warn_unknown_variables,
     worker_settings,
 )
+from console.help_params import plain_params
 from console.safe import line
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import InvalidInput, OnwardError, SchemaMismatch
@@ -349,18 +350,6 @@ def _one_line_summaries(group: typer.Typer) -> None:
             _one_line_summaries(sub.typer_instance)
 
 
-def _as_plain_flags(params: list[Any]) -> list[Any]:
-    """Boolean options (``--json``, ``--yes``, ``--help`` …) shown as plain flags: typer's
-    rich help prints an option's type after it (``<bool>``), for flags too, as if they took
-    a value, and prints the metavar there instead when one is set; a flag's is empty (its
-    plain-text help leaves flags' types out the same way). The metavar of a flag is used
-    nowhere else."""
-    for param in params:
-        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
-            param.metavar = ""
-    return params
-
-
 try:  # typer 0.29 vendors click: the usage errors it raises are its own copy's
     from typer._click.exceptions import UsageError
 except ImportError:  # pragma: no cover - an earlier typer, on click itself
@@ -375,13 +364,14 @@ def _json_flag(command: TyperCommand) -> bool:
 
 
 class _OnwardCommand(TyperCommand):
-    """A command whose ``--help`` shows boolean options as plain flags, and whose errors,
+    """A command whose ``--help`` names its parameters in plain words (help_params.py:
+    no ``<str>``, no ``{run_id}``, flags without a type), and whose errors,
     run with ``--json``, are also one JSON object on stdout (console/common.py): its usage
     errors too (a missing argument, an unknown option, a bad value), which click raises
     while it reads the command line, before the command runs, and prints on stderr."""
 
     def get_params(self, ctx: Any) -> Any:
-        return _as_plain_flags(super().get_params(ctx))
+        return plain_params(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         given = list(args)  # click consumes them
@@ -398,10 +388,10 @@ class _OnwardCommand(TyperCommand):
 
 
 class _OnwardGroup(TyperGroup):
-    """A command group whose ``--help`` shows boolean options as plain flags."""
+    """A command group whose ``--help`` names its parameters in plain words."""
 
     def get_params(self, ctx: Any) -> Any:
-        return _as_plain_flags(super().get_params(ctx))
+        return plain_params(super().get_params(ctx))
 
 
 def _onward_classes(group: typer.Typer) -> None:

@@ -62,7 +62,7 @@ __all__ = [
 runs_app = typer.Typer(help="Inspect runs and act on them (continue, replay, branch, cancel).",
                        no_args_is_help=True)
 
-RunArg = Annotated[str, typer.Argument(help="The run's id, or a unique prefix of it "
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id, or a unique prefix of it "
                                               "(6+ hex digits, as `runs ls` shows).")]
 FromSeq = Annotated[int, typer.Option("--from-seq", "--from", min=0,
                                       help="The parent's checkpoint to start from.")]

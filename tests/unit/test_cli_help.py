@@ -51,3 +51,38 @@ def test_cli_help__flags_show_no_type(command: list[str]) -> None:
     shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "--help" in shown.output and "<bool>" not in shown.output, shown.output
+
+
+# what typer or Python prints when a help text leaks its source: a type in angle brackets
+# (<str>, <int range>, <list[str]>), an argument's Python name in braces ({run_id}), a repr
+_PLACEHOLDERS = re.compile(r"<[^<>\s]*(?:\s[^<>\s]+)*>|\{[A-Za-z_:]+\}|object at 0x|"
+                           r"<function|<class|PosixPath\(|Annotated\[|NoneType|typing\.")
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: " ".join(["onward", *c]))
+def test_cli_help__renders_with_no_placeholder(command: list[str]) -> None:
+    """Every command's ``--help`` (the root, each group, each command, as the CLI is built)
+    renders, exit 0, under the name a person types, with no placeholder or repr: typer 0.29
+    showed each option's type as ``<str>``/``<int range>``/``<list[str]>``, each argument
+    as ``run_id  <str>`` and the usage line's as ``{run_id}``; click's words now (TEXT,
+    INTEGER, [a|b], RUN)."""
+    shown = CliRunner().invoke(app, [*command, "--help"], prog_name="onward",
+                               env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert f"Usage: {' '.join(['onward', *command])} [OPTIONS]" in shown.output, shown.output
+    assert not _PLACEHOLDERS.findall(shown.output), (_PLACEHOLDERS.findall(shown.output),
+                                                     shown.output)
+
+
+def test_cli_help__an_argument_is_named_as_its_command_says() -> None:
+    """The usage line names arguments in capitals, bare when required and in brackets when
+    optional, as the commands' summaries name them ("Start a run of WORKFLOW")."""
+    def usage(*command: str) -> str:
+        shown = CliRunner().invoke(app, [*command, "--help"], prog_name="onward",
+                                   env={"COLUMNS": "200"})
+        return next(line.strip() for line in shown.output.splitlines() if "Usage:" in line)
+
+    assert usage("start") == "Usage: onward start [OPTIONS] WORKFLOW"
+    assert usage("runs", "signal") == "Usage: onward runs signal [OPTIONS] RUN NAME"
+    assert usage("keys", "new") == "Usage: onward keys new [OPTIONS] [KEY_ID]"
+    assert usage("verify") == "Usage: onward verify [OPTIONS] [RUN | ANCHOR]"
