@@ -31,10 +31,16 @@ SLEEP = timedelta(seconds=30)
 SLOW_CALL_TIMEOUT_S = 45.0  # longer than the lease TTL (30 s): the lease is extended over it
 
 OPS = ("llm", "llm2", "crm", "crm_slow", "mail", "blind", "flaky", "talk_then_crm", "approve",
-       "approve_strict", "signal", "sleep", "fail")
+       "approve_strict", "signal", "sleep", "fail", "fickle", "fickle_blind")
 """One step each: model calls, an effect through each kind of tool (a slow one followed by
 a model call), an effect then a raise (on the first attempt), three model calls then an
-effect (a token budget of 100 runs out in between), waits, a deliberate failure."""
+effect (a token budget of 100 runs out in between), waits, a deliberate failure, an effect
+made by the first attempt only (``fickle``: a retry takes another path and never makes that
+call, through a tool with a lookup or, ``fickle_blind``, without one)."""
+
+TAMPERED = "TAMPERED"
+"""What the tamper rule writes into a signed value in the database (a state's tag, a
+recorded answer's text, an effect's result): no step body may ever be handed it."""
 
 
 def _crm_call(payload: dict[str, Any], key: str, *, timeout: float) -> dict[str, Any]:
@@ -125,6 +131,7 @@ def _define(workflow: Workflow[Any]) -> None:
     @workflow.step(start=True)
     def act(ctx: StepContext, state: Plan) -> Any:
         WORLD.on_body(ctx)
+        _seen(ctx, "state", state.tag)
         if state.pc >= len(state.ops):
             return ctx.finish(ref=state.ref, pc=state.pc, version=workflow.version,
                               note=state.note)
@@ -155,8 +162,8 @@ def _define(workflow: Workflow[Any]) -> None:
     def _work(ctx: StepContext, state: Plan, op: str) -> None:
         if op in ("llm", "llm2", "talk_then_crm"):
             for call in range({"llm": 1, "llm2": 2}.get(op, 3)):
-                ctx.llm(model="counting", messages=[
-                    {"role": "user", "content": f"{state.ref} op {state.pc} call {call}"}])
+                _seen(ctx, "model answer", ctx.llm(model="counting", messages=[
+                    {"role": "user", "content": f"{state.ref} op {state.pc} call {call}"}]).text)
         if op == "talk_then_crm":
             ctx.effect(crm, ref=state.ref, intent=state.pc, note=state.note)
         elif op == "crm_slow":  # then a model call: a cancelled step must not make it
@@ -164,7 +171,11 @@ def _define(workflow: Workflow[Any]) -> None:
             ctx.llm(model="counting", messages=[
                 {"role": "user", "content": f"{state.ref} op {state.pc} after the call"}])
         elif op in TOOLS:
-            ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc, note=state.note)
+            _seen(ctx, "effect result", ctx.effect(TOOLS[op], ref=state.ref, intent=state.pc,
+                                                   note=state.note))
+        elif op in ("fickle", "fickle_blind") and ctx.attempt == 1:  # a retry does not call
+            ctx.effect(crm if op == "fickle" else blind, ref=state.ref, intent=state.pc,
+                       note=state.note)
         elif op == "flaky":
             ctx.effect(crm, ref=state.ref, intent=state.pc, note=state.note)
             if ctx.attempt == 1:  # quoting a sensitive value, as a step's error may
@@ -174,6 +185,7 @@ def _define(workflow: Workflow[Any]) -> None:
     @workflow.step
     def approved(ctx: StepContext, state: Plan) -> Any:
         WORLD.on_body(ctx)
+        _seen(ctx, "state", state.tag)
         decision = ctx.decision
         if decision is None or decision.get("status") != "approved":
             WORLD.note("wait_meaning", f"run {ctx.run_id} seq {ctx.seq}: step 'approved' "
@@ -183,11 +195,20 @@ def _define(workflow: Workflow[Any]) -> None:
     @workflow.step
     def signalled(ctx: StepContext, state: Plan) -> Any:
         WORLD.on_body(ctx)
+        _seen(ctx, "state", state.tag)
         payload = ctx.signal("go")
         if payload is None:
             WORLD.note("wait_meaning", f"run {ctx.run_id} seq {ctx.seq}: step 'signalled' "
                        f"ran without the payload of signal 'go' (v{workflow.version})")
         return ctx.goto(act)
+
+
+def _seen(ctx: StepContext, what: str, value: Any) -> None:
+    """A step body was handed ``value``: it must not be one the tamper rule wrote."""
+    if TAMPERED in str(value):
+        WORLD.note("tampered_read", f"run {ctx.run_id} seq {ctx.seq} step {ctx.step} "
+                   f"(attempt {ctx.attempt}) was handed a {what} edited in the database: "
+                   f"{str(value)[:80]!r}")
 
 
 _define(flow_v1)

@@ -39,7 +39,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
-from tests.model.world import Crash, set_current_runner
+from tests.model.world import Crash, current_runner, set_current_runner
 from tests.support import clock as test_clock
 
 LEASE_TTL_S = 30.0
@@ -155,11 +155,23 @@ class Crashes:
 
     point: str | None = None
     after_statement: int | None = None
+    # a fault point where the next delivery's worker stops (a SIGSTOP, a long pause) until the
+    # test resumes it: on (``act_*``/``no_act_answer``/``*_lose``) or killed (``*_crash``)
+    stall: str | None = None
 
     def fault_point(self, name: str, step: str | None = None) -> None:
         if self.point == name:
             self.point = None
             raise Crash(f"killed at fault point {name}")
+        if self.stall == name:
+            self.stall = None
+            runner = current_runner()
+            if runner is not None and runner.suspend(f"fault point {name}").endswith("crash"):
+                raise Crash(f"killed while stopped at fault point {name}")
+
+    def clear(self) -> None:
+        """No crash or stall armed."""
+        self.point = self.after_statement = self.stall = None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Crashes]:

@@ -57,6 +57,13 @@ class RunBook:
     # at a wait in the database (the edit_wait rule), with the wait's seq
     decisions: dict[UUID, str] = field(default_factory=dict)
     edited: dict[UUID, int] = field(default_factory=dict)
+    # signed rows edited in the database without the key (tests/model/tampering.py): what
+    # was edited of each run; the lowest checkpoint edited, and a head edited (its seq); the
+    # fingerprint a tampered run was last seen reported by verify at
+    tampered: dict[UUID, list[str]] = field(default_factory=dict)
+    tampered_checkpoints: dict[UUID, int] = field(default_factory=dict)
+    tampered_heads: dict[UUID, int] = field(default_factory=dict)
+    tamper_checked: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +109,15 @@ SQL_CHECKS: dict[str, str] = {
            AND EXISTS (SELECT 1 FROM onward.effect_attempts a
                         WHERE a.effect_type = e.effect_type AND a.effect_id = e.effect_id
                           AND a.kind = 'call')""",
+    # ... nor left unresolved behind a commit: a step that went on past an effect of its own
+    # (a retry whose body took another path, not making the call an earlier attempt made)
+    # resolved it first (found: completed; missing or never sent: unsent), or parked
+    "no_effect_left_behind_a_commit": """
+        SELECT format('effect %s %s of run %s is %s at seq %s, but the run committed past it '
+                      '(it is %s at seq %s)', e.effect_type, left(e.effect_id, 16), e.run_id,
+                      e.status, e.seq, r.status, r.seq)
+          FROM onward.effects e JOIN onward.runs r ON r.id = e.run_id
+         WHERE e.status IN ('pending', 'accepted') AND e.seq < r.seq""",
     # ... and one that reached (or may have reached) the provider is never ``failed`` unless
     # the provider refused it (:acted holds the keys the provider created objects for)
     "reached_effect_never_failed": """
@@ -287,6 +303,8 @@ def verify_clean(ctx: Context) -> list[str]:
         fingerprint = (r["seq"], r["head_hash"], r["cps"], r["evidence"])
         if ctx.book.verified.get(r["id"]) == fingerprint:
             continue
+        if r["id"] in ctx.book.tampered:
+            continue  # tampering_detected: verify must report it
         problems = [str(p) for p in (ctx.plain or ctx.ledger).verify_run(r["id"])
                     if not (r["id"] in ctx.book.unreadable and UNREADABLE in p.detail)]
         if not problems:
@@ -589,6 +607,48 @@ def imports_verify(ctx: Context) -> list[str]:
     return found
 
 
+# -- signed rows edited without the key (tests/model/tampering.py) --------------------------------
+def tampered_never_read(ctx: Context) -> list[str]:
+    """5. No step body is handed a value edited in the database without the key (a state, a
+    recorded answer, an effect's result): the claim or the re-executed call that would read
+    it parks the run ``integrity`` instead (noted by the flows as each value is handed)."""
+    return list(ctx.world.violations.get("tampered_read", []))
+
+
+def tampering_detected(ctx: Context) -> list[str]:
+    """5. ``verify`` names every run with a signed row edited without the key; a run whose
+    head checkpoint was edited never runs past it and, once parked, is parked ``integrity``
+    (or for what parks a claim before its head is read); no replay or branch is made from
+    an edited checkpoint or one after it (noted by those rules)."""
+    found = list(ctx.world.violations.get("tampered_copy", []))
+    for run_id, edits in ctx.book.tampered.items():
+        row = ctx.conn.execute(sa.text("""
+            SELECT r.seq, r.head_hash, r.status, r.parked_reason,
+                   (SELECT count(*) FROM onward.checkpoints c WHERE c.run_id = r.id),
+                   (SELECT count(*) FROM onward.evidence e WHERE e.run_id = r.id),
+                   (SELECT count(*) FROM onward.effects f WHERE f.run_id = r.id)
+              FROM onward.runs r WHERE r.id = :r"""), {"r": run_id}).first()
+        if row is None:
+            continue
+        seq, _hash, status, parked, *_ = row
+        head = ctx.book.tampered_heads.get(run_id)
+        if head is not None and seq > head:
+            found.append(f"run {run_id} ran past its head checkpoint {head}, edited in the "
+                         f"database ({status} at seq {seq})")
+        elif head is not None and status == "needs_review" \
+                and parked not in PARKED_BEFORE_THE_WAIT:
+            found.append(f"run {run_id}, its head checkpoint {head} edited in the database, "
+                         f"is parked {parked!r}, expected integrity")
+        if ctx.book.tamper_checked.get(run_id) == tuple(row):
+            continue
+        if not (ctx.plain or ctx.ledger).verify_run(run_id):
+            found.append(f"run {run_id}: verify reports nothing, but these signed rows were "
+                         f"edited in the database without the key: {edits}")
+        else:
+            ctx.book.tamper_checked[run_id] = tuple(row)
+    return found
+
+
 def workers_never_die_of_errors(ctx: Context) -> list[str]:
     """An error escaping ``execute_step`` (not a crash the test injected) loses the message
     and leaves the lease held: the executor turns every error into a ledger outcome."""
@@ -608,6 +668,8 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "edited_waits_park": edited_waits_park,
     "continue_rewaits": continue_rewaits,
     "workers_never_die_of_errors": workers_never_die_of_errors,
+    "tampered_never_read": tampered_never_read,
+    "tampering_detected": tampering_detected,
     "kept_runs_untouched": kept_runs_untouched,
     "compacted_holds_digests": compacted_holds_digests,
     "retention_keeps_what_it_must": retention_keeps_what_it_must,

@@ -15,7 +15,10 @@ operator commands (``Ledger``) through random interleavings of:
     at a wait made runnable in the database (tests/model/wait_edits.py) · replay
     (evidence, simulation, live) · branch ·
     an admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
-    worker · a quiet stretch after which every run must have settled
+    worker · a retry whose body takes another path (tests/model/interleavings.py) · a
+    worker stopped at a named fault point while people act on its run, then on or killed ·
+    an admin's effects resolve · signed rows edited in SQL without the key
+    (tests/model/tampering.py) · a quiet stretch after which every run must have settled
 
 and checks every invariant of tests/model/invariants.py after every rule. A worker's crash
 is a ``BaseException`` raised where the worker would have been SIGKILLed: nothing in onward
@@ -100,8 +103,10 @@ from tests.model.harness import (
     Worker,
     empty_ledger,
 )
+from tests.model.interleavings import Interleavings
 from tests.model.invariants import CANARY, Context, RunBook, check_all, keep_fingerprints
 from tests.model.invariants import UNREADABLE as UNREADABLE_CONTROL
+from tests.model.tampering import Tampering
 from tests.model.wait_edits import WaitEdits
 from tests.model.world import (
     MODEL_MODES,
@@ -122,7 +127,9 @@ DISABLED: frozenset[str] = frozenset(
     os.environ.get("ONWARD_MODEL_DISABLE", "").split(",")) - {""}
 
 # no "explain" phase: its line tracing makes every example several times slower
-PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+# (ONWARD_MODEL_NO_SHRINK=1: a failure is reported as found, unshrunk: for exploring)
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
+          *([] if os.environ.get("ONWARD_MODEL_NO_SHRINK") else [Phase.shrink])]
 hsettings.register_profile(
     "model-ci", max_examples=20, stateful_step_count=40, deadline=None,
     suppress_health_check=list(HealthCheck), print_blob=True, phases=PHASES)
@@ -159,8 +166,11 @@ RETENTION_MONTH_DAYS = 35
 RACES = [None, "hold", "pin"]
 MASTER_KEY = secrets.token_hex(32)
 
+# ``stall:<point>``: the worker stops at that fault point (a long pause, a SIGSTOP) until a
+# later rule resumes it (on, or killed there), while people and the fleet go on
+STALLS = [f"stall:{point}" for point in FAULT_POINTS]
 CRASH = st.one_of(st.none(), st.none(), st.none(), st.sampled_from(FAULT_POINTS),
-                  st.integers(1, 8))
+                  st.sampled_from(STALLS), st.integers(1, 8))
 
 
 def _registry(*workflows: Any) -> Registry:
@@ -243,7 +253,7 @@ def _alias(rule_function: Any, name: str, target: Bundle[Any] | None = None) -> 
 LOCK_TIMEOUT_MS = 20_000
 
 
-class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
+class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine):
     runs = Bundle("runs")
 
     def __init__(self) -> None:
@@ -256,7 +266,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.clock.on_advance.clear()
         self.env.clock.reset()
         self.env.jitter.seed(0)  # hypothesis replays an example only if it behaves the same
-        self.env.crashes.point = self.env.crashes.after_statement = None
+        self.env.crashes.clear()
         if "partitions" in self.env.dirty:
             _reset_partitions(self.env.ledger.engine)
         if "target" in self.env.dirty:
@@ -322,13 +332,24 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.stats[f"delivery_{delivery.state}"] += 1
         if delivery.state == "suspended":
             return
-        self.env.crashes.point = self.env.crashes.after_statement = None
+        self.env.crashes.clear()
         self.env.stats["steps"] += len(delivery.reports)
         for report in delivery.reports:
             self.env.stats[f"report_{report.kind.value}"] += 1
         if delivery.state == "error":
             error = delivery.error
             self.worker_errors.append(f"{worker.name}: {type(error).__name__}: {error}")
+
+    def _arm(self, crash: str | int | None) -> None:
+        """Where the next delivery's worker dies (a fault point, after the n-th statement) or
+        stops (``stall:<point>``)."""
+        self.env.crashes.clear()
+        if isinstance(crash, int):
+            self.env.crashes.after_statement = crash
+        elif crash is not None and crash.startswith("stall:"):
+            self.env.crashes.stall = crash.removeprefix("stall:")
+        else:
+            self.env.crashes.point = crash
 
     def _rank(self, run_id: UUID) -> int:
         """Runs in the order the test created them (a stable order for ties)."""
@@ -396,8 +417,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         chosen = self._worker(worker, "idle")
         self.world.provider.script = deque(provider)
         self.world.model.script = deque([model])
-        self.env.crashes.point = crash if isinstance(crash, str) else None
-        self.env.crashes.after_statement = crash if isinstance(crash, int) else None
+        self._arm(crash)
         self._record(chosen, chosen.deliver(self.broker.take(pick, keep), eager))
 
     @precondition(conditions.has_refs)
@@ -415,7 +435,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
                 return
             self.world.provider.script.clear()
             self.world.model.script.clear()
-            self.env.crashes.point = self.env.crashes.after_statement = None
+            self.env.crashes.clear()
             self._record(idle[0], idle[0].deliver(self.broker.take(0, keep=False), 0))
 
     @precondition(conditions.has_messages)
@@ -538,6 +558,8 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             "ON c.run_id = r.id AND c.seq = r.seq WHERE r.status IN ('waiting', 'running') "
             "AND r.lease_owner IS NULL AND c.outcome = 'wait'").fetchall(),
             key=lambda row: self._rank(row[0]))
+        # (it signs the head as it stands: never over an edit made without the key)
+        waiting = [row for row in waiting if row[0] not in self.book.tampered]
         if not waiting:
             return
         run_id, seq = waiting[pick % len(waiting)]
@@ -601,6 +623,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
                 allow_irreversible=allow_irreversible and mode == LaunchMode.LIVE.value)
         except REFUSALS:
             return multiple()
+        self._copied_from(run, seq, "replay")
         self._book(launched.run_id, self.book.notes[run])
         self.env.stats["replays"] += 1
         return launched.run_id
@@ -616,9 +639,17 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
                 "model test: branch", allow_irreversible=allow_irreversible)
         except REFUSALS:
             return multiple()
+        self._copied_from(run, seq, "branch")
         self._book(launched.run_id, self.book.notes[run])
         self.env.stats["branches"] += 1
         return launched.run_id
+
+    def _copied_from(self, run: UUID, seq: int, how: str) -> None:
+        """A copy is made only from a checkpoint whose chain verifies (``tampering_detected``)."""
+        edited = self.book.tampered_checkpoints.get(run)
+        if edited is not None and edited <= seq:
+            self.world.note("tampered_copy", f"run {run}: a {how} was made from checkpoint "
+                            f"{seq}, though checkpoint {edited} was edited in the database")
 
     # -- rules: retention, corpus bundles, encryption keys ------------------------------------
     @precondition(conditions.has_refs)
@@ -731,6 +762,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
                                     f"under policy {policy!r}, but {why}")
             self.book.verified.pop(run_id, None)
             self.book.opened.pop(run_id, None)
+            self.book.tamper_checked.pop(run_id, None)  # still reported once compacted
 
     @precondition(conditions.has_refs)
     @rule(policy=st.sampled_from(EXPIRE_POLICIES), race=st.sampled_from(RACES),
@@ -803,6 +835,8 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
             corpora.export(name, out)
         except IntegrityViolation as exc:
             # a run this code cannot read is not exported, as an import would refuse it
+            if run in self.book.tampered:
+                return  # an edited run is not exported (tampering_detected)
             if run not in self.book.unreadable or UNREADABLE_CONTROL not in str(exc):
                 self.world.note("export", f"run {run}: its export was refused: {exc}")
             return
@@ -840,6 +874,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         self.env.stats[f"keys_{how}"] += 1
         self.book.verified.clear()
         self.book.opened.clear()
+        self.book.tamper_checked.clear()
 
     @precondition(conditions.unsettled)
     @rule()
@@ -863,7 +898,7 @@ class ProtocolMachine(WaitEdits, RuleBasedStateMachine):
         """The fleet's ordinary work: calls end (answered in time), sweeps, deliveries."""
         self.world.provider.script.clear()
         self.world.model.script.clear()
-        self.env.crashes.point = self.env.crashes.after_statement = None
+        self.env.crashes.clear()
         for worker in self.workers:
             self._finish_calls(worker)
         self.reaper.sweep(stall_after_s=STALL_AFTER_S)

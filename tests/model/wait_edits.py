@@ -160,7 +160,7 @@ class WaitEdits:
                 break
             self.world.provider.script.clear()
             self.world.model.script.clear()
-            self.env.crashes.point = self.env.crashes.after_statement = None
+            self.env.crashes.clear()
             self._record(idle[0], idle[0].deliver(  # type: ignore[attr-defined]
                 self.broker.messages.pop(mine[0]), 0))
             self.dispatcher.sweep(crash_before_mark=False)
