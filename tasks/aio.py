@@ -18,7 +18,11 @@ or ``create_task``, which start in the order given. One made in a task the body 
 around a coroutine of its own (a helper gathered with others) is refused before it is
 queued: such tasks interleave by what else they wait on, so their calls may come in
 another order on a retry, and the ordinals an earlier attempt recorded would name other
-calls (docs/steps.md, "Async steps").
+calls (docs/steps.md, "Async steps"). The ordinal is taken when the body makes the call
+(``ctx.effect(...)`` returns its awaitable), in the body's program order, not when the
+step's thread runs it: a call cancelled while it waits in the queue, or never awaited,
+still takes its number, so the calls after it are numbered alike whether or not a cancel
+(a timeout that ran out) came on this attempt.
 
 At the step's timeout the body is cancelled on the loop; a ``ctx`` call in flight then
 cancels the coroutine it awaits (its attempt is recorded with an unknown outcome) and the
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import os
 import queue
@@ -116,6 +121,16 @@ class StepThread:
         # the first call refused before it was queued (``ordered``): it ends the step even
         # if the body caught it (asyncio.gather(..., return_exceptions=True), try/except)
         self.refused: OutcomeError | None = None
+        self._made = 0  # calls without a key the body has made (``ordered``)
+
+    def position(self, written_in: asyncio.Task[Any] | None) -> int | None:
+        """The ordinal of a call without a key the body is making now, in ``written_in``:
+        the next one if that is the body's own task (on the loop, in program order);
+        ``None`` elsewhere (such a call is refused when awaited, ``ordered``)."""
+        if written_in is None or written_in is not self.body:
+            return None
+        self._made += 1
+        return self._made
 
     # -- on the loop ------------------------------------------------------------------------
     async def call(self, fn: Callable[[], T]) -> T:
@@ -245,16 +260,21 @@ async def offload(fn: Callable[[], T]) -> T:
     return await thread.call(fn)
 
 
-def ordered(fn: Callable[[], T], call: str) -> Coroutine[Any, Any, T]:
+def ordered(fn: Callable[[int | None], T], call: str) -> Coroutine[Any, Any, T]:
     """``offload`` for a ``ctx`` call without ``key=`` (``call`` names it for the refusal):
     its command id is its position among the step's calls, so it is refused unless that
-    position is fixed by the body's code alone. Which task wrote the call is taken here,
-    where the body writes it; whether it runs there, or in a task of its own, when awaited.
-    """
-    return _ordered(fn, call, _current_task())
+    position is fixed by the body's code alone. Which task wrote the call, and its position
+    (handed to ``fn`` when it runs), are taken here, where the body makes the call: a call
+    cancelled before the step's thread runs it keeps its number, so the calls after it do
+    not move. Whether it runs there, or in a task of its own, is seen when awaited."""
+    written_in = _current_task()
+    thread = _step_thread.get()
+    position = thread.position(written_in) if thread is not None else None
+    return _ordered(fn, call, written_in, position)
 
 
-async def _ordered(fn: Callable[[], T], call: str, written_in: asyncio.Task[Any] | None) -> T:
+async def _ordered(fn: Callable[[int | None], T], call: str,
+                   written_in: asyncio.Task[Any] | None, position: int | None) -> T:
     thread = _step_thread.get()
     if thread is not None and not _fixed_position(thread.body, written_in):
         refused = OutcomeError(
@@ -267,7 +287,7 @@ async def _ordered(fn: Callable[[], T], call: str, written_in: asyncio.Task[Any]
         if thread.refused is None:
             thread.refused = refused
         raise refused
-    return await offload(fn)
+    return await offload(functools.partial(fn, position))
 
 
 def _fixed_position(body: asyncio.Task[Any] | None, written_in: asyncio.Task[Any] | None) -> bool:

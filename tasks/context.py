@@ -150,27 +150,28 @@ class AsyncStepContext(BaseContext):
     the body started around a helper coroutine it is refused (``OutcomeError``): pass a key.
 
     ``effect``, ``llm`` and ``read`` are plain methods returning the awaitable, so that
-    where the call is written is known (``aio.ordered``)."""
+    where the call is written is known, and a call without a key takes its number there,
+    when the body makes it, whether or not it is carried out (``aio.ordered``)."""
 
     def effect(self, tool: Tool, /, key: str | None = None,
                **payload: Any) -> Coroutine[Any, Any, dict[str, Any]]:
         """``StepContext.effect``, awaited."""
-        def call() -> dict[str, Any]:
-            return _effect(self.services, tool, key, payload)
+        def call(position: int | None = None) -> dict[str, Any]:
+            return _effect(self.services, tool, key, payload, position)
         return aio.offload(call) if key is not None else aio.ordered(call, "ctx.effect")
 
     def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None = None,
             **params: Any) -> Coroutine[Any, Any, LLMResponse]:
         """``StepContext.llm``, awaited (the model client may be sync or async)."""
-        def call() -> LLMResponse:
-            return _llm(self.services, model, messages, key, params)
+        def call(position: int | None = None) -> LLMResponse:
+            return _llm(self.services, model, messages, key, params, position)
         return aio.offload(call) if key is not None else aio.ordered(call, "ctx.llm")
 
     def read(self, tool: Tool, /, key: str | None = None,
              **params: Any) -> Coroutine[Any, Any, dict[str, Any]]:
         """``StepContext.read``, awaited."""
-        def call() -> dict[str, Any]:
-            return _read(self.services, tool, key, params)
+        def call(position: int | None = None) -> dict[str, Any]:
+            return _read(self.services, tool, key, params, position)
         return aio.offload(call) if key is not None else aio.ordered(call, "ctx.read")
 
     async def heartbeat(self) -> None:
@@ -187,24 +188,25 @@ class AsyncStepContext(BaseContext):
 # deadline's interruption (only the provider or model call itself may be interrupted).
 
 def _effect(services: StepServices, tool: Tool, key: str | None,
-            payload: dict[str, Any]) -> dict[str, Any]:
+            payload: dict[str, Any], position: int | None = None) -> dict[str, Any]:
     deadline.check()
     with deadline.shielded(), observe.effect(services, tool):
-        return services.effect(tool, key, payload)
+        return services.effect(tool, key, payload, position)
 
 
 def _llm(services: StepServices, model: str, messages: list[dict[str, Any]], key: str | None,
-         params: dict[str, Any]) -> LLMResponse:
+         params: dict[str, Any], position: int | None = None) -> LLMResponse:
     deadline.check()
     with deadline.shielded(), observe.model_call(model):
-        return services.llm(model=model, messages=messages, key=key, params=params)
+        return services.llm(model=model, messages=messages, key=key, params=params,
+                            position=position)
 
 
 def _read(services: StepServices, tool: Tool, key: str | None,
-          params: dict[str, Any]) -> dict[str, Any]:
+          params: dict[str, Any], position: int | None = None) -> dict[str, Any]:
     deadline.check()
     with deadline.shielded(), observe.read(tool):
-        return services.read(tool, key, params)
+        return services.read(tool, key, params, position)
 
 
 def _name(step: Step | str | None) -> str | None:

@@ -39,11 +39,12 @@ def poll_delay(polls: int) -> float:
 class EffectCalls(CallLimits, ReplayAnswers):
     """External effects of one step."""
 
-    def effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+    def effect(self, tool: Tool, key: str | None, payload: dict[str, Any],
+               position: int | None = None) -> dict[str, Any]:
         self.tools_used[tool.name] = tool
         self._claim_covers_until = None  # an outside call: later ones ask the ledger first
         try:
-            result = self._effect(tool, key, payload)
+            result = self._effect(tool, key, payload, position)
         except CancelRequested as exc:
             raise self.cancelled(exc) from exc
         # An evidence replay's answer is the parent's effect: the checkpoint names that one.
@@ -55,10 +56,11 @@ class EffectCalls(CallLimits, ReplayAnswers):
         })
         return result
 
-    def _effect(self, tool: Tool, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+    def _effect(self, tool: Tool, key: str | None, payload: dict[str, Any],
+                position: int | None) -> dict[str, Any]:
         if tool.tool_class is ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is a read: use ctx.read, not ctx.effect")
-        command_id = self.command_id(key)
+        command_id = self.command_id(key, position)
         request_hash = self._payload_hash(payload)
         if self.launch.evidence:
             return self._recorded_effect(tool, command_id, request_hash, payload)

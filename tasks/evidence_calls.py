@@ -36,10 +36,10 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
     """Model calls and reads of one step."""
 
     def llm(self, *, model: str, messages: list[dict[str, Any]], key: str | None,
-            params: dict[str, Any]) -> LLMResponse:
+            params: dict[str, Any], position: int | None = None) -> LLMResponse:
         request_hash = request_hash_of({"model": model, "messages": messages, "params": params})
         try:
-            response = self._llm(model, messages, key, params, request_hash)
+            response = self._llm(model, messages, key, params, request_hash, position)
         except CancelRequested as exc:
             raise self.cancelled(exc) from exc
         self._evidence_refs.append({"kind": EvidenceKind.LLM.value,
@@ -48,8 +48,8 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
         return response
 
     def _llm(self, model: str, messages: list[dict[str, Any]], key: str | None,
-             params: dict[str, Any], request_hash: str) -> LLMResponse:
-        command_id = self.command_id(key)
+             params: dict[str, Any], request_hash: str, position: int | None) -> LLMResponse:
+        command_id = self.command_id(key, position)
         request = {"model": model, "messages": messages, "params": params}
         if self.launch.evidence:
             return LLMResponse.from_record(
@@ -118,12 +118,13 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
         self._verified(lambda: check_signal(self.evidence.keys, found))
         return self._verified(lambda: opened_signal(self.evidence.keys, found, self.tenant_id))
 
-    def read(self, tool: Tool, key: str | None, params: dict[str, Any]) -> dict[str, Any]:
+    def read(self, tool: Tool, key: str | None, params: dict[str, Any],
+             position: int | None = None) -> dict[str, Any]:
         if tool.tool_class is not ToolClass.READ:
             raise OutcomeError(f"tool {tool.name} is {tool.tool_class.value}: use ctx.effect")
         request_hash = request_hash_of(params)
         try:
-            result = self._read(tool, key, params, request_hash)
+            result = self._read(tool, key, params, request_hash, position)
         except CancelRequested as exc:
             raise self.cancelled(exc) from exc
         self._evidence_refs.append({"kind": EvidenceKind.READ.value,
@@ -132,8 +133,8 @@ class EvidenceCalls(CallLimits, ReplayAnswers):
         return result
 
     def _read(self, tool: Tool, key: str | None, params: dict[str, Any],
-              request_hash: str) -> dict[str, Any]:
-        command_id = self.command_id(key)
+              request_hash: str, position: int | None) -> dict[str, Any]:
+        command_id = self.command_id(key, position)
         if self.launch.evidence:
             return dict(self._parent_record(EvidenceKind.READ, command_id, request_hash,
                                             params)["result"])

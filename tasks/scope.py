@@ -143,13 +143,18 @@ class StepScope:
         self.model_retry = (model_retry if isinstance(model_retry, RetryPolicy)
                             else default_policy(ToolClass.READ))
 
-    def command_id(self, key: str | None) -> str:
-        """The call's intent, stable across retries of this step: step, seq, ordinal or key."""
+    def command_id(self, key: str | None, position: int | None = None) -> str:
+        """The call's intent, stable across retries of this step: step, seq, ordinal or key.
+        ``position`` is a keyless call's ordinal when its caller fixed it already (an async
+        step's calls are numbered as the body makes them, tasks/aio.py); a plain step's
+        calls are numbered here, as they are made."""
         if key is not None:
             self._last_command = f"{self.step}@{self.seq}:{key}"
         else:
-            self._ordinal += 1
-            self._last_command = f"{self.step}@{self.seq}#{self._ordinal}"
+            if position is None:
+                self._ordinal += 1
+                position = self._ordinal
+            self._last_command = f"{self.step}@{self.seq}#{position}"
         return self._last_command
 
     def position_note(self, command_id: str) -> str:

@@ -209,3 +209,38 @@ async def cancel_the_second(ctx: AsyncStepContext, state: Gathered) -> Any:
     except asyncio.CancelledError:
         return ctx.finish(sent=1)
     return ctx.finish(sent=2)
+
+
+class Shifted(BaseModel):
+    same: bool = False  # every call sends the same payload
+    ids: dict[str, str] = {}
+
+
+cancel_shifts = Workflow("local_cancel_shifts", version=1, state=Shifted, max_attempts=3)
+
+
+@cancel_shifts.step(start=True)
+async def cancel_then_send(ctx: AsyncStepContext, state: Shifted) -> Any:
+    """Three calls without a key: ``first`` and ``second`` handed to create_task in order,
+    then ``third`` awaited. On attempt 1 only, ``second`` is cancelled while it waits in the
+    step's queue behind ``first`` (as an ``asyncio.wait_for`` that ran out would), and the
+    attempt fails after its calls; attempt 2 makes all three."""
+    def payload(name: str) -> dict[str, Any]:
+        return {"customer": "same" if state.same else name}
+
+    if ctx.attempt == 1:
+        LOCAL.hold_s = 0.3
+    first = asyncio.create_task(ctx.effect(async_tool, **payload("first")))
+    second = asyncio.create_task(ctx.effect(async_tool, **payload("second")))
+    if ctx.attempt == 1:
+        while LOCAL.sends < 1:  # the first is at the provider; the second is queued
+            await asyncio.sleep(0.01)
+        second.cancel()
+    ids = {"first": (await first)["id"]}
+    await asyncio.wait([second])
+    if not second.cancelled():
+        ids["second"] = second.result()["id"]
+    ids["third"] = (await ctx.effect(async_tool, **payload("third")))["id"]
+    if ctx.attempt == 1:
+        raise StepError("attempt 1 fails after its calls")
+    return ctx.finish(ids=ids)

@@ -7,6 +7,8 @@ coroutine of its own, whose calls can come in another order on a retry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -19,15 +21,20 @@ Body = Callable[[Callable[[str], Coroutine[Any, Any, str]],
                  Callable[[str], Coroutine[Any, Any, str]]], Coroutine[Any, Any, Any]]
 
 
-def _run(body: Body) -> tuple[Any, list[str]]:
+def _run(body: Body, positions: dict[str, int | None] | None = None,
+         hold_s: float = 0.0) -> tuple[Any, list[str]]:
     """Run ``body`` as an async step's body is run; it is given a keyless call and a keyed
-    one (each carries out a job on this thread that notes its label). What it returned or
+    one (each carries out a job on this thread that notes its label, and in ``positions``
+    the ordinal it was handed; each job holds this thread ``hold_s``). What it returned or
     raised, and the labels carried out, in order."""
     done: list[str] = []
 
-    def job(label: str) -> Callable[[], str]:
-        def note() -> str:
+    def job(label: str) -> Callable[..., str]:
+        def note(position: int | None = None) -> str:
+            time.sleep(hold_s)
             done.append(label)
+            if positions is not None:
+                positions[label] = position
             return label
         return note
 
@@ -109,3 +116,28 @@ def test_ordered__keyed_calls_run_from_any_task() -> None:
     result, done = _run(body)
     assert result == ["a", "b", "after"]
     assert sorted(done) == ["a", "after", "b"]
+
+
+def test_ordered__a_call_is_numbered_when_the_body_makes_it() -> None:
+    """Given keyless calls made, then awaited in another order, one cancelled while it waits
+    in the queue behind another, and keyed calls between them, expect each keyless call
+    numbered in the order the body made it (the cancelled one keeps its number, so the
+    calls after it do not move) and keyed calls numbered not at all."""
+
+    async def body(keyless: Any, keyed: Any) -> list[str]:
+        later, sooner = keyless("made 1st"), keyless("made 2nd")
+        out = [await sooner, await later, await keyed("keyed")]
+        held = asyncio.create_task(keyless("held"))
+        queued = asyncio.create_task(keyless("queued"))
+        await asyncio.sleep(0.05)  # held runs on the step's thread; queued waits behind it
+        queued.cancel()
+        out.append(await held)
+        with contextlib.suppress(asyncio.CancelledError):
+            await queued
+        return [*out, await keyless("after")]
+
+    positions: dict[str, int | None] = {}
+    result, done = _run(body, positions, hold_s=0.2)
+    assert result == ["made 2nd", "made 1st", "keyed", "held", "after"]
+    assert done == result  # the cancelled call was never carried out
+    assert positions == {"made 2nd": 2, "made 1st": 1, "keyed": None, "held": 3, "after": 5}
