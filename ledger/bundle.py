@@ -80,7 +80,8 @@ DROPPABLE = {
     "requests": "recorded model and read requests (request diffs become unavailable)",
 }
 """Fields a bundle may leave out (``--drop-field``): nothing a replay answers with, and
-nothing a MAC covers, so the bundle still verifies and still replays."""
+nothing a MAC needs (an effect's recipient has one, checked only while the text is there),
+so the bundle still verifies and still replays."""
 
 KEPT = {
     "checkpoints": "checkpoints are covered by their MACs and are what a replay restores",
@@ -175,6 +176,10 @@ def decode_row(table: str, row: dict[str, Any]) -> dict[str, Any]:
                                "does not know: import it with the onward release that wrote it "
                                "(or a newer one)")
         decoded[key] = None if value is None else _decode(columns[key].type, value)
+    if table == "effects" and "recipient_mac" not in row:
+        # written before migration 0047 signed recipients: the display-only text comes with
+        # nothing that vouches for it, so it is left out, as --drop-field would
+        decoded["recipient"] = None
     return decoded
 
 

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-HEAD_REVISION = "0046"
+HEAD_REVISION = "0047"
 """The Alembic revision this code expects; bump with every migration."""
 
 

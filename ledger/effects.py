@@ -44,6 +44,7 @@ __all__ = [
     "EffectStore",
     "Intent",
     "check_effect",
+    "check_recipient",
     "effect_error",
     "effect_field",
     "list_attempts_txn",
@@ -107,6 +108,7 @@ class Effect:
     call_overran: bool | None = None  # ``overran_call``, where it was read (else None)
     intent_mac: str | None = None  # ledger/signed.py effect_intent
     outcome_mac: str | None = None  # ledger/signed.py effect_outcome (completed or failed)
+    recipient_mac: str | None = None  # ledger/signed.py effect_recipient (with a recipient)
     tenant_id: str | None = None
 
     @classmethod
@@ -154,6 +156,15 @@ _UNRESOLVED = sql.statement("unresolved_effects")
 _CLOSE_UNSENT = sql.statement("close_unsent_effects")
 
 _ATTEMPTS_CHECKED = sql.statement("effect_attempts_checked")
+
+
+def check_recipient(keys: CheckpointKeys, effect: Effect) -> None:
+    """Raise IntegrityViolation unless the effect's recipient, when it has one, matches its
+    MAC (none to check once retention or a bundle dropped it)."""
+    if effect.recipient is not None:
+        keys.check(signed.effect_recipient(effect.effect_type, effect.effect_id,
+                                           effect.recipient), effect.recipient_mac,
+                   f"effect {effect.effect_type} {effect.effect_id[:16]}…'s recipient")
 
 
 def check_effect(keys: CheckpointKeys, effect: Effect) -> None:
@@ -287,6 +298,8 @@ class EffectStore:
         payload = seal_value(self.keys.crypt, intent.payload, Place(
             intent.tenant_id, intent.run_id, intent.seq,
             effect_field(intent.effect_type, intent.effect_id, "payload")))
+        recipient = (intent.recipient if self.keys.crypt is None or intent.recipient is None
+                     else MASK)
         params = {
             "effect_id": intent.effect_id,
             "effect_type": intent.effect_type,
@@ -298,8 +311,9 @@ class EffectStore:
             "tool_class": intent.tool_class,
             "request_hash": intent.request_hash,
             # derived from the payload for display: not kept in the clear beside a sealed one
-            "recipient": (intent.recipient if self.keys.crypt is None or intent.recipient is None
-                          else MASK),
+            "recipient": recipient,
+            "recipient_mac": (None if recipient is None else self.keys.sign(
+                signed.effect_recipient(intent.effect_type, intent.effect_id, recipient))),
             "payload": Jsonb(payload) if payload is not None else None,
             "epoch": intent.lease_epoch,
             "intent_mac": self.keys.sign(signed.effect_intent(vars(intent))),

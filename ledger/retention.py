@@ -377,7 +377,7 @@ def _compact_artifacts_txn(conn: Connection, keys: CheckpointKeys, run_id: UUID)
     artifact hash), their comments become their digest (the decision MAC signs it; the
     decision's audit row keeps the text, signed)."""
     for effect in list_effects_txn(conn, run_id):
-        values: dict[str, Any] = {"recipient": None, "error": None}
+        values: dict[str, Any] = {"recipient": None, "recipient_mac": None, "error": None}
         if effect.payload is not None:
             values["payload"] = DROPPED
         if effect.outcome_mac is not None and effect.result is not None and not \

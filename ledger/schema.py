@@ -351,6 +351,7 @@ effects = Table(
     Column("completed_at", TS, nullable=True),
     Column("intent_mac", Text, nullable=True),  # key_id:MAC, ledger/signed.py effect_intent
     Column("outcome_mac", Text, nullable=True),  # set when completed or failed: effect_outcome
+    Column("recipient_mac", Text, nullable=True),  # with a recipient: effect_recipient (0047)
     # where the status-polling window of an accepted effect starts (NULL: created_at); a
     # person who continues a run parked effect_stalled opens a fresh window
     Column("polling_since", TS, nullable=True),

@@ -219,9 +219,18 @@ def effect_intent(fields: Mapping[Any, Any]) -> dict[str, Any]:
     """An effect as it was requested, before any call: which run, step and call asked for
     what. The payload is bound through its request hash (``onward verify`` checks a stored
     payload against it), so a bundle may leave the payload out and still verify; the
-    recipient, derived from the payload for display, is not signed (docs/security.md, "What
-    is not signed: an effect's recipient")."""
+    recipient, derived from the payload for display, has a MAC of its own
+    (``effect_recipient``)."""
     return {"mac": "effect_intent", **{name: _plain(fields[name]) for name in INTENT_FIELDS}}
+
+
+def effect_recipient(effect_type: str, effect_id: str, recipient: str) -> dict[str, Any]:
+    """Where an effect went, as the column shows it (``effects.recipient``: the text the
+    tool derived from the payload, or ``***`` beside a sealed payload), bound to its effect.
+    Apart from the intent MAC so that retention or a bundle can drop the text (nothing to
+    check then) while the request still verifies."""
+    return {"mac": "effect_recipient", "effect_type": effect_type, "effect_id": effect_id,
+            "recipient": recipient}
 
 
 def effect_outcome(effect_type: str, effect_id: str, status: str, provider_ref: str | None,

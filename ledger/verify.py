@@ -25,7 +25,7 @@ from ledger.checkpoints import (
     sha256_hex,
 )
 from ledger.crypto import is_sealed
-from ledger.effects import Effect, check_effect, list_effects_txn
+from ledger.effects import Effect, check_effect, check_recipient, list_effects_txn
 from ledger.evidence import checked_response
 from ledger.exceptions import IntegrityViolation, InvalidInput, MalformedControl
 from ledger.retention import compacted_problem
@@ -276,14 +276,15 @@ def _check_evidence(conn: Connection, keys: CheckpointKeys,
 
 
 def _check_effects(conn: Connection, keys: CheckpointKeys, run_id: UUID) -> Iterator[Problem]:
-    """Each effect's request and (completed or failed) outcome match their MACs; each
-    attempt that ended matches its MAC; attempts are numbered without gaps; an attempt that
-    saw the effect completed is not contradicted by the effect's status."""
+    """Each effect's request, recipient and (completed or failed) outcome match their MACs;
+    each attempt that ended matches its MAC; attempts are numbered without gaps; an attempt
+    that saw the effect completed is not contradicted by the effect's status."""
     for effect in list_effects_txn(conn, run_id):
-        try:
-            check_effect(keys, effect)
-        except IntegrityViolation as exc:
-            yield Problem(run_id, effect.seq, "effect", str(exc))
+        for check in (check_effect, check_recipient):
+            try:
+                check(keys, effect)
+            except IntegrityViolation as exc:
+                yield Problem(run_id, effect.seq, "effect", str(exc))
         # a sealed payload is checked against its request hash where it is opened (a
         # worker, with the data key): verify needs no data key (ledger/crypto.py)
         if effect.payload not in (None, DROPPED) and not is_sealed(effect.payload) and \

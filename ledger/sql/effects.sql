@@ -66,10 +66,10 @@ WITH lease AS (
 ), ins AS (
     INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, step,
                                 command_id, tool_class, request_hash, recipient, payload,
-                                status, intent_mac)
+                                status, intent_mac, recipient_mac)
     SELECT %(effect_id)s, %(effect_type)s, %(run_id)s, %(tenant_id)s, %(seq)s, %(step)s,
            %(command_id)s, %(tool_class)s, %(request_hash)s, %(recipient)s, %(payload)s,
-           'pending', %(intent_mac)s
+           'pending', %(intent_mac)s, %(recipient_mac)s
      WHERE (SELECT held FROM lease)
     ON CONFLICT (effect_type, effect_id) DO NOTHING
     RETURNING *, true AS created

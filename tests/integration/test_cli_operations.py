@@ -678,23 +678,30 @@ def test_cli_replay_branch__a_parent_with_its_effects_settled_is_replayed_live(
     assert sorted(c.mode for c in drv.ledger.children(parent)) == ["branch", "live"]
 
 
-@pytest.mark.xfail(strict=True, reason="effects.recipient is not signed yet: docs/security.md, "
-                   "'What is not signed: an effect's recipient'")
 def test_cli_verify__an_edited_effect_recipient_is_reported(drv: Driver) -> None:
-    """Wanted invariant: an effect's recipient edited in the database (the publish went to
-    'news'; the row is made to say 'attacker') is reported by ``onward verify`` (exit 3,
-    naming the effect), as an edit of its request is. Today no MAC covers the column, so
-    verify passes: strict xfail until it is signed, so signing it turns this red here."""
+    """Invariant: an effect's recipient edited in the database (the publish went to 'news';
+    the row is made to say 'attacker') is reported by ``onward verify`` (exit 3, naming the
+    effect's recipient), as an edit of its request is; its MAC removed as well, too. A
+    recipient dropped (NULL, as retention leaves it) is not a problem."""
     run_id = finished(drv)
     assert "0 problem(s)" in onward("verify", str(run_id), role="admin")
     [publish] = [e for e in drv.ledger.effects(run_id) if e.effect_type == "test.publish"]
-    assert publish.recipient == "news"
-    with drv.ledger.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE onward.effects SET recipient = 'attacker' "
-                             "WHERE effect_type = :t AND effect_id = :i"),
-                     {"t": publish.effect_type, "i": publish.effect_id})
+    assert publish.recipient == "news" and publish.recipient_mac
+
+    def edit(assignments: str) -> None:
+        with drv.ledger.engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE onward.effects SET {assignments} "
+                                 "WHERE effect_type = :t AND effect_id = :i"),
+                         {"t": publish.effect_type, "i": publish.effect_id})
+
+    edit("recipient = 'attacker'")
     reported = onward("verify", str(run_id), role="admin", code=3)
-    assert publish.effect_id[:16] in reported and "recipient" in reported
+    assert publish.effect_id[:16] in reported and "recipient does not match its MAC" in reported
+    edit("recipient_mac = NULL")
+    reported = onward("verify", str(run_id), role="admin", code=3)
+    assert "recipient is not signed" in reported
+    edit("recipient = NULL")
+    assert "0 problem(s)" in onward("verify", str(run_id), role="admin")
 
 
 # JSON json.loads reads but onward cannot store, and the words it is refused with

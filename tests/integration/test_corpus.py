@@ -149,6 +149,33 @@ def _resign(data: bytes, keys: CheckpointKeys) -> bytes:
     return b"".join(lines[:-1]) + json.dumps(trailer).encode() + b"\n"
 
 
+def test_corpus_import__a_bundle_written_before_recipients_were_signed_leaves_them_out(
+        drv: Driver, second_url: str, settings: OnwardSettings) -> None:
+    """Invariant: effects' recipients travel with their MAC (migration 0047), so a bundle
+    keeps them; a bundle written before (its effect rows have no recipient_mac) imports
+    with the recipients left out, as --drop-field would: nothing vouches for that text, and
+    the runs verify."""
+    run_id = record_note(drv, "r")
+    Corpora(drv.ledger).add("suite", Selection(run_ids=(run_id,)))
+    data = exported(Corpora(drv.ledger), "suite")
+    kept = [r["recipient"] for r in read_bundle(data, drv.ledger.keys).rows["effects"]]
+    assert "news" in kept
+    text = gzip.decompress(data).decode() if data[:2] == b"\x1f\x8b" else data.decode()
+    lines = text.splitlines(keepends=True)
+    for number, line in enumerate(lines[1:-1], start=1):
+        entry = json.loads(line)
+        if entry.get("t") == "effects":
+            entry["r"].pop("recipient_mac")
+            lines[number] = json.dumps(entry) + "\n"
+    older = _resign("".join(lines).encode(), drv.ledger.keys)
+    bundle = read_bundle(older, drv.ledger.keys)
+    assert [r["recipient"] for r in bundle.rows["effects"]] == [None] * len(kept)
+    with other_ledger(second_url, settings) as target:
+        assert Corpora(target).import_bundle(bundle).added == [run_id]
+        assert target.verify_run(run_id) == []
+        assert {e.recipient for e in target.effects(run_id)} == {None}
+
+
 def test_corpus_import__refuses_a_bundle_that_does_not_verify_and_writes_nothing(
         drv: Driver, second_url: str, settings: OnwardSettings) -> None:
     """Invariant: an import checks the bundle's digest, then its MAC, then every run: an

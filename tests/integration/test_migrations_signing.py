@@ -250,3 +250,33 @@ def test_migration_0042__signs_existing_refusals(old_engine: Engine) -> None:
     with old_engine.connect() as conn:
         row = conn.execute(sa.text("SELECT * FROM onward.refused_answers")).mappings().one()
     keys.check(signed.refused_answer(run_id, row), row["mac"], "refusal")
+
+
+def test_migration_0047__signs_existing_effect_recipients(old_engine: Engine) -> None:
+    """Invariant: upgrading signs each existing effect's recipient as it stands (nothing
+    signed it before: no edit is laundered), so its run verifies after the upgrade and a
+    later edit of the recipient does not; an effect with no recipient gets no MAC."""
+    from ledger.effects import Effect, check_recipient
+    from ledger.exceptions import IntegrityViolation
+
+    keys = CheckpointKeys(current="k1", keys={"k1": KEY.encode()})
+    upgrade(old_engine, "0046")
+    with old_engine.begin() as conn:
+        run_id = _insert_run(conn, keys, tampered=False)
+        for effect_id, recipient in (("e1", "news"), ("e2", None)):
+            conn.execute(sa.text(
+                "INSERT INTO onward.effects (effect_id, effect_type, run_id, tenant_id, seq, "
+                "step, command_id, tool_class, request_hash, recipient, status) VALUES "
+                "(:id, 'crm', :run, 'default', 0, 's', :id, 'irreversible', 'h', :to, "
+                "'pending')"), {"id": effect_id, "run": run_id, "to": recipient})
+    upgrade(old_engine)
+    with old_engine.connect() as conn:
+        effects = {r["effect_id"]: Effect.from_row(dict(r)) for r in conn.execute(sa.text(
+            "SELECT * FROM onward.effects")).mappings()}
+    check_recipient(keys, effects["e1"])
+    assert effects["e2"].recipient_mac is None
+    check_recipient(keys, effects["e2"])  # nothing to check
+    edited = Effect.from_row({**vars(effects["e1"]), "recipient": "attacker",
+                              "status": effects["e1"].status.value})
+    with pytest.raises(IntegrityViolation, match="recipient does not match its MAC"):
+        check_recipient(keys, edited)
