@@ -49,6 +49,7 @@ from ledger.db import (
     create_engine,
     database_url,
     require_current_schema,
+    require_revision_txn,
     scoped_to_tenant,
     set_tenant,
     snapshot,
@@ -193,6 +194,7 @@ class Ledger:
         starts it anyway, e.g. before the first worker of a new workflow is deployed."""
         with tracing.start_run_span(workflow) as span, \
                 wrap_driver_errors("starting a run"), self.engine.begin() as conn:
+            require_revision_txn(conn)
             run_id = self.start_run_txn(
                 conn,
                 workflow,
@@ -464,6 +466,7 @@ class Ledger:
             self.actor.require(action)
             with wrap_driver_errors(f"{action.value}"), \
                     (_rolled_back(self.engine) if dry_run else self.engine.begin()) as conn:
+                require_revision_txn(conn)  # not a refusal: nothing is audited
                 return body(conn)
         except REFUSALS as exc:
             with wrap_driver_errors("auditing a refusal"), self.engine.begin() as conn:

@@ -36,6 +36,7 @@ __all__ = [
     "newer_than_code",
     "normalize_url",
     "require_current_schema",
+    "require_revision_txn",
     "revision_changed",
     "scoped_to_tenant",
     "set_tenant",
@@ -229,6 +230,23 @@ def revision_changed(found: str | None) -> SchemaMismatch:
         f"the ledger database now {state}, and this code needs {HEAD_REVISION} (`onward db "
         "upgrade` ran while this process was running): it stops taking work; restart it "
         "with the code for the database's revision")
+
+
+def require_revision_txn(conn: Connection) -> None:
+    """Refuse, in the caller's transaction and before it writes, to go on when the ledger is
+    not at this code's revision: the first statement of each operator command and of
+    ``Ledger.start_run``. A console, an API server or an application that started before
+    ``onward db upgrade`` ran under it then writes nothing the new code would misread (a
+    signal or a decision signed as the old code signs them) until it is restarted on the
+    new code. One read of a one-row table per command, none per step (the claim statement
+    checks the revision itself)."""
+    found = conn.execute(sql.text("stored_revision")).scalar()
+    if found != HEAD_REVISION:
+        state = "has no onward schema" if found is None else f"is at revision {found}"
+        raise SchemaMismatch(
+            f"the ledger database now {state}, and this code needs {HEAD_REVISION} (`onward "
+            "db upgrade` ran while this process was running): nothing was written; restart "
+            "this process with the code for the database's revision")
 
 
 class RevisionWatch:

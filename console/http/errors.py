@@ -15,6 +15,7 @@ from ledger.exceptions import (
     LedgerUnavailable,
     OnwardError,
     PermissionDenied,
+    SchemaMismatch,
     Unauthenticated,
     UnknownApproval,
     UnknownEffect,
@@ -36,6 +37,8 @@ STATUS: list[tuple[type[Exception], int, str]] = [
     (UnknownToken, 404, "not found"),
     (InvalidInput, 422, "invalid input"),
     (LedgerUnavailable, 503, "ledger unavailable"),
+    # `onward db upgrade` ran under this server: nothing written, restart it on the new code
+    (SchemaMismatch, 503, "ledger upgraded"),
     (OnwardError, 409, "refused"),  # the run's state, an approval's: nothing changed
 ]
 

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger
+from ledger import db as ledger_db
 from ledger.db import HEAD_REVISION, current_revision
 from ledger.migrate import upgrade
 from ledger.schema import SCHEMA, VERSION_TABLE
@@ -98,7 +99,9 @@ def test_schema_check__an_upgrade_under_a_running_worker_runs_no_step_on_the_old
     reads.wait_run(ledger.engine, before, timeout=60, status="completed",
                    what="a run before the upgrade to complete")
     _upgrade_to(ledger, "9999")
-    after = ledger.start_run("test_chain", {"steps": 2})
+    with pytest.MonkeyPatch.context() as new_code:  # this process plays the new release
+        new_code.setattr(ledger_db, "HEAD_REVISION", "9999")
+        after = ledger.start_run("test_chain", {"steps": 2})
     wait_for(lambda: not worker.alive() or reads.attempts(ledger.engine, after),
              timeout=90, what="the worker to stop (or run a step)", seen=cluster.logs)
     ran = [(a["seq"], a["outcome"]) for a in reads.attempts(ledger.engine, after)]

@@ -17,6 +17,8 @@ from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from console.cli import app
+from console.http.errors import status_of
+from ledger import Ledger
 from ledger.db import HEAD_REVISION, current_revision, require_current_schema
 from ledger.exceptions import SchemaMismatch
 from ledger.migrate import downgrade, upgrade
@@ -117,3 +119,38 @@ def test_db_upgrade__two_at_once_on_an_empty_database_both_succeed_and_migrate_o
     with empty_engine.connect() as conn:
         assert conn.execute(sa.text(
             f"SELECT count(*) FROM {SCHEMA}.{VERSION_TABLE}")).scalar_one() == 1
+
+
+def test_commands__refused_once_the_ledger_is_upgraded_under_the_process(
+        ledger: Ledger) -> None:
+    """A console, API server or application that was running when `onward db upgrade` ran
+    (the revision is no longer its code's) writes nothing: an operator command (a signal)
+    and a start are refused with SchemaMismatch naming the revision and a restart, and no
+    row is written, no audit row either (a signal signed as the old code signs it would
+    fail verification under the new code, which 0037 changed). Once the ledger is at the
+    code's revision again, the same calls go through."""
+    engine = ledger.engine
+    run_id = ledger.start_run("wf_unknown", {}, allow_unadvertised=True)
+
+    def count(table: str) -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(f"SELECT count(*) FROM onward.{table}"))
+                       .scalar_one())
+
+    def set_revision(revision: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE {SCHEMA}.{VERSION_TABLE} SET version_num = :v"),
+                         {"v": revision})
+
+    runs, signals, audit = count("runs"), count("signals"), count("audit")
+    set_revision("9999")
+    with pytest.raises(SchemaMismatch, match=r"now is at revision 9999.*restart") as err:
+        ledger.signal(run_id, "go", {"by": "sam"})
+    assert status_of(err.value) == (503, "ledger upgraded")  # the console's answer
+    with pytest.raises(SchemaMismatch, match="nothing was written"):
+        ledger.start_run("wf_unknown", {}, allow_unadvertised=True)
+    assert (count("runs"), count("signals"), count("audit")) == (runs, signals, audit)
+
+    set_revision(HEAD_REVISION)
+    ledger.signal(run_id, "go", {"by": "sam"})
+    assert count("signals") == signals + 1
