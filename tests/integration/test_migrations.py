@@ -16,6 +16,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
+import ledger as ledger_package
 from console.cli import app
 from console.http.errors import status_of
 from ledger import Ledger
@@ -108,7 +109,9 @@ def test_db_upgrade__two_at_once_on_an_empty_database_both_succeed_and_migrate_o
     them migrated under the advisory lock, the other then found head and did nothing)
     instead of one failing on a duplicate table or the version row being written twice."""
     url = empty_engine.url.render_as_string(hide_password=False)
-    env = {**os.environ, "ONWARD_DATABASE_URL": url}
+    code = str(Path(ledger_package.__file__).parents[1])  # the code this test imported
+    env = {**os.environ, "ONWARD_DATABASE_URL": url,
+           "PYTHONPATH": os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")]))}
     onward = str(Path(sys.executable).parent / "onward")
     jobs = [subprocess.Popen([onward, "db", "upgrade"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
