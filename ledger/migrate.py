@@ -38,6 +38,11 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    """Take the database back to ``revision``: for tests and development only (onward never
+    downgrades a ledger; no command calls this). A downgrade drops what later revisions
+    added, with no warning: standing refusals (0039: a retried step then calls the model
+    again), sealed requests (0046), recipient MACs (0047), and each column or table a
+    revision's ``downgrade`` drops. To go back in production, restore a backup."""
     with wrap_driver_errors("migrating the ledger"):
         command.downgrade(alembic_config(engine), revision)
 

@@ -1,9 +1,11 @@
 """Migrations on a populated ledger: runs stopped at every kind of place (waiting on an
 approval, on a signal with the signal already sent, decided but not resumed, failed,
-queued, completed), their effects, evidence, signals and step attempts of several months
-go back to an older revision and forward to head again. What the migrations copy or
-re-sign (0037's signal MACs, 0038's copy of step_attempts into month partitions, 0041's
-approval decisions) must come out verifying, and every run must then finish with the real
+queued, leased by a worker that never ran the step, a step failed with its effect pending
+or with its effect completed and not committed, completed), their effects, evidence,
+signals and step attempts of several months go back to an older revision and forward to
+head again. What the migrations copy or re-sign (0037's signal MACs, 0038's copy of
+step_attempts into month partitions, 0041's approval decisions, 0047's recipients) must
+come out verifying, and every run must then finish with the real
 executor without calling anything twice."""
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import sqlalchemy as sa
 from ledger import Ledger, RunStatus
 from ledger.db import HEAD_REVISION, current_revision
 from ledger.migrate import downgrade, upgrade
+from ledger.steps import Claim
 from ledger.vocabulary import Role
+from tasks import faults
 from tasks.waiting import artifact_hash
 from tests.support.corpus import OPS_MODULES, ops_driver
 from tests.support.driver import Driver
@@ -81,6 +85,29 @@ def _stopped_runs(drv: Driver, monkeypatch: pytest.MonkeyPatch) -> dict[str, UUI
     monkeypatch.delenv("ONWARD_TEST_OPS_BROKEN")
 
     runs["queued"] = ledger.start_run("test_ops_notes", {"topic": "queued"})
+
+    runs["leased"] = ledger.start_run("test_ops_notes", {"topic": "leased"})
+    claimed = drv.store.claim(runs["leased"], 0, "old-worker:1")  # and never run
+    assert isinstance(claimed, Claim), claimed
+
+    # the post step failed at a fault point: its effect pending (the provider not called
+    # yet), or completed (called, the step not committed); each is retried after the upgrade
+    for name, fault in (("effect_pending", "after_effect_pending"),
+                        ("effect_sent", "after_effect_recorded")):
+        monkeypatch.setenv("ONWARD_FAULTS", f"{fault}@post:raise:once")
+        faults.arm_from_env()
+        runs[name] = ledger.start_run("test_ops_notes", {"topic": name})
+        for seq in range(3):  # summarize, review, post (fails at the fault)
+            drv.step(runs[name], seq)
+        assert ledger.get_run(runs[name]).seq == 2
+    monkeypatch.delenv("ONWARD_FAULTS")
+    faults.arm_from_env()
+    with ledger.engine.connect() as conn:
+        statuses = conn.execute(sa.text(
+            "SELECT e.run_id, e.status FROM onward.effects e WHERE e.run_id IN (:a, :b) "
+            "AND e.effect_type = 'test.publish'"),
+            {"a": runs["effect_pending"], "b": runs["effect_sent"]}).all()
+    assert sorted((str(s) for _, s in statuses)) == ["completed", "pending"], statuses
     return runs
 
 
@@ -104,7 +131,8 @@ def test_migrations__a_populated_ledger_goes_back_and_forward_and_its_runs_finis
             {"id": runs["failed"]})
     attempts = _attempt_rows(engine)
     called = calls(tmp_path / "tool.log")
-    assert len(called) == 4, called  # the three notes runs' log lines, one publish
+    # the notes runs' log lines (five), the publish of the completed and effect_sent runs
+    assert len(called) == 7, called
     before = {name: ledger.verify_run(run_id) for name, run_id in runs.items()}
     assert before == {name: [] for name in runs}
 
@@ -124,6 +152,9 @@ def test_migrations__a_populated_ledger_goes_back_and_forward_and_its_runs_finis
         approval.id, artifact_hash=artifact_hash(approval.artifact))
     assert ledger.signal(runs["awaiting_signal"], "go", {"by": "sue"})
     ledger.continue_run(runs["failed"], "the template is fixed")
+    with engine.begin() as conn:  # the old worker that held the lease is gone
+        conn.execute(sa.text("UPDATE onward.runs SET lease_expires_at = onward.now() "
+                             "- interval '1 second' WHERE id = :id"), {"id": runs["leased"]})
     for name, run_id in runs.items():
         run = drv.drive(run_id)
         assert run.status is RunStatus.COMPLETED, (name, run)
