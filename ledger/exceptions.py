@@ -28,6 +28,7 @@ __all__ = [
     "InvalidInput",
     "LedgerUnavailable",
     "MalformedControl",
+    "NotPlainJson",
     "OnwardError",
     "OperationRefused",
     "PermissionDenied",
@@ -65,6 +66,12 @@ class UnknownRun(OnwardError):
 
 class InvalidInput(OnwardError):
     """Input to a ledger operation is malformed, too large or not JSON."""
+
+
+class NotPlainJson(InvalidInput, ValueError):
+    """Text that is JSON as Python reads it, but not JSON onward can store (or parse): nested
+    past the parser, NaN or Infinity, an integer of thousands of digits, a NUL or a lone
+    surrogate (``ledger.json_input.read_json``). A ``ValueError`` too, as any bad JSON is."""
 
 
 class MalformedControl(InvalidInput):

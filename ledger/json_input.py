@@ -19,11 +19,9 @@ import math
 import re
 from typing import Any
 
+from ledger.exceptions import NotPlainJson
+
 __all__ = ["NotPlainJson", "read_json", "unstorable"]
-
-
-class NotPlainJson(ValueError):
-    """Text that is JSON as Python reads it, but not JSON onward can store (or parse)."""
 
 
 # a lone surrogate can only come from a \uXXXX escape or from a str that already holds one
