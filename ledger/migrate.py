@@ -14,10 +14,14 @@ from ledger.checkpoints import CheckpointKeys
 from ledger.db import current_revision, newer_schema, newer_than_code, wrap_driver_errors
 from ledger.settings import OnwardSettings
 
-__all__ = ["MIGRATIONS", "alembic_config", "downgrade", "sign_existing", "upgrade"]
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK_KEY", "alembic_config", "downgrade", "sign_existing",
+           "upgrade"]
 
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_KEY = 0x0_0A_1E_D6_E1
+"""The advisory lock every migration holds (ledger/migrations/env.py): several processes may
+upgrade at once (compose starts them together, two deploy jobs), one at a time."""
 
 
 def alembic_config(engine: Engine) -> Config:

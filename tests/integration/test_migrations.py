@@ -22,7 +22,7 @@ from console.http.errors import status_of
 from ledger import Ledger
 from ledger.db import HEAD_REVISION, current_revision, require_current_schema
 from ledger.exceptions import SchemaMismatch
-from ledger.migrate import downgrade, upgrade
+from ledger.migrate import MIGRATION_LOCK_KEY, downgrade, upgrade
 from ledger.partitions import PARTITIONED
 from ledger.schema import SCHEMA, VERSION_TABLE, metadata
 
@@ -157,3 +157,45 @@ def test_commands__refused_once_the_ledger_is_upgraded_under_the_process(
     set_revision(HEAD_REVISION)
     ledger.signal(run_id, "go", {"by": "sam"})
     assert count("signals") == signals + 1
+
+
+def test_db_upgrade__a_newer_release_upgrading_first_is_refused_by_name_after_the_lock(
+        empty_engine: Engine) -> None:
+    """An older release's ``onward db upgrade`` that checked the revision (not newer than
+    its code) and then waited on the migration lock while a newer release upgraded the
+    ledger (two deploys at once) exits 2 naming the newer revision and that onward never
+    downgrades, the revision untouched, instead of failing in Alembic ("Can't locate
+    revision") after the lock."""
+    from tests.support.cluster import wait_for
+
+    upgrade(empty_engine)
+    url = empty_engine.url.render_as_string(hide_password=False)
+    code = str(Path(ledger_package.__file__).parents[1])
+    env = {**os.environ, "ONWARD_DATABASE_URL": url,
+           "PYTHONPATH": os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")]))}
+    with empty_engine.connect() as holder:  # the newer release, migrating
+        holder.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+        holder.commit()
+        job = subprocess.Popen([str(Path(sys.executable).parent / "onward"), "db", "upgrade"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        try:
+            def waiting() -> bool:
+                with empty_engine.connect() as conn:
+                    return bool(conn.execute(sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database())")).scalar_one())
+            wait_for(waiting, timeout=60, what="the older release to wait on the lock")
+            holder.execute(sa.text(f"UPDATE {SCHEMA}.{VERSION_TABLE} SET version_num = '9999'"))
+            holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            holder.commit()
+            output = job.communicate(timeout=120)[0]
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    said = " ".join(output.split())
+    assert job.returncode == 2, output
+    assert "at revision 9999, newer than this code's" in said and "never downgrades" in said
+    assert current_revision(empty_engine) == "9999"
