@@ -125,6 +125,8 @@ def db_upgrade() -> None:
         upgrade(ledger.engine)
     except SchemaMismatch as exc:  # a newer release upgraded it: never downgraded
         fail(str(exc), EXIT_REFUSED)
+    except InvalidInput as exc:  # a signing migration refused the configured key
+        fail(str(exc), EXIT_REFUSED)
     out.print(line("ledger schema at revision ", str(current_revision(ledger.engine))))
 
 

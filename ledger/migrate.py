@@ -12,10 +12,11 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import current_revision, newer_schema, newer_than_code, wrap_driver_errors
+from ledger.exceptions import IntegrityViolation, InvalidInput
 from ledger.settings import OnwardSettings
 
-__all__ = ["MIGRATIONS", "MIGRATION_LOCK_KEY", "alembic_config", "downgrade", "sign_existing",
-           "upgrade"]
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK_KEY", "alembic_config", "downgrade", "migration_keys",
+           "sign_existing", "upgrade"]
 
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -51,6 +52,38 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(alembic_config(engine), revision)
 
 
+LATEST_HEADS = sa.text("SELECT id, seq, head_hash, head_mac FROM onward.runs "
+                       "WHERE head_mac IS NOT NULL ORDER BY updated_at DESC LIMIT 20")
+
+
+def migration_keys(conn: Connection) -> CheckpointKeys:
+    """The checkpoint keys a migration that signs (or re-signs) existing rows uses: the
+    configured ones (``ONWARD_CHECKPOINT_KEY``, ``ONWARD_CHECKPOINT_OLD_KEYS``), checked
+    first against the ledger. When runs have signed heads (0013) and none of the 20 latest
+    verifies under them, the key is not the one the ledger was signed with (a deploy job
+    without ``ONWARD_CHECKPOINT_KEY`` makes a development key of its own): signing with it
+    would leave every row it signs failing verification, and a re-signing migration would
+    re-sign nothing. Refused (``InvalidInput``), the upgrade rolled back."""
+    keys = CheckpointKeys.from_settings(OnwardSettings())
+    heads = conn.execute(LATEST_HEADS).mappings().all()
+    for head in heads:
+        body = {"mac": "head", "run_id": str(head["id"]), "seq": head["seq"],
+                "head_hash": head["head_hash"]}  # ledger/signed.py head, as of 0013
+        try:
+            keys.check(body, head["head_mac"], "a run's head")
+        except IntegrityViolation:
+            continue
+        return keys
+    if heads:
+        raise InvalidInput(
+            "this migration signs existing rows with the checkpoint key, and no recent run "
+            "head of this ledger verifies under the configured key: set "
+            "ONWARD_CHECKPOINT_KEY (and ONWARD_CHECKPOINT_OLD_KEYS) to the key every onward "
+            "process of this ledger uses, then run `onward db upgrade` again; nothing was "
+            "changed")
+    return keys
+
+
 def sign_existing(conn: Connection, rows: sa.TextClause, table: str, column: str,
                   mac: Callable[[CheckpointKeys, RowMapping], str], *, batch: int = 5000) -> None:
     """For a migration that adds a MAC column: write ``mac(keys, row)`` into ``column`` of
@@ -63,6 +96,6 @@ def sign_existing(conn: Connection, rows: sa.TextClause, table: str, column: str
     result = conn.execute(rows).mappings()
     keys = None
     while found := result.fetchmany(batch):
-        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        keys = keys or migration_keys(conn)
         conn.execute(update, [{"row_id": row["id"], "signed_mac": mac(keys, row)}
                               for row in found])

@@ -10,6 +10,7 @@ executor without calling anything twice."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.db import HEAD_REVISION, current_revision
+from ledger.exceptions import InvalidInput
 from ledger.migrate import downgrade, upgrade
 from ledger.steps import Claim
 from ledger.vocabulary import Role
@@ -164,3 +166,27 @@ def test_migrations__a_populated_ledger_goes_back_and_forward_and_its_runs_finis
     keys = [line.split("\t")[1] for line in every]
     assert len(keys) == len(set(keys)), every
     assert every[:len(called)] == called
+
+
+def test_migrations__a_signing_migration_refuses_a_key_the_ledger_was_not_signed_with(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: a migration that signs existing rows (0047: effects' recipients) run
+    without the ledger's checkpoint key (a deploy job missing ONWARD_CHECKPOINT_KEY, which
+    then makes a development key of its own) is refused, the ledger left at its revision,
+    instead of signing every recipient with a key no process has (each then failing
+    verification); with the right key it signs them and every run verifies."""
+    ledger = drv.ledger
+    run_id = ledger.start_run("test_ops_notes", {"topic": "keys"})
+    assert drv.drive(run_id).status is RunStatus.COMPLETED
+    downgrade(ledger.engine, "0046")
+
+    key = os.environ["ONWARD_CHECKPOINT_KEY"]
+    monkeypatch.setenv("ONWARD_CHECKPOINT_KEY", "not-the-ledgers-key")
+    with pytest.raises(InvalidInput, match="no recent run head of this ledger verifies"):
+        upgrade(ledger.engine)
+    assert current_revision(ledger.engine) == "0046"
+
+    monkeypatch.setenv("ONWARD_CHECKPOINT_KEY", key)
+    upgrade(ledger.engine)
+    assert current_revision(ledger.engine) == HEAD_REVISION
+    assert ledger.verify_run(run_id) == []

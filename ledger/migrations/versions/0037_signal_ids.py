@@ -43,14 +43,13 @@ def _with_id(row: Any) -> dict[str, Any]:
 
 
 def _resign(old: Any, new: Any) -> None:
-    from ledger.checkpoints import CheckpointKeys
-    from ledger.settings import OnwardSettings
+    from ledger.migrate import migration_keys
 
     conn = op.get_bind()
     result = conn.execute(EXISTING).mappings()
     keys = None
     while rows := result.fetchmany(BATCH):
-        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        keys = keys or migration_keys(conn)
         updates = []
         for row in rows:
             key_id, _, mac = str(row["mac"]).rpartition(":")

@@ -57,14 +57,13 @@ def _with_comment(row: Any) -> dict[str, Any]:
 
 
 def _resign(old: Callable[[Any], dict[str, Any]], new: Callable[[Any], dict[str, Any]]) -> None:
-    from ledger.checkpoints import CheckpointKeys
-    from ledger.settings import OnwardSettings
+    from ledger.migrate import migration_keys
 
     conn = op.get_bind()
     result = conn.execute(DECIDED).mappings()
     keys = None
     while rows := result.fetchmany(BATCH):
-        keys = keys or CheckpointKeys.from_settings(OnwardSettings())
+        keys = keys or migration_keys(conn)
         updates = []
         for row in rows:
             key_id, _, mac = str(row["decision_mac"]).rpartition(":")

@@ -48,10 +48,9 @@ def upgrade() -> None:
     keys = None
     while found := result.fetchmany(5000):
         if keys is None:
-            from ledger.checkpoints import CheckpointKeys
-            from ledger.settings import OnwardSettings
+            from ledger.migrate import migration_keys
 
-            keys = CheckpointKeys.from_settings(OnwardSettings())
+            keys = migration_keys(conn)
         conn.execute(SIGN, [{"signed_mac": keys.sign(_signed(row)),
                              "effect_type": row["effect_type"], "effect_id": row["effect_id"]}
                             for row in found])
