@@ -46,6 +46,7 @@ from console.common import (
 )
 from console.help_params import plain_params
 from console.safe import line
+from console.workflow_modules import cwd_on_path
 from ledger import Ledger, OnwardSettings
 from ledger.exceptions import InvalidInput, OnwardError, SchemaMismatch
 from ledger.vocabulary import AuditAction, Priority
@@ -94,9 +95,14 @@ app.add_typer(corpus_app, name="corpus")  # with `corpus replay` (commands_repla
 def _logs_to_stderr() -> None:
     """Whatever onward logs while a command runs goes to stderr: stdout holds only the
     command's answer, so ``--json`` output stays parseable (structlog unconfigured prints to
-    stdout). Process commands (worker, dispatcher, reaper) configure logging again."""
+    stdout). Process commands (worker, dispatcher, reaper) configure logging again.
+
+    The current directory goes on ``sys.path`` (console/workflow_modules.py), as Celery's
+    own command does: the workflow modules a command imports (``ONWARD_WORKFLOWS``) are
+    found in the folder it is run from."""
     import structlog
 
+    cwd_on_path()
     if not structlog.is_configured():
         structlog.configure(logger_factory=lambda *_args: structlog.PrintLogger(sys.stderr))
 

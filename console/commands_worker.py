@@ -54,7 +54,8 @@ def worker(
                             max_memory_per_child, prefetch_multiplier)
     settings = _with_workflows(worker_settings(), workflows)
     _wait_for_ledger(settings, "worker")
-    celery_app, registry = _worker_app(settings, options)
+    celery_app, registry = _worker_app(settings, options,
+                                       debug=loglevel.upper() == "DEBUG")
     _require_workflows(registry)
     warn_unknown_variables()  # after the workflows' modules (and their settings) are loaded
     queues = _worker_queues(settings, registry)
@@ -121,13 +122,17 @@ def _wait_for_ledger(settings: WorkerSettings, process: str) -> None:
     engine.dispose()
 
 
-def _worker_app(settings: WorkerSettings, options: PoolOptions) -> tuple[Celery, Registry]:
-    """The Celery app and its workflows; exit 2 if a workflow cannot run on the pool."""
+def _worker_app(settings: WorkerSettings, options: PoolOptions, *,
+                debug: bool) -> tuple[Celery, Registry]:
+    """The Celery app and its workflows; exit 2 if a workflow's module cannot be imported
+    (its traceback too when ``debug``) or a workflow cannot run on the pool."""
+    from console.workflow_modules import load_workflows
     from workers.app import create_app
     from workers.pools import check_pool_runs
 
-    celery_app = create_app(settings, concurrency=options.steps_per_process)
-    registry: Registry = celery_app.onward_runtime.registry
+    registry = load_workflows(settings.workflows, debug=debug)
+    celery_app = create_app(settings, registry=registry,
+                            concurrency=options.steps_per_process)
     try:
         check_pool_runs(options.pool, registry)
     except InvalidInput as exc:

@@ -171,8 +171,10 @@ class Processes:
     procs: list[Proc] = field(default_factory=list)
     started: int = 0
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        """``python ARGV...``, e.g. ``["-m", "examples.provider", "--port", "0"]``."""
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *,
+              cwd: Path = ROOT) -> Proc:
+        """``python ARGV...``, e.g. ``["-m", "examples.provider", "--port", "0"]``, from
+        ``cwd`` (the repository root unless told)."""
         full_env = {**os.environ, **self.env, **(env or {})}
         path = full_env.get("PYTHONPATH", "")
         if path.split(os.pathsep)[0] != str(ROOT):
@@ -181,7 +183,7 @@ class Processes:
         log_path = self.log_dir / f"{self.started:02d}-{name}.log"
         self.started += 1
         with open(log_path, "wb") as handle:  # the child keeps its own descriptor
-            popen = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env,
+            popen = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=full_env,
                                      stdout=handle, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_stop_with_parent())
