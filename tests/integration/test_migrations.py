@@ -188,6 +188,7 @@ def test_db_upgrade__a_newer_release_upgrading_first_is_refused_by_name_after_th
                         "WHERE datname = current_database())")).scalar_one())
             wait_for(waiting, timeout=60, what="the older release to wait on the lock")
             holder.execute(sa.text(f"UPDATE {SCHEMA}.{VERSION_TABLE} SET version_num = '9999'"))
+            holder.commit()  # as a migration does: committed, then the lock released
             holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
             holder.commit()
             output = job.communicate(timeout=120)[0]
