@@ -299,9 +299,15 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
     def _on_body(self, ctx: Any) -> None:
         """As a step body starts: its step must not have committed already."""
         row = self.env.checker.execute(
-            "SELECT lease_epoch FROM onward.checkpoints WHERE run_id = %s AND seq = %s",
+            "SELECT c.lease_epoch, r.lease_owner FROM onward.checkpoints c JOIN onward.runs r "
+            "ON r.id = c.run_id WHERE c.run_id = %s AND c.seq = %s",
             (ctx.run_id, ctx.seq + 1)).fetchone()
-        if row is not None:
+        if row is not None and row[1] != ctx.worker:
+            # a worker stopped (stall:in_step) past its lease, resumed after another worker
+            # committed the step: the body's code runs (at least once, docs/guarantees.md),
+            # its calls and its commit are fenced (calls_under_a_live_lease, one commit)
+            self.env.stats["body_after_lease_lost"] += 1
+        elif row is not None:
             self.world.note("reran", f"run {ctx.run_id}: step {ctx.step} ran from seq "
                             f"{ctx.seq} on {ctx.worker}, after seq {ctx.seq + 1} committed")
         self._event_check(ctx)
