@@ -10,6 +10,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
+from ledger import sql
 from ledger.checkpoints import CheckpointKeys
 from ledger.db import current_revision, newer_schema, newer_than_code, wrap_driver_errors
 from ledger.exceptions import IntegrityViolation, InvalidInput
@@ -52,8 +53,7 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(alembic_config(engine), revision)
 
 
-LATEST_HEADS = sa.text("SELECT id, seq, head_hash, head_mac FROM onward.runs "
-                       "WHERE head_mac IS NOT NULL ORDER BY updated_at DESC LIMIT 20")
+LATEST_HEADS = sql.text("latest_signed_heads")
 
 
 def migration_keys(conn: Connection) -> CheckpointKeys:

@@ -18,3 +18,9 @@ SELECT to_regnamespace('onward') AS found
 -- it for this transaction (local) or for the session of a connection that serves one
 -- tenant only. A transaction that sets none sees no rows (docs/security.md).
 SELECT set_config('onward.tenant', %(tenant)s, %(local)s)
+
+-- name: latest_signed_heads
+-- The 20 runs whose signed head changed last: a migration that signs existing rows first
+-- checks its key against them (ledger/migrate.py migration_keys).
+SELECT id, seq, head_hash, head_mac FROM onward.runs
+ WHERE head_mac IS NOT NULL ORDER BY updated_at DESC LIMIT 20
