@@ -311,7 +311,8 @@ def runs_branch(
         diff = ledger.preview_branch(run.id, from_seq, operations)
     except REFUSALS as exc:
         _refuse(ledger, AuditAction.BRANCH, exc, run.id)
-    check_state = state_check(ledger.settings.workflows)
+    with reported():  # a workflow module that cannot be imported: one paragraph, exit 2
+        check_state = state_check(ledger.settings.workflows)
     with reported():  # refused before the question, as the ledger would refuse after it
         ledger.branch(run.id, from_seq, operations, reason, allow_irreversible=allow_irreversible,
                       budgets=budgets, check_state=check_state,

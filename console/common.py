@@ -40,6 +40,7 @@ from ledger.exceptions import (
 )
 from ledger.json_input import read_json
 from ledger.vocabulary import AuditAction
+from tasks.exceptions import WorkflowModuleUnimportable
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -239,6 +240,8 @@ def reported() -> Iterator[None]:
               kind=type(exc).__name__)
     except REFUSALS as exc:
         _stop("refused:", exc, EXIT_REFUSED, error="refused", kind=type(exc).__name__)
+    except WorkflowModuleUnimportable as exc:  # the paragraph says which module and why
+        _stop("error:", exc, EXIT_REFUSED, error="refused", kind=type(exc).__name__)
     except OnwardError as exc:
         _stop("error:", f"{type(exc).__name__}: {exc}", EXIT_FAILED, error="failed",
               kind=type(exc).__name__)

@@ -59,29 +59,8 @@ def load_workflows(modules: list[str], *, debug: bool) -> Registry:
 
 
 def _cannot_import(module: str, exc: Exception, *, debug: bool) -> str:
-    """Which module, why, and (for a module not found) where it was looked for."""
-    why = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, ModuleNotFoundError) and _is_part_of(exc.name, module):
-        why += (f". ONWARD_WORKFLOWS names modules as package.module (e.g. myapp.agents for "
-                f"myapp/agents.py), imported from the current directory "
-                f"({_cwd()}) or sys.path (PYTHONPATH, installed packages); run the command "
-                f"from the folder that holds the package, or install it")
-    elif isinstance(exc, ImportError):
-        why += " (raised by an import inside the module)"
-    else:
-        why += " (raised while the module was imported)"
+    """Which module, why (tasks/workflow_modules.py), and how to see the traceback."""
+    from tasks.workflow_modules import cannot_import
+
     more = "" if debug else "; --loglevel debug (or ONWARD_LOG_LEVEL=debug) prints the traceback"
-    return (f"cannot import workflow module {module!r} (named in ONWARD_WORKFLOWS or "
-            f"--workflows): {why}{more}")
-
-
-def _is_part_of(missing: str | None, module: str) -> bool:
-    """``missing`` is ``module`` or one of its parent packages (not a module it imports)."""
-    return missing is not None and (module == missing or module.startswith(missing + "."))
-
-
-def _cwd() -> str:
-    try:
-        return os.getcwd()
-    except OSError:
-        return "removed"
+    return cannot_import(module, exc) + more

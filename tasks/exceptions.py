@@ -23,11 +23,18 @@ __all__ = [
     "ToolError",
     "ToolPromiseBroken",
     "WorkflowDefinitionError",
+    "WorkflowModuleUnimportable",
 ]
 
 
 class WorkflowDefinitionError(OnwardError):
     """A workflow is declared wrongly (raised at import time, before any run exists)."""
+
+
+class WorkflowModuleUnimportable(OnwardError):
+    """A module named in ``ONWARD_WORKFLOWS`` cannot be imported (not found, raised at
+    import, does not parse): the message says which and why in one paragraph, the original
+    exception is the ``__cause__`` (tasks/workflow_modules.py)."""
 
 
 class StepError(OnwardError):

@@ -10,7 +10,6 @@ workflow modules (``ONWARD_WORKFLOWS``), which the ledger must not import.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from tasks import credentials
 from tasks.exceptions import ToolError
 from tasks.tools import Tool, ToolResult, invoke
 from tasks.workflow import Registry
+from tasks.workflow_modules import import_workflow_module
 
 __all__ = [
     "RepeatOutcome",
@@ -45,7 +45,7 @@ __all__ = [
 def find_tool(modules: list[str], name: str) -> Tool | None:
     """The Tool named ``name`` among the module attributes of the workflow modules."""
     for module_name in modules:
-        module = importlib.import_module(module_name)
+        module = import_workflow_module(module_name)  # one clear error, not a traceback
         for value in vars(module).values():
             if isinstance(value, Tool) and value.name == name:
                 return value
@@ -241,8 +241,10 @@ def state_check(modules: list[str]) -> StateCheck | None:
     """A validator of branch states against the workflows' models (None without modules)."""
     if not modules:
         return None
+    for module in modules:
+        import_workflow_module(module)  # one clear error, not a traceback
     registry = Registry()
-    registry.load_modules(modules)
+    registry.load_modules(modules)  # imported above: registers what they define
 
     def check(workflow_name: str, version: int | None, state: dict[str, Any]) -> None:
         workflow = registry.get(workflow_name, version) or registry.get(workflow_name)

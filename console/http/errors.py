@@ -22,6 +22,7 @@ from ledger.exceptions import (
     UnknownRun,
     UnknownToken,
 )
+from tasks.exceptions import WorkflowModuleUnimportable
 
 __all__ = ["PROBLEM", "STATUS", "install", "problem", "status_of", "unreadable_body"]
 
@@ -39,6 +40,8 @@ STATUS: list[tuple[type[Exception], int, str]] = [
     (LedgerUnavailable, 503, "ledger unavailable"),
     # `onward db upgrade` ran under this server: nothing written, restart it on the new code
     (SchemaMismatch, 503, "ledger upgraded"),
+    # a module of the server's ONWARD_WORKFLOWS cannot be imported: its configuration
+    (WorkflowModuleUnimportable, 500, "workflow module cannot be imported"),
     (OnwardError, 409, "refused"),  # the run's state, an approval's: nothing changed
 ]
 

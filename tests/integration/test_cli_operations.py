@@ -215,6 +215,30 @@ def test_cli_branch__shows_diff_needs_reason(drv: Driver) -> None:
     assert drv.drive(branch.id).status is RunStatus.COMPLETED
 
 
+def test_cli_branch_and_repeat__a_workflow_module_that_cannot_be_imported_is_one_paragraph(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runs branch (its state check) and effects repeat (its tool lookup) import
+    ONWARD_WORKFLOWS: a module there that does not exist ends the command with exit 2 and
+    the paragraph onward worker gives (which module, why, where it was looked for), no
+    traceback, and nothing started or sent."""
+    parent = finished(drv)
+    publish = next(e for e in drv.ledger.effects(parent) if e.effect_type == "test.publish")
+    # first: the tool lookup stops at the first module holding the tool
+    monkeypatch.setenv("ONWARD_WORKFLOWS", ",".join(["tests.no_such_workflows", *MODULES]))
+    said = ("cannot import workflow module 'tests.no_such_workflows' (named in "
+            "ONWARD_WORKFLOWS or --workflows): ModuleNotFoundError: No module named "
+            "'tests.no_such_workflows'. ONWARD_WORKFLOWS names modules as package.module")
+    out = onward("runs", "branch", str(parent), "--from", "2", "--set", "/channel=sports",
+                 "--reason", "look", "--yes", code=2)
+    assert said in " ".join(out.split()) and "Traceback" not in out, out
+    assert drv.ledger.children(parent) == []
+    out = onward("effects", "repeat", publish.effect_id, "--reason", "lost", "--yes",
+                 role="admin", code=2)
+    assert said in " ".join(out.split()) and "Traceback" not in out, out
+    assert drv.ledger.find_effect(publish.effect_id, "test.publish").attempts == \
+        publish.attempts
+
+
 def test_cli_cancel_approve_effects(drv: Driver) -> None:
     """cancel, approvals approve and effects show/repeat through the CLI, with the role each
     needs."""

@@ -419,3 +419,28 @@ def test_api_and_page__json_nested_past_the_parser_in_a_cursor_or_a_form_is_refu
         assert resolved.status_code == 422, resolved.status_code
         assert "nests objects and arrays too deeply" in resolved.text
     assert reads.fingerprint(drv.ledger.engine) == before
+
+
+def test_api_branch__a_workflow_module_that_cannot_be_imported_is_a_problem_not_a_traceback(
+        drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's ONWARD_WORKFLOWS names a module that raises at import: POST .../branch
+    (its state check imports the modules) answers a problem document (500) whose detail is
+    the paragraph onward worker gives, no traceback, and starts nothing."""
+    parent = drv.ledger.start_run("test_ops_notes", {"topic": "http"})
+    assert drv.drive(parent).status is RunStatus.COMPLETED
+    monkeypatch.setenv("ONWARD_WORKFLOWS", ",".join([*MODULES, "tests.workflows_broken"]))
+    headers = auth(token(drv.ledger, "olga", "operator"))
+    with TestClient(create_app(Ledger.from_env())) as http:
+        answer = http.post(f"/api/v1/runs/{parent}/branch", headers=headers, json={
+            "reason": "look", "from_seq": 2,
+            "patch": [{"op": "replace", "path": "/channel", "value": "sports"}]})
+    assert answer.status_code == 500, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    problem = answer.json()
+    assert problem["error"] == "WorkflowModuleUnimportable"
+    assert problem["detail"] == (
+        "cannot import workflow module 'tests.workflows_broken' (named in ONWARD_WORKFLOWS or "
+        "--workflows): RuntimeError: tests.workflows_broken fails at import on purpose "
+        "(raised while the module was imported)")
+    assert "Traceback" not in answer.text
+    assert drv.ledger.children(parent) == []
