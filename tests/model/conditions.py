@@ -8,12 +8,14 @@ model test; a function defined with ``def`` is described by its name, without pa
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 __all__ = [
     "has_messages",
     "has_refs",
     "idle_worker",
     "idle_worker_and_refs",
+    "no_worker_inside",
     "sealed_book",
     "suspended_and_idle",
     "suspended_worker",
@@ -51,3 +53,15 @@ def sealed_book(machine: Any) -> bool:
 
 def unsettled(machine: Any) -> bool:
     return not machine.settled
+
+
+def no_worker_inside(machine: Any, run_id: UUID) -> bool:
+    """No worker is stopped inside a step of ``run_id`` (at a fault point, in a hung call):
+    such a worker holds a claim of the run, the head it restored in memory, and the lease
+    epoch that fences its commit, even after its lease lapsed and the reaper cleared the
+    owner (a requeue does not move the epoch; only the next claim does). A rule that
+    rewrites the run's head in place (``newer_control``) must not pick it: the worker's
+    commit would chain onto the head it restored, not the rewritten one, which no real
+    process can bring about (nothing in onward rewrites a run's head at its seq: a newer
+    onward writes one by committing it, under a claim that fences the older one out)."""
+    return not any(w.suspended and w.run_id == run_id for w in machine.workers)

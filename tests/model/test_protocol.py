@@ -552,7 +552,8 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
           signal_now=st.booleans())
     def newer_control(self, pick: int, how: str, signal_now: bool) -> None:
         """A newer onward wrote the head of a run that waits, or whose wait just ended (an
-        approval's, a signal's or a timer's; no worker holds it): its wait control is one
+        approval's, a signal's or a timer's; no worker holds it or is stopped inside its
+        step, ``conditions.no_worker_inside``): its wait control is one
         this code cannot read (an unknown kind, or no ``then``), signed as a commit signs
         it (the checkpoint's MAC, the run's head hash and head MAC). The run must park
         ``invalid_control`` whatever ends the wait, never run its step on a guess
@@ -565,7 +566,8 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
             "AND r.lease_owner IS NULL AND c.outcome = 'wait'").fetchall(),
             key=lambda row: self._rank(row[0]))
         # (it signs the head as it stands: never over an edit made without the key)
-        waiting = [row for row in waiting if row[0] not in self.book.tampered]
+        waiting = [row for row in waiting if row[0] not in self.book.tampered
+                   and conditions.no_worker_inside(self, row[0])]
         if not waiting:
             return
         run_id, seq = waiting[pick % len(waiting)]
