@@ -177,6 +177,12 @@ def effects_resolve(
     result: Annotated[str | None, typer.Option(
         "--result", help="What the provider holds, as a JSON object (the step gets it as "
                          "the effect's result; default {}).")] = None,
+    allow_in_flight: Annotated[bool, typer.Option(
+        "--allow-in-flight",
+        help="--not-sent although a call never seen to end may still land at the provider "
+             "(refused otherwise until ONWARD_CALL_LANDING_S past its cover): you know it "
+             "cannot (its worker is gone, the provider shows no such request). Audited.")]
+    = False,
     reason: ReasonOpt = None,
     yes: YesFlag = False,
     as_json: JsonFlag = False,
@@ -194,13 +200,13 @@ def effects_resolve(
     with reported():  # refused before the question, as the ledger would refuse after it
         ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
                               finding=finding, provider_ref=provider_ref, result=answer,
-                              dry_run=True)
+                              allow_in_flight=allow_in_flight, dry_run=True)
     _show_resolve(plan, attempts, err if as_json else out)  # with --json, stdout: the JSON
     with reported():
         confirm("record this finding?", yes)
         done = ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
                                      finding=finding, provider_ref=provider_ref,
-                                     result=answer)
+                                     result=answer, allow_in_flight=allow_in_flight)
     if as_json:
         print_json({"finding": finding.value, "effect": plain(done)})
         return

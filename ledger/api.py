@@ -728,10 +728,13 @@ class Ledger:
                        plan: dict[str, Any], *, finding: operations.Finding,
                        provider_ref: str | None = None,
                        result: dict[str, Any] | None = None,
+                       allow_in_flight: bool = False,
                        dry_run: bool = False) -> Effect:
         """Record what a person found at the provider for an effect whose outcome is unknown
         (admin, audited): ``completed`` with the provider's reference and result, or
-        ``not_sent`` (closed ``unsent``; the run's step sends it again with the same key).
+        ``not_sent`` (closed ``unsent``; the run's step sends it again with the same key),
+        refused while a call never seen to end may still land unless ``allow_in_flight``
+        (``operations.Landing``, ONWARD_CALL_LANDING_S).
         ``plan`` is what was shown (``operations.resolve_plan``); refused if the effect
         changed since. The run is not moved: continue it afterwards. ``dry_run``: refuse
         (audited) as it would, recording nothing (``_command``)."""
@@ -739,7 +742,9 @@ class Ledger:
             self._check_result(result)
             return operations.resolve_effect_txn(
                 conn, self.keys, self.actor, effect_type, effect_id, reason, plan,
-                finding=finding, provider_ref=provider_ref, result=result)
+                finding=finding, provider_ref=provider_ref, result=result,
+                landing=operations.Landing(self.settings.call_landing_s,
+                                           self.settings.tool_timeout_s, allow_in_flight))
 
         try:  # a refusal is audited with the effect's run, when there is one
             run_id: UUID | None = self.find_effect(effect_id, effect_type).run_id

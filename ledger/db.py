@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-HEAD_REVISION = "0047"
+HEAD_REVISION = "0048"
 """The Alembic revision this code expects; bump with every migration."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -60,6 +60,7 @@ __all__ = [
     "Cancelled",
     "Continued",
     "Finding",
+    "Landing",
     "RepeatStarted",
     "begin_repeat_txn",
     "cancel_txn",
@@ -664,6 +665,20 @@ class Finding(StrEnum):
 
 
 _CALL_UNKNOWN = sql.text("effect_call_unknown")
+_CALL_IN_FLIGHT = sql.text("effect_call_in_flight")
+
+
+@dataclass(frozen=True)
+class Landing:
+    """How long a call never seen to end may still land at the provider, for a ``not_sent``
+    finding (docs/operating.md, "Resolve an effect by hand"): until ``after_cover_s`` past
+    the time its worker covered it for (its time limit and the lease margin from its start;
+    ``default_cover_s`` when none was recorded), unless the person says it cannot
+    (``allowed``, recorded in the audit row)."""
+
+    after_cover_s: float
+    default_cover_s: float
+    allowed: bool = False
 
 
 def resolve_plan(effect: Effect, finding: Finding, provider_ref: str | None,
@@ -684,19 +699,22 @@ def resolve_plan(effect: Effect, finding: Finding, provider_ref: str | None,
 
 def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, effect_type: str,
                        effect_id: str, reason: str | None, plan: dict[str, Any], *,
-                       finding: Finding, provider_ref: str | None = None,
+                       finding: Finding, landing: Landing, provider_ref: str | None = None,
                        result: dict[str, Any] | None = None) -> Effect:
     """Record what a person found at the provider for an effect whose outcome is unknown
     (docs/operating.md, "Resolve an effect by hand"): ``completed`` with the provider's
     reference and result, or ``not_sent`` (closed ``unsent``: the run's step sends it again
-    with the same key). An attempt of kind ``resolve`` and an audit row record who said so
-    and why; the run is not moved (``continue`` resumes it)."""
+    with the same key; refused while a call never seen to end may still land, see
+    ``Landing``). An attempt of kind ``resolve`` and an audit row record who said so and
+    why; the run is not moved (``continue`` resumes it)."""
     actor.require(AuditAction.RESOLVE_EFFECT)
     reason = require_reason(reason, AuditAction.RESOLVE_EFFECT)
     found = get_effect_txn(conn, effect_type, effect_id)
     run = lock_run_txn(conn, found.run_id, actor)  # run before effect, as everywhere
     effect = get_effect_txn(conn, effect_type, effect_id, lock=True)
     _check_resolvable(conn, run, effect, plan, finding, provider_ref)
+    if finding is Finding.NOT_SENT and not landing.allowed:
+        _check_landed(conn, effect, landing)
     attempt = _resolve_attempt(conn, keys, actor, effect_type, effect_id,
                                finding=finding, provider_ref=provider_ref)
     stored = (seal_effect_result(keys.crypt, effect, result or {})  # as a worker's answer is
@@ -708,6 +726,7 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
         effect_id=effect_id, before_seq=run["seq"], after_seq=run["seq"],
         details={**_audited(plan, effect), "attempt": attempt,
                  "previous_status": effect.status.value,
+                 **({"allow_in_flight": True} if landing.allowed else {}),
                  **({"result": stored} if plan.get("result") is not None else {})}))
     return get_effect_txn(conn, effect_type, effect_id)
 
@@ -789,3 +808,32 @@ def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: d
         raise InvalidInput("a completed effect needs the provider's reference of the object "
                            "you found (--provider-ref)")
 
+
+def _check_landed(conn: Connection, effect: Effect, landing: Landing) -> None:
+    """A person may say ``not_sent`` only once no call of the effect can still land: each
+    attempt never seen to end (its worker died, was stopped or lost its lease mid-call)
+    may land until ``landing.after_cover_s`` past its cover, and one its worker marked in
+    flight past its time limit at any time. Before then the provider may not show it yet,
+    and the run would send it again."""
+    row = conn.execute(_CALL_IN_FLIGHT, {
+        "effect_type": effect.effect_type, "effect_id": effect.effect_id,
+        "default_cover_s": landing.default_cover_s}).mappings().first()
+    if row is None:
+        return
+    name = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
+    call = (f"{name}: attempt {row['attempt']}'s call (started "
+            f"{row['started_at']:%Y-%m-%d %H:%M:%S %Z}) was never seen to end")
+    override = ("; if you know it cannot land any more (its worker process is gone and the "
+                "provider shows no such request), say so with --allow-in-flight (recorded "
+                "in the audit row); a call that lands is resolved completed")
+    if row["overran"]:
+        raise OperationRefused(
+            f"{call}, and its worker marked it still in flight past its time limit: it may "
+            "land at the provider at any time, after you looked" + override)
+    until = row["covered_until"] + timedelta(seconds=landing.after_cover_s)
+    if until > row["now"]:
+        raise OperationRefused(
+            f"{call}: it may still land at the provider until {until:%Y-%m-%d %H:%M:%S %Z} "
+            f"(its time limit and lease margin, then ONWARD_CALL_LANDING_S="
+            f"{landing.after_cover_s:g}s), after you looked; say not_sent after that time "
+            "if the provider still holds nothing" + override)

@@ -374,6 +374,9 @@ effect_attempts = Table(
     Column("idempotency_key", Text, nullable=False),
     Column("started_at", TS, nullable=False, server_default=func.onward.now()),
     Column("ended_at", TS, nullable=True),
+    # started_at + the call's time limit and lease margin, as its worker's lease was
+    # extended to cover it (0048; NULL: a repeat, or begun before)
+    Column("covered_until", TS, nullable=True),
     Column("outcome", Text, nullable=True),  # completed, accepted, failed, found, missing, unknown
     Column("provider_ref", Text, nullable=True),
     Column("error", NULLABLE_JSON, nullable=True),

@@ -56,6 +56,12 @@ class OnwardSettings(BaseSettings):
         description="Time limit of one provider call (call, lookup, status) of a tool that "
         "declares none; the lease is extended to cover it before the call starts.",
     )
+    call_landing_s: float = Field(
+        default=300.0, ge=0,
+        description="How long past its cover (time limit and lease margin) a provider call "
+        "never seen to end may still land: `onward effects resolve --not-sent` is refused "
+        "until then (--allow-in-flight overrides).",
+    )
     step_max_attempts: int = Field(
         default=3, ge=1, description="Default attempts per step (crashes and exceptions)."
     )

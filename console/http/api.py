@@ -212,6 +212,9 @@ class ResolveBody(Strict):
     effect_type: str | None = Field(default=None, max_length=200)
     # the effect's attempt count the client showed (GET /effects/{id}): refused if it changed
     attempts: int = Field(ge=0)
+    allow_in_flight: bool = Field(
+        default=False, description="not_sent although a call never seen to end may still "
+        "land (refused otherwise until ONWARD_CALL_LANDING_S past its cover); audited")
 
 
 def encode(value: Any) -> str:
@@ -451,7 +454,7 @@ def resolve_effect(ledger: Authed, effect_id: str, body: ResolveBody) -> dict[st
             "attempts": body.attempts}
     done = ledger.resolve_effect(effect.effect_type, effect.effect_id, body.reason, plan,
                                  finding=finding, provider_ref=body.provider_ref,
-                                 result=body.result)
+                                 result=body.result, allow_in_flight=body.allow_in_flight)
     return {"finding": finding.value, "effect": plain(done)}
 
 

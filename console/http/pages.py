@@ -429,7 +429,8 @@ def resolve_page(request: Request, effect_type: str, effect_id: str, reason: Tex
                  confirm: Annotated[str | None, Form()] = None,
                  provider_ref: Annotated[str | None, Form()] = None,
                  result: Annotated[str | None, Form()] = None,
-                 attempts: Annotated[int | None, Form()] = None) -> Response:
+                 attempts: Annotated[int | None, Form()] = None,
+                 allow_in_flight: Annotated[str | None, Form()] = None) -> Response:
     """PRIVILEGED (admin): record what a person found at the provider (nothing is sent)."""
     ledger = None
     try:
@@ -441,7 +442,8 @@ def resolve_page(request: Request, effect_type: str, effect_id: str, reason: Tex
         plan = {**resolve_plan(effect, found, provider_ref or None, answer),
                 "attempts": attempts}
         ledger.resolve_effect(effect.effect_type, effect.effect_id, reason, plan,
-                              finding=found, provider_ref=provider_ref or None, result=answer)
+                              finding=found, provider_ref=provider_ref or None, result=answer,
+                              allow_in_flight=allow_in_flight == "yes")
         return RedirectResponse(f"/runs/{effect.run_id}?done=resolve", status_code=303)
     except OnwardError as exc:
         return failed(request, exc, ledger)

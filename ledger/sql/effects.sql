@@ -115,8 +115,9 @@ WITH lease AS (
  RETURNING e.attempts
 ), began AS (
     INSERT INTO onward.effect_attempts (effect_type, effect_id, attempt, kind, worker,
-                                        lease_epoch, idempotency_key)
-    SELECT %(effect_type)s, %(effect_id)s, attempts, %(kind)s, %(worker)s, %(epoch)s, %(key)s
+                                        lease_epoch, idempotency_key, covered_until)
+    SELECT %(effect_type)s, %(effect_id)s, attempts, %(kind)s, %(worker)s, %(epoch)s, %(key)s,
+           onward.now() + %(cover_s)s * interval '1 second'
       FROM bumped
     RETURNING attempt
 )

@@ -18,3 +18,22 @@ SELECT e.effect_type, e.effect_id, e.status FROM onward.effects e
 -- Whether a call of the effect may have reached the provider.
 SELECT {unknown_call(e)} FROM onward.effects e
  WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
+
+-- name: effect_call_in_flight
+-- The effect's attempt never seen to end (no person resolved the effect since) that may
+-- land last: one its worker marked in flight past its time limit first ('CallOverran':
+-- nothing bounds it), then the one whose cover (covered_until; else its start plus the
+-- default call time limit) ran out last; with the database's time.
+SELECT c.attempt, c.started_at,
+       coalesce(c.error->>'type' = 'CallOverran', false) AS overran,
+       coalesce(c.covered_until,
+                c.started_at + %(default_cover_s)s * interval '1 second') AS covered_until,
+       onward.now() AS now
+  FROM onward.effect_attempts c
+ WHERE c.effect_type = %(effect_type)s AND c.effect_id = %(effect_id)s
+   AND c.outcome IS NULL
+   AND NOT EXISTS (SELECT 1 FROM onward.effect_attempts r
+                    WHERE r.effect_type = c.effect_type AND r.effect_id = c.effect_id
+                      AND r.attempt > c.attempt AND r.kind = 'resolve')
+ ORDER BY overran DESC, 4 DESC
+ LIMIT 1
