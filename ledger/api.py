@@ -194,8 +194,7 @@ class Ledger:
         starts it anyway, e.g. before the first worker of a new workflow is deployed."""
         with tracing.start_run_span(workflow) as span, \
                 wrap_driver_errors("starting a run"), self.engine.begin() as conn:
-            require_revision_txn(conn)
-            run_id = self.start_run_txn(
+            run_id = self.start_run_txn(  # which refuses a ledger upgraded under this code
                 conn,
                 workflow,
                 input,
@@ -226,7 +225,9 @@ class Ledger:
     ) -> UUID:
         """Start a run inside the caller's own transaction (atomic with their business
         write), on a SQLAlchemy connection or a psycopg 3 one (not in autocommit mode, or
-        the run is committed at once); checked as ``start_run`` says.
+        the run is committed at once); checked as ``start_run`` says. On a ledger not at
+        this code's revision (``onward db upgrade`` ran under the process) it writes nothing
+        and raises ``SchemaMismatch``: its one statement checks the revision.
 
         Bad input raises InvalidInput (what to fix) before anything is written; nothing
         raised here is a driver error."""

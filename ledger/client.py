@@ -169,9 +169,9 @@ class AsyncLedger:
                     params = await asyncio.to_thread(run_ops.start_params, self.keys,
                                                      request, sealed)
                 cursor = await conn.execute(run_ops.START_RUN, params)
-                inserted = await cursor.fetchone()
-                if inserted is not None:
-                    return UUID(str(inserted[0]))
+                run_id = run_ops.started_id(await cursor.fetchone())
+                if run_id is not None:
+                    return run_id
                 found = await conn.cursor(row_factory=dict_row).execute(
                     run_ops.EXISTING_RUN, {"tenant_id": request.tenant_id,
                                            "idempotency_key": idempotency_key})

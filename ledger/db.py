@@ -43,6 +43,7 @@ __all__ = [
     "snapshot",
     "stored_revision",
     "wrap_driver_errors",
+    "write_refused",
 ]
 
 
@@ -242,11 +243,18 @@ def require_revision_txn(conn: Connection) -> None:
     checks the revision itself)."""
     found = conn.execute(sql.text("stored_revision")).scalar()
     if found != HEAD_REVISION:
-        state = "has no onward schema" if found is None else f"is at revision {found}"
-        raise SchemaMismatch(
-            f"the ledger database now {state}, and this code needs {HEAD_REVISION} (`onward "
-            "db upgrade` ran while this process was running): nothing was written; restart "
-            "this process with the code for the database's revision")
+        raise write_refused(found)
+
+
+def write_refused(found: str | None) -> SchemaMismatch:
+    """The error of a write refused, before anything was written, because the ledger is at
+    revision ``found`` rather than this code's (``require_revision_txn``, and the start
+    statement, which checks the revision itself)."""
+    state = "has no onward schema" if found is None else f"is at revision {found}"
+    return SchemaMismatch(
+        f"the ledger database now {state}, and this code needs {HEAD_REVISION} (`onward "
+        "db upgrade` ran while this process was running): nothing was written; restart "
+        "this process with the code for the database's revision")
 
 
 class RevisionWatch:

@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import Connection, RowMapping
 from uuid6 import uuid7
 
-from ledger import signed, sql, tracing
+from ledger import db, signed, sql, tracing
 from ledger.checkpoints import (
     ENVELOPE_VERSION,
     SEALED_KEY,
@@ -53,6 +53,7 @@ __all__ = [
     "shown_run",
     "start_params",
     "start_run_txn",
+    "started_id",
     "timeline",
     "validate_input",
     "validate_request",
@@ -271,9 +272,18 @@ def start_run_txn(conn: Connection | psycopg.Connection[Any], keys: CheckpointKe
             START_RUN, start_params(keys, request, sensitive)).fetchone()
     except psycopg.DataError as exc:  # e.g. a NUL character, which PostgreSQL cannot store
         raise InvalidInput(f"the run's workflow name or input cannot be stored: {exc}") from exc
-    if inserted is None:
-        return _existing_run(raw, request, keys)
-    return UUID(str(inserted[0]))
+    run_id = started_id(inserted)
+    return _existing_run(raw, request, keys) if run_id is None else run_id
+
+
+def started_id(row: tuple[Any, ...] | None) -> UUID | None:
+    """The new run's id from ``START_RUN``'s row, None when its idempotency key had started
+    a run already; ``SchemaMismatch`` (nothing written) when the ledger is not at this
+    code's revision: an application that started before ``onward db upgrade`` ran under
+    it, in its own transaction (``Ledger.start_run_txn``) as in ``Ledger.start_run``."""
+    if row is None or row[1] != db.HEAD_REVISION:  # read at each call
+        raise db.write_refused(None if row is None else row[1])
+    return None if row[0] is None else UUID(str(row[0]))
 
 
 def start_params(keys: CheckpointKeys, request: StartRequest,
@@ -311,6 +321,7 @@ def start_params(keys: CheckpointKeys, request: StartRequest,
         "key_id": keys.current, "envelope_version": ENVELOPE_VERSION,
         "outcome": OutcomeKind.START.value, "state": Jsonb(state),
         "trace_context": trace_context, "priority": Priority(request.priority).value,
+        "revision": db.HEAD_REVISION,
     }
 
 
