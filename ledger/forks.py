@@ -410,7 +410,8 @@ def _unresolved_message(request: ForkRequest, parent_id: UUID,
             "those steps again under its own keys, so the provider may make the same write "
             "a second time. Find out first (onward effects resolve EFFECT_ID, or let the "
             f"parent's retry look it up: onward runs continue {parent_id}), or start it "
-            "anyway with --allow-unresolved (allow_unresolved in the API)")
+            "anyway with --allow-unresolved (allow_unresolved in the API, the form's "
+            "box in the console)")
 
 
 def _signed_workflow(parent: RowMapping, cp: Mapping[str, Any]) -> str:

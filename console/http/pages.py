@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -339,8 +340,11 @@ def run_command(request: Request, run: str, command: str, reason: Text,
                 mode: Annotated[str, Form()] = "evidence",
                 from_seq: Annotated[int, Form()] = 0,
                 patch: Annotated[str, Form()] = "",
-                allow_irreversible: Annotated[str | None, Form()] = None) -> Response:
-    """continue, cancel, replay, branch: a reason and a ticked confirmation are required."""
+                allow_irreversible: Annotated[str | None, Form()] = None,
+                allow_unresolved: Annotated[str | None, Form()] = None) -> Response:
+    """continue, cancel, replay, branch: a reason and a ticked confirmation are required;
+    a live replay or a branch's boxes allow irreversible effects and start despite the
+    parent's effects of unknown outcome (as ``--allow-unresolved``)."""
     ledger = None
     try:
         check_csrf(request, csrf)
@@ -355,14 +359,22 @@ def run_command(request: Request, run: str, command: str, reason: Text,
             raise ledger.refuse(action, InvalidInput("tick the confirmation box: nothing was "
                                                      "done"), run_id=run_id)
         target = _perform(ledger, command, run_id, reason, mode, from_seq, patch,
-                          allow_irreversible == "yes")
+                          _Allowed(allow_irreversible == "yes", allow_unresolved == "yes"))
         return RedirectResponse(f"/runs/{target}?done={command}", status_code=303)
     except OnwardError as exc:
         return failed(request, exc, ledger)
 
 
+@dataclass(frozen=True)
+class _Allowed:
+    """What a replay or branch form's boxes allow the new run."""
+
+    irreversible: bool = False
+    unresolved: bool = False
+
+
 def _perform(ledger: Ledger, command: str, run_id: UUID, reason: str, mode: str,
-             from_seq: int, patch: str, allow_irreversible: bool) -> UUID:
+             from_seq: int, patch: str, allowed: _Allowed) -> UUID:
     if command == "continue":
         return ledger.continue_run(run_id, reason).run_id
     if command == "cancel":
@@ -372,7 +384,8 @@ def _perform(ledger: Ledger, command: str, run_id: UUID, reason: str, mode: str,
             raise ledger.refuse(AuditAction.REPLAY, InvalidInput(f"no replay mode {mode!r}"),
                                 run_id=run_id)
         return ledger.replay(run_id, from_seq, mode, reason,
-                             allow_irreversible=allow_irreversible).run_id
+                             allow_irreversible=allowed.irreversible,
+                             allow_unresolved=allowed.unresolved).run_id
     from tasks.operator import state_check
 
     try:
@@ -380,8 +393,9 @@ def _perform(ledger: Ledger, command: str, run_id: UUID, reason: str, mode: str,
     except InvalidInput as exc:
         raise ledger.refuse(AuditAction.BRANCH, exc, run_id=run_id) from None
     return ledger.branch(run_id, from_seq, operations, reason,
-                         allow_irreversible=allow_irreversible,
-                         check_state=state_check(ledger.settings.workflows)).run_id
+                         allow_irreversible=allowed.irreversible,
+                         check_state=state_check(ledger.settings.workflows),
+                         allow_unresolved=allowed.unresolved).run_id
 
 
 @router.post("/runs/{run}/verify", response_class=HTMLResponse, name="verify")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from fastapi.testclient import TestClient
@@ -308,6 +309,18 @@ def test_api__an_unreadable_body_is_named_and_writes_nothing(client: TestClient,
     assert reads.fingerprint(drv.ledger.engine) == before
 
 
+def _parked_on_an_unknown_effect() -> UUID:
+    """A run whose irreversible call acted at the provider and lost its answer: parked
+    ``effect_outcome_unknown`` (the caller resets tests.workflows_outcomes.OUTSIDE)."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
+        OUTSIDE.lose_answers = 1
+        parent = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
+        assert outcomes.drive(parent).parked_reason == "effect_outcome_unknown"
+    return parent
+
+
 def test_api_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_outcome(
         client: TestClient, drv: Driver) -> None:
     """Invariant (as ``runs replay --mode live`` / ``runs branch``): while the parent has an
@@ -318,10 +331,7 @@ def test_api_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_ou
 
     OUTSIDE.reset()
     try:
-        with driver(Ledger.from_env(), ["tests.workflows_outcomes"]) as outcomes:
-            OUTSIDE.lose_answers = 1
-            parent = outcomes.ledger.start_run("test_outcome_send", {"tool": "blind"})
-            assert outcomes.drive(parent).parked_reason == "effect_outcome_unknown"
+        parent = _parked_on_an_unknown_effect()
         [effect] = drv.ledger.effects(parent)
         headers = auth(token(drv.ledger, "olga", "operator"))
         replay = {"reason": "again", "mode": "live"}
@@ -341,6 +351,42 @@ def test_api_replay_branch__refused_while_the_parent_has_an_effect_of_unknown_ou
             assert answer.status_code == 201, answer.text
         assert sorted(c.mode for c in drv.ledger.children(parent)) == [
             "branch", "evidence", "live"]
+    finally:
+        OUTSIDE.reset()
+
+
+def test_page_replay_branch__the_forms_can_start_despite_an_effect_of_unknown_outcome(
+        client: TestClient, drv: Driver) -> None:
+    """Invariant (as ``--allow-unresolved`` and the API's ``allow_unresolved``): the run
+    page's replay and branch forms have a box to start although the parent has an effect
+    whose outcome at the provider is unknown; without it a live replay and a branch are
+    refused (409, the effect named, nothing created), with it they start."""
+    from tests.workflows_outcomes import OUTSIDE
+
+    OUTSIDE.reset()
+    try:
+        parent = _parked_on_an_unknown_effect()
+        [effect] = drv.ledger.effects(parent)
+        olga = token(drv.ledger, "olga", "operator")
+        client.cookies.set(COOKIE, olga)
+        page = client.get(f"/runs/{parent}").text
+        assert page.count('name="allow_unresolved" value="yes"') == 2  # replay and branch
+        forms = {"replay": {"mode": "live", "from_seq": "0"},
+                 "branch": {"from_seq": "0",
+                            "patch": '[{"op": "replace", "path": "/tool", "value": "blind"}]'}}
+        for command, form in forms.items():
+            body = {**form, "reason": "again", "confirm": "yes", "csrf": csrf_of(olga)}
+            children = len(drv.ledger.children(parent))
+            refused = client.post(f"/runs/{parent}/{command}", data=body,
+                                  follow_redirects=False)
+            assert refused.status_code == 409, refused.text
+            assert effect.effect_id in refused.text
+            assert len(drv.ledger.children(parent)) == children
+            started = client.post(f"/runs/{parent}/{command}",
+                                  data={**body, "allow_unresolved": "yes"},
+                                  follow_redirects=False)
+            assert started.status_code == 303, started.text
+        assert sorted(c.mode for c in drv.ledger.children(parent)) == ["branch", "live"]
     finally:
         OUTSIDE.reset()
 
