@@ -27,6 +27,7 @@ def _refuse_newer(connection: sa.Connection) -> None:
 def run_migrations_online() -> None:
     engine = context.config.attributes["engine"]
     with engine.connect() as connection:
+        connection.execute(sql.text("watch_client"))
         connection.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
         try:
             _refuse_newer(connection)

@@ -9,6 +9,16 @@ SELECT to_regclass('onward.onward_alembic_version') AS found
 -- The Alembic revision the database is at.
 SELECT version_num FROM onward.onward_alembic_version
 
+-- name: watch_client
+-- A migration's session checks every second that its client is still there (PostgreSQL 14
+-- and later; an older server has no such setting and is left as it is): an `onward db
+-- upgrade` killed while its transaction waits for a lock (on a table a revision alters,
+-- held by a long transaction) then ends at once, rolling back and releasing the migration
+-- lock and the locks its revisions took, instead of waiting on, holding them, until
+-- whatever blocked it ends.
+SELECT CASE WHEN current_setting('server_version_num')::int >= 140000
+            THEN set_config('client_connection_check_interval', '1000', false) END AS set
+
 -- name: onward_schema
 -- The onward schema, if the database has one (NULL: none; a scratch database must not).
 SELECT to_regnamespace('onward') AS found

@@ -121,14 +121,18 @@ def _finish(drv: Driver, runs: dict[str, Any]) -> None:
         assert drv.drive(run_id).status is RunStatus.COMPLETED, name
 
 
+@pytest.mark.parametrize("blocker", ["ends_first", "stays"])
 def test_db_upgrade__killed_inside_the_migration_leaves_the_old_revision_and_resumes(
-        drv: Driver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        drv: Driver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, blocker: str) -> None:
     """Invariant: ``onward db upgrade`` SIGKILLed while its transaction has applied 0045
     and 0046 and waits inside 0047 changes nothing: once its server process is gone the
     ledger is at 0044 with the same catalog and the same rows, and the migration lock is
     free; a second ``onward db upgrade`` then brings it to head, ``onward verify --all``
     passes, and every run (waiting, decided, failed, queued, leased, an effect pending, an
-    effect completed and not committed, completed) ends once, each effect called once."""
+    effect completed and not committed, completed) ends once, each effect called once.
+    The server process ends even while what blocked it goes on holding its lock
+    (``stays``: a long transaction on effects), so the next upgrade is not left waiting on
+    the migration lock of an upgrade that no longer exists."""
     ledger = drv.ledger
     engine = ledger.engine
     url = engine.url.render_as_string(hide_password=False)
@@ -137,8 +141,8 @@ def test_db_upgrade__killed_inside_the_migration_leaves_the_old_revision_and_res
     downgrade(engine, OLD)
     catalog, rows = _catalog(engine), table_digest(engine)
 
-    blocker = engine.connect()
-    blocker.execute(sa.text("LOCK TABLE onward.effects IN ACCESS SHARE MODE"))
+    holder = engine.connect()
+    holder.execute(sa.text("LOCK TABLE onward.effects IN ACCESS SHARE MODE"))
     upgrading = _onward(url, "db", "upgrade")
     try:
         backend = wait_for(lambda: _upgrade_backend(engine), timeout=120,
@@ -148,9 +152,14 @@ def test_db_upgrade__killed_inside_the_migration_leaves_the_old_revision_and_res
         assert ("relation", "onward.evidence", "AccessExclusiveLock") in backend["held"]
         os.kill(upgrading.pid, signal.SIGKILL)
         assert upgrading.wait(timeout=30) == -signal.SIGKILL
+        if blocker == "stays":
+            wait_for(lambda: not _backend_alive(engine, backend["pid"]), timeout=30,
+                     what="the killed upgrade's server process to end, still blocked",
+                     seen=lambda: _upgrade_backend(engine))
+            assert _migration_lock_holders(engine) == []
     finally:
-        blocker.rollback()  # the orphaned server process goes on, finds its client gone
-        blocker.close()
+        holder.rollback()
+        holder.close()
     wait_for(lambda: not _backend_alive(engine, backend["pid"]), timeout=60,
              what="the killed upgrade's server process to end")
 
