@@ -2,7 +2,8 @@
 tool for REAL (tasks/toolcheck.py), so it is meant for the provider's test environment.
 
 Exit codes: 0 every declared promise holds, 1 a promise is broken (or declined at the
-prompt: nothing was called), 2 refused (no such tool, no sample payload, bad JSON).
+prompt: nothing was called), 2 refused (no such tool, a module that cannot be imported, no
+sample payload, bad JSON).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ CHECK_HELP = "\n\n".join([
     "an unknown key says missing; the same key twice gives one object (honours_key); the same "
     "key with another payload is refused (refuses_key_reuse); simulate answers.",
     "Exit codes: 0 every declared promise holds; 1 a promise is broken (or you declined); "
-    "2 refused (no such tool, no sample payload, bad JSON).",
+    "2 refused (no such tool, a module that cannot be imported, no sample payload, bad "
+    "JSON).",
 ])
 
 

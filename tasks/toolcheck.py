@@ -122,13 +122,29 @@ def load_tool(target: str) -> Tool:
                            "create_offer")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInput(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # an error of the user's code at import, whatever it is
+        raise InvalidInput(cannot_import_tool(module_name, exc)) from exc
     tool = getattr(module, name, None)
     if not isinstance(tool, Tool):
         found = "nothing" if tool is None else type(tool).__name__
         raise InvalidInput(f"{module_name}.{name} is {found}, not a Tool")
     return tool
+
+
+def cannot_import_tool(module: str, exc: BaseException) -> str:
+    """One paragraph, as for a workflow module (tasks/workflow_modules.py): which module,
+    the exception's type and message, and whether the module or something it imports
+    raised it; the traceback stays the exception's ``__cause__``."""
+    why = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name is not None and (
+            module == exc.name or module.startswith(exc.name + ".")):
+        why += (" (imported from the current directory or sys.path: run the command from "
+                "the folder that holds the package, set PYTHONPATH, or install it)")
+    elif isinstance(exc, ImportError):
+        why += " (raised by an import inside the module)"
+    else:
+        why += " (raised while the module was imported)"
+    return f"cannot import tool module {module!r}: {why}"
 
 
 def check_tool(tool: Tool, payload: dict[str, Any] | None = None, *,
