@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from console.cli import app
 from console.http.app import create_app
+from console.http.pages import COOKIE, csrf_of
 from ledger import Ledger, operations
 from ledger.effects import Effect, EffectStore, Intent
 from ledger.exceptions import OperationRefused
@@ -143,18 +144,19 @@ def test_resolve__a_call_marked_past_its_time_limit_holds_not_sent_back_not_comp
     assert (done.status, done.provider_ref) == (EffectStatus.COMPLETED, "obj_1")
 
 
-def test_cli_and_api__not_sent_over_a_call_in_flight_is_exit_2_and_409(
+def test_cli_api_and_page__not_sent_over_a_call_in_flight_is_exit_2_and_409(
         admin: Ledger, settings_env: dict[str, str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Invariant: ``onward effects resolve --not-sent`` refuses (exit 2, the reason and
-    the way out printed, nothing asked) and POST .../resolve answers 409 while the call
-    may still land; ``--allow-in-flight`` / ``allow_in_flight`` record it."""
+    the way out printed, nothing asked), POST .../resolve and the run page's resolve form
+    answer 409 while the call may still land; ``--allow-in-flight``, ``allow_in_flight``
+    and the form's box record it."""
     for key, value in {**settings_env, "XDG_CONFIG_HOME": str(tmp_path / "config")}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("ONWARD_AUTH", raising=False)
     secret = admin.create_token(TokenRequest("ada", Role.ADMIN, "default",
                                              timedelta(hours=1))).secret
-    cli, api = died_mid_call(admin), died_mid_call(admin, key="e")
+    cli, api, page = (died_mid_call(admin, key=key) for key in "def")
     args = ["effects", "resolve", cli.effect_id, "--not-sent", "--reason", "nothing there",
             "--yes"]
     env = {"COLUMNS": "220", "ONWARD_TOKEN": secret}
@@ -174,3 +176,13 @@ def test_cli_and_api__not_sent_over_a_call_in_flight_is_exit_2_and_409(
         answer = client.post(path, json={**body, "allow_in_flight": True}, headers=headers)
         assert answer.status_code == 200, answer.text
         assert answer.json()["effect"]["status"] == "unsent"
+        client.cookies.set(COOKIE, secret)
+        form = {"reason": "nothing there", "finding": "not_sent", "confirm": "yes",
+                "attempts": str(page.attempts), "csrf": csrf_of(secret)}
+        path = f"/effects/{page.effect_type}/{page.effect_id}/resolve"
+        answer = client.post(path, data=form, follow_redirects=False)
+        assert answer.status_code == 409 and "never seen to end" in answer.text, answer.text
+        answer = client.post(path, data={**form, "allow_in_flight": "yes"},
+                             follow_redirects=False)
+        assert answer.status_code == 303, answer.text
+    assert admin.effects(page.run_id)[0].status is EffectStatus.UNSENT
