@@ -6,7 +6,9 @@ The body hands three keyless ``ctx.effect`` calls straight to ``asyncio.create_t
 order (docs/steps.md, "Async steps": such calls are numbered when the body makes them,
 #1, #2, #3). On attempt 1 it cancels the second while it waits in the step's queue behind
 the first, which the provider holds: so the first attempt sends ``first`` and ``third``
-only, and a retry sends ``second`` and gets the others' outcomes back.
+only, and a retry sends ``second`` and gets the others' outcomes back. A second step
+makes one allowed keyless call, then swallows the refusal of keyless calls made in helper
+tasks (``asyncio.gather(..., return_exceptions=True)``).
 """
 
 from __future__ import annotations
@@ -59,3 +61,25 @@ async def send_three(ctx: AsyncStepContext, state: Sent) -> Any:
     await asyncio.wait(tasks.values())
     return ctx.finish(ids={name: str(task.result()["id"]) for name, task in tasks.items()
                            if not task.cancelled()})
+
+
+async def _send_for(ctx: AsyncStepContext, customer: str) -> dict[str, Any]:
+    """A helper coroutine making a call without a key: refused when gathered as a task."""
+    return dict(await ctx.effect(kill_offer, customer=customer))
+
+
+swallow = Workflow("test_async_kill_swallow", version=1, state=Sent, max_attempts=5)
+
+
+@swallow.step(start=True)
+async def send_then_swallow(ctx: AsyncStepContext, state: Sent) -> Any:
+    """One keyless effect awaited by the body itself (#1, allowed), then two made in helper
+    tasks and gathered with ``return_exceptions=True``: their refusal comes back as a
+    value, and the body goes on to finish as if they had been made."""
+    made = await ctx.effect(kill_offer, customer="first")
+    results = await asyncio.gather(_send_for(ctx, "a"), _send_for(ctx, "b"),
+                                   return_exceptions=True)
+    ids = {"first": str(made["id"])}
+    ids.update({name: str(r["id"]) for name, r in zip("ab", results, strict=True)
+                if not isinstance(r, BaseException)})
+    return ctx.finish(ids=ids)
