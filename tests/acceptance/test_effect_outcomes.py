@@ -4,44 +4,22 @@ provider (a real HTTP service) counting what the outside world saw."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
 
 from ledger import Ledger, RunStatus
 from ledger.vocabulary import EffectStatus, Role
-from tests.support.cluster import Cluster, wait_for
-from tests.support.provider import Provider, running_provider
+from tests.support.cluster import Cluster, start_fleet, stopped, wait_for
+from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
 WORKFLOWS = "tests.workflows_outcomes"
 
 
-@pytest.fixture()
-def provider(tmp_path: Path) -> Iterator[Provider]:
-    with running_provider(tmp_path) as running:
-        yield running
-
-
-def start_fleet(cluster: Cluster, provider: Provider, **env: str) -> None:
-    shared = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url,
-              **env}
-    cluster.dispatcher(env=shared)
-    cluster.reaper(env=shared)
-    cluster.worker(concurrency=2, env=shared)
-
-
-def stopped(ledger: Ledger, run_id: UUID, timeout: float = 90) -> RunStatus:
-    def status() -> RunStatus | None:
-        run = ledger.get_run(run_id)
-        return run.status if run and run.status is not RunStatus.RUNNING else None
-
-    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
-                    seen=lambda: ledger.get_run(run_id))
+provider = provider_fixture()
 
 
 def test_slow_call__lease_covers_the_call_so_no_second_worker_sends_again(
@@ -54,7 +32,7 @@ def test_slow_call__lease_covers_the_call_so_no_second_worker_sends_again(
     keys after 0.5 s, so a second send would have made a second object."""
     assert settings_env["ONWARD_LEASE_TTL_S"] == "3"
     provider.configure(slow_s=4.5, key_ttl_s=0.5)
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, ONWARD_WORKFLOWS=WORKFLOWS)
     run_id = ledger.start_run("test_outcome_slow_send", {})
     assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
@@ -75,7 +53,7 @@ def test_cancel__a_step_in_flight_stops_paying_and_sends_nothing(
     would have sent never reaches the provider, and the worker ends the run ``cancelled``
     (its attempt ``cancelled``)."""
     calls = tmp_path / "llm-calls.log"
-    start_fleet(cluster, provider, ONWARD_FAKE_LLM_LOG=str(calls))
+    start_fleet(cluster, provider, ONWARD_WORKFLOWS=WORKFLOWS, ONWARD_FAKE_LLM_LOG=str(calls))
 
     def paid() -> int:
         return len(calls.read_text().splitlines()) if calls.exists() else 0

@@ -3,7 +3,6 @@ the reference provider (a real HTTP service) counts what the outside world saw."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
@@ -11,19 +10,16 @@ import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.vocabulary import EffectStatus
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, stopped, wait_for
 from tests.support.messages import redis_list
-from tests.support.provider import Provider, running_provider
+from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
 WORKFLOWS = "examples.sales,tests.workflows_effects"
 
 
-@pytest.fixture()
-def provider(tmp_path: Path) -> Iterator[Provider]:
-    with running_provider(tmp_path) as running:
-        yield running
+provider = provider_fixture()
 
 
 def start_fleet(cluster: Cluster, provider: Provider, faults: str = "",
@@ -32,15 +28,6 @@ def start_fleet(cluster: Cluster, provider: Provider, faults: str = "",
     cluster.dispatcher(env={**env, "ONWARD_FAULTS": dispatcher_faults})
     cluster.reaper(env=env)
     cluster.worker(concurrency=2, env={**env, "ONWARD_FAULTS": faults, **(worker_env or {})})
-
-
-def wait_terminal(ledger: Ledger, run_id: UUID, timeout: float = 60) -> RunStatus:
-    def status() -> RunStatus | None:
-        run = ledger.get_run(run_id)
-        return run.status if run and run.status is not RunStatus.RUNNING else None
-
-    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
-                    seen=lambda: ledger.get_run(run_id))
 
 
 def offer_run(ledger: Ledger, customer: str = "c-1") -> UUID:
@@ -69,7 +56,7 @@ def test_effect__worker_killed_at_point_creates_one_object(
                 worker_env={"ONWARD_EAGER_STEPS": "0"} if publishes
                 else {"ONWARD_EAGER_WINDOW_MS": "600000"})
     run_id = offer_run(ledger)
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     stats = provider.stats()
     assert stats["by_collection"] == {"offers": 1, "emails": 1}
     assert stats["duplicate_objects"] == 0
@@ -85,7 +72,7 @@ def test_effect__lost_response_is_reconciled_by_lookup(
     resumed step asks the provider by key and records what it finds: no second call."""
     start_fleet(cluster, provider, faults="after_provider_response@create:kill:once")
     run_id = offer_run(ledger)
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     offer_effect = ledger.effects(run_id)[0]
     assert offer_effect.reconciled is True
     kinds = [(a.kind, a.outcome) for a in ledger.effect_attempts(offer_effect)]
@@ -114,7 +101,7 @@ def test_effect__dispatcher_killed_after_publish_duplicates_are_noops(
              seen=lambda: queue.llen(normal))
     cluster.reaper(env=env)
     cluster.worker(concurrency=2, env=env)
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     # At least the dispatcher's duplicate; a loaded machine can add fast-path re-sends.
     assert ledger.get_run(run_id).stale_deliveries >= 1
     assert ledger.batch_stats([run_id]).duplicate_commits == 0
@@ -127,7 +114,7 @@ def test_effect__key_reused_with_other_payload_parks_without_call(
     refused before any call (EffectConflict) and the run is parked for review."""
     start_fleet(cluster, provider, faults="after_effect_pending@send_changing:kill:once")
     run_id = ledger.start_run("test_effect_conflict", {})
-    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     run = ledger.get_run(run_id)
     assert run.parked_reason == "effect_conflict"
     assert "different payload" in run.last_error["message"]
@@ -141,7 +128,7 @@ def test_effect__lost_response_without_lookup_parks(
     provider.arm("blind", drop_response=1)
     start_fleet(cluster, provider)
     run_id = ledger.start_run("test_effect_no_lookup", {})
-    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     assert ledger.get_run(run_id).parked_reason == "effect_outcome_unknown"
     stats = provider.stats()
     assert stats["by_collection"] == {"blind": 1}
@@ -156,7 +143,7 @@ def test_effect__expired_provider_key_reconciled_by_lookup(
     provider.configure(key_ttl_s=0.2)
     start_fleet(cluster, provider, faults="after_provider_response@create:kill:once")
     run_id = offer_run(ledger)
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     stats = provider.stats()
     assert stats["by_collection"] == {"offers": 1, "emails": 1}
     assert stats["duplicate_objects"] == 0
@@ -170,7 +157,7 @@ def test_effect__poison_effect_does_not_loop(
     provider.arm("poisoned", error_500=1000)
     start_fleet(cluster, provider)
     run_id = ledger.start_run("test_effect_poison", {})
-    assert wait_terminal(ledger, run_id) is RunStatus.FAILED
+    assert stopped(ledger, run_id) is RunStatus.FAILED
     run = ledger.get_run(run_id)
     assert run.attempts_total == 3
     assert "500" in run.last_error["message"]
@@ -189,7 +176,7 @@ def test_effect__accepted_waits_without_worker_then_completes(
     waiting = wait_for(lambda: (r := ledger.get_run(run_id)).waiting_on and r, timeout=30,
                        what="the run to wait on the accepted offer")
     assert waiting.lease_owner is None
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     effects = ledger.effects(run_id)
     assert all(e.status is EffectStatus.COMPLETED for e in effects)
     assert effects[0].polls >= 1
@@ -207,7 +194,7 @@ def test_evidence__reexecuted_step_reuses_recorded_model_answer(
     cluster.reaper(env=env)
     cluster.worker(env={**env, "ONWARD_FAULTS": "before_checkpoint_commit@draft:kill:once"})
     run_id = offer_run(ledger)
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     assert ledger.get_run(run_id).restore_count >= 1
     assert len(calls.read_text().splitlines()) == 2  # classify + draft, each exactly once
 
@@ -232,7 +219,7 @@ def test_effect__worker_process_killed_with_every_steps_call_in_flight(
     cluster.worker(concurrency=runs, pool=pool, env=env, name="worker-b")
 
     for run_id in started:
-        assert wait_terminal(ledger, run_id, timeout=120) is RunStatus.COMPLETED
+        assert stopped(ledger, run_id, timeout=120) is RunStatus.COMPLETED
     stats = provider.stats()
     assert stats["by_collection"] == {"offers": runs, "emails": runs}, stats
     assert (stats["requests"], stats["duplicate_objects"]) == (2 * runs, 0), stats
@@ -256,7 +243,7 @@ def test_effect__retry_that_skips_the_call_resolves_it_before_commit(
     start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
     run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent"),
                                                      "finish": finish})
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
     assert effect.status is EffectStatus.COMPLETED
     assert effect.reconciled is True
@@ -275,7 +262,7 @@ def test_effect__retry_that_skips_a_call_without_lookup_parks(
     start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
     run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent"),
                                                      "blind": True})
-    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     run = ledger.get_run(run_id)
     assert run.parked_reason == "effect_outcome_unknown"
     assert run.seq == 0  # the step did not commit
@@ -287,7 +274,7 @@ def test_effect__retry_that_skips_a_call_without_lookup_parks(
     # continued without anyone resolving it, the step is attempt 1 again: it parks again
     ran = run.attempts_total
     ledger.continue_run(run_id, "continued before the provider was checked")
-    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     run = ledger.get_run(run_id)
     assert run.attempts_total == ran + 1
     assert (run.parked_reason, run.seq) == ("effect_outcome_unknown", 0)
@@ -302,7 +289,7 @@ def test_effect__retry_that_skips_a_never_sent_effect_closes_it_unsent(
     step commits without it, as failing the run closes it: not left ``pending`` for good."""
     start_fleet(cluster, provider, faults="after_effect_pending@maybe_send:kill:once")
     run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")})
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
     assert effect.status is EffectStatus.UNSENT
     assert ledger.effect_attempts(effect) == []
@@ -319,7 +306,7 @@ def test_effect__deferred_poll_rerun_that_skips_the_call_resolves_it_before_comm
     provider.configure(async_complete_s=0.1)  # 202 first; done before the 0.25 s poll
     start_fleet(cluster, provider)
     run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")})
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
     assert effect.status is EffectStatus.COMPLETED
     assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
@@ -339,10 +326,10 @@ def test_effect__continued_run_that_skips_the_call_resolves_it_before_commit(
     start_fleet(cluster, provider, faults="after_provider_response@maybe_send:kill:once")
     run_id = ledger.start_run("test_effect_orphan", {"marker": str(tmp_path / "sent")},
                               max_attempts=1)
-    assert wait_terminal(ledger, run_id) is RunStatus.NEEDS_REVIEW
+    assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     assert ledger.get_run(run_id).parked_reason == "attempts_exhausted"
     ledger.continue_run(run_id, "the worker was killed; try the step again")
-    assert wait_terminal(ledger, run_id) is RunStatus.COMPLETED
+    assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
     assert effect.status is EffectStatus.COMPLETED
     assert effect.reconciled is True

@@ -14,7 +14,7 @@ from ledger import Ledger, RunStatus
 from ledger.exceptions import InvalidInput, OperationRefused, PermissionDenied
 from ledger.vocabulary import EffectStatus
 from tasks.operator import plan_repeat, repeat_effect
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, start_fleet, stopped, wait_for
 from tests.support.provider import Provider, running_provider
 
 pytestmark = pytest.mark.acceptance
@@ -47,10 +47,8 @@ def settings_env(module_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(module_cluster: Cluster, env: dict[str, str]) -> Cluster:
-    module_cluster.dispatcher(env=env)
-    module_cluster.reaper(env=env)
-    module_cluster.worker(concurrency=2, env=env)
+def fleet(module_cluster: Cluster, module_provider: Provider, env: dict[str, str]) -> Cluster:
+    start_fleet(module_cluster, module_provider, **env)
     return module_cluster
 
 
@@ -70,15 +68,6 @@ def ops(ledger: Ledger) -> Ledger:
     return configured.acting_as("olga", "operator")
 
 
-def wait_stopped(ledger: Ledger, run_id: UUID, timeout: float = 60) -> RunStatus:
-    def status() -> RunStatus | None:
-        run = ledger.get_run(run_id)
-        return run.status if run and run.status is not RunStatus.RUNNING else None
-
-    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
-                    seen=lambda: ledger.get_run(run_id))
-
-
 def model_calls(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -93,11 +82,11 @@ def test_replay_evidence__finished_sales_run_calls_nothing(
     """Invariant: an evidence replay of a finished sales-offer run makes zero requests at the
     provider and zero model calls, and ends in the same final state and result."""
     parent = sales_run(ops)
-    assert wait_stopped(ops, parent) is RunStatus.COMPLETED
+    assert stopped(ops, parent) is RunStatus.COMPLETED
     before = (provider.stats()["requests"], model_calls(model_log))
     assert before[0] == 2
     launched = ops.replay(parent, 0, "evidence", "what did the agent do?")
-    assert wait_stopped(ops, launched.run_id) is RunStatus.COMPLETED
+    assert stopped(ops, launched.run_id) is RunStatus.COMPLETED
     assert (provider.stats()["requests"], model_calls(model_log)) == before
     replay = ops.get_run(launched.run_id)
     assert replay.result == ops.get_run(parent).result
@@ -114,10 +103,10 @@ def test_replay_evidence__follows_the_recorded_approval(
                         what="the offer approval")[0]
     ops.acting_as("sam", "approver", ("sales_lead",)).approve(
         approval.id, artifact_hash=approval.artifact_hash)
-    assert wait_stopped(ops, parent) is RunStatus.COMPLETED
+    assert stopped(ops, parent) is RunStatus.COMPLETED
     before = (provider.stats()["requests"], model_calls(model_log))
     replay = ops.replay(parent, 0, "evidence", "check the approved path").run_id
-    assert wait_stopped(ops, replay) is RunStatus.COMPLETED
+    assert stopped(ops, replay) is RunStatus.COMPLETED
     assert ops.approvals(run_id=replay) == []
     assert (provider.stats()["requests"], model_calls(model_log)) == before
     assert ops.get_run(replay).result == ops.get_run(parent).result
@@ -128,20 +117,20 @@ def test_replay_live__irreversible_blocked_unless_allowed_and_branch(
     """Invariant: a live replay refuses the irreversible CRM call unless allowed; a branch
     with a patched amount sends its own offer; the parent's records never change."""
     parent = sales_run(ops)
-    assert wait_stopped(ops, parent) is RunStatus.COMPLETED
+    assert stopped(ops, parent) is RunStatus.COMPLETED
     parent_effects = ops.effects(parent)
     blocked = ops.replay(parent, 0, "live", "re-run live").run_id
-    assert wait_stopped(ops, blocked) is RunStatus.FAILED
+    assert stopped(ops, blocked) is RunStatus.FAILED
     assert ops.get_run(blocked).last_error["reason"] == "irreversible_blocked"
     assert provider.stats()["by_collection"] == {"offers": 1, "emails": 1}
     allowed = ops.replay(parent, 0, "live", "send again", allow_irreversible=True).run_id
-    assert wait_stopped(ops, allowed) is RunStatus.COMPLETED
+    assert stopped(ops, allowed) is RunStatus.COMPLETED
     assert provider.stats()["by_collection"] == {"offers": 2, "emails": 2}
     with pytest.raises(InvalidInput, match="needs a reason"):
         ops.branch(parent, 2, [{"op": "replace", "path": "/amount", "value": 1500}], None)
     branch = ops.branch(parent, 2, [{"op": "replace", "path": "/amount", "value": 1500}],
                         "the customer was promised 1500", allow_irreversible=True).run_id
-    assert wait_stopped(ops, branch) is RunStatus.COMPLETED
+    assert stopped(ops, branch) is RunStatus.COMPLETED
     amounts = sorted(o["body"]["amount"] for o in provider.objects()
                      if o["collection"] == "offers")
     assert amounts == [1200, 1200, 1500]
@@ -159,12 +148,12 @@ def test_continue__after_a_provider_outage(
     the provider may have committed before it failed, so each is looked up.)"""
     provider.arm("poisoned", error_429=3)
     run_id = ops.start_run("test_effect_poison", {})
-    assert wait_stopped(ops, run_id) is RunStatus.FAILED
+    assert stopped(ops, run_id) is RunStatus.FAILED
     assert ops.effects(run_id)[0].status is EffectStatus.UNSENT
     with pytest.raises(OperationRefused, match="evidence replay"):
         ops.continue_run(ops.replay(run_id, 0, "evidence", "look").run_id, "go")
     ops.continue_run(run_id, "provider is back")
-    assert wait_stopped(ops, run_id) is RunStatus.COMPLETED
+    assert stopped(ops, run_id) is RunStatus.COMPLETED
     assert provider.stats()["by_collection"] == {"poisoned": 1}
     kinds = [a.kind for a in ops.effect_attempts(ops.effects(run_id)[0])]
     assert kinds == ["call", "call", "call", "call"]
@@ -177,7 +166,7 @@ def test_repeat_effect__admin_only_one_new_provider_object(
     """Invariant: repeating an effect needs the admin role; it sends once more under a new
     recorded key, so the provider creates exactly one new object; one audit row each."""
     parent = sales_run(ops)
-    assert wait_stopped(ops, parent) is RunStatus.COMPLETED
+    assert stopped(ops, parent) is RunStatus.COMPLETED
     offer = next(e for e in ops.effects(parent) if e.effect_type == "crm.create_offer")
     plan = plan_repeat(ops, offer)
     assert (plan.dedup, plan.as_dict()["recipient"]) == ("lookup", "c-7")

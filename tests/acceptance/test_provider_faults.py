@@ -19,35 +19,19 @@ import pytest
 from ledger import Ledger, RunStatus, operations
 from ledger.effects import Effect
 from ledger.vocabulary import EffectStatus, Role
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, start_fleet, stopped
 from tests.support.provider import Provider, provider_fixture
 
 pytestmark = pytest.mark.acceptance
 
 WORKFLOWS = "examples.sales"
+FLEET = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_TOOL_TIMEOUT_S": "2"}
 
 
 provider = provider_fixture()
 
 
 SLOWER_THAN_A_CALL_S = 5.0
-
-
-def start_fleet(cluster: Cluster, provider: Provider, **env: str) -> None:
-    shared = {"ONWARD_WORKFLOWS": WORKFLOWS, "ONWARD_EXAMPLE_PROVIDER_URL": provider.url,
-              "ONWARD_TOOL_TIMEOUT_S": "2", **env}
-    cluster.dispatcher(env=shared)
-    cluster.reaper(env=shared)
-    cluster.worker(concurrency=2, env=shared)
-
-
-def stopped(ledger: Ledger, run_id: UUID, timeout: float = 90) -> RunStatus:
-    def status() -> RunStatus | None:
-        run = ledger.get_run(run_id)
-        return run.status if run and run.status is not RunStatus.RUNNING else None
-
-    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
-                    seen=lambda: ledger.get_run(run_id))
 
 
 def offer_run(ledger: Ledger) -> UUID:
@@ -72,7 +56,7 @@ def test_commit_then_500__reconciled_by_lookup_not_sent_again(
     offer at a provider that no longer remembered the key.)"""
     provider.configure(key_ttl_s=0)
     provider.arm("offers", commit_error_500=1)
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, **FLEET)
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.COMPLETED, ledger.get_run(run_id).last_error
     stats = provider.stats()
@@ -98,7 +82,7 @@ def test_commit_then_no_answer__reconciled_by_lookup_not_sent_again(
     assert float(settings_env["ONWARD_LEASE_TTL_S"]) < SLOWER_THAN_A_CALL_S
     provider.configure(key_ttl_s=0)
     provider.arm("offers", **{fault: 1}, hold_s=SLOWER_THAN_A_CALL_S)
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, **FLEET)
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.COMPLETED, ledger.get_run(run_id).last_error
     stats = provider.stats()
@@ -125,7 +109,7 @@ def test_lookup_fails_once__the_next_attempt_looks_again_and_finds(
     object. Pinning test: main already read a failed lookup as deciding nothing."""
     provider.configure(key_ttl_s=0)
     provider.arm("offers", drop_response=1, **READ_FAULTS[fault])
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, **FLEET)
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.COMPLETED, ledger.get_run(run_id).last_error
     stats = provider.stats()
@@ -149,7 +133,7 @@ def test_lookup_never_answers__parks_then_a_person_resolves_it(
     always = {name: (1000 if name != "lookup_slow_s" else value)
               for name, value in READ_FAULTS[fault].items()}
     provider.arm("offers", drop_response=1, **always)
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, **FLEET)
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.NEEDS_REVIEW
     run = ledger.get_run(run_id)
@@ -190,7 +174,7 @@ def test_status_poll_fails__polled_again_later_then_completes(
     recorded once, nothing is sent again. One offer. Pinning test: main already behaved."""
     provider.configure(async_complete_s=1.0)
     provider.arm("offers", **STATUS_FAULTS[fault])
-    start_fleet(cluster, provider)
+    start_fleet(cluster, provider, **FLEET)
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.COMPLETED, ledger.get_run(run_id).last_error
     stats = provider.stats()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ledger import Ledger, RunStatus
-from tests.acceptance.test_operations import model_calls, wait_stopped
-from tests.support.cluster import Cluster
+from tests.acceptance.test_operations import model_calls
+from tests.support.cluster import Cluster, stopped
 
 pytestmark = pytest.mark.acceptance
 
@@ -27,13 +27,13 @@ def test_replay_evidence__changed_code_reports_divergence(
     cluster.dispatcher(env=env)
     old_code = cluster.worker(concurrency=1, env=env, name="old-code")
     parent = ops.start_run("test_ops_notes", {"topic": "renewals"})
-    assert wait_stopped(ops, parent) is RunStatus.COMPLETED
+    assert stopped(ops, parent) is RunStatus.COMPLETED
     old_code.stop()
     cluster.worker(concurrency=1, env={**env, "ONWARD_TEST_OPS_VARIANT": "reworded"},
                    name="new-code")
     before = (model_calls(model_log), model_calls(tmp_path / "tool.log"))
     replay = ops.replay(parent, 0, "evidence", "does the new prompt behave the same?").run_id
-    assert wait_stopped(ops, replay) is RunStatus.DIVERGED
+    assert stopped(ops, replay) is RunStatus.DIVERGED
     report = ops.get_run(replay).last_error
     assert report["where"] == {"step": "summarize", "seq": 0, "command_id": "summarize@0#1"}
     assert (report["kind"], report["why"]) == ("llm", "request_differs")

@@ -8,11 +8,14 @@ operator runs, against a real PostgreSQL and a real broker (Redis, or RabbitMQ).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from uuid import UUID
 
 from harness.processes import ROOT, Proc, Processes
 from harness.waiting import wait_for
+from ledger import Ledger, RunStatus
+from tests.support.provider import Provider
 
-__all__ = ["ROOT", "Cluster", "Proc", "wait_for"]
+__all__ = ["ROOT", "Cluster", "Proc", "start_fleet", "stopped", "wait_for"]
 
 
 @dataclass
@@ -48,3 +51,23 @@ class Cluster(Processes):
     def stop_all(self, timeout: float = 15.0) -> None:
         super().stop_all(timeout)
         self.procs.clear()
+
+
+def start_fleet(cluster: Cluster, provider: Provider, **env: str) -> None:
+    """A dispatcher, a reaper and a worker of two processes, each with ``env`` (the
+    workflow modules as ``ONWARD_WORKFLOWS``) and the provider's URL."""
+    shared = {"ONWARD_EXAMPLE_PROVIDER_URL": provider.url, **env}
+    cluster.dispatcher(env=shared)
+    cluster.reaper(env=shared)
+    cluster.worker(concurrency=2, env=shared)
+
+
+def stopped(ledger: Ledger, run_id: UUID, timeout: float = 90) -> RunStatus:
+    """The run's status once it is no longer ``running``; after ``timeout`` seconds, a
+    failure showing the run as last read."""
+    def status() -> RunStatus | None:
+        run = ledger.get_run(run_id)
+        return run.status if run and run.status is not RunStatus.RUNNING else None
+
+    return wait_for(status, timeout=timeout, what=f"run {run_id} to stop running",
+                    seen=lambda: ledger.get_run(run_id))
