@@ -9,6 +9,7 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger, RunStatus
+from ledger.effects import Effect
 from ledger.vocabulary import EffectStatus
 from tests.support.cluster import Cluster, stopped, wait_for
 from tests.support.messages import redis_list
@@ -33,6 +34,16 @@ def start_fleet(cluster: Cluster, provider: Provider, faults: str = "",
 def offer_run(ledger: Ledger, customer: str = "c-1") -> UUID:
     return ledger.start_run("sales_offer_agent", {"customer_id": customer, "amount": 1200,
                                                   "require_approval": False})
+
+
+def assert_reconciled_once(ledger: Ledger, effect: Effect) -> None:
+    """The effect was sent once and its answer lost; a lookup by its key found the object:
+    it is ``completed`` and reconciled, and its attempts are that one call (no outcome
+    recorded) and one lookup that found it: nothing was sent again."""
+    assert effect.status is EffectStatus.COMPLETED
+    assert effect.reconciled is True
+    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
+        ("call", None), ("lookup", "found")]
 
 
 @pytest.mark.parametrize("point", [
@@ -73,10 +84,7 @@ def test_effect__lost_response_is_reconciled_by_lookup(
     start_fleet(cluster, provider, faults="after_provider_response@create:kill:once")
     run_id = offer_run(ledger)
     assert stopped(ledger, run_id) is RunStatus.COMPLETED
-    offer_effect = ledger.effects(run_id)[0]
-    assert offer_effect.reconciled is True
-    kinds = [(a.kind, a.outcome) for a in ledger.effect_attempts(offer_effect)]
-    assert kinds == [("call", None), ("lookup", "found")]
+    assert_reconciled_once(ledger, ledger.effects(run_id)[0])
     assert provider.stats()["created"] == 2  # one offer, one email
 
 
@@ -224,10 +232,7 @@ def test_effect__worker_process_killed_with_every_steps_call_in_flight(
     assert stats["by_collection"] == {"offers": runs, "emails": runs}, stats
     assert (stats["requests"], stats["duplicate_objects"]) == (2 * runs, 0), stats
     for run_id in started:
-        offer = ledger.effects(run_id)[0]
-        assert offer.reconciled is True and offer.status is EffectStatus.COMPLETED
-        assert [(a.kind, a.outcome) for a in ledger.effect_attempts(offer)] == [
-            ("call", None), ("lookup", "found")]
+        assert_reconciled_once(ledger, ledger.effects(run_id)[0])
         assert ledger.get_run(run_id).restore_count >= 1
 
 
@@ -245,10 +250,7 @@ def test_effect__retry_that_skips_the_call_resolves_it_before_commit(
                                                      "finish": finish})
     assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
-    assert effect.status is EffectStatus.COMPLETED
-    assert effect.reconciled is True
-    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
-        ("call", None), ("lookup", "found")]
+    assert_reconciled_once(ledger, effect)
     stats = provider.stats()
     assert stats["by_collection"] == {"orphaned": 1}
     assert stats["requests"] == 1  # one call (a lookup is not counted): nothing sent again
@@ -331,10 +333,7 @@ def test_effect__continued_run_that_skips_the_call_resolves_it_before_commit(
     ledger.continue_run(run_id, "the worker was killed; try the step again")
     assert stopped(ledger, run_id) is RunStatus.COMPLETED
     [effect] = ledger.effects(run_id)
-    assert effect.status is EffectStatus.COMPLETED
-    assert effect.reconciled is True
-    assert [(a.kind, a.outcome) for a in ledger.effect_attempts(effect)] == [
-        ("call", None), ("lookup", "found")]
+    assert_reconciled_once(ledger, effect)
     stats = provider.stats()
     assert stats["by_collection"] == {"orphaned": 1}
     assert stats["requests"] == 1
