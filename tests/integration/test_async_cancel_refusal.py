@@ -4,23 +4,17 @@ step (docs/steps.md, "Async steps"); executed in the test process against the re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from ledger import Ledger, RunStatus
 from ledger.vocabulary import EffectStatus
+from tests.support.async_local import LOCAL, MODULES, local_fixture
 from tests.support.driver import Driver, driver_fixture
-from tests.workflows_async_local import LOCAL
 
-drv = driver_fixture(["tests.workflows_async_local"])
+drv = driver_fixture(MODULES)
 
 
-@pytest.fixture()
-def local() -> Iterator[None]:
-    LOCAL.reset()
-    yield
-    LOCAL.reset()
+local = local_fixture()
 
 
 def test_async_call__cancelled_while_queued_is_never_made(

@@ -4,22 +4,16 @@ executed in the test process against the real ledger (tests/workflows_async_loca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from ledger import Ledger, RunStatus
+from tests.support.async_local import LOCAL, MODULES, local_fixture
 from tests.support.driver import Driver, driver_fixture
-from tests.workflows_async_local import LOCAL
 
-drv = driver_fixture(["tests.workflows_async_local"])
+drv = driver_fixture(MODULES)
 
 
-@pytest.fixture()
-def local() -> Iterator[None]:
-    LOCAL.reset()
-    yield
-    LOCAL.reset()
+local = local_fixture()
 
 
 @pytest.mark.parametrize(("calls", "reason"), [("effects", "effect_conflict"),

@@ -7,7 +7,7 @@ cannot, as on the threads pool)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -20,17 +20,10 @@ from ledger.steps import Claim, StepStore
 from ledger.vocabulary import Role
 from tasks.workflow import Registry
 from tests.support import reads
+from tests.support.async_local import LOCAL, MODULES, local_fixture
 from tests.support.driver import Driver, driver_fixture
-from tests.workflows_async_local import LOCAL
 
-MODULES = ["tests.workflows_async_local"]
-
-
-@pytest.fixture()
-def local() -> Iterator[None]:
-    LOCAL.reset()
-    yield
-    LOCAL.reset()
+local = local_fixture()
 
 
 drv = driver_fixture(MODULES)
