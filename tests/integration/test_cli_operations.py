@@ -21,6 +21,7 @@ from ledger.fleet import FleetStore
 from ledger.tokens import TokenRequest
 from ledger.vocabulary import Role
 from tests.support.driver import Driver, driver
+from tests.support.not_plain import NOT_PLAIN
 
 MODULES = ["tests.workflows_ops"]
 
@@ -728,15 +729,6 @@ def test_cli_verify__an_edited_effect_recipient_is_reported(drv: Driver) -> None
     assert "0 problem(s)" in onward("verify", str(run_id), role="admin")
 
 
-# JSON json.loads reads but onward cannot store, and the words it is refused with
-NOT_PLAIN = {
-    "nested": ("[" * 100_000 + "]" * 100_000, "nests objects and arrays too deeply"),
-    "nan": ("NaN", "holds NaN, which is not JSON"),
-    "infinity": ("1e400", "a number too large to be finite"),
-    "nul": ('"a\\u0000b"', "holds a NUL character"),
-    "lone_surrogate": ('"\\ud800"', "holds a lone surrogate (\\ud800)"),
-    "giant_integer": ("1" + "0" * 5000, "an integer of thousands of digits"),
-}
 # each CLI option that reads JSON a person gives: its arguments around the value (an
 # object's member, a patch operation's value); the nested cases 7939afa covers are left out
 ENTRY_POINTS = {
