@@ -35,6 +35,7 @@ from ledger.vocabulary import ApprovalStatus
 from tasks import faults
 from tests.model import conditions
 from tests.model.harness import LEASE_TTL_S, STALL_AFTER_S
+from tests.model.machine import MachineParts
 
 __all__ = ["Interleavings"]
 
@@ -49,17 +50,8 @@ THEN = ["go", "crash", "leave"]
 PREPARE = [None, "approve", "approve_strict", "signal", "sleep"]
 
 
-class Interleavings:
+class Interleavings(MachineParts):
     """Rules mixed into tests/model/test_protocol.py's ProtocolMachine."""
-
-    env: Any
-    ledger: Any
-    book: Any
-    world: Any
-    broker: Any
-    workers: Any
-    dispatcher: Any
-    reaper: Any
 
     # -- a retry that takes another path ----------------------------------------------------
     @precondition(conditions.idle_worker)
@@ -111,7 +103,7 @@ class Interleavings:
         if not mine:
             self.dispatcher.sweep(crash_before_mark=False)
             mine = [i for i, m in enumerate(self.broker.messages) if m[0] == run_id]
-        return self.broker.messages.pop(mine[0]) if mine else None  # type: ignore[no-any-return]
+        return self.broker.messages.pop(mine[0]) if mine else None
 
     def _lapse(self, run_id: UUID, extra_s: float = 0.0) -> None:
         """Time passes until the run's lease (and ``extra_s`` more) has lapsed; the reaper

@@ -21,7 +21,6 @@ What the model expects, checked by tests/model/invariants.py:
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -30,6 +29,7 @@ from hypothesis.stateful import precondition, rule
 
 from tests.model import conditions
 from tests.model.flows import TAMPERED
+from tests.model.machine import MachineParts
 
 __all__ = ["TAMPER_KINDS", "Tampering"]
 
@@ -78,12 +78,8 @@ _EDITS = {
 TAMPER_KINDS = sorted(_ROWS)
 
 
-class Tampering:
+class Tampering(MachineParts):
     """Rules mixed into tests/model/test_protocol.py's ProtocolMachine."""
-
-    env: Any
-    ledger: Any
-    book: Any
 
     @precondition(conditions.has_refs)
     @rule(kind=st.sampled_from(TAMPER_KINDS), pick=st.integers(0, 15), head=st.booleans())

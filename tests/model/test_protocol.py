@@ -587,7 +587,9 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
                  "r": run_id})
         self.book.unreadable[run_id] = seq
         self.env.stats["unreadable_controls"] += 1
-        waiting_on = self.ledger.get_run(run_id).waiting_on or ""
+        run = self.ledger.get_run(run_id)
+        assert run is not None
+        waiting_on = run.waiting_on or ""
         if signal_now and waiting_on.startswith("signal:"):
             with contextlib.suppress(*REFUSALS):
                 self.ledger.signal(run_id, waiting_on.removeprefix("signal:"),
@@ -751,8 +753,9 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
     def _compact(self, policy: str, race: str | None, pick: int) -> None:
         policies = retention.parse_policies(policy)
         before = self._retention_view()
-        last_audit = self.env.checker.execute(
-            "SELECT coalesce(max(id), 0) FROM onward.audit").fetchone()[0]
+        row = self.env.checker.execute("SELECT coalesce(max(id), 0) FROM onward.audit").fetchone()
+        assert row is not None  # an aggregate's one row
+        last_audit = row[0]
         with self._racing(retention, "candidates_txn", race, pick,
                           lambda page: [c.run_id for c in page.found
                                         if not c.held and not c.pinned]):
@@ -954,7 +957,9 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
     def time_is_the_models(self) -> None:
         """The database's time is the model's (no real second passes in it): otherwise a
         slow example replays otherwise, and hypothesis fails it as flaky."""
-        now = self.env.checker.execute("SELECT onward.now()").fetchone()[0]
+        row = self.env.checker.execute("SELECT onward.now()").fetchone()
+        assert row is not None
+        now = row[0]
         if now != self.env.clock.now():
             raise _violation("time_is_the_models")(
                 f"onward.now() is {now}, the model's time {self.env.clock.now()}")

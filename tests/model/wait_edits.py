@@ -37,6 +37,7 @@ from ledger.wait_control import (
     parse_control,
 )
 from tests.model import conditions
+from tests.model.machine import MachineParts
 
 __all__ = ["WaitEdits", "event_missing"]
 
@@ -103,17 +104,8 @@ def event_missing(checker: Any, decisions: dict[UUID, str], run_id: UUID, seq: i
     return None
 
 
-class WaitEdits:
+class WaitEdits(MachineParts):
     """Rules mixed into tests/model/test_protocol.py's ProtocolMachine."""
-
-    runs: Bundle[Any]
-    env: Any
-    ledger: Any
-    book: Any
-    world: Any
-    broker: Any
-    workers: Any
-    dispatcher: Any
 
     # -- the model's check, as each step body starts -----------------------------------------
     def _event_check(self, ctx: Any) -> None:
@@ -234,6 +226,7 @@ class WaitEdits:
             "SELECT r.status, r.step, r.waiting_on, r.seq, (SELECT o.due_at FROM onward.outbox o "
             "WHERE o.run_id = r.id AND o.seq = r.seq) FROM onward.runs r WHERE r.id = %s",
             (run_id,)).fetchone()
+        assert row is not None
         status, step, waiting_on, at, due = row
         if expected is None or at != seq:
             return
