@@ -25,10 +25,11 @@ from tasks import AsyncStepContext, Workflow
 
 COLLECTION = "kill_offers"
 CUSTOMERS = ("first", "second", "third")
-# a call's limit: the provider holds an answer for less; a call cut off by the kill leaves
-# its effect to a lookup once the call's lease (limit + margin) has run out
+# a call's limit: twice the 4 s the tests' provider holds an answer (room for a busy
+# machine); a call cut off by the kill leaves its effect to a lookup once the call's lease
+# (limit + margin) has run out
 kill_offer = async_provider_tool("test.kill_offer", COLLECTION, ToolClass.IRREVERSIBLE,
-                                 timeout_s=6.0)
+                                 timeout_s=8.0)
 
 
 class Sent(BaseModel):
