@@ -179,9 +179,10 @@ def effects_resolve(
                          "the effect's result; default {}).")] = None,
     allow_in_flight: Annotated[bool, typer.Option(
         "--allow-in-flight",
-        help="--not-sent although a call never seen to end may still land at the provider "
-             "(refused otherwise until ONWARD_CALL_LANDING_S past its cover): you know it "
-             "cannot (its worker is gone, the provider shows no such request). Audited.")]
+        help="--not-sent although a call may still land at the provider (refused otherwise "
+             "until ONWARD_CALL_LANDING_S past the cover of a call never seen to end, or "
+             "past the end of one that ended without an answer): you know it cannot (its "
+             "worker is gone, the provider shows no such request). Audited.")]
     = False,
     reason: ReasonOpt = None,
     yes: YesFlag = False,

@@ -734,8 +734,8 @@ class Ledger:
         """Record what a person found at the provider for an effect whose outcome is unknown
         (admin, audited): ``completed`` with the provider's reference and result, or
         ``not_sent`` (closed ``unsent``; the run's step sends it again with the same key),
-        refused while a call never seen to end may still land unless ``allow_in_flight``
-        (``operations.Landing``, ONWARD_CALL_LANDING_S).
+        refused while a call of it may still land (never seen to end, or ended without an
+        answer) unless ``allow_in_flight`` (``operations.Landing``, ONWARD_CALL_LANDING_S).
         ``plan`` is what was shown (``operations.resolve_plan``); refused if the effect
         changed since. The run is not moved: continue it afterwards. ``dry_run``: refuse
         (audited) as it would, recording nothing (``_command``)."""

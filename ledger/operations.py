@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -665,18 +665,20 @@ class Finding(StrEnum):
 
 
 _CALL_UNKNOWN = sql.text("effect_call_unknown")
-_CALL_IN_FLIGHT = sql.text("effect_call_in_flight")
+_CALL_MAY_LAND = sql.text("effect_call_may_land")
 
 
 @dataclass(frozen=True)
 class Landing:
-    """How long a call never seen to end may still land at the provider, for a ``not_sent``
-    finding (docs/operating.md, "Resolve an effect by hand"): until ``after_cover_s`` past
-    the time its worker covered it for (its time limit and the lease margin from its start;
-    ``default_cover_s`` when none was recorded), unless the person says it cannot
+    """How long a call of an effect may still land at the provider, for a ``not_sent``
+    finding (docs/operating.md, "Resolve an effect by hand"): ``after_s`` past the time its
+    worker covered it for, for a call never seen to end (its time limit and the lease
+    margin from its start; ``default_cover_s`` when none was recorded), and ``after_s``
+    past its end for a call that ended with outcome unknown (its client gave up; the
+    request may still be queued or processing there); unless the person says it cannot
     (``allowed``, recorded in the audit row)."""
 
-    after_cover_s: float
+    after_s: float
     default_cover_s: float
     allowed: bool = False
 
@@ -704,9 +706,9 @@ def resolve_effect_txn(conn: Connection, keys: CheckpointKeys, actor: Actor, eff
     """Record what a person found at the provider for an effect whose outcome is unknown
     (docs/operating.md, "Resolve an effect by hand"): ``completed`` with the provider's
     reference and result, or ``not_sent`` (closed ``unsent``: the run's step sends it again
-    with the same key; refused while a call never seen to end may still land, see
-    ``Landing``). An attempt of kind ``resolve`` and an audit row record who said so and
-    why; the run is not moved (``continue`` resumes it)."""
+    with the same key; refused while a call of it may still land, see ``Landing``). An
+    attempt of kind ``resolve`` and an audit row record who said so and why; the run is
+    not moved (``continue`` resumes it)."""
     actor.require(AuditAction.RESOLVE_EFFECT)
     reason = require_reason(reason, AuditAction.RESOLVE_EFFECT)
     found = get_effect_txn(conn, effect_type, effect_id)
@@ -810,30 +812,41 @@ def _check_resolvable(conn: Connection, run: RowMapping, effect: Effect, plan: d
 
 
 def _check_landed(conn: Connection, effect: Effect, landing: Landing) -> None:
-    """A person may say ``not_sent`` only once no call of the effect can still land: each
-    attempt never seen to end (its worker died, was stopped or lost its lease mid-call)
-    may land until ``landing.after_cover_s`` past its cover, and one its worker marked in
-    flight past its time limit at any time. Before then the provider may not show it yet,
-    and the run would send it again."""
-    row = conn.execute(_CALL_IN_FLIGHT, {
+    """A person may say ``not_sent`` only once no call of the effect can still land: an
+    attempt never seen to end (its worker died, was stopped or lost its lease mid-call) may
+    land until ``landing.after_s`` past its cover, one its worker marked in flight past its
+    time limit at any time, and a call whose client gave up (outcome unknown: a timeout, a
+    dropped connection) until ``landing.after_s`` past its end, whatever a lookup found
+    since. Before then the provider may not show it yet, and the run would send it again."""
+    row = conn.execute(_CALL_MAY_LAND, {
         "effect_type": effect.effect_type, "effect_id": effect.effect_id,
-        "default_cover_s": landing.default_cover_s}).mappings().first()
-    if row is None:
+        "default_cover_s": landing.default_cover_s,
+        "landing_s": landing.after_s}).mappings().first()
+    if row is None or not (row["overran"] or row["lands_until"] > row["now"]):
         return
     name = f"effect {effect.effect_type} {effect.effect_id[:16]}…"
-    call = (f"{name}: attempt {row['attempt']}'s call (started "
-            f"{row['started_at']:%Y-%m-%d %H:%M:%S %Z}) was never seen to end")
-    override = ("; if you know it cannot land any more (its worker process is gone and the "
-                "provider shows no such request), say so with --allow-in-flight (recorded "
-                "in the audit row); a call that lands is resolved completed")
+    started = f"{row['started_at']:%Y-%m-%d %H:%M:%S %Z}"
+    until = f"{row['lands_until']:%Y-%m-%d %H:%M:%S %Z}"
+    setting = f"ONWARD_CALL_LANDING_S={landing.after_s:g}s"
+    override = ("; if you know it cannot land any more ({}), say so with --allow-in-flight "
+                "(recorded in the audit row); a call that lands is resolved completed")
+    if not row["open"]:
+        raise OperationRefused(
+            f"{name}: attempt {row['attempt']}'s {row['kind']} (started {started}) ended at "
+            f"{row['ended_at']:%Y-%m-%d %H:%M:%S %Z} with outcome unknown (its client gave "
+            "up, or its answer came after its lease was lost; the provider may still have the "
+            "request queued or in progress): it may still "
+            f"land at the provider until {until} ({setting} after it ended), after you "
+            "looked; say not_sent after that time if the provider still holds nothing"
+            + override.format("the provider shows it refused or dropped the request"))
+    call = f"{name}: attempt {row['attempt']}'s call (started {started}) was never seen to end"
+    gone = override.format("its worker process is gone and the provider shows no such "
+                           "request")
     if row["overran"]:
         raise OperationRefused(
             f"{call}, and its worker marked it still in flight past its time limit: it may "
-            "land at the provider at any time, after you looked" + override)
-    until = row["covered_until"] + timedelta(seconds=landing.after_cover_s)
-    if until > row["now"]:
-        raise OperationRefused(
-            f"{call}: it may still land at the provider until {until:%Y-%m-%d %H:%M:%S %Z} "
-            f"(its time limit and lease margin, then ONWARD_CALL_LANDING_S="
-            f"{landing.after_cover_s:g}s), after you looked; say not_sent after that time "
-            "if the provider still holds nothing" + override)
+            "land at the provider at any time, after you looked" + gone)
+    raise OperationRefused(
+        f"{call}: it may still land at the provider until {until} (its time limit and lease "
+        f"margin, then {setting}), after you looked; say not_sent after that time if the "
+        "provider still holds nothing" + gone)

@@ -58,9 +58,10 @@ class OnwardSettings(BaseSettings):
     )
     call_landing_s: float = Field(
         default=300.0, ge=0,
-        description="How long past its cover (time limit and lease margin) a provider call "
-        "never seen to end may still land: `onward effects resolve --not-sent` is refused "
-        "until then (--allow-in-flight overrides).",
+        description="How long a provider call may still land: past its cover (time limit "
+        "and lease margin) for a call never seen to end, past its end for one that ended "
+        "with outcome unknown (a timeout, a dropped connection); `onward effects resolve "
+        "--not-sent` is refused until then (--allow-in-flight overrides).",
     )
     step_max_attempts: int = Field(
         default=3, ge=1, description="Default attempts per step (crashes and exceptions)."

@@ -213,8 +213,9 @@ class ResolveBody(Strict):
     # the effect's attempt count the client showed (GET /effects/{id}): refused if it changed
     attempts: int = Field(ge=0)
     allow_in_flight: bool = Field(
-        default=False, description="not_sent although a call never seen to end may still "
-        "land (refused otherwise until ONWARD_CALL_LANDING_S past its cover); audited")
+        default=False, description="not_sent although a call may still land (refused "
+        "otherwise until ONWARD_CALL_LANDING_S past the cover of a call never seen to end, "
+        "or past the end of one that ended without an answer); audited")
 
 
 def encode(value: Any) -> str:

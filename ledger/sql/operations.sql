@@ -19,21 +19,31 @@ SELECT e.effect_type, e.effect_id, e.status FROM onward.effects e
 SELECT {unknown_call(e)} FROM onward.effects e
  WHERE e.effect_type = %(effect_type)s AND e.effect_id = %(effect_id)s
 
--- name: effect_call_in_flight
--- The effect's attempt never seen to end (no person resolved the effect since) that may
--- land last: one its worker marked in flight past its time limit first ('CallOverran':
--- nothing bounds it), then the one whose cover (covered_until; else its start plus the
--- default call time limit) ran out last; with the database's time.
-SELECT c.attempt, c.started_at,
-       coalesce(c.error->>'type' = 'CallOverran', false) AS overran,
-       coalesce(c.covered_until,
-                c.started_at + %(default_cover_s)s * interval '1 second') AS covered_until,
+-- name: effect_call_may_land
+-- The effect's call that may land at the provider last (no person resolved the effect
+-- since; docs/operating.md, "Resolve an effect by hand"): one never seen to end that its
+-- worker marked in flight past its time limit first ('CallOverran': nothing bounds it),
+-- then the one whose landing window closes last: ONWARD_CALL_LANDING_S (landing_s) past
+-- the cover of a call never seen to end (covered_until; else its start plus the default
+-- call time limit), and as long past the end of a call or repeat that ended with outcome
+-- 'unknown' (its client gave up: a timeout, a dropped connection, a 5xx read as unknown,
+-- an answer after its lease was lost), which may still be queued or processing there. A
+-- lookup or poll sends nothing, so its own outcome opens no window, and a lookup that
+-- found nothing ('missing') does not close one: it shows only that nothing had
+-- landed when it looked. With the database's time.
+SELECT c.attempt, c.kind, c.started_at, c.ended_at, c.outcome IS NULL AS open,
+       coalesce(c.outcome IS NULL AND c.error->>'type' = 'CallOverran', false) AS overran,
+       CASE WHEN c.outcome IS NULL
+            THEN coalesce(c.covered_until,
+                          c.started_at + %(default_cover_s)s * interval '1 second')
+            ELSE c.ended_at
+       END + %(landing_s)s * interval '1 second' AS lands_until,
        onward.now() AS now
   FROM onward.effect_attempts c
  WHERE c.effect_type = %(effect_type)s AND c.effect_id = %(effect_id)s
-   AND c.outcome IS NULL
+   AND (c.outcome IS NULL OR (c.kind IN ('call', 'repeat') AND c.outcome = 'unknown'))
    AND NOT EXISTS (SELECT 1 FROM onward.effect_attempts r
                     WHERE r.effect_type = c.effect_type AND r.effect_id = c.effect_id
                       AND r.attempt > c.attempt AND r.kind = 'resolve')
- ORDER BY overran DESC, 4 DESC
+ ORDER BY overran DESC, lands_until DESC
  LIMIT 1

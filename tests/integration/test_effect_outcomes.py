@@ -552,17 +552,27 @@ def test_resolve__a_person_who_found_the_object_finishes_the_run_with_it(
 
 
 def test_resolve__not_sent_lets_the_run_send_it_once_with_the_same_key(
-        drv: Driver, ops: Ledger, admin: Ledger) -> None:
+        drv: Driver, ops: Ledger, admin: Ledger, later: Ledger,
+        offset: list[timedelta]) -> None:
     """Invariant: a person who found nothing at the provider records ``not_sent``: the
-    effect is closed ``unsent`` and the continued run sends it once, with the same key."""
+    effect is closed ``unsent`` and the continued run sends it once, with the same key.
+    The lost call may still land for ONWARD_CALL_LANDING_S after it ended, so not_sent is
+    refused until then (tests/integration/test_resolve_in_flight.py): the person looks
+    again after that time (the database's clock moved) and still finds nothing."""
     run_id = parked_unknown(drv)
     OUTSIDE.objects.clear()  # the provider never kept it (the person checked: nothing)
     effect = one_effect(ops, run_id)
     plan = operations.resolve_plan(effect, operations.Finding.NOT_SENT, None, None)
-    done = admin.resolve_effect(effect.effect_type, effect.effect_id, "nothing there", plan,
-                                finding=operations.Finding.NOT_SENT)
+    with pytest.raises(OperationRefused, match="may still land"):
+        admin.resolve_effect(effect.effect_type, effect.effect_id, "nothing there", plan,
+                             finding=operations.Finding.NOT_SENT)
+    offset[0] = timedelta(seconds=admin.settings.call_landing_s + 1)
+    clock.set_on_store(drv.store, offset[0])
+    done = later.acting_as("ada", Role.ADMIN).resolve_effect(
+        effect.effect_type, effect.effect_id, "nothing there, looked again", plan,
+        finding=operations.Finding.NOT_SENT)
     assert done.status is EffectStatus.UNSENT
-    ops.continue_run(run_id, "the provider holds nothing: send it")
+    later.continue_run(run_id, "the provider holds nothing: send it")
     run = drv.drive(run_id)
     assert run.status is RunStatus.COMPLETED, run.last_error
     assert OUTSIDE.count() == 1 and OUTSIDE.count(effect.effect_id) == 1

@@ -1,17 +1,22 @@
 """A person's "not sent" waits until no call of the effect can still land (docs/operating.md,
 "Resolve an effect by hand"), against a real PostgreSQL: a worker that died, was stopped or
 lost its lease in the middle of a provider call leaves an attempt never seen to end, and the
-request may still reach the provider after a person looked and found nothing. Said then,
-``not_sent`` would let the run send the effect again: it is refused (audited) until
-``ONWARD_CALL_LANDING_S`` past the call's cover, unless the person says the call cannot land
-(``allow_in_flight``, kept in the audit row). A ``completed`` finding is not held back."""
+request may still reach the provider after a person looked and found nothing; so may one
+whose client gave up on it (outcome unknown: a timeout), queued or processing there. Said
+then, ``not_sent`` would let the run send the effect again: it is refused (audited) until
+``ONWARD_CALL_LANDING_S`` past the call's cover, or past the end of one that ended unknown,
+unless the person says the call cannot land (``allow_in_flight``, kept in the audit row). A
+``completed`` finding is not held back."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
@@ -26,7 +31,8 @@ from ledger.effects import Effect, EffectStore, Intent
 from ledger.exceptions import OperationRefused
 from ledger.steps import Claim, StepStore
 from ledger.tokens import TokenRequest
-from ledger.vocabulary import EffectAttemptKind, EffectStatus, Role
+from ledger.vocabulary import EffectAttemptKind, EffectAttemptOutcome, EffectStatus, Role
+from tasks.scope import call_error
 from tests.support import clock
 from tests.support.cluster import wait_for
 from tests.workflows_outcomes import OUTSIDE
@@ -55,10 +61,22 @@ def later(admin: Ledger, offset: list[timedelta]) -> Iterator[Ledger]:
     engine.dispose()
 
 
-def died_mid_call(ledger: Ledger, *, overran: bool = False, key: str = "d") -> Effect:
-    """A worker began an irreversible call (attempt recorded, lease extended over the call)
-    and was never heard of again; its lease has run out. With ``overran``, it had marked
-    the call still in flight past its time limit first."""
+@dataclass
+class Call:
+    """A worker's call of an irreversible effect, begun (its attempt recorded, its lease
+    extended over the call) on ``store``."""
+
+    store: StepStore
+    effects: EffectStore
+    effect: Effect
+    attempt: int
+    epoch: int
+
+
+@contextmanager
+def calling(ledger: Ledger, key: str) -> Iterator[Call]:
+    """A worker claims a new run and begins its irreversible call; its connection closes
+    after the block."""
     run_id = ledger.start_run("test_outcome_send", {"tool": "blind"})
     store = StepStore(ledger.url, ledger.keys, lease_ttl_s=0.2)
     try:
@@ -72,21 +90,47 @@ def died_mid_call(ledger: Ledger, *, overran: bool = False, key: str = "d") -> E
             lease_epoch=claim.epoch))
         attempt = effects.begin_attempt(effect, EffectAttemptKind.CALL, worker="w:1",
                                         epoch=claim.epoch, cover_s=COVER_S)
-        if overran:
-            assert effects.mark_overran(effect, attempt, epoch=claim.epoch, timeout_s=0.1)
+        yield Call(store, effects, effect, attempt, claim.epoch)
     finally:
         store.close()
 
-    def lapsed() -> bool:
+
+def lapsed(ledger: Ledger, run_id: UUID) -> Effect:
+    """Wait until no worker holds the run's lease; its one effect, whose outcome is
+    unknown."""
+    def expired() -> bool:
         with ledger.engine.connect() as conn:
             return bool(conn.execute(sa.text(
                 "SELECT lease_expires_at < onward.now() FROM onward.runs WHERE id = :id"),
                 {"id": run_id}).scalar_one())
-    wait_for(lapsed, timeout=10, what="the dead worker's lease to run out", interval=0.05)
+    wait_for(expired, timeout=10, what="the worker's lease to run out", interval=0.05)
     [effect] = ledger.effects(run_id)
-    assert (effect.status, effect.attempts, effect.outcome_unknown) == (
-        EffectStatus.PENDING, 1, True)
+    assert (effect.status, effect.outcome_unknown) == (EffectStatus.PENDING, True)
     return effect
+
+
+def died_mid_call(ledger: Ledger, *, overran: bool = False, key: str = "d") -> Effect:
+    """A worker began an irreversible call (attempt recorded, lease extended over the call)
+    and was never heard of again; its lease has run out. With ``overran``, it had marked
+    the call still in flight past its time limit first."""
+    with calling(ledger, key) as call:
+        if overran:
+            assert call.effects.mark_overran(call.effect, call.attempt, epoch=call.epoch,
+                                             timeout_s=0.1)
+    effect = lapsed(ledger, call.effect.run_id)
+    assert effect.attempts == 1
+    return effect
+
+
+def gave_up(ledger: Ledger, *, key: str = "t") -> Effect:
+    """A worker's client gave up on an irreversible call (a timeout): the attempt ended
+    with outcome unknown, the request may still be queued at the provider; the run's lease
+    has run out since (its next attempt would park it: no lookup)."""
+    with calling(ledger, key) as call:
+        call.effects.record(call.effect, call.attempt, outcome=EffectAttemptOutcome.UNKNOWN,
+                            status=EffectStatus.PENDING, epoch=call.epoch,
+                            error=call_error(TimeoutError("the provider did not answer")))
+    return lapsed(ledger, call.effect.run_id)
 
 
 def resolve_not_sent(ledger: Ledger, effect: Effect, **options: bool) -> Effect:
@@ -95,13 +139,24 @@ def resolve_not_sent(ledger: Ledger, effect: Effect, **options: bool) -> Effect:
                                  finding=NOT_SENT, **options)
 
 
-def test_resolve_not_sent__refused_while_a_call_never_seen_to_end_may_still_land(
-        admin: Ledger, later: Ledger, offset: list[timedelta]) -> None:
+LEFT = {  # how the call was left: its effect, what the refusal says, when it stops landing
+    "died_mid_call": (died_mid_call, "never seen to end", COVER_S),
+    "gave_up": (gave_up, "ended at .* with outcome unknown", 0.0),
+}
+
+
+@pytest.mark.parametrize("left", LEFT)
+def test_resolve_not_sent__refused_while_the_call_may_still_land(
+        admin: Ledger, later: Ledger, offset: list[timedelta], left: str) -> None:
     """Invariant: while an attempt never seen to end is within ONWARD_CALL_LANDING_S of
-    its cover, ``not_sent`` is refused (audited, the effect unchanged) and says until
-    when; after that time it is recorded."""
-    effect = died_mid_call(admin)
-    with pytest.raises(OperationRefused, match="never seen to end") as refused:
+    its cover, or one that ended with outcome unknown (its client gave up: a timeout; the
+    request may still be queued or processing at the provider) ended less than that ago,
+    by the database's clock, ``not_sent`` is refused (audited, the effect unchanged) and
+    says until when; after that time it is recorded. A person who found the object
+    records it ``completed`` at once."""
+    make, said, cover_s = LEFT[left]
+    effect, found = make(admin), make(admin, key="u")
+    with pytest.raises(OperationRefused, match=said) as refused:
         resolve_not_sent(admin, effect)
     assert "may still land at the provider until" in str(refused.value)
     assert "--allow-in-flight" in str(refused.value)
@@ -110,19 +165,61 @@ def test_resolve_not_sent__refused_while_a_call_never_seen_to_end_may_still_land
         resolve_not_sent(later, effect)
     unchanged = admin.effects(effect.run_id)[0]
     assert (unchanged.status, unchanged.attempts) == (EffectStatus.PENDING, 1)
-    offset[0] = timedelta(seconds=admin.settings.call_landing_s + COVER_S + 1)
+    offset[0] = timedelta(seconds=admin.settings.call_landing_s + cover_s + 1)
     assert resolve_not_sent(later, effect).status is EffectStatus.UNSENT
     rows = [(a.outcome, (a.details or {}).get("allow_in_flight"))
             for a in reversed(admin.audit(run_id=effect.run_id, action="resolve_effect"))]
     assert rows == [("refused", None), ("refused", None), ("done", None)]
+    plan = operations.resolve_plan(found, operations.Finding.COMPLETED, "obj_1", None)
+    done = admin.resolve_effect(found.effect_type, found.effect_id, "found it", plan,
+                                finding=operations.Finding.COMPLETED, provider_ref="obj_1")
+    assert done.status is EffectStatus.COMPLETED
 
 
+def test_resolve_not_sent__waits_from_a_late_answers_end_whatever_a_lookup_found_before(
+        admin: Ledger, later: Ledger, offset: list[timedelta]) -> None:
+    """Invariant: the window is counted from the call's end, not its start or cover, and a
+    lookup that found nothing within it does not close it (it shows only that nothing had
+    landed yet). Worker A's call outlived its lease; worker B then took the step and its
+    lookup found nothing (B was stopped before sending again); A's client gave up 120 s
+    into the call (its answer came after its lease: outcome unknown). ``not_sent`` is
+    refused until ONWARD_CALL_LANDING_S past that end, long after the call's cover."""
+    late_s = 120.0
+    with calling(admin, "l") as a:
+        run_id = a.effect.run_id
+        lapsed(admin, run_id)
+        b = StepStore(admin.url, admin.keys, lease_ttl_s=0.2)
+        try:
+            claim = b.claim(run_id, 0, "w:2")
+            assert isinstance(claim, Claim)
+            looked = EffectStore(b.conn, admin.keys)
+            lookup = looked.begin_attempt(a.effect, EffectAttemptKind.LOOKUP, worker="w:2",
+                                          epoch=claim.epoch, cover_s=COVER_S)
+            looked.record(a.effect, lookup, outcome=EffectAttemptOutcome.MISSING,
+                          status=EffectStatus.PENDING, epoch=claim.epoch)
+        finally:
+            b.close()
+        clock.set_on_store(a.store, timedelta(seconds=late_s))
+        a.effects.record_late(a.effect, a.attempt, epoch=a.epoch,
+                              what="the call ended with TimeoutError: no answer")
+    effect = lapsed(admin, run_id)
+    assert [(x.kind, x.outcome) for x in admin.effect_attempts(effect)] == [
+        ("call", "unknown"), ("lookup", "missing")]
+    offset[0] = timedelta(seconds=late_s + admin.settings.call_landing_s - 5)
+    with pytest.raises(OperationRefused, match="with outcome unknown"):
+        resolve_not_sent(later, effect)
+    offset[0] = timedelta(seconds=late_s + admin.settings.call_landing_s + 1)
+    assert resolve_not_sent(later, effect).status is EffectStatus.UNSENT
+
+
+@pytest.mark.parametrize("left", LEFT)
 def test_resolve_not_sent__allow_in_flight_records_it_and_says_so_in_the_audit(
-        admin: Ledger) -> None:
-    """Invariant: a person who knows the call cannot land any more says so
-    (``allow_in_flight``): ``not_sent`` is recorded at once, and its audit row says it
-    was said over a call that may have been in flight."""
-    effect = died_mid_call(admin)
+        admin: Ledger, left: str) -> None:
+    """Invariant: a person who knows the call cannot land any more (its worker died in it,
+    or its client gave up on it) says so (``allow_in_flight``): ``not_sent`` is recorded
+    at once, and its audit row says it was said over a call that may have been in
+    flight."""
+    effect = LEFT[left][0](admin)
     assert resolve_not_sent(admin, effect, allow_in_flight=True).status is EffectStatus.UNSENT
     [row] = admin.audit(run_id=effect.run_id, action="resolve_effect")
     assert row.outcome == "done" and row.details is not None
