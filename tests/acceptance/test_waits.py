@@ -14,6 +14,7 @@ from ledger.exceptions import ApprovalRefused
 from ledger.runs import Budgets
 from ledger.vocabulary import ApprovalStatus
 from tasks.waiting import artifact_hash
+from tests.conftest import make_settings_env
 from tests.support import reads
 from tests.support.cluster import Cluster, wait_for
 
@@ -33,6 +34,33 @@ def fleet(cluster: Cluster) -> None:
     cluster.dispatcher(env=ENV)
     cluster.reaper(env=ENV)
     cluster.worker(concurrency=2, env=ENV)
+
+
+# Starting a fleet costs seconds of CPU (three interpreters importing onward and Celery):
+# the tests that kill no process, arm no fault and need no run started before the fleet
+# share one per module (``shared_fleet``: its own database, each test asserts on its own
+# runs); the others start their own on a database of their own (``cluster``).
+@pytest.fixture()
+def settings_env(request: pytest.FixtureRequest, server_urls: dict[str, str],
+                 tmp_path: Path) -> dict[str, str]:
+    if "shared_fleet" in request.fixturenames:
+        env: dict[str, str] = request.getfixturevalue("module_env")
+        return env
+    return make_settings_env(request.getfixturevalue("database"), server_urls,
+                             tmp_path / "faults")
+
+
+@pytest.fixture(scope="module")
+def module_fleet(module_cluster: Cluster) -> Cluster:
+    fleet(module_cluster)
+    return module_cluster
+
+
+@pytest.fixture()
+def shared_fleet(module_fleet: Cluster, shared_cluster: Cluster) -> Cluster:
+    """The module's dispatcher, reaper and worker; their logs are printed when the test
+    fails."""
+    return shared_cluster
 
 
 def wait_status(ledger: Ledger, run_id: UUID, status: RunStatus, timeout: float = 60) -> None:
@@ -67,10 +95,9 @@ def test_approval__approved_after_all_workers_restarted(ledger: Ledger,
                                              "comment": "ship it"}
 
 
-def test_approval__refusals(ledger: Ledger, cluster: Cluster) -> None:
+def test_approval__refusals(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: a decision about another artifact, by someone not allowed, or a second
     decision is refused with a clear error and changes nothing; a role can approve."""
-    fleet(cluster)
     run_id = ledger.start_run("test_review", {})
     approval = pending_approval(ledger, run_id)
     with pytest.raises(ApprovalRefused, match="artifact changed"):
@@ -84,9 +111,8 @@ def test_approval__refusals(ledger: Ledger, cluster: Cluster) -> None:
     wait_status(ledger, run_id, RunStatus.COMPLETED)
 
 
-def test_approval__reject_goes_to_declared_step(ledger: Ledger, cluster: Cluster) -> None:
+def test_approval__reject_goes_to_declared_step(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: rejecting runs the workflow's rejection step, which sees the decision."""
-    fleet(cluster)
     run_id = ledger.start_run("test_review", {})
     approval = pending_approval(ledger, run_id)
     approver(ledger, "alice").reject(approval.id, artifact_hash=DOC_HASH, comment="too cheap")
@@ -95,10 +121,9 @@ def test_approval__reject_goes_to_declared_step(ledger: Ledger, cluster: Cluster
                                                         "by": "alice"}}
 
 
-def test_approval__expired_is_refused_and_fails_run(ledger: Ledger, cluster: Cluster) -> None:
+def test_approval__expired_is_refused_and_fails_run(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: after expiry nobody can approve; the reaper fails the run with reason
     approval_expired when the workflow declared no expiry step."""
-    fleet(cluster)
     run_id = ledger.start_run("test_review_strict", {"expires_s": 1})
     approval = pending_approval(ledger, run_id)
     wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
@@ -150,18 +175,16 @@ def test_signal__early_signal_survives_a_kill_right_after_the_waiting_commit(
     assert reads.committed_per_seq(ledger.engine, run_id) == {0: 1, 1: 1}
 
 
-def test_signal__timeout_fails_run(ledger: Ledger, cluster: Cluster) -> None:
+def test_signal__timeout_fails_run(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: a signal wait with a timeout ends when the timeout passes."""
-    fleet(cluster)
     run_id = ledger.start_run("test_signal", {"timeout_s": 1})
     wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
     assert ledger.get_run(run_id).last_error["reason"] == "signal_timeout"
 
 
-def test_timer__continues_after_delay_without_worker(ledger: Ledger, cluster: Cluster) -> None:
+def test_timer__continues_after_delay_without_worker(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: a durable timer is a delayed outbox row: the next step starts no earlier
     than the requested time and the run completes."""
-    fleet(cluster)
     run_id = ledger.start_run("test_timer", {"seconds": 1.5})
     wait_status(ledger, run_id, RunStatus.COMPLETED, timeout=30)
     entries = ledger.timeline(run_id)
@@ -181,10 +204,9 @@ def test_budget__crash_loop_cannot_exceed_attempt_budget(ledger: Ledger,
     assert len(executed) == 2
 
 
-def test_budget__token_budget_exhaustion(ledger: Ledger, cluster: Cluster) -> None:
+def test_budget__token_budget_exhaustion(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: model usage is debited at each commit; once the token budget is spent the
     next call is not made and the run fails with budget_exhausted, showing what was spent."""
-    fleet(cluster)
     run_id = ledger.start_run("test_talker", {}, budgets=Budgets(tokens=200))
     wait_status(ledger, run_id, RunStatus.FAILED, timeout=60)
     run = ledger.get_run(run_id)
@@ -193,9 +215,8 @@ def test_budget__token_budget_exhaustion(ledger: Ledger, cluster: Cluster) -> No
     assert run.last_error["spent"]["tokens"] == run.used_tokens
 
 
-def test_budget__deadline_passes_while_waiting(ledger: Ledger, cluster: Cluster) -> None:
+def test_budget__deadline_passes_while_waiting(ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant: a run's wall-clock deadline holds while it waits: the reaper fails it."""
-    fleet(cluster)
     run_id = ledger.start_run("test_signal", {}, budgets=Budgets(deadline=timedelta(seconds=2)))
     wait_status(ledger, run_id, RunStatus.WAITING)
     wait_status(ledger, run_id, RunStatus.FAILED, timeout=30)
@@ -203,7 +224,7 @@ def test_budget__deadline_passes_while_waiting(ledger: Ledger, cluster: Cluster)
 
 
 def test_waits__made_runnable_in_the_database_park_before_their_step(
-        ledger: Ledger, cluster: Cluster) -> None:
+        ledger: Ledger, shared_fleet: Cluster) -> None:
     """Invariant (docs/design.md section 13, 5: what runs is what was signed): a run waiting for
     a signal and one waiting for an approval, made runnable by SQL (row set running at the
     wait's ``then``, an outbox row inserted: someone with write access to the database but
@@ -211,7 +232,6 @@ def test_waits__made_runnable_in_the_database_park_before_their_step(
     signal's step never reads ``ctx.signal`` as None, the approval stays pending. Failed
     before: the signal run completed ``{"payload": None}``, the approval run ended failed
     (approval_invalid)."""
-    fleet(cluster)
     edited = {ledger.start_run("test_signal", {}): "got_go",
               ledger.start_run("test_review", {}): "act"}
     for run_id in edited:
