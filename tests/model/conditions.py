@@ -16,6 +16,7 @@ __all__ = [
     "idle_worker",
     "idle_worker_and_refs",
     "no_worker_inside",
+    "open_effect",
     "sealed_book",
     "suspended_and_idle",
     "suspended_worker",
@@ -65,3 +66,11 @@ def no_worker_inside(machine: Any, run_id: UUID) -> bool:
     process can bring about (nothing in onward rewrites a run's head at its seq: a newer
     onward writes one by committing it, under a claim that fences the older one out)."""
     return not any(w.suspended and w.run_id == run_id for w in machine.workers)
+
+
+def open_effect(machine: Any) -> bool:
+    """Some run has an effect not resolved yet (pending or accepted): a fork beside it."""
+    row = machine.env.checker.execute(
+        "SELECT EXISTS (SELECT 1 FROM onward.effects WHERE status IN ('pending', 'accepted'))"
+    ).fetchone()
+    return bool(row is not None and row[0])

@@ -21,11 +21,31 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ledger import Ledger, compacted
+from ledger.vocabulary import LaunchMode
 from tests.model import known
 from tests.model.flows import APPROVAL_LIFETIME, SIGNAL_TIMEOUT, SLEEP
 from tests.model.world import CALL_COST_USD, CALL_TOKENS, USD_PER_TOKEN, World
 
 CLOCK_TOLERANCE_S = 5.0
+
+
+CALLS_AGAIN = (LaunchMode.LIVE, LaunchMode.BRANCH)
+"""The forks whose steps call the world again, under keys of their own."""
+IRREVERSIBLE = ("crm", "crm_slow", "blind")
+"""The provider's collections the flows reach through irreversible tools (flows.TOOLS)."""
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A replay or branch the test made (tests/model/forks.py): from which run and
+    checkpoint, the plan position (``pc``) of the state it starts from (None: unreadable),
+    how it was launched."""
+
+    parent: UUID
+    seq: int
+    pc: int | None
+    mode: LaunchMode
+    allow_irreversible: bool
 
 
 @dataclass
@@ -64,6 +84,8 @@ class RunBook:
     tampered_checkpoints: dict[UUID, int] = field(default_factory=dict)
     tampered_heads: dict[UUID, int] = field(default_factory=dict)
     tamper_checked: dict[UUID, tuple[Any, ...]] = field(default_factory=dict)
+    # the replays and branches made (tests/model/forks.py), by the new run's id
+    forks: dict[UUID, Fork] = field(default_factory=dict)
 
 
 @dataclass
@@ -288,6 +310,44 @@ def one_object_per_effect(ctx: Context) -> list[str]:
     found += [f"provider holds {n} {c} objects for one idempotency key {k[:16]}…"
               for (c, k), n in keys.items() if n > 1]
     return found
+
+
+def forks_resend_nothing(ctx: Context) -> list[str]:
+    """2. A replay or branch never sends what the history it copied sent (no provider object
+    of a fork for an intent before the plan position its state starts from); an evidence
+    replay calls nothing (no provider object, no model call), a simulation nothing real; a
+    live replay or a branch not allowed irreversible effects sends none (docs/operating.md,
+    "Replay")."""
+    if not ctx.book.forks:
+        return []
+    found = []
+    for obj in ctx.world.provider.objects:
+        fork = ctx.book.forks.get(obj.run_id) if obj.run_id is not None else None
+        if fork is None or obj.by_person:
+            continue
+        what = (f"{fork.mode.value} run {obj.run_id} (of run {fork.parent} from checkpoint "
+                f"{fork.seq}) made {obj.collection} object {obj.id} for intent "
+                f"{obj.body.get('ref')}/{obj.body.get('intent')}")
+        intent = obj.body.get("intent")
+        if fork.mode not in CALLS_AGAIN:
+            found.append(f"{what}: it sends nothing real")
+        elif fork.pc is not None and isinstance(intent, int) and intent < fork.pc:
+            found.append(f"{what}: its state starts at pc {fork.pc}, the parent sent that")
+        elif obj.collection in IRREVERSIBLE and not fork.allow_irreversible:
+            found.append(f"{what}: irreversible, and it was not allowed irreversible effects")
+    found += [f"evidence replay {run} (of run {fork.parent}) made {ctx.world.model.calls[run]} "
+              "model calls: it answers from records"
+              for run, fork in ctx.book.forks.items()
+              if fork.mode is LaunchMode.EVIDENCE and ctx.world.model.calls[run]]
+    return found
+
+
+def forks_refused_beside_unknown(ctx: Context) -> list[str]:
+    """2. A live replay or branch starts, without ``allow_unresolved``, only when none of the
+    parent's effects it would make again (at or after its checkpoint) may have reached the
+    provider unknown to the ledger; one allowed them is not refused for them; a refused fork
+    writes nothing (noted by tests/model/forks.py as each fork is made)."""
+    return list(ctx.world.violations.get("fork", []))
 
 
 def verify_clean(ctx: Context) -> list[str]:
@@ -662,6 +722,8 @@ PYTHON_CHECKS: dict[str, Callable[[Context], list[str]]] = {
     "calls_under_a_live_lease": calls_under_a_live_lease,
     "model_paid_once": model_paid_once,
     "repeats_are_deliberate": repeats_are_deliberate,
+    "forks_resend_nothing": forks_resend_nothing,
+    "forks_refused_beside_unknown": forks_refused_beside_unknown,
     "verify_clean": verify_clean,
     "unreadable_control_parks": unreadable_control_parks,
     "steps_follow_their_events": steps_follow_their_events,

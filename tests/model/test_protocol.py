@@ -13,7 +13,8 @@ operator commands (``Ledger``) through random interleavings of:
     sweep · dispatcher sweep (killed before marking) · time passing · signal · approve,
     reject, expiry · cancel · continue (and continue of a run whose head is a wait) · a run
     at a wait made runnable in the database (tests/model/wait_edits.py) · replay
-    (evidence, simulation, live) · branch ·
+    (evidence, simulation, live) · branch · a live replay or branch beside an
+    effect not resolved yet (tests/model/forks.py) ·
     an admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
     worker · a retry whose body takes another path (tests/model/interleavings.py) · a
     worker stopped at a named fault point while people act on its run, then on or killed ·
@@ -86,12 +87,13 @@ from ledger.exceptions import IntegrityViolation
 from ledger.recovery import RecoveryStore
 from ledger.runs import Budgets
 from ledger.states import checkpoint_rows_txn
-from ledger.vocabulary import ApprovalStatus, LaunchMode
+from ledger.vocabulary import ApprovalStatus
 from tasks import faults
 from tasks.executor import ExecutorConfig
 from tasks.operator import plan_repeat, repeat_effect
 from tasks.workflow import Registry
 from tests.model import conditions, flows
+from tests.model.forks import Forks
 from tests.model.harness import (
     LEASE_TTL_S,
     STALL_AFTER_S,
@@ -253,7 +255,7 @@ def _alias(rule_function: Any, name: str, target: Bundle[Any] | None = None) -> 
 LOCK_TIMEOUT_MS = 20_000
 
 
-class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine):
+class ProtocolMachine(Forks, WaitEdits, Tampering, Interleavings, RuleBasedStateMachine):
     runs = Bundle("runs")
 
     def __init__(self) -> None:
@@ -368,11 +370,6 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
         assert run is not None
         self.book.started_tokens[run_id] = run.used_tokens
         self.book.started_cost[run_id] = Decimal(run.used_cost_usd)
-
-    def _fork_seq(self, run_id: UUID, pick: int) -> int | None:
-        seqs = [row[0] for row in self.env.checker.execute(
-            "SELECT seq FROM onward.checkpoints WHERE run_id = %s ORDER BY seq", (run_id,))]
-        return seqs[pick % len(seqs)] if seqs else None
 
     # -- rules: runs and messages -------------------------------------------------------------
     @initialize(target=runs, ops=PLAN, budget=st.sampled_from(sorted(BUDGETS)),
@@ -617,49 +614,6 @@ class ProtocolMachine(WaitEdits, Tampering, Interleavings, RuleBasedStateMachine
             self.world.model.reasked[run] += 1  # docs/operating.md: continue asks again
         self.book.edited.pop(run, None)
         return True
-
-    @rule(target=runs, run=runs, pick=st.integers(0, 15),
-          mode=st.sampled_from([m.value for m in (LaunchMode.EVIDENCE, LaunchMode.SIMULATION,
-                                                  LaunchMode.LIVE)]),
-          allow_irreversible=st.booleans(), reset=st.booleans())
-    def replay(self, run: UUID, pick: int, mode: str, allow_irreversible: bool,
-               reset: bool) -> Any:
-        seq = self._fork_seq(run, pick)
-        if seq is None:
-            return multiple()
-        try:
-            launched = self.ledger.replay(
-                run, seq, mode, "model test: replay", budgets="reset" if reset else "inherited",
-                allow_irreversible=allow_irreversible and mode == LaunchMode.LIVE.value)
-        except REFUSALS:
-            return multiple()
-        self._copied_from(run, seq, "replay")
-        self._book(launched.run_id, self.book.notes[run])
-        self.env.stats["replays"] += 1
-        return launched.run_id
-
-    @rule(target=runs, run=runs, pick=st.integers(0, 15), allow_irreversible=st.booleans())
-    def branch(self, run: UUID, pick: int, allow_irreversible: bool) -> Any:
-        seq = self._fork_seq(run, pick)
-        if seq is None:
-            return multiple()
-        try:
-            launched = self.ledger.branch(
-                run, seq, [{"op": "replace", "path": "/tag", "value": f"branch of {seq}"}],
-                "model test: branch", allow_irreversible=allow_irreversible)
-        except REFUSALS:
-            return multiple()
-        self._copied_from(run, seq, "branch")
-        self._book(launched.run_id, self.book.notes[run])
-        self.env.stats["branches"] += 1
-        return launched.run_id
-
-    def _copied_from(self, run: UUID, seq: int, how: str) -> None:
-        """A copy is made only from a checkpoint whose chain verifies (``tampering_detected``)."""
-        edited = self.book.tampered_checkpoints.get(run)
-        if edited is not None and edited <= seq:
-            self.world.note("tampered_copy", f"run {run}: a {how} was made from checkpoint "
-                            f"{seq}, though checkpoint {edited} was edited in the database")
 
     # -- rules: retention, corpus bundles, encryption keys ------------------------------------
     @precondition(conditions.has_refs)
