@@ -14,13 +14,14 @@ when it did not.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from ledger.vocabulary import ToolClass
-from tasks import Sensitive, StepContext, Workflow
+from tasks import AsyncStepContext, Sensitive, StepContext, Workflow
 from tasks.llm import LLMResponse
 from tasks.tools import Tool
 from tests.model.world import WORLD
@@ -31,12 +32,14 @@ SLEEP = timedelta(seconds=30)
 SLOW_CALL_TIMEOUT_S = 45.0  # longer than the lease TTL (30 s): the lease is extended over it
 
 OPS = ("llm", "llm2", "crm", "crm_slow", "mail", "blind", "flaky", "talk_then_crm", "approve",
-       "approve_strict", "signal", "sleep", "fail", "fickle", "fickle_blind")
+       "approve_strict", "signal", "sleep", "fail", "fickle", "fickle_blind", "pair")
 """One step each: model calls, an effect through each kind of tool (a slow one followed by
 a model call), an effect then a raise (on the first attempt), three model calls then an
 effect (a token budget of 100 runs out in between), waits, a deliberate failure, an effect
 made by the first attempt only (``fickle``: a retry takes another path and never makes that
-call, through a tool with a lookup or, ``fickle_blind``, without one)."""
+call, through a tool with a lookup or, ``fickle_blind``, without one), and an ``async def``
+step making two effect calls at once (``pair``: ``asyncio.gather`` of a crm and a mail call,
+carried out by the worker thread one at a time, in the order made: tasks/aio.py)."""
 
 TAMPERED = "TAMPERED"
 """What the tamper rule writes into a signed value in the database (a state's tag, a
@@ -139,6 +142,8 @@ def _define(workflow: Workflow[Any]) -> None:
         wait = _wait(ctx, state, op, nxt)
         if wait is not None:
             return wait
+        if op == "pair":
+            return ctx.goto(pair)
         _work(ctx, state, op)
         return ctx.goto(act, pc=nxt)
 
@@ -181,6 +186,16 @@ def _define(workflow: Workflow[Any]) -> None:
             if ctx.attempt == 1:  # quoting a sensitive value, as a step's error may
                 raise RuntimeError(f"flaky: the step raises after its effect, on attempt 1 "
                                    f"(note {state.note})")
+
+    @workflow.step
+    async def pair(ctx: AsyncStepContext, state: Plan) -> Any:
+        WORLD.on_body(ctx)
+        _seen(ctx, "state", state.tag)
+        for result in await asyncio.gather(
+                ctx.effect(crm, ref=state.ref, intent=state.pc, note=state.note),
+                ctx.effect(mail, ref=state.ref, intent=state.pc, note=state.note)):
+            _seen(ctx, "effect result", result)
+        return ctx.goto(act, pc=state.pc + 1)
 
     @workflow.step
     def approved(ctx: StepContext, state: Plan) -> Any:

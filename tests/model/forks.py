@@ -43,9 +43,9 @@ __all__ = ["UNRESOLVED_REFUSAL", "Forks"]
 
 REPLAY_MODES = [m.value for m in (LaunchMode.EVIDENCE, LaunchMode.SIMULATION, LaunchMode.LIVE)]
 # a first step that makes an effect (a tool with a lookup, an idempotent one, one with
-# neither, a slow one), and how its outcome is left (interleavings.py's ways, and the call
-# left in flight, or answered)
-SENDS = ["crm", "mail", "blind", "crm_slow"]
+# neither, a slow one; an async step making two at once), and how its outcome is left
+# (interleavings.py's ways, and the call left in flight, or answered)
+SENDS = ["crm", "mail", "blind", "crm_slow", "pair"]
 LEFT_BY = [*interleavings.LEFT_BY, "hang", "answer"]
 UNRESOLVED_REFUSAL = "whose outcome at the provider is unknown"
 """How a fork's refusal for the parent's effects of unknown outcome reads (ledger/forks.py)."""

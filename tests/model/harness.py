@@ -39,7 +39,7 @@ from tasks import faults
 from tasks.executor import ExecutorConfig, StepMessage, StepReport, execute_step
 from tasks.routing import worker_queues
 from tasks.workflow import Registry
-from tests.model.world import Crash, current_runner, set_current_runner
+from tests.model.world import Crash, crash, current_runner, set_current_runner, still_alive
 from tests.support import clock as test_clock
 
 LEASE_TTL_S = 30.0
@@ -160,14 +160,15 @@ class Crashes:
     stall: str | None = None
 
     def fault_point(self, name: str, step: str | None = None) -> None:
+        still_alive()
         if self.point == name:
             self.point = None
-            raise Crash(f"killed at fault point {name}")
+            raise crash(f"killed at fault point {name}")
         if self.stall == name:
             self.stall = None
             runner = current_runner()
             if runner is not None and runner.suspend(f"fault point {name}").endswith("crash"):
-                raise Crash(f"killed while stopped at fault point {name}")
+                raise crash(f"killed while stopped at fault point {name}")
 
     def clear(self) -> None:
         """No crash or stall armed."""
@@ -194,6 +195,7 @@ class CrashingConnection:
         self._clock_version = -1
 
     def _before(self) -> None:
+        still_alive()
         if self._clock_version != self._clock.version:
             setting = self._clock.setting()
             self._inner.one(setting["sql"], setting["params"])
@@ -205,7 +207,7 @@ class CrashingConnection:
         if crashes.after_statement is not None \
                 and self._worker.statements >= crashes.after_statement:
             crashes.after_statement = None
-            raise Crash(f"killed after ledger statement {self._worker.statements}")
+            raise crash(f"killed after ledger statement {self._worker.statements}")
 
     def one(self, sql: str, params: dict[str, Any], **options: Any) -> dict[str, Any] | None:
         self._before()
@@ -268,6 +270,7 @@ class Worker:
         self.crashes = crashes
         self.clock = clock
         self.statements = 0
+        self.killed = False  # crashed in this delivery: no further call (world.crash)
         self.run_id: UUID | None = None
         self._cond = threading.Condition()
         self._state = "idle"  # idle, running, suspended, finished
@@ -323,6 +326,7 @@ class Worker:
         if not self.idle:
             raise RuntimeError(f"{self.name} is busy")
         self.statements = 0
+        self.killed = False
         self._delivery = Delivery("running")
         self._state = "running"
         self._thread = threading.Thread(target=self._main, args=(message, eager),

@@ -7,18 +7,18 @@ operator commands (``Ledger``) through random interleavings of:
 
     start a run · deliver a message to worker 0 or 1 (kept in the broker: a duplicate; or
     dropped: a loss) with eager continuation · script the provider's next answer (answers,
-    acts and loses the response, refuses, unavailable, hangs: slower than the lease) and
-    the model's (billed and lost) · resume a hung call (acted or not, answered, lost, or the
-    worker killed) · crash at each named fault point, or after any ledger statement · reaper
-    sweep · dispatcher sweep (killed before marking) · time passing · signal · approve,
-    reject, expiry · cancel · continue (and continue of a run whose head is a wait) · a run
-    at a wait made runnable in the database (tests/model/wait_edits.py) · replay
-    (evidence, simulation, live) · branch · a live replay or branch beside an
-    effect not resolved yet (tests/model/forks.py) ·
-    an admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
-    worker · a retry whose body takes another path (tests/model/interleavings.py) · a
-    worker stopped at a named fault point while people act on its run, then on or killed ·
-    an admin's effects resolve · signed rows edited in SQL without the key
+    acts and loses the response, refuses, unavailable, hangs: slower than the lease) and the
+    model's (billed and lost) · an async step making two effect calls at once · resume a
+    hung call (acted or not, answered, lost, or the worker killed) · crash at each named
+    fault point, or after any ledger statement · reaper sweep · dispatcher sweep (killed
+    before marking) · time passing · signal · approve, reject, expiry · cancel · continue
+    (and continue of a run whose head is a wait) · a run at a wait made runnable in the
+    database (tests/model/wait_edits.py) · replay (evidence, simulation, live) · branch · a
+    live replay or branch beside an effect not resolved yet (tests/model/forks.py) · an
+    admin's effects repeat · deploy v2 (a state migration) or roll back to v1 on either
+    worker · a retry whose body takes another path (tests/model/interleavings.py) · a worker
+    stopped at a named fault point while people act on its run, then on or killed · an
+    admin's effects resolve · signed rows edited in SQL without the key
     (tests/model/tampering.py) · a quiet stretch after which every run must have settled
 
 and checks every invariant of tests/model/invariants.py after every rule. A worker's crash
@@ -300,6 +300,8 @@ class ProtocolMachine(Forks, WaitEdits, Tampering, Interleavings, RuleBasedState
     # -- helpers ---------------------------------------------------------------------------
     def _on_body(self, ctx: Any) -> None:
         """As a step body starts: its step must not have committed already."""
+        if ctx.step == "pair":
+            self.env.stats["async_bodies"] += 1
         row = self.env.checker.execute(
             "SELECT c.lease_epoch, r.lease_owner FROM onward.checkpoints c JOIN onward.runs r "
             "ON r.id = c.run_id WHERE c.run_id = %s AND c.seq = %s",

@@ -47,6 +47,24 @@ def set_current_runner(runner: Any) -> None:
     _local.runner = runner
 
 
+def crash(where: str) -> Crash:
+    """The crash of the worker thread calling: from now on it makes no further call or
+    statement (``still_alive``). A SIGKILL ends the whole process; in process, an async
+    step's body gathered two calls, and the second is still queued for the step's thread
+    when the first one's crash reaches the body (tasks/aio.py)."""
+    runner = current_runner()
+    if runner is not None:
+        runner.killed = True
+    return Crash(where)
+
+
+def still_alive() -> None:
+    """Raise ``Crash`` in a worker thread that crashed already (``crash``)."""
+    runner = current_runner()
+    if runner is not None and runner.killed:
+        raise Crash("the worker was killed already")
+
+
 def current_run() -> UUID | None:
     runner = current_runner()
     return runner.run_id if runner is not None else None
@@ -100,6 +118,7 @@ class FakeProvider:
                dedupes: bool, slow: bool = False, timeout: float | None = None) -> dict[str, Any]:
         """A create call, given up by its caller after ``timeout`` seconds (of the database's
         clock); ``slow``: the endpoint hangs unless the script says otherwise."""
+        still_alive()
         self.calls += 1
         self.on_call(collection, key, timeout)
         mode = self.script.popleft() if self.script else ("hang" if slow else "answer")
@@ -137,7 +156,7 @@ class FakeProvider:
         if not call.timed_out and action.startswith("act"):
             call.obj = self._act(collection, payload, key, dedupes, run_id)
         if action.endswith("crash"):
-            raise Crash(f"worker killed during the {collection} call")
+            raise crash(f"worker killed during the {collection} call")
         if call.timed_out:
             raise TimeoutError(f"{collection}: no answer within {timeout}s")
         if call.obj is None or action.endswith("lose"):
@@ -176,6 +195,7 @@ class FakeProvider:
         return {"id": obj.id, "intent": obj.body.get("intent")}
 
     def lookup(self, collection: str, key: str) -> dict[str, Any] | None:
+        still_alive()
         self.lookups += 1
         for obj in self.objects:
             if obj.collection == collection and obj.key == key:
@@ -234,6 +254,7 @@ class CountingModel:
 
     def complete(self, *, model: str, messages: list[dict[str, Any]],
                  **params: Any) -> LLMResponse:
+        still_alive()
         run_id = current_run()
         prompt = " ".join(str(m.get("content", "")) for m in messages)
         self.on_call(prompt)
